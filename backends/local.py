@@ -1,0 +1,326 @@
+"""The local backend: runs a bundle on this machine under torchrun (gloo on CPU, NCCL on GPUs).
+
+Each attempt gets a fresh work dir (the bundle extracted into `code/`, plus `outputs/`,
+`checkpoints/` and `job.log`) and a detached supervisor process (`local_supervisor`) that owns
+the job's process group. Everything a later process needs to find the attempt again is in the
+work dir, so the handle is just its path. Cost is wall time × the power model.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainmaster.backends import local_supervisor as sup
+from trainmaster.backends.base import (
+    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, Offer, OfferSet, OutputFile, Phase,
+)
+from trainmaster.backends.features import SupportsMultiGpu, needed, unsupported
+from trainmaster.backends.hardware import Machine, this_machine
+from trainmaster.backends.power import PowerModel
+from trainmaster.jobs import bundle as bundles
+from trainmaster.jobs.environment import job_environment
+from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
+
+CANCEL_GRACE_S = 10.0
+COPY_CHUNK = 4 * 2**20
+
+
+class LocalBackend(SupportsMultiGpu, Backend):
+    name = "local"
+    trusted = True
+    unsupported = {
+        "multi_node": "runs on this machine only",
+        "spot": "your own GPUs are never preempted, so there is no spot price",
+        "remote_data": "reads local paths only; copy s3://, gs:// or az:// data down first",
+    }
+
+    def __init__(self, power: PowerModel | None = None, machine: Machine | None = None, envs_dir: Path | None = None):
+        self.power = power or PowerModel()
+        self._machine = machine
+        self.envs_dir = envs_dir
+
+    @property
+    def machine(self) -> Machine:
+        return self._machine or this_machine()
+
+    async def offers(self, spec: JobSpec) -> OfferSet:
+        reasons = self.infeasible(spec)
+        if reasons:
+            return OfferSet(backend=self.name, reasons=reasons)
+        m, res = self.machine, spec.resources
+        gpus = self._pick_gpus(spec)
+        offer = Offer(
+            backend=self.name,
+            instance=socket.gethostname(),
+            region="local",
+            gpu_type=gpus[0].name if gpus else None,
+            gpu_count=len(gpus),
+            gpu_memory_mb=gpus[0].memory_mb if gpus else None,
+            cpus=m.cpus,
+            memory_mb=m.memory_mb,
+            price_per_hour_micro_usd=self.power.price_per_hour_micro(len(gpus)),
+            trusted=True,
+            detail={"gpu_indices": [g.index for g in gpus], "nproc": max(1, res.gpus)},
+        )
+        return OfferSet(backend=self.name, offers=[offer])
+
+    def infeasible(self, spec: JobSpec) -> list[str]:
+        """Why this machine cannot run `spec` (empty when it can)."""
+        m, res = self.machine, spec.resources
+        reasons = [f"{feature}: {why}" for feature, why in unsupported(type(self)).items() if feature in needed(spec)]
+        if res.gpus > len(m.gpus):
+            have = f"{len(m.gpus)} ({', '.join(g.name for g in m.gpus)})" if m.gpus else "none"
+            reasons.append(f"needs {res.gpus} GPU(s); this machine has {have}")
+        elif res.gpus and len(self._pick_gpus(spec)) < res.gpus:
+            reasons.append(
+                f"needs {res.gpus} GPU(s) of type {'/'.join(res.gpu_types) or 'any'}"
+                + (f" with ≥ {res.min_vram_gb} GB" if res.min_vram_gb else "")
+                + f"; this machine has {', '.join(f'{g.name} ({g.memory_mb // 1024} GB)' for g in m.gpus)}"
+            )
+        if res.cpus > m.cpus:
+            reasons.append(f"needs {res.cpus} CPUs; this machine has {m.cpus}")
+        if res.memory_gb and res.memory_gb * 1024 > m.memory_mb:
+            reasons.append(f"needs {res.memory_gb} GB of memory; this machine has {m.memory_mb // 1024} GB")
+        return reasons
+
+    def _pick_gpus(self, spec: JobSpec):
+        res = spec.resources
+        fits = [
+            g for g in self.machine.gpus
+            if (not res.gpu_types or any(t.lower() in g.name.lower() for t in res.gpu_types))
+            and (not res.min_vram_gb or g.memory_mb >= res.min_vram_gb * 1000)
+        ]
+        return fits[: res.gpus]
+
+    # running
+
+    def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
+        workdir = Path(ctx.workdir)
+        if (workdir / sup.SUPERVISOR).exists():
+            return self.handle(ctx)  # already started (a resumed dispatch): never start twice
+        code = workdir / "code"
+        if not code.exists():
+            bundles.extract_bundle(bundle, code, expected_sha256=ctx.bundle_sha256)
+        for sub in ("outputs", "checkpoints"):
+            (workdir / sub).mkdir(parents=True, exist_ok=True)
+        launch = self._launch(spec, offer, ctx, workdir)
+        sup.write_json_atomic(workdir / sup.LAUNCH, launch)
+        subprocess.Popen(
+            [sys.executable, "-m", "trainmaster.backends.local_supervisor", str(workdir)],
+            cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(workdir / "supervisor.err", "ab"),
+            start_new_session=True, close_fds=True,
+        )
+        self._wait_for_supervisor(workdir)
+        return self.handle(ctx)
+
+    def handle(self, ctx: AttemptContext) -> Handle:
+        return Handle(backend=self.name, attempt_id=ctx.attempt_id, data={"workdir": ctx.workdir})
+
+    def _launch(self, spec: JobSpec, offer: Offer, ctx: AttemptContext, workdir: Path) -> dict:
+        nproc = int(offer.detail.get("nproc", 1))
+        python = sys.executable
+        argv = [python if (i == 0 and a in PYTHON_NAMES) else a for i, a in enumerate(spec.argv)]
+        env = {**os.environ, **spec.env, **job_environment(
+            job_id=ctx.job_id, output_dir=workdir / "outputs", checkpoint_dir=workdir / "checkpoints",
+            seed=spec.seed, segment_steps=spec.checkpoint.segment_steps, bundle_sha256=ctx.bundle_sha256,
+            resume_from=Path(ctx.resume_from) if ctx.resume_from else None,
+        ), "PYTHONUNBUFFERED": "1"}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in offer.detail.get("gpu_indices", []))
+        launcher = spec.launcher
+        if launcher == "auto":
+            launcher = "torchrun" if nproc > 1 else "direct"
+        if launcher == "torchrun":
+            torchrun = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--no-python"]
+            argv = torchrun + argv
+        else:
+            env.update(single_process_env())
+        return {
+            "argv": argv,
+            "python": python,
+            "cwd": str(workdir / "code"),
+            "env": env,
+            "max_seconds": spec.limits.max_hours * 3600 if spec.limits.max_hours else None,
+            "requirements": str(workdir / "code" / spec.environment.requirements)
+            if spec.environment.python == "requirements" else None,
+            "envs_dir": str(self.envs_dir or workdir.parent / "envs"),
+        }
+
+    @staticmethod
+    def _wait_for_supervisor(workdir: Path, timeout: float = 30.0) -> None:
+        deadline = time.time() + timeout
+        while not (workdir / sup.SUPERVISOR).exists():
+            if time.time() > deadline:
+                err = (workdir / "supervisor.err").read_text(errors="replace")[-2000:]
+                raise BackendError(f"the local supervisor did not start within {timeout:.0f} s: {err}")
+            time.sleep(0.005)
+
+    def status(self, handle: Handle) -> AttemptStatus:
+        workdir = Path(handle.data["workdir"])
+        ended = _read_json(workdir / sup.EXIT)
+        started = _read_json(workdir / sup.SUPERVISOR)
+        if ended is not None:
+            if ended["cancelled"]:
+                phase = Phase.cancelled
+            else:
+                phase = Phase.succeeded if ended["exit_code"] == 0 else Phase.failed
+            reason = ended["reason"] or (None if phase is Phase.succeeded else f"exited with code {ended['exit_code']}")
+            return AttemptStatus(phase=phase, reason=reason, exit_code=ended["exit_code"],
+                                 started_at=ended["started_at"], ended_at=ended["ended_at"])
+        if started is None:
+            return AttemptStatus(phase=Phase.pending)
+        if _alive(started["pid"], started["create_time"]):
+            return AttemptStatus(phase=Phase.running, started_at=started["started_at"])
+        ended = _read_json(workdir / sup.EXIT)  # it may have finished between the two reads
+        if ended is not None:
+            return self.status(handle)
+        return AttemptStatus(phase=Phase.failed, reason="the process died without finishing (killed or crashed)",
+                             started_at=started["started_at"], ended_at=_mtime(workdir / sup.LOG))
+
+    def logs(self, handle: Handle, *, follow: bool = False) -> Iterator[str]:
+        path = Path(handle.data["workdir"]) / sup.LOG
+        while not path.exists():
+            if not follow or self.status(handle).phase.done:
+                return
+            time.sleep(0.1)
+        with open(path, errors="replace") as f:
+            while True:
+                line = f.readline()
+                if line:
+                    yield line
+                    continue
+                if not follow or self.status(handle).phase.done:
+                    yield from f  # whatever arrived after the last read
+                    return
+                time.sleep(0.2)
+
+    def cancel(self, handle: Handle) -> None:
+        workdir = Path(handle.data["workdir"])
+        started = _read_json(workdir / sup.SUPERVISOR)
+        if started is None or not _alive(started["pid"], started["create_time"]):
+            return
+        pgid = started["pid"]  # the supervisor leads its own session and process group
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.time() + CANCEL_GRACE_S
+        while time.time() < deadline and _alive(started["pid"], started["create_time"]):
+            time.sleep(0.1)
+        _signal_group(pgid, signal.SIGKILL)
+
+    def fetch(self, handle: Handle, dest: Path) -> list[OutputFile]:
+        """Copy the outputs to `dest` atomically (a temp sibling, then rename); idempotent."""
+        source = Path(handle.data["workdir"]) / "outputs"
+        if dest.exists():
+            return list_outputs(dest)
+        tmp = dest.with_name(f".{dest.name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            files = _copy_tree(source, tmp)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                need = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+                raise BackendError(
+                    f"no space left while copying outputs to {dest.parent} (needs {need / 1e6:.1f} MB); "
+                    "free some space and run `trainmaster status` to fetch them again"
+                ) from None
+            raise BackendError(f"cannot copy outputs to {dest}: {exc}") from None
+        return files
+
+    def cost(self, handle: Handle, offer: Offer) -> Cost:
+        st = self.status(handle)
+        if st.started_at is None:
+            return Cost(micro_usd=0, billable_seconds=0, basis="never started")
+        seconds = max(0.0, (st.ended_at or time.time()) - st.started_at)
+        micro = -(-int(seconds * 1000) * offer.price_per_hour_micro_usd // 3_600_000)  # rounded up to the micro-dollar
+        return Cost(micro_usd=micro, billable_seconds=seconds,
+                    basis=f"{seconds:.1f} s × {offer.price_per_hour_micro_usd} µUSD/h (power model)")
+
+
+def single_process_env() -> dict[str, str]:
+    """What torchrun would set for one process, so a script calling init_process_group still works."""
+    return {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+        "ROLE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _copy_tree(source: Path, dest: Path) -> list[OutputFile]:
+    dest.mkdir(parents=True)
+    files = []
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
+        target = dest / rel
+        if path.is_symlink():
+            continue  # outputs are files; a link could point anywhere
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+            continue
+        digest = hashlib.sha256()
+        with open(path, "rb") as src, open(target, "wb") as out:
+            while chunk := src.read(COPY_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        files.append(OutputFile(path=rel.as_posix(), size=path.stat().st_size, sha256=digest.hexdigest()))
+    return files
+
+
+def list_outputs(root: Path) -> list[OutputFile]:
+    files = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(COPY_CHUNK):
+                digest.update(chunk)
+        files.append(OutputFile(path=path.relative_to(root).as_posix(), size=path.stat().st_size, sha256=digest.hexdigest()))
+    return files
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    """True when `pid` is still the process that wrote the record (not a reused pid)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return time.time()

@@ -1,0 +1,345 @@
+"""State in SQLite (WAL mode): jobs, attempts, outputs and the event log of every run.
+
+Every state change is one transaction that checks the move against `broker.states`, updates the
+row only if it is still in the state the caller saw (so two processes racing to settle the same
+job cannot both win), and appends an event row. Re-applying a change that already happened is a
+no-op, which is what lets any process resume any job after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainmaster.broker import states
+
+MIGRATIONS: list[str] = [
+    # 1: the foundation
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        project TEXT,
+        state TEXT NOT NULL,
+        spec_json TEXT NOT NULL,
+        spec_path TEXT NOT NULL,
+        bundle_sha256 TEXT NOT NULL,
+        policy TEXT NOT NULL,
+        reason TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX jobs_state ON jobs(state);
+    CREATE TABLE attempts (
+        id TEXT PRIMARY KEY,
+        job_id TEXT NOT NULL REFERENCES jobs(id),
+        n INTEGER NOT NULL,
+        backend TEXT NOT NULL,
+        offer_json TEXT NOT NULL,
+        handle_json TEXT,
+        state TEXT NOT NULL,
+        reason TEXT,
+        started_at REAL,
+        ended_at REAL,
+        cost_micro_usd INTEGER,
+        cost_rao INTEGER,
+        billable_seconds REAL,
+        created_at REAL NOT NULL,
+        UNIQUE (job_id, n)
+    );
+    CREATE INDEX attempts_state ON attempts(state);
+    CREATE TABLE outputs (
+        attempt_id TEXT NOT NULL REFERENCES attempts(id),
+        path TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        PRIMARY KEY (attempt_id, path)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL,
+        attempt_id TEXT,
+        at REAL NOT NULL,
+        kind TEXT NOT NULL,
+        from_state TEXT,
+        to_state TEXT,
+        detail TEXT
+    );
+    CREATE INDEX events_job ON events(job_id, id);
+    """,
+]
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    name: str
+    workload: str
+    project: str | None
+    state: str
+    spec_json: str
+    spec_path: str
+    bundle_sha256: str
+    policy: str
+    reason: str | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Attempt:
+    id: str
+    job_id: str
+    n: int
+    backend: str
+    offer_json: str
+    handle_json: str | None
+    state: str
+    reason: str | None
+    started_at: float | None
+    ended_at: float | None
+    cost_micro_usd: int | None
+    cost_rao: int | None
+    billable_seconds: float | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    job_id: str
+    attempt_id: str | None
+    at: float
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    detail: dict[str, Any] | None
+
+
+class NotFound(KeyError):
+    pass
+
+
+class Store:
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken up front (BEGIN IMMEDIATE) so check-then-write is atomic."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self.tx() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            current = row[0] if row else 0
+            if current > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"{self.path} has schema version {current}, newer than this trainmaster knows "
+                    f"({len(MIGRATIONS)}); upgrade trainmaster"
+                )
+            for script in MIGRATIONS[current:]:
+                for statement in filter(str.strip, script.split(";")):
+                    db.execute(statement)
+            if row is None:
+                db.execute("INSERT INTO schema_version VALUES (?)", (len(MIGRATIONS),))
+            else:
+                db.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
+
+    @property
+    def schema_version(self) -> int:
+        return self.db.execute("SELECT version FROM schema_version").fetchone()[0]
+
+    # jobs
+
+    def create_job(
+        self, *, job_id: str, name: str, workload: str, project: str | None, spec_json: str, spec_path: str,
+        bundle_sha256: str, policy: str, detail: dict | None = None,
+    ) -> Job:
+        now = time.time()
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (job_id, name, workload, project, "submitted", spec_json, spec_path, bundle_sha256, policy, None, now, now),
+            )
+            self._event(db, job_id, None, "transition", None, "submitted", detail)
+        return self.job(job_id)
+
+    def job(self, job_id: str) -> Job:
+        row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job {job_id!r}")
+        return Job(**row)
+
+    def find_job(self, prefix: str) -> Job:
+        """A job by id or unique id prefix."""
+        rows = self.db.execute(
+            "SELECT * FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 3",
+            (prefix, prefix.replace("%", "\\%").replace("_", "\\_") + "%"),
+        ).fetchall()
+        exact = [r for r in rows if r["id"] == prefix]
+        if exact or len(rows) == 1:
+            return Job(**(exact or rows)[0])
+        if not rows:
+            raise NotFound(f"no job {prefix!r}")
+        raise NotFound(f"{prefix!r} matches several jobs: {', '.join(r['id'] for r in rows)}, …")
+
+    def jobs(self, *, states_in: set[str] | None = None, limit: int = 100) -> list[Job]:
+        sql, args = "SELECT * FROM jobs", []
+        if states_in:
+            sql += f" WHERE state IN ({','.join('?' * len(states_in))})"
+            args += sorted(states_in)
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        rows = self.db.execute(sql, [*args, limit]).fetchall()
+        return [Job(**r) for r in rows]
+
+    def move_job(self, job_id: str, target: str, *, reason: str | None = None, detail: dict | None = None) -> bool:
+        """Move a job to `target`; False when it is already there. Illegal moves raise."""
+        with self.tx() as db:
+            return self._move_job(db, job_id, target, reason=reason, detail=detail)
+
+    def _move_job(self, db, job_id, target, *, reason=None, detail=None, attempt_id=None) -> bool:
+        row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no job {job_id!r}")
+        current = row["state"]
+        if current == target:
+            return False
+        states.check("job", current, target)
+        db.execute(
+            "UPDATE jobs SET state = ?, reason = COALESCE(?, reason), updated_at = ? WHERE id = ? AND state = ?",
+            (target, reason, time.time(), job_id, current),
+        )
+        self._event(db, job_id, attempt_id, "transition", current, target, _with_reason(detail, reason))
+        return True
+
+    # attempts
+
+    def create_attempt(self, job_id: str, *, backend: str, offer_json: str) -> Attempt:
+        """A new attempt on an offer; the job moves to `dispatched` in the same transaction."""
+        with self.tx() as db:
+            n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)).fetchone()[0]
+            attempt_id = f"{job_id}.{n}"
+            db.execute(
+                "INSERT INTO attempts (id, job_id, n, backend, offer_json, state, created_at) VALUES (?,?,?,?,?,?,?)",
+                (attempt_id, job_id, n, backend, offer_json, "dispatched", time.time()),
+            )
+            self._move_job(db, job_id, "dispatched", attempt_id=attempt_id, detail={"backend": backend})
+        return self.attempt(attempt_id)
+
+    def attempt(self, attempt_id: str) -> Attempt:
+        row = self.db.execute("SELECT * FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no attempt {attempt_id!r}")
+        return Attempt(**row)
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        rows = self.db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,)).fetchall()
+        return [Attempt(**r) for r in rows]
+
+    def active_attempts(self) -> list[Attempt]:
+        rows = self.db.execute(
+            f"SELECT * FROM attempts WHERE state IN ({','.join('?' * len(states.ACTIVE_ATTEMPT | {'returned', 'verifying'}))})"
+            " ORDER BY created_at",
+            sorted(states.ACTIVE_ATTEMPT | {"returned", "verifying"}),
+        ).fetchall()
+        return [Attempt(**r) for r in rows]
+
+    def set_handle(self, attempt_id: str, handle_json: str) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE attempts SET handle_json = ? WHERE id = ?", (handle_json, attempt_id))
+
+    def move_attempt(
+        self, attempt_id: str, target: str, *, job_target: str | None = None, reason: str | None = None,
+        detail: dict | None = None, started_at: float | None = None, ended_at: float | None = None,
+    ) -> bool:
+        """Move an attempt (and, when given, its job) in one transaction; False if already there."""
+        with self.tx() as db:
+            row = db.execute("SELECT job_id, state FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no attempt {attempt_id!r}")
+            current, job_id = row["state"], row["job_id"]
+            if current == target:
+                return False
+            states.check("attempt", current, target)
+            db.execute(
+                "UPDATE attempts SET state = ?, reason = COALESCE(?, reason), started_at = COALESCE(?, started_at),"
+                " ended_at = COALESCE(?, ended_at) WHERE id = ? AND state = ?",
+                (target, reason, started_at, ended_at, attempt_id, current),
+            )
+            self._event(db, job_id, attempt_id, "attempt", current, target, _with_reason(detail, reason))
+            if job_target is not None:
+                self._move_job(db, job_id, job_target, reason=reason, attempt_id=attempt_id)
+            return True
+
+    def record_cost(self, attempt_id: str, *, micro_usd: int, rao: int, billable_seconds: float, basis: str) -> None:
+        with self.tx() as db:
+            row = db.execute("SELECT job_id, cost_micro_usd FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            if row["cost_micro_usd"] is not None:
+                return  # recorded once; a resumed settle does not record again
+            db.execute(
+                "UPDATE attempts SET cost_micro_usd = ?, cost_rao = ?, billable_seconds = ? WHERE id = ?",
+                (micro_usd, rao, billable_seconds, attempt_id),
+            )
+            self._event(db, row["job_id"], attempt_id, "cost", None, None,
+                        {"micro_usd": micro_usd, "rao": rao, "billable_seconds": billable_seconds, "basis": basis})
+
+    def record_outputs(self, attempt_id: str, files: list[tuple[str, int, str]]) -> None:
+        with self.tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO outputs VALUES (?,?,?,?)", [(attempt_id, p, s, h) for p, s, h in files]
+            )
+
+    def outputs(self, attempt_id: str) -> list[tuple[str, int, str]]:
+        rows = self.db.execute(
+            "SELECT path, size, sha256 FROM outputs WHERE attempt_id = ? ORDER BY path", (attempt_id,)
+        ).fetchall()
+        return [tuple(r) for r in rows]
+
+    # events
+
+    def log_event(self, job_id: str, kind: str, detail: dict, attempt_id: str | None = None) -> None:
+        with self.tx() as db:
+            self._event(db, job_id, attempt_id, kind, None, None, detail)
+
+    def events(self, job_id: str) -> list[Event]:
+        rows = self.db.execute("SELECT * FROM events WHERE job_id = ? ORDER BY id", (job_id,)).fetchall()
+        return [Event(**{**dict(r), "detail": json.loads(r["detail"]) if r["detail"] else None}) for r in rows]
+
+    @staticmethod
+    def _event(db, job_id, attempt_id, kind, from_state, to_state, detail) -> None:
+        db.execute(
+            "INSERT INTO events (job_id, attempt_id, at, kind, from_state, to_state, detail) VALUES (?,?,?,?,?,?,?)",
+            (job_id, attempt_id, time.time(), kind, from_state, to_state,
+             json.dumps(detail, sort_keys=True) if detail else None),
+        )
+
+
+def _with_reason(detail: dict | None, reason: str | None) -> dict | None:
+    if reason is None:
+        return detail
+    return {**(detail or {}), "reason": reason}

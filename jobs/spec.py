@@ -1,0 +1,230 @@
+"""JobSpec: what a training run is, as the user writes it in `job.yaml`.
+
+Every model forbids unknown keys, so a misspelt key is an error with a "did you mean" hint
+(see `jobs.yamlfile`) instead of a silently ignored setting. `trainmaster schema job` prints
+the JSON Schema generated from these same classes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema, field_validator
+
+from trainmaster.jobs.money import format_usd, parse_usd
+from trainmaster.jobs.yamlfile import FileError, load_model
+
+Usd = Annotated[
+    int,
+    BeforeValidator(parse_usd),
+    PlainSerializer(format_usd, return_type=str),
+    WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0}, {"type": "string"}], "description": "US dollars"}),
+]
+"""An amount users write in dollars; held as integer micro-USD."""
+
+DATA_URI = re.compile(r"^(s3|gs|az)://[^/\s]+(/\S*)?$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+PYTHON_NAMES = {"python", "python3"}
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=True)
+
+
+class Workload(str, Enum):
+    development = "development"
+    initial_training = "initial_training"
+    retraining = "retraining"
+    online_learning = "online_learning"
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class DataSource(Model):
+    """One input: a local path (relative to the spec file) or an `s3://`, `gs://` or `az://` URI."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Folder name the data appears under in the job.")
+    source: str = Field(description="Local path, or s3://, gs://, az:// URI.")
+    sha256: str | None = Field(None, description="Expected sha256 (lowercase hex) of the file or archive.")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if "://" in value and not DATA_URI.match(value):
+            raise ValueError("URIs must be s3://bucket/key, gs://bucket/key or az://container/blob")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, value: str | None) -> str | None:
+        if value is not None and not SHA256.match(value):
+            raise ValueError("must be 64 lowercase hex characters")
+        return value
+
+    @property
+    def is_remote(self) -> bool:
+        return "://" in self.source
+
+
+class Resources(Model):
+    gpus: int = Field(0, ge=0, le=64, description="GPUs per node; 0 runs on CPU.")
+    gpu_types: list[str] = Field(default_factory=list, description="Acceptable GPU models (e.g. A100, H100); empty = any.")
+    min_vram_gb: int | None = Field(None, ge=1, description="Minimum memory per GPU in GB.")
+    cpus: int = Field(1, ge=1, description="CPU cores needed.")
+    memory_gb: int | None = Field(None, ge=1, description="Host memory needed in GB.")
+    nodes: int = Field(1, ge=1, le=64, description="Machines; more than 1 needs a multi-node backend.")
+
+
+class Limits(Model):
+    max_hours: float | None = Field(None, gt=0, description="Wall-clock limit; the run is cancelled past it.")
+    max_usd: Usd | None = Field(None, description="Most this job may cost in all.")
+    max_usd_per_hour: Usd | None = Field(None, description="Most an offer may cost per hour.")
+    deadline: datetime | None = Field(None, description="When the result is needed (ISO 8601).")
+
+
+class Checkpointing(Model):
+    segment_steps: int = Field(25, ge=1, description="k: steps between committed training states.")
+    every_steps: int | None = Field(None, ge=1, description="Steps between resumable checkpoints (default: k).")
+
+
+class Verification(Model):
+    replay_audit: Literal["auto", "always", "never"] = Field(
+        "auto", description="auto: audit untrusted backends only (as the policy says)."
+    )
+    challenge_segments: int = Field(8, ge=0, le=256, description="q: random segments re-executed per audit.")
+    evaluator: str | None = Field(None, description="Command in the bundle that evaluates the final checkpoint.")
+    thresholds: dict[str, float] = Field(default_factory=dict, description="Metric name -> minimum value.")
+
+
+class PythonEnv(Model):
+    """How the job's Python environment is prepared."""
+
+    python: Literal["current", "requirements"] = Field(
+        "current",
+        description="current: the broker's own interpreter (local runs); requirements: a virtualenv built from "
+        "the requirements file in the bundle.",
+    )
+    requirements: str = Field("requirements.txt", description="Path inside the code directory.")
+
+
+class JobSpec(Model):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$", description="Lowercase name; becomes part of the job id.")
+    workload: Workload = Field(Workload.development, description="The class the cost policy plans by.")
+    entrypoint: str = Field(min_length=1, description="Command run inside the bundle, e.g. `python train.py`.")
+    code: str = Field(".", description="Directory bundled with the job, relative to the spec file.")
+    project: str | None = Field(None, description="Budget and reporting group.")
+    data: list[DataSource] = Field(default_factory=list)
+    resources: Resources = Field(default_factory=Resources)
+    limits: Limits = Field(default_factory=Limits)
+    estimated_hours: float | None = Field(None, gt=0, description="Expected run time, for cost estimates.")
+    checkpoint: Checkpointing = Field(default_factory=Checkpointing)
+    seed: int = Field(0, ge=0, lt=2**63)
+    precision: Precision = Precision.fp32
+    verification: Verification = Field(default_factory=Verification)
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the job.")
+    environment: PythonEnv = Field(default_factory=PythonEnv)
+    launcher: Literal["auto", "torchrun", "direct"] = Field(
+        "auto",
+        description="How local runs start: torchrun, or directly with torchrun's variables set (one process); "
+        "auto uses torchrun for more than one process and saves its start-up time otherwise.",
+    )
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value: str) -> str:
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot parse the command: {exc}") from None
+        if not argv:
+            raise ValueError("the command is empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key.startswith("TRAINMASTER_"):
+                raise ValueError(f"{key} is set by trainmaster itself")
+        return value
+
+    @property
+    def argv(self) -> list[str]:
+        return shlex.split(self.entrypoint)
+
+    def canonical_json(self) -> bytes:
+        """The spec as canonical JSON: what the bundle carries and what its hash covers."""
+        data = self.model_dump(mode="json")
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+class LoadedSpec(BaseModel):
+    """A spec together with where it came from: the code directory resolves against the file."""
+
+    model_config = ConfigDict(frozen=True)
+    spec: JobSpec
+    path: Path
+    code_dir: Path
+
+
+def load_spec(path: Path | str) -> LoadedSpec:
+    """Load and check a job file; raises FileError naming file, line and field."""
+    path = Path(path).absolute()
+    spec = load_model(path, JobSpec)
+    code_dir = (path.parent / spec.code).resolve()
+    problems = _check_paths(path, spec, code_dir)
+    if problems:
+        raise FileError(path, problems)
+    return LoadedSpec(spec=spec, path=path, code_dir=code_dir)
+
+
+def _check_paths(path: Path, spec: JobSpec, code_dir: Path) -> list[str]:
+    """What the file names must exist: the code dir, the entrypoint's script, local data."""
+    problems = []
+    if not code_dir.is_dir():
+        return [f"{path}: code: directory {code_dir} does not exist"]
+    script = entry_script(spec.argv)
+    if script is not None and not (code_dir / script).is_file():
+        problems.append(f"{path}: entrypoint: {script} not found in the code directory {code_dir}")
+    if spec.environment.python == "requirements" and not (code_dir / spec.environment.requirements).is_file():
+        problems.append(f"{path}: environment.requirements: {spec.environment.requirements} not found in {code_dir}")
+    for i, item in enumerate(spec.data):
+        if not item.is_remote and not (path.parent / item.source).exists():
+            problems.append(f"{path}: data.{i}.source: {item.source} does not exist")
+    return problems
+
+
+def entry_script(argv: list[str]) -> str | None:
+    """The file an entrypoint runs from the bundle, when it names one (`python train.py`, `./run.sh`)."""
+    if argv[0] in PYTHON_NAMES:
+        rest = [a for a in argv[1:]]
+        if not rest or rest[0].startswith("-"):
+            return None  # `python -m module` or `python -c ...`: nothing to check on disk
+        return rest[0]
+    if argv[0].startswith("./") or argv[0].endswith((".py", ".sh")):
+        return argv[0]
+    return None
+
+
+def job_schema() -> dict:
+    """The JSON Schema of job files, for editors."""
+    schema = JobSpec.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "trainmaster job"
+    return schema
+
+
+__all__ = ["JobSpec", "LoadedSpec", "FileError", "load_spec", "job_schema", "Workload", "Precision", "entry_script"]
