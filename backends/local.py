@@ -71,7 +71,7 @@ class LocalBackend(SupportsMultiGpu, Backend):
             memory_mb=m.memory_mb,
             price_per_hour_micro_usd=self.power.price_per_hour_micro(len(gpus)),
             trusted=True,
-            detail={"gpu_indices": [g.index for g in gpus], "nproc": max(1, res.gpus)},
+            detail={"gpu_indices": [g.index for g in gpus], "nproc": res.nproc},
         )
         return OfferSet(backend=self.name, offers=[offer])
 
@@ -88,6 +88,8 @@ class LocalBackend(SupportsMultiGpu, Backend):
                 + (f" with ≥ {res.min_vram_gb} GB" if res.min_vram_gb else "")
                 + f"; this machine has {', '.join(f'{g.name} ({g.memory_mb // 1024} GB)' for g in m.gpus)}"
             )
+        if not res.gpus and res.nproc > m.cpus:
+            reasons.append(f"needs {res.nproc} CPU processes; this machine has {m.cpus} CPUs")
         if res.cpus > m.cpus:
             reasons.append(f"needs {res.cpus} CPUs; this machine has {m.cpus}")
         if res.memory_gb and res.memory_gb * 1024 > m.memory_mb:

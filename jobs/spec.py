@@ -84,6 +84,13 @@ class Resources(Model):
     cpus: int = Field(1, ge=1, description="CPU cores needed.")
     memory_gb: int | None = Field(None, ge=1, description="Host memory needed in GB.")
     nodes: int = Field(1, ge=1, le=64, description="Machines; more than 1 needs a multi-node backend.")
+    processes: int | None = Field(
+        None, ge=1, le=256, description="Training processes per node (default: one per GPU, or 1 on CPU)."
+    )
+
+    @property
+    def nproc(self) -> int:
+        return self.processes or max(1, self.gpus)
 
 
 class Limits(Model):

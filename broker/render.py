@@ -1,0 +1,122 @@
+"""How jobs and plans look to people (Rich) and to scripts (JSON)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rich.console import Console
+from rich.table import Table
+
+from trainmaster.broker import paths
+from trainmaster.jobs.money import display_usd, format_usd
+
+STATE_STYLE = {"accepted": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
+
+
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def job_json(broker, job, *, events: bool = False) -> dict:
+    attempts = broker.store.attempts(job.id)
+    out = {
+        "id": job.id, "name": job.name, "workload": job.workload, "project": job.project, "state": job.state,
+        "reason": job.reason, "policy": job.policy, "bundle_sha256": job.bundle_sha256, "spec_path": job.spec_path,
+        "created_at": job.created_at, "updated_at": job.updated_at,
+        "cost_micro_usd": sum(a.cost_micro_usd or 0 for a in attempts),
+        "cost_usd": format_usd(sum(a.cost_micro_usd or 0 for a in attempts)),
+        "job_dir": str(paths.job_dir(job.id)),
+        "outputs_dir": str(paths.job_dir(job.id) / "outputs") if job.state == "accepted" else None,
+        "attempts": [
+            {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": a.started_at,
+             "ended_at": a.ended_at, "cost_micro_usd": a.cost_micro_usd, "billable_seconds": a.billable_seconds,
+             "outputs": [{"path": p, "size": s, "sha256": h} for p, s, h in broker.store.outputs(a.id)]}
+            for a in attempts
+        ],
+    }
+    if events:
+        out["events"] = [
+            {"at": e.at, "attempt": e.attempt_id, "kind": e.kind, "from": e.from_state, "to": e.to_state, "detail": e.detail}
+            for e in broker.store.events(job.id)
+        ]
+    return out
+
+
+def _state(state: str) -> str:
+    style = STATE_STYLE.get(state)
+    return f"[{style}]{state}[/{style}]" if style else state
+
+
+def print_job(console: Console, broker, job, *, events: bool = False) -> None:
+    data = job_json(broker, job, events=events)
+    console.print(f"[bold]{job.id}[/bold]  {_state(job.state)}  ({job.workload}, policy {job.policy})", highlight=False)
+    if job.reason:
+        console.print(f"  reason: {job.reason}", highlight=False)
+    console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {job.bundle_sha256[:16]}…", highlight=False)
+    console.print(f"  job dir: {data['job_dir']}", highlight=False)
+    if data["outputs_dir"]:
+        console.print(f"  outputs: [bold]{data['outputs_dir']}[/bold]", highlight=False)
+    table = Table("attempt", "backend", "state", "started", "ended", "cost", "reason", box=None)
+    for a in data["attempts"]:
+        table.add_row(a["id"], a["backend"], _state(a["state"]), _when(a["started_at"]), _when(a["ended_at"]),
+                      display_usd(a["cost_micro_usd"] or 0), a["reason"] or "")
+    console.print(table)
+    for a in data["attempts"]:
+        for f in a["outputs"] if a["state"] == "accepted" else []:
+            console.print(f"    {f['path']}  ({f['size']:,} bytes, sha256 {f['sha256'][:12]}…)", highlight=False)
+    if events:
+        log = Table("time", "attempt", "event", box=None)
+        for e in data["events"]:
+            what = f"{e['from'] or ''} → {e['to']}" if e["to"] else e["kind"]
+            reason = (e["detail"] or {}).get("reason")
+            log.add_row(_when(e["at"]), e["attempt"] or "", what + (f" ({reason})" if reason else ""))
+        console.print(log)
+
+
+def print_jobs(console: Console, broker, jobs) -> None:
+    if not jobs:
+        console.print("no jobs (use --all to include finished ones)")
+        return
+    table = Table("job", "workload", "state", "created", "cost", box=None)
+    for job in jobs:
+        cost = sum(a.cost_micro_usd or 0 for a in broker.store.attempts(job.id))
+        table.add_row(job.id, job.workload, _state(job.state), _when(job.created_at), display_usd(cost))
+    console.print(table)
+
+
+def plan_table(plan) -> Table:
+    table = Table("backend", "instance", "region", "GPUs", "spot", "$/hour", "hours", "expected", "chosen / why not",
+                  title="Considered offers", box=None)
+    for row in plan.rows:
+        o = row.offer
+        gpus = f"{o.gpu_count}× {o.gpu_type}" if o.gpu_count else "CPU"
+        mark = "[green]✔ chosen[/green]" if row.verdict == "chosen" else row.verdict
+        table.add_row(o.backend, o.instance, o.region, gpus, "yes" if o.spot else "no",
+                      display_usd(o.price_per_hour_micro_usd), f"{row.hours:g}", display_usd(row.expected_micro_usd), mark)
+    return table
+
+
+def prepared_json(prepared) -> dict:
+    spec = prepared.loaded.spec
+    chosen = prepared.plan.chosen
+    return {
+        "name": spec.name, "workload": spec.workload, "policy": prepared.policy.name,
+        "bundle": {"sha256": prepared.bundle.sha256, "bytes": prepared.bundle.size, "files": prepared.bundle.files},
+        "chosen": chosen.offer.model_dump(mode="json") if chosen else None,
+        "considered": [
+            {"offer": r.offer.model_dump(mode="json"), "hours": r.hours, "expected_micro_usd": r.expected_micro_usd,
+             "verdict": r.verdict}
+            for r in prepared.plan.rows
+        ],
+        "unavailable": prepared.plan.reasons,
+    }
+
+
+def print_prepared(console: Console, prepared) -> None:
+    spec = prepared.loaded.spec
+    console.print(f"[bold]{spec.name}[/bold] ({spec.workload}) — dry run, nothing submitted", highlight=False)
+    console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
+                  highlight=False)
+    console.print(plan_table(prepared.plan))
+    for backend, why in prepared.plan.reasons.items():
+        console.print(f"  {backend}: {'; '.join(why)}", highlight=False)

@@ -1,0 +1,305 @@
+"""The broker: submit → plan → dispatch → watch → fetch → verify → settle, resumable from any state.
+
+Every step reads the state from SQLite, does its work, and records the new state; `advance`
+walks a job as far as it can go right now. Any process (the CLI that submitted, a later
+`trainmaster status`, the daemon) can call it after a crash, so no job is lost: a dispatch
+that died before recording its handle is found again from the attempt's work dir, and a
+settle that died half-way is redone without recording anything twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainmaster.backends.base import AttemptContext, Backend, BackendError, Handle, Offer, Phase
+from trainmaster.broker import paths, states
+from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan
+from trainmaster.broker.policy import Policy, load_policy
+from trainmaster.broker.store import Attempt, Job, Store
+from trainmaster.jobs import bundle as bundles
+from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A spec checked, bundled in memory and planned: what `submit --dry-run` shows."""
+
+    loaded: LoadedSpec
+    policy: Policy
+    plan: Plan
+    bundle: bundles.BundleInfo
+
+
+class Broker:
+    def __init__(self, store: Store | None = None, backends: dict[str, Backend] | None = None):
+        self.store = store or Store(paths.state_db())
+        self._backends = backends or {}
+
+    def close(self) -> None:
+        self.store.close()
+
+    # backends
+
+    def backend(self, name: str, policy: Policy | None = None) -> Backend:
+        if name not in self._backends:
+            from trainmaster.backends.registry import backend_class
+
+            cls = backend_class(name)
+            if name == "local":
+                self._backends[name] = cls(power=(policy or load_policy()).power, envs_dir=paths.home() / "envs")
+            else:
+                self._backends[name] = cls()
+        return self._backends[name]
+
+    def _enabled(self, spec: JobSpec, policy: Policy) -> dict[str, Backend]:
+        from trainmaster.backends.registry import BACKENDS
+
+        cls = policy.for_class(spec.workload)
+        names = [n for n in (cls.constraints.allowed_backends or cls.chain) if n in BACKENDS]
+        return {n: self.backend(n, policy) for n in names}
+
+    def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset()) -> Plan:
+        offer_sets = asyncio.run(gather_offers(spec, self._enabled(spec, policy)))
+        return plan(spec, policy, offer_sets, blocked=blocked)
+
+    # submit
+
+    def prepare(self, spec_path: Path, policy_name: str = "default") -> Prepared:
+        """Check, plan and hash without writing anything (raises FileError, PlanError, BundleError)."""
+        loaded = load_spec(spec_path)
+        policy = load_policy(policy_name)
+        result = self.plan(loaded.spec, policy)
+        if result.chosen is None:
+            raise PlanError(result)
+        info = bundles.bundle_digest(loaded.code_dir, loaded.spec.canonical_json())
+        return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info)
+
+    def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
+        """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good."""
+        loaded = load_spec(spec_path)
+        policy = load_policy(policy_name)
+        result = self.plan(loaded.spec, policy)
+        if result.chosen is None:
+            raise PlanError(result)
+        info = bundles.build_bundle(loaded.code_dir, loaded.spec.canonical_json(), paths.bundles_dir())
+        job_id = f"{loaded.spec.name}-{secrets.token_hex(4)}"
+        self.store.create_job(
+            job_id=job_id, name=loaded.spec.name, workload=loaded.spec.workload, project=loaded.spec.project,
+            spec_json=loaded.spec.model_dump_json(), spec_path=str(loaded.path), bundle_sha256=info.sha256,
+            policy=policy_name, detail={"bundle_bytes": info.size, "files": info.files},
+        )
+        self._record_plan(job_id, result)
+        self.advance(job_id)
+        return self.store.job(job_id)
+
+    def _record_plan(self, job_id: str, result: Plan) -> None:
+        chosen = result.chosen
+        self.store.move_job(job_id, "planned", detail={
+            "chosen": chosen.offer.key, "expected_micro_usd": chosen.expected_micro_usd,
+            "considered": [[r.offer.key, r.verdict] for r in result.rows],
+        })
+
+    # the state machine, driven from whatever state is recorded
+
+    def advance(self, job_id: str) -> Job:
+        """Move a job as far as it can go now; safe to call from any process at any time."""
+        job = self.store.job(job_id)
+        if job.state in states.JOB_ENDS:
+            return job
+        with _locked(paths.job_dir(job_id) / ".lock"):
+            job = self.store.job(job_id)
+            if job.state == "submitted":
+                self._replan(job, blocked=frozenset())
+            job = self.store.job(job_id)
+            if job.state == "planned":
+                self._dispatch(job)
+            for attempt in self.store.attempts(job_id):
+                if attempt.state not in states.ATTEMPT_ENDS:
+                    self._watch(job, attempt)
+        return self.store.job(job_id)
+
+    def refresh(self) -> None:
+        """Advance every job that is not finished (what each CLI command does first)."""
+        for job in self.store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1000):
+            try:
+                self.advance(job.id)
+            except BackendError as exc:
+                self.store.log_event(job.id, "error", {"message": str(exc)})
+
+    def wait(self, job_id: str, *, poll_s: float = 0.2, timeout_s: float | None = None) -> Job:
+        deadline = time.time() + timeout_s if timeout_s else None
+        while True:
+            job = self.advance(job_id)
+            if job.state in states.JOB_ENDS:
+                return job
+            if deadline and time.time() > deadline:
+                return job
+            time.sleep(poll_s)
+
+    def _spec(self, job: Job) -> JobSpec:
+        return JobSpec.model_validate_json(job.spec_json)
+
+    def _replan(self, job: Job, blocked: frozenset[str]) -> None:
+        result = self.plan(self._spec(job), load_policy(job.policy), blocked=blocked)
+        if result.chosen is None:
+            self.store.move_job(job.id, "failed", reason=result.explain_failure())
+        else:
+            self._record_plan(job.id, result)
+
+    def _blocked(self, job: Job) -> frozenset[str]:
+        return frozenset(Offer.model_validate_json(a.offer_json).key for a in self.store.attempts(job.id)
+                         if a.state in ("failed", "rejected"))
+
+    def _dispatch(self, job: Job) -> None:
+        result = self.plan(self._spec(job), load_policy(job.policy), blocked=self._blocked(job))
+        if result.chosen is None:
+            self.store.move_job(job.id, "failed", reason=result.explain_failure())
+            return
+        offer = result.chosen.offer
+        attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json())
+        self._start(job, attempt)
+
+    def _start(self, job: Job, attempt: Attempt) -> None:
+        offer = Offer.model_validate_json(attempt.offer_json)
+        backend = self.backend(offer.backend)
+        ctx = self._context(job, attempt)
+        try:
+            handle = backend.submit(paths.bundles_dir() / f"{job.bundle_sha256}.tar", self._spec(job), offer, ctx)
+        except (BackendError, bundles.BundleError, OSError) as exc:
+            self._attempt_failed(job, attempt, f"could not start on {offer.backend}: {exc}", retry=True)
+            return
+        self.store.set_handle(attempt.id, handle.model_dump_json())
+
+    def _context(self, job: Job, attempt: Attempt) -> AttemptContext:
+        workdir = paths.attempt_dir(job.id, attempt.n)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return AttemptContext(job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256,
+                              seed=self._spec(job).seed, workdir=str(workdir))
+
+    def handle(self, job: Job, attempt: Attempt) -> Handle:
+        if attempt.handle_json:
+            return Handle.model_validate_json(attempt.handle_json)
+        # dispatched, but the process that dispatched died before recording the handle
+        self._start(job, attempt)
+        attempt = self.store.attempt(attempt.id)
+        if not attempt.handle_json:
+            raise BackendError(f"attempt {attempt.id} could not be started again")
+        return Handle.model_validate_json(attempt.handle_json)
+
+    def _watch(self, job: Job, attempt: Attempt) -> None:
+        if attempt.state in ("returned", "verifying"):
+            self._settle(job, attempt)
+            return
+        backend = self.backend(attempt.backend)
+        st = backend.status(self.handle(job, attempt))
+        if st.phase is Phase.running and attempt.state == "dispatched":
+            self.store.move_attempt(attempt.id, "running", job_target="running", started_at=st.started_at)
+        elif st.phase is Phase.succeeded:
+            self.store.move_attempt(attempt.id, "returned", job_target="returned",
+                                    started_at=st.started_at, ended_at=st.ended_at)
+            self._settle(job, self.store.attempt(attempt.id))
+        elif st.phase is Phase.cancelled:
+            self._record_cost(attempt)
+            self.store.move_attempt(attempt.id, "cancelled", job_target="cancelled", reason=st.reason or "cancelled",
+                                    started_at=st.started_at, ended_at=st.ended_at)
+        elif st.phase is Phase.failed:
+            # a script that exits non-zero failed on its own; a process that vanished may succeed elsewhere
+            self._attempt_failed(job, attempt, st.reason or "failed", retry=st.exit_code is None,
+                                 started_at=st.started_at, ended_at=st.ended_at)
+
+    def _attempt_failed(self, job: Job, attempt: Attempt, reason: str, *, retry: bool,
+                        started_at: float | None = None, ended_at: float | None = None) -> None:
+        if attempt.handle_json:
+            self._record_cost(attempt)
+        times = {"started_at": started_at, "ended_at": ended_at}
+        if not retry:
+            self.store.move_attempt(attempt.id, "failed", job_target="failed", reason=reason, **times)
+            return
+        self.store.move_attempt(attempt.id, "failed", job_target="planned", reason=reason, **times)
+        job = self.store.job(job.id)
+        result = self.plan(self._spec(job), load_policy(job.policy), blocked=self._blocked(job))
+        if result.chosen is None:
+            self.store.move_job(job.id, "failed", reason=f"{reason}; {result.explain_failure()}")
+        else:
+            self.store.log_event(job.id, "replanned", {"chosen": result.chosen.offer.key, "after": reason})
+
+    def _settle(self, job: Job, attempt: Attempt) -> None:
+        """Fetch outputs, record them and the cost, and decide. Each step is idempotent."""
+        backend = self.backend(attempt.backend)
+        handle = self.handle(job, attempt)
+        dest = paths.job_dir(job.id) / "outputs"
+        if attempt.state == "returned":
+            files = backend.fetch(handle, dest)  # BackendError (e.g. disk full) leaves the attempt `returned`
+            self.store.record_outputs(attempt.id, [(f.path, f.size, f.sha256) for f in files])
+            self._record_cost(attempt)
+            self.store.move_attempt(attempt.id, "verifying", job_target="verifying")
+        verdict = self._verify(job, attempt, dest)
+        (paths.job_dir(job.id) / "verdict.json").write_text(json.dumps(verdict, indent=2, sort_keys=True))
+        if verdict["verdict"] == "accepted":
+            self.store.move_attempt(attempt.id, "accepted", job_target="accepted", detail=verdict)
+        else:
+            self.store.move_attempt(attempt.id, "rejected", job_target="failed", reason="; ".join(verdict["reasons"]),
+                                    detail=verdict)
+
+    def _verify(self, job: Job, attempt: Attempt, outputs: Path) -> dict:
+        """Integrity of what came back: every recorded output is present with its hash.
+
+        A trusted backend's run that exited 0 with intact outputs is accepted; safety, replay
+        audits and outcome checks come with the verification module.
+        """
+        recorded = self.store.outputs(attempt.id)
+        from trainmaster.backends.local import list_outputs
+
+        found = {f.path: f.sha256 for f in list_outputs(outputs)} if outputs.exists() else {}
+        bad = [p for p, _, h in recorded if found.get(p) != h]
+        reasons = [f"output {p} is missing or changed since it was fetched" for p in bad]
+        return {"verdict": "rejected" if bad else "accepted", "checks": ["integrity"], "reasons": reasons,
+                "outputs": len(recorded)}
+
+    def _record_cost(self, attempt: Attempt) -> None:
+        offer = Offer.model_validate_json(attempt.offer_json)
+        cost = self.backend(attempt.backend).cost(Handle.model_validate_json(attempt.handle_json), offer)
+        self.store.record_cost(attempt.id, micro_usd=cost.micro_usd, rao=cost.rao,
+                               billable_seconds=cost.billable_seconds, basis=cost.basis)
+
+    # user actions on a job
+
+    def cancel(self, job_id: str) -> Job:
+        job = self.store.find_job(job_id)
+        if job.state in states.JOB_ENDS:
+            return job
+        for attempt in self.store.attempts(job.id):
+            if attempt.state in states.ACTIVE_ATTEMPT and attempt.handle_json:
+                self.backend(attempt.backend).cancel(Handle.model_validate_json(attempt.handle_json))
+                self._record_cost(attempt)
+                self.store.move_attempt(attempt.id, "cancelled", reason="cancelled by the user")
+        self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
+        return self.store.job(job.id)
+
+    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
+        job = self.store.find_job(job_id)
+        attempts = [a for a in self.store.attempts(job.id) if a.handle_json]
+        if not attempts:
+            return iter(())
+        last = attempts[-1]
+        return self.backend(last.backend).logs(Handle.model_validate_json(last.handle_json), follow=follow)
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock across processes, so two CLIs never dispatch or settle the same job at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
