@@ -111,6 +111,7 @@ class LocalBackend(SupportsMultiGpu, Backend):
         workdir = Path(ctx.workdir)
         if (workdir / sup.SUPERVISOR).exists():
             return self.handle(ctx)  # already started (a resumed dispatch): never start twice
+        workdir.mkdir(parents=True, exist_ok=True)
         code = workdir / "code"
         if not code.exists():
             bundles.extract_bundle(bundle, code, expected_sha256=ctx.bundle_sha256)

@@ -80,8 +80,8 @@ def run(argv: list[str], launch: dict, log, stopping: dict) -> int | str:
             return child.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             if deadline and time.time() > deadline and not stopping:
-                stopping["limit"] = "time limit"
                 log.write(b"[trainmaster] time limit reached; stopping the job\n")
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the signal is for the job, not for us
                 os.killpg(os.getpgid(0), signal.SIGTERM)
                 try:
                     child.wait(timeout=30)

@@ -79,7 +79,7 @@ class Broker:
         result = self.plan(loaded.spec, policy)
         if result.chosen is None:
             raise PlanError(result)
-        info = bundles.bundle_digest(loaded.code_dir, loaded.spec.canonical_json())
+        info = bundles.bundle_digest(loaded.code_dir, loaded.spec.canonical_json(), max_bytes=_max_bundle(loaded.spec))
         return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info)
 
     def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
@@ -89,7 +89,8 @@ class Broker:
         result = self.plan(loaded.spec, policy)
         if result.chosen is None:
             raise PlanError(result)
-        info = bundles.build_bundle(loaded.code_dir, loaded.spec.canonical_json(), paths.bundles_dir())
+        info = bundles.build_bundle(loaded.code_dir, loaded.spec.canonical_json(), paths.bundles_dir(),
+                                    max_bytes=_max_bundle(loaded.spec))
         job_id = f"{loaded.spec.name}-{secrets.token_hex(4)}"
         self.store.create_job(
             job_id=job_id, name=loaded.spec.name, workload=loaded.spec.workload, project=loaded.spec.project,
@@ -291,6 +292,10 @@ class Broker:
             return iter(())
         last = attempts[-1]
         return self.backend(last.backend).logs(Handle.model_validate_json(last.handle_json), follow=follow)
+
+
+def _max_bundle(spec: JobSpec) -> int:
+    return spec.limits.max_bundle_mb * 2**20
 
 
 @contextmanager

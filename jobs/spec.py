@@ -98,6 +98,7 @@ class Limits(Model):
     max_usd: Usd | None = Field(None, description="Most this job may cost in all.")
     max_usd_per_hour: Usd | None = Field(None, description="Most an offer may cost per hour.")
     deadline: datetime | None = Field(None, description="When the result is needed (ISO 8601).")
+    max_bundle_mb: int = Field(2048, ge=1, description="Refuse to bundle a code directory larger than this.")
 
 
 class Checkpointing(Model):

@@ -1,0 +1,43 @@
+"""Shared fixtures: every test gets its own TRAINMASTER_HOME, so state never leaks between tests."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def tm_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRAINMASTER_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def broker(tm_home):
+    from trainmaster.broker.service import Broker
+
+    b = Broker()
+    yield b
+    b.close()
+
+
+def write_job(root: Path, script: str, spec: str = "", *, name: str = "t", entrypoint: str = "python train.py") -> Path:
+    """A code dir with `train.py` and a `job.yaml` next to it; returns the spec path."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "train.py").write_text(textwrap.dedent(script))
+    body = f"name: {name}\nentrypoint: {entrypoint}\n" + textwrap.dedent(spec)
+    (root / "job.yaml").write_text(body)
+    return root / "job.yaml"
+
+
+@pytest.fixture
+def job_factory(tmp_path):
+    counter = iter(range(10_000))
+
+    def make(script: str, spec: str = "", **kw) -> Path:
+        return write_job(tmp_path / f"job{next(counter)}", script, spec, **kw)
+
+    return make

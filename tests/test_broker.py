@@ -1,0 +1,162 @@
+"""The broker's life of a job: recorded exactly, resumable after a crash, and nothing half-written on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trainmaster.backends.base import AttemptContext, Offer
+from trainmaster.broker import paths
+from trainmaster.broker.service import Broker
+from trainmaster.jobs.bundle import BundleError
+from trainmaster.jobs.spec import JobSpec
+from trainmaster.jobs.yamlfile import FileError
+
+WRITE_OUTPUT = """
+    import os, pathlib
+    pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "model.bin").write_bytes(b"w" * 1000)
+    print("trained")
+"""
+
+
+def nothing_recorded(broker: Broker) -> bool:
+    bundles = list(paths.bundles_dir().glob("*")) if paths.bundles_dir().exists() else []
+    return broker.store.jobs() == [] and bundles == []
+
+
+def test_a_job_runs_to_accepted_with_an_exact_record(broker, job_factory):
+    job = broker.wait(broker.submit(job_factory(WRITE_OUTPUT)).id, timeout_s=60)
+    assert job.state == "accepted"
+    events = broker.store.events(job.id)
+    assert [e.to_state for e in events if e.kind == "transition"] == [
+        "submitted", "planned", "dispatched", "running", "returned", "verifying", "accepted"]
+    [attempt] = broker.store.attempts(job.id)
+    assert attempt.state == "accepted" and attempt.started_at < attempt.ended_at
+    import hashlib
+    assert broker.store.outputs(attempt.id) == [("model.bin", 1000, hashlib.sha256(b"w" * 1000).hexdigest())]
+    verdict = json.loads((paths.job_dir(job.id) / "verdict.json").read_text())
+    assert verdict["verdict"] == "accepted"
+
+
+def test_a_new_process_resumes_watching_a_running_job(tm_home, job_factory):
+    spec = job_factory("import time\ntime.sleep(2)\n" + textwrap.dedent(WRITE_OUTPUT))
+    first = Broker()
+    job = first.submit(spec)
+    first.close()  # the submitting CLI exits while the job runs
+    assert job.state in ("dispatched", "running")
+    code = f"from trainmaster.broker.service import Broker; print(Broker().wait({job.id!r}, timeout_s=60).state)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "accepted"
+
+
+def test_a_dispatch_that_crashed_before_recording_its_handle_is_not_started_twice(broker, job_factory):
+    spec_path = job_factory("import time\ntime.sleep(1)\n" + textwrap.dedent(WRITE_OUTPUT))
+    from trainmaster.broker.policy import load_policy
+    from trainmaster.jobs.spec import load_spec
+
+    loaded = load_spec(spec_path)
+    result = broker.plan(loaded.spec, load_policy())
+    from trainmaster.jobs.bundle import build_bundle
+
+    info = build_bundle(loaded.code_dir, loaded.spec.canonical_json(), paths.bundles_dir())
+    broker.store.create_job(job_id="crash-1", name="t", workload="development", project=None,
+                            spec_json=loaded.spec.model_dump_json(), spec_path=str(spec_path),
+                            bundle_sha256=info.sha256, policy="default")
+    broker.store.move_job("crash-1", "planned")
+    attempt = broker.store.create_attempt("crash-1", backend="local", offer_json=result.chosen.offer.model_dump_json())
+    ctx = AttemptContext(job_id="crash-1", attempt_id=attempt.id, bundle_sha256=info.sha256, seed=0,
+                         workdir=str(paths.attempt_dir("crash-1", 1)))
+    broker.backend("local").submit(info.path, loaded.spec, result.chosen.offer, ctx)
+    # ... and the process died here, before set_handle
+    job = Broker().wait("crash-1", timeout_s=60)
+    assert job.state == "accepted"
+    log = (paths.attempt_dir("crash-1", 1) / "job.log").read_text()
+    assert log.count("[trainmaster] $") == 1 and log.count("trained") == 1
+    assert len(broker.store.attempts("crash-1")) == 1
+
+
+def test_invalid_spec_records_nothing(broker, job_factory):
+    spec = job_factory("print(1)\n", "resources:\n  gpu: 1\n")
+    with pytest.raises(FileError):
+        broker.submit(spec)
+    assert nothing_recorded(broker)
+
+
+def test_bundle_over_its_limit_records_nothing(broker, job_factory):
+    spec = job_factory("print(1)\n", "limits:\n  max_bundle_mb: 1\n")
+    (spec.parent / "data.bin").write_bytes(b"x" * (2 * 2**20))
+    with pytest.raises(BundleError, match="limit"):
+        broker.submit(spec)
+    assert nothing_recorded(broker)
+
+
+def test_symlink_out_of_the_code_dir_records_nothing(broker, job_factory, tmp_path):
+    spec = job_factory("print(1)\n")
+    (tmp_path / "secret.txt").write_text("s")
+    (spec.parent / "link.txt").symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(BundleError, match="link.txt"):
+        broker.submit(spec)
+    assert nothing_recorded(broker)
+
+
+FETCH_WITH_SMALL_DISK = """
+import resource, signal, sys
+from trainmaster.backends.base import BackendError
+from trainmaster.broker.service import Broker
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1_500_000, resource.RLIM_INFINITY))
+try:
+    Broker().advance(sys.argv[1])
+except BackendError as exc:
+    print("ERROR", exc)
+"""
+
+
+def test_full_disk_while_fetching_leaves_the_attempt_returned_and_a_retry_succeeds(broker, job_factory):
+    script = """
+        import os, pathlib
+        pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "big.bin").write_bytes(os.urandom(3_000_000))
+    """
+    job = broker.submit(job_factory(script))
+    supervisor_done = paths.attempt_dir(job.id, 1) / "exit.json"
+    import time
+    deadline = time.time() + 30
+    while not supervisor_done.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    out = subprocess.run([sys.executable, "-c", FETCH_WITH_SMALL_DISK, job.id], capture_output=True, text=True)
+    assert "ERROR no space left while copying outputs" in out.stdout, out.stdout + out.stderr
+    assert broker.store.job(job.id).state == "returned"
+    job_dir = paths.job_dir(job.id)
+    assert not (job_dir / "outputs").exists() and not list(job_dir.glob(".outputs*"))
+    job = broker.wait(job.id, timeout_s=30)
+    assert job.state == "accepted"
+    assert (job_dir / "outputs" / "big.bin").stat().st_size == 3_000_000
+
+
+def test_a_vanished_attempt_replans_and_fails_when_no_backend_is_left(broker, job_factory):
+    """An infrastructure failure (not the script's exit code) blocks the offer and re-plans."""
+    import os, signal, time
+    job = broker.submit(job_factory("import time\ntime.sleep(60)\n"))
+    sup = paths.attempt_dir(job.id, 1) / "supervisor.json"
+    while not sup.exists():
+        time.sleep(0.05)
+    os.killpg(json.loads(sup.read_text())["pid"], signal.SIGKILL)
+    time.sleep(0.3)
+    job = broker.wait(job.id, timeout_s=30)
+    assert job.state == "failed"
+    assert "blocked after a failed attempt" in job.reason
+    kinds = [(e.kind, e.to_state) for e in broker.store.events(job.id)]
+    assert ("transition", "planned") in kinds[kinds.index(("attempt", "failed")):]
+
+
+def test_local_offer_is_priced_by_the_policy_power_model(broker):
+    import asyncio
+
+    spec = JobSpec(name="x", entrypoint="python t.py")
+    [offer] = asyncio.run(broker.backend("local").offers(spec)).offers
+    assert isinstance(offer, Offer) and offer.trusted and not offer.spot
+    assert offer.price_per_hour_micro_usd == (120 * 150_000 + 999) // 1000  # host watts × $/kWh, no GPU
