@@ -1,0 +1,424 @@
+"""The spend ledger: append-only money movements in integer micro-USD and integer rao.
+
+Three movements: `reserve` (on dispatch, the expected cost), `charge` (on acceptance, the actual
+cost; settles the reservation) and `release` (on failure; settles it with nothing paid). Each has an
+idempotency key, UNIQUE in the table, so a retried or resumed call finds its first row and changes
+nothing; the same key with a different request is an error, never a second payment. A reservation
+is settled at most once (a UNIQUE index on `reservation_key`).
+
+Budgets are checked and the reservation written in one `BEGIN IMMEDIATE` transaction, so concurrent
+submissions (threads or processes, each with its own connection) can never overshoot a hard cap.
+The tables live in the broker's SQLite file beside its own, with their own schema version row; rows
+are never updated or deleted (triggers refuse it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from trainmaster.jobs.money import display_usd
+from trainmaster.wallet.alerts import Alert, log_and_post
+from trainmaster.wallet.budget import Budget
+
+log = logging.getLogger("trainmaster.wallet.ledger")
+
+MIGRATIONS: list[list[str]] = [
+    [  # 1: entries and alerts
+        """CREATE TABLE ledger_entries (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            key TEXT NOT NULL UNIQUE,
+            kind TEXT NOT NULL CHECK (kind IN ('reserve', 'charge', 'release')),
+            reservation_key TEXT,
+            job_id TEXT NOT NULL,
+            backend TEXT NOT NULL,
+            workload TEXT NOT NULL,
+            project TEXT,
+            micro_usd INTEGER NOT NULL CHECK (micro_usd >= 0),
+            rao INTEGER NOT NULL CHECK (rao >= 0),
+            rate_micro_usd_per_tao INTEGER CHECK (rate_micro_usd_per_tao > 0),
+            at REAL NOT NULL,
+            detail TEXT,
+            CHECK ((kind = 'reserve') = (reservation_key IS NULL))
+        )""",
+        "CREATE UNIQUE INDEX ledger_settled ON ledger_entries(reservation_key) WHERE reservation_key IS NOT NULL",
+        "CREATE INDEX ledger_kind_at ON ledger_entries(kind, at)",
+        """CREATE TRIGGER ledger_no_update BEFORE UPDATE ON ledger_entries
+           BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
+        """CREATE TRIGGER ledger_no_delete BEFORE DELETE ON ledger_entries
+           BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
+        """CREATE TABLE ledger_alerts (
+            budget TEXT NOT NULL,
+            period_start REAL NOT NULL,
+            percent INTEGER NOT NULL,
+            used_micro_usd INTEGER NOT NULL,
+            at REAL NOT NULL,
+            PRIMARY KEY (budget, period_start, percent)
+        )""",
+    ],
+]
+
+Kind = Literal["reserve", "charge", "release"]
+GROUPS = {
+    "backend": "backend",
+    "class": "workload",
+    "job": "job_id",
+    "project": "COALESCE(project, '-')",
+    "month": "strftime('%Y-%m', at, 'unixepoch')",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the ledger."""
+
+    seq: int
+    key: str
+    kind: Kind
+    reservation_key: str | None
+    job_id: str
+    backend: str
+    workload: str
+    project: str | None
+    micro_usd: int
+    rao: int
+    rate_micro_usd_per_tao: int | None
+    at: float
+    detail: dict | None
+
+    def describe(self) -> str:
+        tao = f" + {self.rao} rao" if self.rao else ""
+        return f"{self.kind} of {display_usd(self.micro_usd)}{tao} for job {self.job_id} on {self.backend}"
+
+
+Reservation = Entry
+"""What `reserve` returns: the reserve row (its `key` is what `charge` and `release` name)."""
+
+
+@dataclass(frozen=True)
+class SpendRow:
+    group: str
+    micro_usd: int
+    rao: int
+    charges: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    spent_micro_usd: int
+    reserved_micro_usd: int
+
+    @property
+    def used_micro_usd(self) -> int:
+        return self.spent_micro_usd + self.reserved_micro_usd
+
+
+class LedgerError(RuntimeError):
+    pass
+
+
+class BudgetExceeded(LedgerError):
+    def __init__(self, budget: Budget, usage: Usage, request_micro_usd: int):
+        self.budget, self.usage, self.request_micro_usd = budget, usage, request_micro_usd
+        total = usage.used_micro_usd + request_micro_usd
+        super().__init__(
+            f"{budget.describe()} would be overshot: spent {display_usd(usage.spent_micro_usd)} + reserved "
+            f"{display_usd(usage.reserved_micro_usd)} + this request {display_usd(request_micro_usd)} = "
+            f"{display_usd(total)}, over the cap of {display_usd(budget.cap)}"
+        )
+
+
+class IdempotencyConflict(LedgerError):
+    """A key reused for a different movement: a bug in the caller, never a second payment."""
+
+
+class UnknownReservation(LedgerError):
+    pass
+
+
+class AlreadySettled(LedgerError):
+    pass
+
+
+class Ledger:
+    """The ledger in a SQLite file (a path) or on an open connection (the broker's)."""
+
+    def __init__(
+        self,
+        path_or_conn: Path | str | sqlite3.Connection,
+        budgets: Sequence[Budget] = (),
+        *,
+        notify: Callable[[Alert], object] = log_and_post,
+        clock: Callable[[], float] = time.time,
+    ):
+        if isinstance(path_or_conn, sqlite3.Connection):
+            self.db, self._owned = path_or_conn, False
+        else:
+            path = Path(path_or_conn)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            self._owned = True
+        self.budgets = list(budgets)
+        self._notify, self._clock = notify, clock
+        self._lock = threading.RLock()  # a connection shared between threads runs one transaction at a time
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self._migrate()
+
+    def close(self) -> None:
+        if self._owned:
+            self.db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self.db.in_transaction:
+                raise LedgerError("the ledger's connection is inside another transaction; commit it first")
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM ledger_schema").fetchone()
+            current = row[0] if row else 0
+            if current > len(MIGRATIONS):
+                raise LedgerError(
+                    f"the ledger has schema version {current}, newer than this trainmaster knows "
+                    f"({len(MIGRATIONS)}); upgrade trainmaster"
+                )
+            for statements in MIGRATIONS[current:]:
+                for statement in statements:
+                    db.execute(statement)
+            if row is None:
+                db.execute("INSERT INTO ledger_schema VALUES (?)", (len(MIGRATIONS),))
+            elif current < len(MIGRATIONS):
+                db.execute("UPDATE ledger_schema SET version = ?", (len(MIGRATIONS),))
+
+    # movements
+
+    def reserve(
+        self, key: str, *, job_id: str, backend: str, workload: str, project: str | None = None, micro_usd: int,
+        rao: int = 0, rate_micro_usd_per_tao: int | None = None, detail: dict | None = None,
+    ) -> Reservation:
+        """Hold `micro_usd` for a dispatch; raises BudgetExceeded when a hard budget would be overshot."""
+        _check_amounts(micro_usd, rao, rate_micro_usd_per_tao)
+        request = dict(kind="reserve", reservation_key=None, job_id=job_id, backend=backend, workload=workload,
+                       project=project, micro_usd=micro_usd, rao=rao, rate_micro_usd_per_tao=rate_micro_usd_per_tao)
+        with self._tx() as db:
+            existing = _by_key(db, key)
+            if existing is not None:
+                return _replayed(existing, request)
+            now = self._clock()
+            matching = [b for b in self.budgets if b.matches(backend=backend, workload=workload, project=project)]
+            for budget in matching:
+                usage = _usage(db, budget, now)
+                if budget.hard and usage.used_micro_usd + micro_usd > budget.cap:
+                    raise BudgetExceeded(budget, usage, micro_usd)
+            entry = _insert(db, key, request, now, detail)
+            alerts = _record_alerts(db, matching, now)
+        self._send(alerts)
+        return entry
+
+    def charge(
+        self, key: str, *, reservation_key: str, micro_usd: int, rao: int = 0,
+        rate_micro_usd_per_tao: int | None = None, detail: dict | None = None,
+    ) -> Entry:
+        """Record what was actually paid and settle the reservation. Never refused by a budget: the
+        money is spent; a charge above its reservation is logged, and can push a budget past its cap."""
+        _check_amounts(micro_usd, rao, rate_micro_usd_per_tao)
+        with self._tx() as db:
+            reservation, done = self._settle_target(db, key, reservation_key, "charge", micro_usd, rao, rate_micro_usd_per_tao)
+            if done is not None:
+                return done
+            if micro_usd > reservation.micro_usd:
+                log.warning("job %s was charged %s, above its reservation of %s", reservation.job_id,
+                            display_usd(micro_usd), display_usd(reservation.micro_usd))
+            now = self._clock()
+            entry = _insert(db, key, _settlement(reservation, "charge", micro_usd, rao, rate_micro_usd_per_tao), now, detail)
+            matching = [b for b in self.budgets
+                        if b.matches(backend=entry.backend, workload=entry.workload, project=entry.project)]
+            alerts = _record_alerts(db, matching, now)
+        self._send(alerts)
+        return entry
+
+    def release(self, key: str, *, reservation_key: str, detail: dict | None = None) -> Entry:
+        """Settle a reservation with nothing paid (the attempt failed or was rejected)."""
+        with self._tx() as db:
+            reservation, done = self._settle_target(db, key, reservation_key, "release", 0, 0, None)
+            if done is not None:
+                return done
+            return _insert(db, key, _settlement(reservation, "release", 0, 0, None), self._clock(), detail)
+
+    def _settle_target(self, db, key, reservation_key, kind, micro_usd, rao, rate) -> tuple[Entry, Entry | None]:
+        """The reservation a charge or release settles, or the earlier row when `key` is a retry."""
+        reservation = _by_key(db, reservation_key)
+        if reservation is None or reservation.kind != "reserve":
+            raise UnknownReservation(f"no reservation with key {reservation_key!r}")
+        existing = _by_key(db, key)
+        if existing is not None:
+            return reservation, _replayed(existing, _settlement(reservation, kind, micro_usd, rao, rate))
+        settled = db.execute("SELECT key, kind FROM ledger_entries WHERE reservation_key = ?", (reservation_key,)).fetchone()
+        if settled is not None:
+            raise AlreadySettled(f"reservation {reservation_key!r} was already settled by a {settled[1]} ({settled[0]!r})")
+        return reservation, None
+
+    def _send(self, alerts: list[Alert]) -> None:
+        for alert in alerts:
+            try:
+                self._notify(alert)
+            except Exception as exc:  # alerting must never undo or fail a committed movement
+                log.error("budget alert could not be sent: %s", exc)
+
+    # reading
+
+    def usage(self, budget: Budget) -> Usage:
+        """What counts against `budget` now: charges this period plus open reservations."""
+        return _usage(self.db, budget, self._clock())
+
+    def spend(self, by: str | None = None, *, since: float | None = None, until: float | None = None) -> list[SpendRow]:
+        """Actual spend (charges only), grouped by backend, class, job, project or month."""
+        if by is not None and by not in GROUPS:
+            raise ValueError(f"cannot group spend by {by!r}; choose one of {', '.join(GROUPS)}")
+        group = GROUPS[by] if by else "'total'"
+        where, args = ["kind = 'charge'"], []
+        if since is not None:
+            where.append("at >= ?")
+            args.append(since)
+        if until is not None:
+            where.append("at < ?")
+            args.append(until)
+        order = "g" if by == "month" else "SUM(micro_usd) DESC, g"
+        rows = self.db.execute(
+            f"SELECT {group} AS g, SUM(micro_usd), SUM(rao), COUNT(*) FROM ledger_entries"
+            f" WHERE {' AND '.join(where)} GROUP BY g ORDER BY {order}",
+            args,
+        ).fetchall()
+        if by is None and not rows:
+            return [SpendRow("total", 0, 0, 0)]
+        return [SpendRow(*row) for row in rows]
+
+    def entries(self, *, job_id: str | None = None) -> list[Entry]:
+        sql, args = "SELECT * FROM ledger_entries", ()
+        if job_id is not None:
+            sql, args = sql + " WHERE job_id = ?", (job_id,)
+        return [_entry(row) for row in self.db.execute(sql + " ORDER BY seq", args).fetchall()]
+
+    def outstanding(self) -> list[Reservation]:
+        """Reservations not yet charged or released."""
+        rows = self.db.execute(
+            "SELECT * FROM ledger_entries r WHERE kind = 'reserve' AND NOT EXISTS"
+            " (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key) ORDER BY seq"
+        ).fetchall()
+        return [_entry(row) for row in rows]
+
+
+def _check_amounts(micro_usd: int, rao: int, rate: int | None) -> None:
+    for name, value in (("micro_usd", micro_usd), ("rao", rao)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if rao and rate is None:
+        raise ValueError("an amount in rao needs the exchange rate used (rate_micro_usd_per_tao)")
+    if rate is not None and (not isinstance(rate, int) or rate <= 0):
+        raise ValueError(f"rate_micro_usd_per_tao must be a positive integer, got {rate!r}")
+
+
+COLUMNS = ("key", "kind", "reservation_key", "job_id", "backend", "workload", "project", "micro_usd", "rao",
+           "rate_micro_usd_per_tao", "at", "detail")
+
+
+def _insert(db: sqlite3.Connection, key: str, request: dict, at: float, detail: dict | None) -> Entry:
+    values = {**request, "key": key, "at": at, "detail": json.dumps(detail, sort_keys=True) if detail else None}
+    cursor = db.execute(
+        f"INSERT INTO ledger_entries ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+        [values[c] for c in COLUMNS],
+    )
+    return Entry(seq=cursor.lastrowid, **{**values, "detail": detail})
+
+
+def _settlement(reservation: Entry, kind: Kind, micro_usd: int, rao: int, rate: int | None) -> dict:
+    return dict(kind=kind, reservation_key=reservation.key, job_id=reservation.job_id, backend=reservation.backend,
+                workload=reservation.workload, project=reservation.project, micro_usd=micro_usd, rao=rao,
+                rate_micro_usd_per_tao=rate)
+
+
+def _replayed(existing: Entry, request: dict) -> Entry:
+    """A retry returns the first row; the same key for a different movement is refused."""
+    differs = [name for name, value in request.items() if getattr(existing, name) != value]
+    if differs:
+        raise IdempotencyConflict(
+            f"key {existing.key!r} was already used for a {existing.describe()}; this request differs in "
+            f"{', '.join(differs)} (a retry must repeat the same request; a new movement needs a new key)"
+        )
+    return existing
+
+
+def _by_key(db: sqlite3.Connection, key: str) -> Entry | None:
+    row = db.execute("SELECT * FROM ledger_entries WHERE key = ?", (key,)).fetchone()
+    return _entry(row) if row else None
+
+
+def _entry(row: tuple) -> Entry:
+    seq, *values = row
+    entry = dict(zip(COLUMNS, values))
+    entry["detail"] = json.loads(entry["detail"]) if entry["detail"] else None
+    return Entry(seq=seq, **entry)
+
+
+def _scope(budget: Budget) -> tuple[str, list]:
+    where, args = [], []
+    for column, value in (("backend", budget.backend), ("workload", budget.workload), ("project", budget.project)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    return (" AND ".join(where) or "1"), args
+
+
+def _usage(db: sqlite3.Connection, budget: Budget, now: float) -> Usage:
+    scope, args = _scope(budget)
+    spent = db.execute(
+        f"SELECT COALESCE(SUM(micro_usd), 0) FROM ledger_entries WHERE kind = 'charge' AND at >= ? AND {scope}",
+        [budget.period_start(now), *args],
+    ).fetchone()[0]
+    reserved = db.execute(
+        f"SELECT COALESCE(SUM(micro_usd), 0) FROM ledger_entries r WHERE kind = 'reserve' AND {scope} AND NOT EXISTS"
+        " (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key)",
+        args,
+    ).fetchone()[0]
+    return Usage(spent, reserved)
+
+
+def _record_alerts(db: sqlite3.Connection, budgets: list[Budget], now: float) -> list[Alert]:
+    """Thresholds crossed, each recorded once per budget and period inside the movement's transaction."""
+    fired = []
+    for budget in budgets:
+        used = _usage(db, budget, now).used_micro_usd
+        start = budget.period_start(now)
+        for percent in budget.alert_at_percent:
+            if used * 100 < percent * budget.cap:
+                break
+            inserted = db.execute(
+                "INSERT OR IGNORE INTO ledger_alerts VALUES (?, ?, ?, ?, ?)", (budget.label, start, percent, used, now)
+            ).rowcount
+            if inserted:
+                fired.append(Alert(budget=budget.label, percent=percent, period=budget.period, period_start=start,
+                                   cap_micro_usd=budget.cap, used_micro_usd=used, webhook=budget.webhook))
+    return fired
