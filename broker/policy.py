@@ -1,21 +1,78 @@
 """Cost policies: per workload class, where runs may go and how the planner chooses among offers.
 
 The shipped policies live in `configs/` (package data); a name is looked up in the user config
-dir first, then there. `default` is the embedded default: local only.
+dir first, then there. `default` is the embedded default: local only. The file format is
+documented in docs/policy.md.
+
+A class names a primary and ordered fallbacks. Each is a *tier*: one step (`aws`, `aws:spot`,
+`gcp:on-demand`) or a list of steps the objective chooses among (`[aws:spot, gcp:spot]`). The
+planner uses the first tier that has an acceptable offer, so a fallback is only used when every
+tier before it has nothing left (no offers, all filtered, or all blocked after failures).
 """
 
 from __future__ import annotations
 
+import difflib
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from trainmaster.backends.power import PowerModel
 from trainmaster.broker import paths
 from trainmaster.jobs.spec import Usd, Workload
 from trainmaster.jobs.yamlfile import FileError, load_model
+from trainmaster.wallet.budget import Budget
+
+KNOWN_BACKENDS = ("local", "bittensor", "aws", "gcp", "azure")
+CAPACITIES = ("spot", "on-demand")
+Objective = Literal["cheapest", "fastest", "cheapest-by-deadline"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One backend in a tier, optionally limited to spot or to on-demand capacity."""
+
+    backend: str
+    capacity: str | None = None
+
+    def admits_spot(self, spot: bool) -> bool:
+        return self.capacity is None or (self.capacity == "spot") == spot
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.capacity}" if self.capacity else self.backend
+
+
+def parse_step(text: str) -> Step:
+    backend, _, capacity = text.partition(":")
+    if backend not in KNOWN_BACKENDS:
+        close = difflib.get_close_matches(backend, KNOWN_BACKENDS, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(KNOWN_BACKENDS)})"
+        raise ValueError(f"unknown backend '{backend}'{hint}")
+    if capacity and capacity not in CAPACITIES:
+        raise ValueError(f"'{text}': after the colon write spot or on-demand")
+    if capacity and backend == "local":
+        raise ValueError("local has no spot or on-demand capacity to choose; write just 'local'")
+    return Step(backend, capacity or None)
+
+
+def _check_step(text: str) -> str:
+    parse_step(text)
+    return text
+
+
+def _check_backend(name: str) -> str:
+    if ":" in name:
+        raise ValueError(f"'{name}': name a backend only; spot or on-demand is chosen in the tiers or by spot_allowed")
+    return parse_step(name).backend
+
+
+StepText = Annotated[str, AfterValidator(_check_step)]
+BackendName = Annotated[str, AfterValidator(_check_backend)]
+TierText = StepText | list[StepText]
 
 
 class Model(BaseModel):
@@ -23,30 +80,91 @@ class Model(BaseModel):
 
 
 class Constraints(Model):
-    allowed_backends: list[str] | None = Field(None, description="Only these backends; default: those named in the class.")
-    max_usd_per_hour: Usd | None = None
+    allowed_backends: list[BackendName] | None = Field(
+        None, description="Only these backends; default: those named in the primary and fallbacks."
+    )
+    regions: list[str] | None = Field(
+        None, description="Allowed regions as shell patterns (us-*, europe-west4); include 'local' for this machine."
+    )
+    gpu_types: list[str] | None = Field(None, description="Allowed GPU models (A100, H100, L4 …); default: any.")
+    spot_allowed: bool = Field(True, description="Whether preemptible capacity may be used.")
+    max_usd_per_hour: Usd | None = Field(None, description="Most a run may cost per hour (all nodes).")
+    local_only: bool = Field(False, description="Never leave this machine (private data).")
+
+    def region_allowed(self, region: str) -> bool:
+        return self.regions is None or any(fnmatchcase(region, pattern) for pattern in self.regions)
 
 
 class ClassPolicy(Model):
-    objective: Literal["cheapest", "fastest"] = "cheapest"
-    primary: str = "local"
-    fallbacks: list[str] = Field(default_factory=list)
+    objective: Objective = Field(
+        "cheapest", description="cheapest, fastest (earliest expected finish), or cheapest-by-deadline."
+    )
+    deadline_hours: float | None = Field(
+        None, gt=0, description="For cheapest-by-deadline when the job gives no deadline: hours from planning."
+    )
+    primary: TierText = Field("local", description="A step (aws, aws:spot) or a list of steps chosen among.")
+    fallbacks: list[TierText] = Field(default_factory=list, description="Tiers tried in order when earlier ones have nothing.")
     constraints: Constraints = Field(default_factory=Constraints)
 
     @property
+    def tiers(self) -> list[tuple[Step, ...]]:
+        return [tuple(parse_step(s) for s in ([t] if isinstance(t, str) else t)) for t in (self.primary, *self.fallbacks)]
+
+    @property
     def chain(self) -> list[str]:
-        return [self.primary, *self.fallbacks]
+        """Backend names in the order the tiers try them (each once)."""
+        return list(dict.fromkeys(step.backend for tier in self.tiers for step in tier))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClassPolicy:
+        steps = [step for tier in self.tiers for step in tier]
+        problems = []
+        if any(not tier for tier in self.tiers):
+            problems.append("a tier is an empty list")
+        if len(set(steps)) != len(steps):
+            problems.append("a step appears twice in the primary and fallbacks")
+        allowed = self.constraints.allowed_backends
+        if allowed is not None:
+            problems += [f"'{s}' is not in constraints.allowed_backends" for s in steps if s.backend not in allowed]
+        if self.constraints.local_only:
+            problems += [f"'{s}' leaves this machine but constraints.local_only is true" for s in steps if s.backend != "local"]
+        if not self.constraints.spot_allowed:
+            problems += [f"'{s}' asks for spot but constraints.spot_allowed is false" for s in steps if s.capacity == "spot"]
+        if any(s.backend == "local" for s in steps) and not self.constraints.region_allowed("local"):
+            problems.append("local is in the chain but constraints.regions excludes 'local'; add it")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class CatalogSettings(Model):
+    max_age_days: int = Field(90, ge=1, description="Warn when a price catalog is older than this.")
 
 
 class Policy(Model):
     name: str
     description: str = ""
-    power: PowerModel = Field(default_factory=PowerModel)
+    local_only: bool = Field(False, description="Every class stays on this machine (private data).")
+    power: PowerModel = Field(default_factory=PowerModel, description="Prices runs on your own GPUs.")
     default: ClassPolicy = Field(default_factory=ClassPolicy, description="For classes not listed in `classes`.")
     classes: dict[Workload, ClassPolicy] = Field(default_factory=dict)
+    budgets: list[Budget] = Field(default_factory=list, description="Caps on spend, enforced by the ledger.")
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
 
     def for_class(self, workload: str) -> ClassPolicy:
         return self.classes.get(workload, self.default)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        problems = []
+        if self.local_only:
+            for where, cls in [("default", self.default), *((f"classes.{k.value}", v) for k, v in self.classes.items())]:
+                problems += [f"{where}: '{b}' leaves this machine but local_only is true" for b in cls.chain if b != "local"]
+        labels = [b.label for b in self.budgets]
+        problems += [f"budgets: two budgets are named '{name}'" for name in sorted({n for n in labels if labels.count(n) > 1})]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 def shipped() -> list[str]:
