@@ -164,3 +164,26 @@ def test_status_of_a_handle_from_another_process_sees_reused_pids(broker, job_fa
     (workdir / "supervisor.json").write_text(json.dumps(record))
     status = broker.backend("local").status(Handle(backend="local", attempt_id=f"{job.id}.1", data={"workdir": str(workdir)}))
     assert status.phase.value == "failed" and "died" in status.reason
+
+
+def test_gpu_requests_are_matched_against_the_machine():
+    """Planning on a described machine (as hardware.this_machine reports it from NVML and torch.cuda)."""
+    import asyncio
+
+    from trainmaster.backends.hardware import Gpu, Machine
+    from trainmaster.backends.local import LocalBackend
+    from trainmaster.jobs.spec import JobSpec
+
+    box = Machine(cpus=16, memory_mb=128_000, gpus=(Gpu(0, "NVIDIA A100-SXM4-40GB", 40_960), Gpu(1, "NVIDIA L4", 23_034)))
+    local = LocalBackend(machine=box)
+
+    def job(**res):
+        return JobSpec(name="g", entrypoint="python t.py", resources=res)
+
+    assert "needs 8 GPU(s); this machine has 2" in local.infeasible(job(gpus=8))[0]
+    assert "of type H100" in local.infeasible(job(gpus=1, gpu_types=["H100"]))[0]
+    assert "with ≥ 48 GB" in local.infeasible(job(gpus=1, min_vram_gb=48))[0]
+    assert "multi_node" in local.infeasible(job(nodes=2))[0]
+    [offer] = asyncio.run(local.offers(job(gpus=1, gpu_types=["L4"]))).offers
+    assert (offer.gpu_type, offer.gpu_count, offer.detail["gpu_indices"]) == ("NVIDIA L4", 1, [1])
+    assert offer.price_per_hour_micro_usd == ((120 + 300) * 150_000 + 999) // 1000
