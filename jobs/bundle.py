@@ -162,7 +162,7 @@ def _walk(root: Path, rules: IgnoreRules) -> Iterator[Entry]:
         rel_dir = pending.pop()
         for child in _list_dir(root / rel_dir):
             rel = f"{rel_dir}/{child.name}" if rel_dir else child.name
-            st = child.stat(follow_symlinks=False)
+            st = _lstat(child)
             is_dir = stat.S_ISDIR(st.st_mode)
             if _is_ignored(child, rel, is_dir, rules):
                 continue
@@ -186,6 +186,13 @@ def _list_dir(path: Path) -> list[os.DirEntry[str]]:
             return list(it)
     except OSError as e:
         raise BundleError(f"cannot list {path}: {e.strerror}") from e
+
+
+def _lstat(child: os.DirEntry[str]) -> os.stat_result:
+    try:
+        return child.stat(follow_symlinks=False)
+    except OSError as e:
+        raise BundleError(f"cannot stat {child.path}: {e.strerror}") from e
 
 
 def _is_ignored(child: os.DirEntry[str], rel: str, is_dir: bool, rules: IgnoreRules) -> bool:
