@@ -1,0 +1,66 @@
+"""Offers priced from a catalog, for the clouds until their backends list offers themselves.
+
+Each catalog row that fits the spec's resources becomes an on-demand offer and, when spot is
+allowed and the row has a spot price, a spot offer. Offers carry `detail.price_source = "catalog"`
+and the catalog's date, so tables can mark them as list prices rather than live quotes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import date
+from pathlib import Path
+
+from trainmaster.backends.base import Offer, OfferSet
+from trainmaster.backends.catalog.gpus import gpu_matches
+from trainmaster.backends.catalog.load import DEFAULT_MAX_AGE_DAYS, Catalog, CatalogRow, load_catalog
+from trainmaster.jobs.spec import JobSpec
+
+START_DELAY_S = {False: 300, True: 600}
+"""Typical wait before a managed training job runs: about 5 minutes on demand; spot may wait for capacity."""
+
+
+def catalog_offers(
+    cloud: str, spec: JobSpec, *, spot_allowed: bool, catalog: Catalog | None = None, override_dir: Path | None = None,
+    max_age_days: int = DEFAULT_MAX_AGE_DAYS, today: date | None = None,
+) -> OfferSet:
+    """The offers `cloud`'s catalog makes for `spec`, or the reasons it makes none."""
+    catalog = catalog or load_catalog(cloud, override_dir=override_dir, max_age_days=max_age_days, today=today)
+    offers, misfits = [], Counter()
+    for row in catalog.rows:
+        why = unfit(row, spec)
+        if why:
+            misfits[why] += 1
+            continue
+        offers.append(_offer(row, spec, spot=False, price=row.on_demand_micro_usd))
+        if spot_allowed and row.spot_micro_usd is not None:
+            offers.append(_offer(row, spec, spot=True, price=row.spot_micro_usd))
+    reasons = [] if offers else [
+        f"no {cloud} instance in the catalog fits: " + "; ".join(f"{n} {why}" for why, n in misfits.most_common())
+    ]
+    return OfferSet(backend=cloud, offers=offers, reasons=reasons)
+
+
+def unfit(row: CatalogRow, spec: JobSpec) -> str | None:
+    """Why an instance cannot run the spec (None when it can)."""
+    res = spec.resources
+    if row.gpu_count < res.gpus:
+        return f"with fewer than {res.gpus} GPU(s)"
+    if res.gpus and not gpu_matches(row.gpu_type, res.gpu_types):
+        return f"with GPUs other than {'/'.join(res.gpu_types)}"
+    if res.gpus and res.min_vram_gb and (row.gpu_memory_gb or 0) < res.min_vram_gb:
+        return f"with less than {res.min_vram_gb} GB per GPU"
+    if row.vcpus < res.cpus:
+        return f"with fewer than {res.cpus} vCPUs"
+    if res.memory_gb and row.memory_mb < res.memory_gb * 1024:
+        return f"with less than {res.memory_gb} GB of memory"
+    return None
+
+
+def _offer(row: CatalogRow, spec: JobSpec, *, spot: bool, price: int) -> Offer:
+    return Offer(
+        backend=row.cloud, instance=row.instance, region=row.region, gpu_type=row.gpu_type, gpu_count=row.gpu_count,
+        gpu_memory_mb=row.gpu_memory_gb * 1024 if row.gpu_memory_gb else None, cpus=row.vcpus, memory_mb=row.memory_mb,
+        nodes=spec.resources.nodes, spot=spot, price_per_hour_micro_usd=price, expected_start_s=START_DELAY_S[spot],
+        trusted=True, detail={"price_source": "catalog", "catalog_date": row.date.isoformat(), "catalog_row": row.source},
+    )
