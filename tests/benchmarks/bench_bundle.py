@@ -4,7 +4,7 @@ The figure: `bundle_digest` over a ~1 GB tree (1000 x 1 MiB random files plus sm
 reading the same files and hashing them with nothing else, both with the page cache warm, best of 3
 each. Target: ratio >= 0.8. `run(smoke=True)` does the same over ~20 MB.
 
-    python tests/benchmarks/bench_bundle.py          # full run, prints a table
+Run: python tests/benchmarks/bench_bundle.py
 """
 
 from __future__ import annotations
@@ -12,12 +12,16 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from trainmaster.jobs.bundle import bundle_digest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import print_figures  # noqa: E402
 
 MB = 1_000_000  # throughputs are in MB/s (10^6 bytes)
 _READ_CHUNK = 1024 * 1024
@@ -34,9 +38,9 @@ def run(smoke: bool = False) -> dict[str, float]:
         digest = _best_of(3, lambda: bundle_digest(root, b"{}"))
     return {
         "files": float(len(files)),
-        "bytes": float(total),
-        "raw_sha256_mb_s": total / raw / MB,
-        "bundle_digest_mb_s": total / digest / MB,
+        "MB hashed": total / MB,
+        "raw sha256, read + hash (MB/s)": total / raw / MB,
+        "bundle_digest (MB/s)": total / digest / MB,
         "ratio": raw / digest,
     }
 
@@ -79,13 +83,7 @@ def _best_of(repeats: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
-def _print_table(figures: dict[str, float]) -> None:
-    print(f"bundle hashing vs raw sha256: {figures['files']:.0f} files, {figures['bytes'] / MB:.0f} MB")
-    print("best of 3, page cache warm")
-    print(f"  {'raw sha256 (read + hash)':<28} {figures['raw_sha256_mb_s']:8.1f} MB/s")
-    print(f"  {'bundle_digest':<28} {figures['bundle_digest_mb_s']:8.1f} MB/s")
-    print(f"  {'ratio':<28} {figures['ratio']:8.2f}   (target >= 0.80)")
-
-
 if __name__ == "__main__":
-    _print_table(run())
+    print_figures(
+        "bundle hashing vs raw sha256 of the same files (best of 3, page cache warm)", run(), {"ratio": ">= 0.8"}
+    )
