@@ -1,44 +1,97 @@
 """The planner: gathers offers from the backends a policy allows, filters them, and picks one.
 
-Every offer it saw ends in the plan's table with what happened to it (chosen, or why it lost),
-so `trainmaster offers` and `submit --dry-run` can explain the choice.
+For each offer it estimates the runtime (reference A100-hours from the spec's `estimated_hours`,
+else the history of the workload class, else 1 hour, scaled by the offer's relative GPU
+throughput), then the expected cost, every part rounded up to the micro-dollar:
+
+    compute      = price/hour × hours × nodes
+    transfer     = egress of remote input data from the cloud that holds it
+    verification = compute × (q+2)·k/T        for offers the replay audit covers
+    risk         = compute × the backend's observed failure/preemption rate
+
+Offers that break a constraint (the class's, the policy's or the spec's limits) are filtered
+with the reason. Among the rest, the first tier of the class's chain that has any is used, and
+the objective picks within it. Every offer ends in the plan's rows with what happened to it
+(chosen, or why it lost), so `trainmaster offers` and `submit --dry-run` explain the choice.
+
+The hot loop works on plain attributes and per-plan caches (no pydantic per offer): 10,000
+offers plan in well under 50 ms (tests/benchmarks/bench_planner.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
+from datetime import datetime, timezone
 
 from trainmaster.backends.base import Backend, Offer, OfferSet
-from trainmaster.broker.policy import Policy
+from trainmaster.backends.catalog.gpus import REFERENCE, canonical_gpu, gpu_matches, throughput
+from trainmaster.backends.catalog.transfer import egress_micro_usd, source_cloud
+from trainmaster.broker.policy import ClassPolicy, Policy, Step
+from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import JobSpec
 
 OFFER_TIMEOUT_S = 10.0
 DEFAULT_HOURS = 1.0
+ASSUMED_SEGMENTS = 400
+"""n = T/k when the job's total steps are unknown (notes/verification.md §7: k = 25, T = 10,000)."""
+PPM = 1_000_000
+CHOSEN = "chosen"
 
 
-@dataclass(frozen=True)
-class Considered:
+class Considered(NamedTuple):
+    """One offer as the planner saw it (a named tuple: 10,000 of these must be cheap to build)."""
+
     offer: Offer
     hours: float
     expected_micro_usd: int
     verdict: str  # "chosen" or why it lost
+    tier: int | None = None  # index in the class's chain (0: primary); None when the offer is in no tier
+    compute_micro_usd: int = 0
+    transfer_micro_usd: int = 0
+    verification_micro_usd: int = 0
+    risk_micro_usd: int = 0
+    finish_s: int = 0  # expected start delay + runtime
 
 
 @dataclass
 class Plan:
     rows: list[Considered] = field(default_factory=list)
     reasons: dict[str, list[str]] = field(default_factory=dict)  # backend -> why it offered nothing
+    workload: str = ""
+    objective: str = "cheapest"
+    tiers: list[str] = field(default_factory=list)  # the chain as written, one entry per tier
+    basis: str = ""  # where the runtime estimate came from
+    notes: list[str] = field(default_factory=list)
 
     @property
     def chosen(self) -> Considered | None:
-        return next((r for r in self.rows if r.verdict == "chosen"), None)
+        first = self.rows[0] if self.rows else None
+        return first if first is not None and first.verdict == CHOSEN else None
 
     def explain_failure(self) -> str:
-        lines = ["no backend can run this job:"]
+        lines = [f"no offer can run this {self.workload or 'job'} (chain: {' → '.join(self.tiers) or 'none'}):"]
         lines += [f"  {name}: {'; '.join(why)}" for name, why in self.reasons.items()]
-        lines += [f"  {r.offer.key}: {r.verdict}" for r in self.rows]
+        for verdict, count in Counter(r.verdict for r in self.rows).most_common():
+            lines.append(f"  {count} offer{'s' if count > 1 else ''}: {verdict}")
         return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {
+            "workload": self.workload, "objective": self.objective, "tiers": self.tiers, "basis": self.basis,
+            "notes": self.notes, "unavailable": self.reasons,
+            "chosen": self.chosen.offer.key if self.chosen else None,
+            "considered": [
+                {"offer": r.offer.model_dump(mode="json"), "key": r.offer.key, "tier": r.tier, "hours": r.hours,
+                 "expected_micro_usd": r.expected_micro_usd, "compute_micro_usd": r.compute_micro_usd,
+                 "transfer_micro_usd": r.transfer_micro_usd, "verification_micro_usd": r.verification_micro_usd,
+                 "risk_micro_usd": r.risk_micro_usd, "finish_s": r.finish_s, "verdict": r.verdict}
+                for r in self.rows
+            ],
+        }
 
 
 class PlanError(RuntimeError):
@@ -47,49 +100,358 @@ class PlanError(RuntimeError):
         super().__init__(plan.explain_failure())
 
 
-async def gather_offers(spec: JobSpec, backends: dict[str, Backend]) -> list[OfferSet]:
+async def gather_offers(spec: JobSpec, backends: dict[str, Backend], *, timeout_s: float = OFFER_TIMEOUT_S) -> list[OfferSet]:
+    """Ask every backend at once; one that is slow or broken gives reasons instead of offers."""
+
     async def one(name: str, backend: Backend) -> OfferSet:
         try:
-            return await asyncio.wait_for(backend.offers(spec), OFFER_TIMEOUT_S)
+            return await asyncio.wait_for(backend.offers(spec), timeout_s)
         except asyncio.TimeoutError:
-            return OfferSet(backend=name, reasons=[f"no answer within {OFFER_TIMEOUT_S:.0f} s"])
+            return OfferSet(backend=name, reasons=[f"no answer within {timeout_s:g} s"])
         except Exception as exc:  # a broken backend must not stop the others from offering
             return OfferSet(backend=name, reasons=[f"error while listing offers: {exc}"])
 
     return list(await asyncio.gather(*(one(n, b) for n, b in backends.items())))
 
 
-def plan(spec: JobSpec, policy: Policy, offer_sets: list[OfferSet], *, blocked: frozenset[str] = frozenset()) -> Plan:
-    """Choose among offers by the policy of the spec's workload class."""
+def reference_hours(hours: float, gpu_type: str | None) -> float:
+    """A runtime measured on `gpu_type`, in reference (A100) hours: what `history` holds."""
+    return hours * (throughput(gpu_type) or 1.0)
+
+
+def plan(
+    spec: JobSpec,
+    policy: Policy,
+    offer_sets: list[OfferSet],
+    *,
+    blocked: frozenset[str] = frozenset(),
+    history: Mapping[str, float] | None = None,
+    failure_rates: Mapping[str, float] | None = None,
+    data_bytes: Mapping[str, int] | None = None,
+    total_steps: int | None = None,
+    now: datetime | None = None,
+) -> Plan:
+    """Choose among offers by the policy of the spec's workload class.
+
+    blocked: offer keys (or whole backend names) that failed before and must not be chosen again.
+    history: workload class -> typical runtime in reference A100-hours (see `reference_hours`).
+    failure_rates: observed failure/preemption rate in [0, 1) by offer key, `backend:spot`,
+        `backend:on-demand` or backend (most specific wins).
+    data_bytes: size of each of the spec's data sources, by name (unknown sizes are not priced).
+    total_steps: T, the job's training steps, for the audit overhead (default n = 400 segments).
+    """
     cls = policy.for_class(spec.workload)
-    allowed = set(cls.constraints.allowed_backends or cls.chain)
-    cap = min(x for x in (cls.constraints.max_usd_per_hour, spec.limits.max_usd_per_hour, 2**63) if x is not None)
-    hours = spec.estimated_hours or spec.limits.max_hours or DEFAULT_HOURS
-    result = Plan(reasons={s.backend: s.reasons for s in offer_sets if s.reasons})
-    candidates = []
-    for offer in (o for s in offer_sets for o in s.offers):
-        expected = -(-int(offer.price_per_hour_micro_usd * hours * 1000) // 1000) * offer.nodes
-        verdict = _filter(offer, allowed, cap, blocked, spec, expected)
-        row = Considered(offer=offer, hours=hours, expected_micro_usd=expected, verdict=verdict or "")
-        (candidates if verdict is None else result.rows).append(row)
-    rank = {name: i for i, name in enumerate(cls.chain)}
-    if cls.objective == "fastest":
-        candidates.sort(key=lambda r: (r.offer.expected_start_s, r.expected_micro_usd, rank.get(r.offer.backend, 99)))
-    else:
-        candidates.sort(key=lambda r: (r.expected_micro_usd, rank.get(r.offer.backend, 99), r.offer.expected_start_s))
-    for i, row in enumerate(candidates):
-        verdict = "chosen" if i == 0 else f"costlier than {candidates[0].offer.key}"
-        result.rows.insert(i, Considered(row.offer, row.hours, row.expected_micro_usd, verdict))
+    ctx = _Context(spec, policy, cls, blocked, history or {}, failure_rates or {}, data_bytes or {}, total_steps,
+                   now or datetime.now(timezone.utc))
+    result = Plan(
+        reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons}, workload=getattr(spec.workload, "value", spec.workload),
+        objective=cls.objective, tiers=[_tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
+    )
+    candidates, filtered = [], []
+    for offer_set in offer_sets:
+        ctx.evaluate(offer_set, candidates, filtered)
+    result.rows = _rank(ctx, candidates) + filtered
+    result.notes += ctx.late_notes()
     return result
 
 
-def _filter(offer: Offer, allowed: set[str], cap: int, blocked: frozenset[str], spec: JobSpec, expected: int) -> str | None:
-    if offer.backend not in allowed:
-        return f"policy allows only {', '.join(sorted(allowed))}"
-    if offer.key in blocked:
-        return "blocked after a failed attempt"
-    if offer.price_per_hour_micro_usd > cap:
-        return "over the $/hour cap"
-    if spec.limits.max_usd is not None and expected > spec.limits.max_usd:
-        return "expected cost over the job's max_usd"
-    return None
+def _tier_name(tier: tuple[Step, ...]) -> str:
+    return str(tier[0]) if len(tier) == 1 else "{" + ", ".join(map(str, tier)) + "}"
+
+
+class _Context:
+    """Everything about one planning that does not depend on the offer, computed once."""
+
+    def __init__(self, spec, policy, cls: ClassPolicy, blocked, history, rates, data_bytes, total_steps, now):
+        self.spec, self.policy, self.cls, self.blocked, self.rates = spec, policy, cls, blocked, rates
+        self.tiers = cls.tiers
+        self.notes: list[str] = []
+        con, res, limits = cls.constraints, spec.resources, spec.limits
+        self.local_only = policy.local_only or con.local_only
+        self.allowed = set(con.allowed_backends) if con.allowed_backends is not None else None
+        self.gpu_types = list(con.gpu_types or ())
+        self.spot_allowed = con.spot_allowed
+        self.check_regions = con.regions is not None
+        caps = [c for c in (con.max_usd_per_hour, limits.max_usd_per_hour) if c is not None]
+        self.hourly_cap = min(caps) if caps else None
+        self.max_hours, self.max_usd = limits.max_hours, limits.max_usd
+        self.deadline_s = self._deadline(cls, limits.deadline, now)
+        self.need_gpus, self.need_vram_mb = res.gpus, (res.min_vram_gb or 0) * 1000
+        self.need_cpus, self.need_memory_mb, self.need_nodes = res.cpus, (res.memory_gb or 0) * 1024, res.nodes
+        hours, self.basis, self.scaled = self._base_hours(history)
+        self.base_s = hours * 3600
+        self.audit = spec.verification.replay_audit
+        self.audit_num, self.audit_den = self._audit_fraction(total_steps)
+        self.keyed_rates = any("/" in k for k in rates)
+        self.remote = [(d.name, source_cloud(d.source)) for d in spec.data if d.is_remote]
+        self.data_bytes = data_bytes
+        if any(name not in data_bytes for name, _ in self.remote):
+            self.notes.append("transfer: sizes of some remote data sources are unknown, so their egress is not priced")
+        self._regions: dict[str, str | None] = {}
+        self._gpus: dict[str | None, tuple[str | None, int]] = {}
+        self._unknown_gpus: set[str] = set()
+        # reason strings, built once
+        self.r_blocked = "blocked after a failed attempt"
+        self.r_local = "leaves this machine, but the policy is local-only (private data)"
+        self.r_not_allowed = f"backend not in allowed_backends ({', '.join(sorted(self.allowed or ()))})"
+        self.r_spot = "spot capacity is not allowed by the policy"
+        self.r_cap = f"over the {display_usd(self.hourly_cap or 0)}/hour cap"
+        self.r_hours = f"expected runtime over the job's max_hours ({self.max_hours:g} h)" if self.max_hours else ""
+        self.r_usd = f"expected cost over the job's max_usd ({display_usd(self.max_usd or 0)})"
+        self.r_deadline = "expected to finish after the deadline"
+        self.r_gpus = f"fewer than the {self.need_gpus} GPU(s) the job needs"
+        self.r_vram = f"less than {res.min_vram_gb} GB per GPU"
+        self.r_cpus = f"fewer than the {self.need_cpus} CPUs the job needs"
+        self.r_memory = f"less than the {res.memory_gb} GB of memory the job needs"
+        self.r_nodes = f"fewer than the {self.need_nodes} nodes the job needs"
+
+    # per-plan set-up
+
+    def _deadline(self, cls: ClassPolicy, deadline: datetime | None, now: datetime) -> float | None:
+        """Seconds from now by which a run must finish, or None."""
+        if deadline is not None:
+            if deadline.tzinfo is None:
+                deadline = deadline.replace(tzinfo=timezone.utc)
+            return (deadline - now).total_seconds()
+        if cls.objective == "cheapest-by-deadline":
+            if cls.deadline_hours is not None:
+                return cls.deadline_hours * 3600
+            self.notes.append("cheapest-by-deadline without a deadline (limits.deadline or the class's "
+                              "deadline_hours): planned as cheapest")
+        return None
+
+    def _base_hours(self, history: Mapping[str, float]) -> tuple[float, str, bool]:
+        """Hours for the run, where the figure came from, and whether GPU throughput scales it.
+
+        An estimate or history is in reference (A100) hours and scales; without one, the job's
+        max_hours is the wall-clock bound it is cancelled at, so the run costs at most that anywhere.
+        """
+        spec = self.spec
+        if spec.estimated_hours is not None:
+            return spec.estimated_hours, f"estimated_hours {spec.estimated_hours:g} ({REFERENCE}-hours)", True
+        if spec.workload in history:
+            hours = history[spec.workload]
+            return hours, f"history of {spec.workload}: {hours:g} {REFERENCE}-hours", True
+        if spec.limits.max_hours is not None:
+            return spec.limits.max_hours, f"no estimate: the job's max_hours {spec.limits.max_hours:g} (upper bound)", False
+        return DEFAULT_HOURS, f"no estimate: {DEFAULT_HOURS:g} {REFERENCE}-hour assumed", True
+
+    def _audit_fraction(self, total_steps: int | None) -> tuple[int, int]:
+        """(q+2)·k/T as a fraction, at most 1 (an audit never re-runs more than the whole job)."""
+        q, k = self.spec.verification.challenge_segments, self.spec.checkpoint.segment_steps
+        num, den = (q + 2) * k, (total_steps if total_steps else ASSUMED_SEGMENTS * k)
+        return min(num, den), den
+
+    def late_notes(self) -> list[str]:
+        return [f"GPU {g} is not in the throughput table; runtime assumed as on an {REFERENCE}"
+                for g in sorted(self._unknown_gpus)]
+
+    # per backend
+
+    def _tier_of(self, backend: str, spot: bool) -> int | None:
+        for i, tier in enumerate(self.tiers):
+            if any(s.backend == backend and s.admits_spot(spot) for s in tier):
+                return i
+        return None
+
+    def _backend_reason(self, backend: str) -> str | None:
+        if backend in self.blocked:
+            return self.r_blocked
+        if self.local_only and backend != "local":
+            return self.r_local
+        if self.allowed is not None and backend not in self.allowed:
+            return self.r_not_allowed
+        return None
+
+    def _tier_reason(self, backend: str, spot: bool) -> str:
+        names = [str(s) for tier in self.tiers for s in tier if s.backend == backend]
+        if names:
+            return f"the chain takes only {', '.join(names)} from {backend}, not {'spot' if spot else 'on-demand'}"
+        return f"{backend} is not in this class's chain ({' → '.join(_tier_name(t) for t in self.tiers)})"
+
+    def _rate_ppm(self, backend: str, spot: bool) -> int:
+        rates = self.rates
+        rate = rates.get(f"{backend}:{'spot' if spot else 'on-demand'}", rates.get(backend, 0.0))
+        return _ppm(rate)
+
+    def _transfer(self, backend: str) -> int:
+        return sum(egress_micro_usd(cloud, backend, self.data_bytes.get(name, 0)) for name, cloud in self.remote)
+
+    # per offer (cached by region and GPU type)
+
+    def _region(self, region: str) -> str | None:
+        """Why a region is refused (None when allowed)."""
+        constraints = self.cls.constraints
+        if region not in self._regions:
+            self._regions[region] = None if constraints.region_allowed(region) else (
+                f"region {region} is not among the allowed {', '.join(constraints.regions or ())}"
+            )
+        return self._regions[region]
+
+    def _gpu(self, gpu_type: str | None) -> tuple[str | None, int]:
+        """(reason the GPU type is refused or None, runtime in seconds on it), cached in `_gpus`."""
+        wanted = self.spec.resources.gpu_types
+        reason = None
+        if self.need_gpus and not gpu_matches(gpu_type, self.gpu_types):
+            reason = f"GPU {gpu_type or 'none'} is not among the policy's {'/'.join(self.gpu_types)}"
+        elif self.need_gpus and not gpu_matches(gpu_type, wanted):
+            reason = f"GPU {gpu_type or 'none'} is not among the job's {'/'.join(wanted)}"
+        speed = 1.0
+        if self.scaled and self.need_gpus and gpu_type is not None:
+            speed = throughput(gpu_type) or 1.0
+            if throughput(gpu_type) is None:
+                self._unknown_gpus.add(canonical_gpu(gpu_type))
+        found = self._gpus[gpu_type] = (reason, -int(-self.base_s // speed))
+        return found
+
+    def evaluate(self, offer_set: OfferSet, candidates: list, filtered: list) -> None:
+        """Append each offer of one backend to `candidates` (sort key, row) or `filtered` (row)."""
+        if not offer_set.offers:
+            return
+        backend = offer_set.backend
+        refused = self._backend_reason(backend)
+        tiers = {spot: self._tier_of(backend, spot) for spot in (False, True)}
+        tier_reasons = {spot: None if tiers[spot] is not None else self._tier_reason(backend, spot) for spot in tiers}
+        ppm = {spot: self._rate_ppm(backend, spot) for spot in (False, True)}
+        transfer = self._transfer(backend)
+        audit_all = self.audit == "always"
+        audit_untrusted = self.audit == "auto"
+        num, den = self.audit_num, self.audit_den
+        blocked, keyed_rates = self.blocked, self.keyed_rates
+        cap, max_hours_s = self.hourly_cap, (self.max_hours * 3600 if self.max_hours else None)
+        max_usd, deadline_s = self.max_usd, self.deadline_s
+        objective_fast = self.cls.objective == "fastest"
+        append_candidate, append_filtered, new_row = candidates.append, filtered.append, tuple.__new__
+        gpu_cache = self._gpus
+        for offer in offer_set.offers:
+            spot = offer.spot
+            reason = refused or tier_reasons[spot]
+            if reason is None and blocked and offer.key in blocked:
+                reason = self.r_blocked
+            if reason is None:
+                reason = self._unfit(offer, spot)
+            gpu_reason, seconds = gpu_cache.get(offer.gpu_type) or self._gpu(offer.gpu_type)
+            reason = reason or gpu_reason
+            nodes = offer.nodes
+            hourly = offer.price_per_hour_micro_usd * nodes
+            compute = -(-hourly * seconds // 3600)
+            verification = -(-compute * num // den) if (audit_all or (audit_untrusted and not offer.trusted)) else 0
+            rate = _ppm(self.rates[offer.key]) if keyed_rates and offer.key in self.rates else ppm[spot]
+            risk = -(-compute * rate // PPM)
+            total = compute + transfer + verification + risk
+            finish = offer.expected_start_s + seconds
+            if reason is None:
+                if cap is not None and hourly > cap:
+                    reason = self.r_cap
+                elif max_hours_s is not None and seconds > max_hours_s:
+                    reason = self.r_hours
+                elif max_usd is not None and total > max_usd:
+                    reason = self.r_usd
+                elif deadline_s is not None and finish > deadline_s:
+                    reason = self.r_deadline
+            if reason is None:
+                key = (finish, total) if objective_fast else (total, finish)
+                parts = (offer, seconds / 3600, total, tiers[spot], compute, transfer, verification, risk, finish)
+                append_candidate((tiers[spot], key, len(candidates), parts))
+            else:
+                append_filtered(new_row(Considered, (offer, seconds / 3600, total, reason, tiers[spot], compute,
+                                                     transfer, verification, risk, finish)))
+
+    def _unfit(self, offer: Offer, spot: bool) -> str | None:
+        if spot and not self.spot_allowed:
+            return self.r_spot
+        if self.check_regions:
+            why = self._regions.get(offer.region, False)
+            if why is False:
+                why = self._region(offer.region)
+            if why is not None:
+                return why
+        if offer.gpu_count < self.need_gpus:
+            return self.r_gpus
+        if self.need_vram_mb and (offer.gpu_memory_mb or 0) < self.need_vram_mb:
+            return self.r_vram
+        if offer.cpus < self.need_cpus:
+            return self.r_cpus
+        if self.need_memory_mb and (offer.memory_mb or 0) < self.need_memory_mb:
+            return self.r_memory
+        if offer.nodes < self.need_nodes:
+            return self.r_nodes
+        return None
+
+
+def _ppm(rate: float) -> int:
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"a failure rate must be in [0, 1), got {rate!r}")
+    return round(rate * PPM)
+
+
+def _rank(ctx: _Context, candidates: list) -> list[Considered]:
+    """Candidates best first: the chosen one, then why each other lost against it."""
+    if not candidates:
+        return []
+    candidates.sort(key=lambda c: (c[0], c[1], c[2]))
+    best_tier, best_key, _, best = candidates[0]
+    rows = [_row(best, CHOSEN)]
+    fast = ctx.cls.objective == "fastest"
+    later_tier = {}
+    for tier, key, _, parts in candidates[1:]:
+        if tier != best_tier:
+            verdict = later_tier.get(tier)
+            if verdict is None:
+                verdict = later_tier[tier] = (
+                    f"fallback {_tier_name(ctx.tiers[tier])} is not needed while "
+                    f"{_tier_name(ctx.tiers[best_tier])} has an offer"
+                )
+        elif key[0] != best_key[0]:
+            verdict = "finishes later than the chosen offer" if fast else "costlier than the chosen offer"
+        elif key[1] != best_key[1]:
+            verdict = "costlier at the same finish time" if fast else "same cost, finishes later"
+        else:
+            verdict = "tie: the chosen offer came first"
+        rows.append(_row(parts, verdict))
+    return rows
+
+
+def _row(parts: tuple, verdict: str) -> Considered:
+    offer, hours, total, tier, compute, transfer, verification, risk, finish = parts
+    return Considered(offer, hours, total, verdict, tier, compute, transfer, verification, risk, finish)
+
+
+def render_plan(plan: Plan, *, limit: int = 15):
+    """The considered-offers table (a rich Table): the best `limit` rows, the rest summarised."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(
+        "", "backend", "instance", "region", "GPUs", "spot", "$/hour", "hours", "expected", "of which", "chosen / why not",
+        title=escape(f"Considered offers: {plan.workload}, {plan.objective}, chain {' → '.join(plan.tiers)}"), box=None,
+    )
+    catalog_dates = set()
+    for i, row in enumerate(plan.rows[:limit]):
+        o = row.offer
+        catalog = o.detail.get("price_source") == "catalog"
+        if catalog:
+            catalog_dates.add(o.detail.get("catalog_date", "?"))
+        chosen = row.verdict == CHOSEN
+        cells = [
+            str(i + 1), o.backend, o.instance, o.region, f"{o.gpu_count}× {o.gpu_type}" if o.gpu_count else "CPU",
+            "yes" if o.spot else "no", display_usd(o.price_per_hour_micro_usd * o.nodes) + ("*" if catalog else ""),
+            f"{row.hours:.1f}", display_usd(row.expected_micro_usd), _extras(row),
+        ]
+        verdict = "[bold green]✔ chosen[/bold green]" if chosen else escape(row.verdict)
+        table.add_row(*map(escape, cells), verdict, style="bold" if chosen else None)
+    lines = [f"runtime: {plan.basis}"] if plan.basis else []
+    if catalog_dates:
+        lines.append(f"* catalog list price (dated {', '.join(sorted(catalog_dates))}), not a live quote")
+    hidden = Counter(r.verdict for r in plan.rows[limit:])
+    if hidden:
+        lines.append(f"{sum(hidden.values()):,} more offers: " + "; ".join(f"{n:,} {v}" for v, n in hidden.most_common()))
+    lines += plan.notes
+    table.caption = escape("\n".join(lines))
+    table.caption_justify = "left"
+    return table
+
+
+def _extras(row: Considered) -> str:
+    parts = [(row.verification_micro_usd, "audit"), (row.risk_micro_usd, "risk"), (row.transfer_micro_usd, "egress")]
+    return " · ".join(f"{name} {display_usd(amount)}" for amount, name in parts if amount)
