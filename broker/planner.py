@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from trainmaster.backends.base import Backend, Offer, OfferSet
 from trainmaster.backends.catalog.gpus import REFERENCE, canonical_gpu, gpu_matches, throughput
 from trainmaster.backends.catalog.transfer import egress_micro_usd, source_cloud
-from trainmaster.broker.policy import ClassPolicy, Policy, Step
+from trainmaster.broker.policy import ClassPolicy, Policy, tier_name
 from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import JobSpec
 
@@ -145,7 +145,7 @@ def plan(
                    now or datetime.now(timezone.utc))
     result = Plan(
         reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons}, workload=getattr(spec.workload, "value", spec.workload),
-        objective=cls.objective, tiers=[_tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
+        objective=cls.objective, tiers=[tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
     )
     candidates, filtered = [], []
     for offer_set in offer_sets:
@@ -153,10 +153,6 @@ def plan(
     result.rows = _rank(ctx, candidates) + filtered
     result.notes += ctx.late_notes()
     return result
-
-
-def _tier_name(tier: tuple[Step, ...]) -> str:
-    return str(tier[0]) if len(tier) == 1 else "{" + ", ".join(map(str, tier)) + "}"
 
 
 class _Context:
@@ -267,7 +263,7 @@ class _Context:
         names = [str(s) for tier in self.tiers for s in tier if s.backend == backend]
         if names:
             return f"the chain takes only {', '.join(names)} from {backend}, not {'spot' if spot else 'on-demand'}"
-        return f"{backend} is not in this class's chain ({' → '.join(_tier_name(t) for t in self.tiers)})"
+        return f"{backend} is not in this class's chain ({' → '.join(tier_name(t) for t in self.tiers)})"
 
     def _rate_ppm(self, backend: str, spot: bool) -> int:
         rates = self.rates
@@ -399,8 +395,8 @@ def _rank(ctx: _Context, candidates: list) -> list[Considered]:
             verdict = later_tier.get(tier)
             if verdict is None:
                 verdict = later_tier[tier] = (
-                    f"fallback {_tier_name(ctx.tiers[tier])} is not needed while "
-                    f"{_tier_name(ctx.tiers[best_tier])} has an offer"
+                    f"fallback {tier_name(ctx.tiers[tier])} is not needed while "
+                    f"{tier_name(ctx.tiers[best_tier])} has an offer"
                 )
         elif key[0] != best_key[0]:
             verdict = "finishes later than the chosen offer" if fast else "costlier than the chosen offer"

@@ -46,6 +46,11 @@ class Step:
         return f"{self.backend}:{self.capacity}" if self.capacity else self.backend
 
 
+def tier_name(tier: tuple[Step, ...]) -> str:
+    """A tier as people read it: `aws:spot`, or `{aws:spot, gcp:spot}` for a choice among several."""
+    return str(tier[0]) if len(tier) == 1 else "{" + ", ".join(map(str, tier)) + "}"
+
+
 def parse_step(text: str) -> Step:
     backend, _, capacity = text.partition(":")
     if backend not in KNOWN_BACKENDS:

@@ -1,0 +1,282 @@
+"""Cost commands: `offers`, `spend`, and `policy check | show`, added to the main app by `register`.
+
+Module-level imports stay typer-only so `trainmaster --help` stays fast; each command imports
+what it needs. Exit codes: 0 success, 1 the thing asked about is bad (invalid policy or job, no
+offer can run the job), 2 usage or environment error (missing file, unreadable override).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+OK, BAD, USAGE = 0, 1, 2
+SPEND_GROUPS = ("backend", "class", "job", "project", "month")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("offers")(offers)
+    app.command("spend")(spend)
+    policy_app = typer.Typer(name="policy", help="Check and show cost policies.", no_args_is_help=True)
+    policy_app.command("check")(policy_check)
+    policy_app.command("show")(policy_show)
+    app.add_typer(policy_app, name="policy")
+
+
+def offers(
+    job: Path = typer.Argument(..., help="The job file (job.yaml)."),
+    policy: str = typer.Option("default", "--policy", "-p", help="Policy name or file."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    limit: int = typer.Option(15, "--limit", min=1, help="Rows shown in the table (the rest are summarised)."),
+) -> None:
+    """Show the offers the planner would consider for a job, and its choice, without submitting."""
+    from trainmaster.broker.planner import plan, render_plan
+    from trainmaster.jobs.spec import load_spec
+
+    spec = _load(lambda: load_spec(job)).spec
+    chosen_policy = _load_policy(policy)
+    offer_sets, warnings_seen = _offer_sets(spec, chosen_policy)
+    result = plan(spec, chosen_policy, offer_sets)
+    if as_json:
+        print(json.dumps({"policy": chosen_policy.name, "warnings": warnings_seen, **result.as_dict()}, indent=2))
+    else:
+        console = _console()
+        for line in warnings_seen:
+            _console(stderr=True).print(f"[yellow]warning:[/yellow] {_escape(line)}", highlight=False, soft_wrap=True)
+        console.print(render_plan(result, limit=limit))
+        for backend, why in result.reasons.items():
+            console.print(f"  {backend}: {_escape('; '.join(why))}", highlight=False)
+        if result.chosen is None:
+            console.print(_escape(result.explain_failure()), highlight=False)
+    raise typer.Exit(OK if result.chosen else BAD)
+
+
+def _offer_sets(spec, policy) -> tuple[list, list[str]]:
+    """Offers from every backend in the class's chain: this machine, catalog prices for the clouds,
+    and a reason for any backend whose offers cannot be listed from here."""
+    import asyncio
+    import warnings
+
+    from trainmaster.backends.base import OfferSet
+    from trainmaster.backends.catalog import CLOUDS, catalog_offers
+    from trainmaster.backends.local import LocalBackend
+    from trainmaster.broker import paths
+    from trainmaster.broker.planner import gather_offers
+
+    cls = policy.for_class(spec.workload)
+    live, sets = {}, []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for name in cls.chain:
+            if name == "local":
+                live[name] = LocalBackend(power=policy.power)
+            elif name in CLOUDS:
+                sets.append(_load(lambda: catalog_offers(
+                    name, spec, spot_allowed=cls.constraints.spot_allowed, override_dir=paths.config_dir() / "catalogs",
+                    max_age_days=policy.catalog.max_age_days,
+                ), usage_on_error=True))
+            else:
+                sets.append(OfferSet(backend=name, reasons=[
+                    f"{name} prices are live quotes that `trainmaster offers` does not gather yet"
+                ]))
+        sets += asyncio.run(gather_offers(spec, live))
+    return sets, list(dict.fromkeys(str(w.message) for w in caught))
+
+
+def spend(
+    by: Optional[str] = typer.Option(None, "--by", help=f"Group by {', '.join(SPEND_GROUPS)}."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw a bar chart to this PNG file."),
+) -> None:
+    """What was actually paid (charged on acceptance), from the ledger; not re-priced."""
+    if by is not None and by not in SPEND_GROUPS:
+        _fail(f"cannot group spend by {by!r}; choose one of {', '.join(SPEND_GROUPS)}", USAGE)
+    rows = _spend_rows(by)
+    if as_json:
+        print(json.dumps([_spend_json(r) for r in rows], indent=2))
+    else:
+        _console().print(_spend_table(rows, by))
+    if plot is not None:
+        _plot(rows, by, plot)
+
+
+def _spend_rows(by: str | None) -> list:
+    from trainmaster.broker import paths
+    from trainmaster.wallet.ledger import Ledger, SpendRow
+
+    db = paths.state_db()
+    if not db.exists():
+        return [] if by else [SpendRow("total", 0, 0, 0)]
+    with Ledger(db) as ledger:
+        return ledger.spend(by)
+
+
+def _spend_json(row) -> dict:
+    from trainmaster.jobs.money import format_usd
+
+    return {"group": row.group, "usd": format_usd(row.micro_usd), "micro_usd": row.micro_usd, "rao": row.rao,
+            "charges": row.charges}
+
+
+def _spend_table(rows: list, by: str | None):
+    from rich.table import Table
+
+    from trainmaster.jobs.money import RAO_PER_TAO, display_usd
+
+    table = Table(by or "", "spent", "TAO", "charges", title="Spend (charged)", box=None)
+    for row in rows:
+        tao = f"{row.rao / RAO_PER_TAO:,.4f}" if row.rao else ""
+        table.add_row(_escape(row.group), display_usd(row.micro_usd), tao, str(row.charges))
+    if by and rows:
+        table.add_row("[bold]total[/bold]", display_usd(sum(r.micro_usd for r in rows)), "",
+                      str(sum(r.charges for r in rows)))
+    if not rows:
+        table.caption = "nothing charged yet"
+    return table
+
+
+def _plot(rows: list, by: str | None, path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        _fail("--plot needs matplotlib: pip install matplotlib", USAGE)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trainmaster.jobs.money import MICRO_PER_USD
+
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(rows) + 2), 3.5))
+    ax.bar([r.group for r in rows], [r.micro_usd / MICRO_PER_USD for r in rows])  # floats for drawing only
+    ax.set_ylabel("USD charged")
+    ax.set_title(f"Spend by {by}" if by else "Spend")
+    ax.tick_params(axis="x", labelrotation=45)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png")
+    except OSError as exc:
+        _fail(f"cannot write {path}: {exc}", USAGE)
+    finally:
+        plt.close(fig)
+
+
+def policy_check(
+    file: Path = typer.Argument(..., help="The policy file to check."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Check a policy file: exit 0 when valid, 1 with file:line: field errors when not."""
+    from trainmaster.broker.policy import load_policy
+    from trainmaster.jobs.yamlfile import FileError
+
+    if not file.is_file():
+        _fail(f"{file}: no such file", USAGE)
+    try:
+        checked = load_policy(file)
+    except FileError as exc:
+        if as_json:
+            print(json.dumps({"file": str(file), "valid": False, "problems": exc.problems}, indent=2))
+        else:
+            _console(stderr=True).print(_escape(str(exc)), highlight=False, soft_wrap=True)
+        raise typer.Exit(BAD) from None
+    if as_json:
+        print(json.dumps({"file": str(file), "valid": True, "name": checked.name}, indent=2))
+    else:
+        _console().print(f"{_escape(str(file))}: valid policy '{_escape(checked.name)}' "
+                         f"({len(checked.classes)} classes, {len(checked.budgets)} budgets)", highlight=False)
+
+
+def policy_show(
+    name: str = typer.Argument("default", help="A shipped or user policy name, or a file."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Show a policy: per class, the objective, the fallback chain and the constraints; budgets."""
+    from trainmaster.broker.policy import shipped
+
+    shown = _load_policy(name)
+    if as_json:
+        print(json.dumps(shown.model_dump(mode="json"), indent=2))
+        return
+    console = _console()
+    console.print(f"[bold]{_escape(shown.name)}[/bold]: {_escape(shown.description)}", highlight=False)
+    console.print(_classes_table(shown))
+    if shown.budgets:
+        console.print(_budgets_table(shown))
+    power = shown.power
+    console.print(f"power: {power.gpu_watts} W per GPU + {power.host_watts} W host at "
+                  f"${power.usd_per_kwh_micro / 1_000_000:g}/kWh; catalogs warn after {shown.catalog.max_age_days} days"
+                  + ("; local only" if shown.local_only else ""), highlight=False)
+    console.print(f"shipped policies: {', '.join(shipped())}", highlight=False)
+
+
+def _classes_table(policy):
+    from rich.table import Table
+
+    from trainmaster.broker.policy import tier_name
+    from trainmaster.jobs.money import display_usd
+
+    table = Table("class", "objective", "chain", "constraints", box=None)
+    rows = [("(default)", policy.default)] + [(k.value, v) for k, v in policy.classes.items()]
+    for name, cls in rows:
+        c = cls.constraints
+        limits = [
+            f"backends {','.join(c.allowed_backends)}" if c.allowed_backends else "",
+            f"regions {','.join(c.regions)}" if c.regions else "",
+            f"GPUs {','.join(c.gpu_types)}" if c.gpu_types else "",
+            "" if c.spot_allowed else "no spot",
+            f"≤ {display_usd(c.max_usd_per_hour)}/h" if c.max_usd_per_hour is not None else "",
+            "local only" if c.local_only else "",
+        ]
+        objective = cls.objective + (f" ({cls.deadline_hours:g} h)" if cls.deadline_hours else "")
+        chain = " → ".join(tier_name(t) for t in cls.tiers)
+        table.add_row(name, objective, _escape(chain), "; ".join(x for x in limits if x) or "none")
+    return table
+
+
+def _budgets_table(policy):
+    from rich.table import Table
+
+    from trainmaster.jobs.money import display_usd
+
+    table = Table("budget", "cap", "per", "scope", "alerts", box=None, title="Budgets")
+    for b in policy.budgets:
+        scope = ", ".join(f"{k}={v}" for k, v in (("backend", b.backend), ("class", b.workload), ("project", b.project)) if v)
+        alerts = ", ".join(f"{p}%" for p in b.alert_at_percent) + (" → webhook" if b.webhook else "")
+        table.add_row(_escape(b.label), display_usd(b.cap) + ("" if b.hard else " (soft)"), b.period, scope or "all",
+                      alerts)
+    return table
+
+
+def _load_policy(name: str):
+    from trainmaster.broker.policy import load_policy
+
+    return _load(lambda: load_policy(name))
+
+
+def _load(fn, *, usage_on_error: bool = False):
+    """Run a loader; a missing file exits 2, an invalid one 1 (or 2 for environment files)."""
+    from trainmaster.jobs.yamlfile import FileError
+
+    try:
+        return fn()
+    except FileError as exc:
+        missing = all(p.endswith(": no such file") or "no policy named" in p for p in exc.problems)
+        _fail(str(exc), USAGE if (missing or usage_on_error) else BAD)
+
+
+def _fail(message: str, code: int) -> None:
+    _console(stderr=True).print(f"[red]error:[/red] {_escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _console(*, stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
