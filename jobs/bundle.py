@@ -28,6 +28,7 @@ from .ignore import IGNORE_FILE, VENV_MARKER, IgnoreRules, always_ignored
 
 SPEC_MEMBER = ".trainmaster/spec.json"
 DEFAULT_MAX_BYTES = 2 * 1024**3
+MAX_MEMBERS = 200_000  # a tar of millions of empty files would exhaust inodes while passing every size check
 
 _SPEC_DIR = posixpath.dirname(SPEC_MEMBER)
 _COPY_BUFSIZE = 4 * 1024**2  # read/hash/write chunk; large chunks keep per-call overhead negligible
@@ -483,6 +484,8 @@ def _scan_headers(
             if name in members:
                 raise BundleError(f"duplicate member {member.name!r}")
             members[name] = member
+            if len(members) > MAX_MEMBERS:
+                raise BundleError(f"{tar_path} has more than {MAX_MEMBERS:,} members")
     except tarfile.TarError as e:
         raise BundleError(f"{tar_path} is damaged: {e}") from e
     return members

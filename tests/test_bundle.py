@@ -643,3 +643,20 @@ def test_the_data_filter_is_a_second_line_of_defence(tmp_path: Path, monkeypatch
     with pytest.raises(BundleError, match="'up' refused by tarfile's data filter"):
         extract_bundle(tar_path, tmp_path / "dest")
     assert snapshot(tmp_path) == {"t.tar"}
+
+
+def test_too_many_members_are_refused_before_extraction(tmp_path, monkeypatch):
+    import io
+    import tarfile
+
+    from trainmaster.jobs import bundle as bundle_module
+
+    monkeypatch.setattr(bundle_module, "MAX_MEMBERS", 10)
+    tar_path = tmp_path / "many.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for i in range(11):
+            info = tarfile.TarInfo(f"f{i}")
+            tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(bundle_module.BundleError, match="more than 10 members"):
+        bundle_module.extract_bundle(tar_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
