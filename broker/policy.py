@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from trainmaster.backends.power import PowerModel
 from trainmaster.broker import paths
@@ -75,9 +75,19 @@ def _check_backend(name: str) -> str:
     return parse_step(name).backend
 
 
+def _as_list(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
 StepText = Annotated[str, AfterValidator(_check_step)]
 BackendName = Annotated[str, AfterValidator(_check_backend)]
-TierText = StepText | list[StepText]
+TierText = Annotated[
+    list[StepText],
+    BeforeValidator(_as_list),
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+                    "description": "A step such as aws or aws:spot, or a list of steps chosen among."}),
+]
+"""A tier: one step, or a list of steps the objective chooses among (held as a list)."""
 
 
 class Model(BaseModel):
@@ -107,13 +117,13 @@ class ClassPolicy(Model):
     deadline_hours: float | None = Field(
         None, gt=0, description="For cheapest-by-deadline when the job gives no deadline: hours from planning."
     )
-    primary: TierText = Field("local", description="A step (aws, aws:spot) or a list of steps chosen among.")
+    primary: TierText = Field(["local"], description="A step (aws, aws:spot) or a list of steps chosen among.")
     fallbacks: list[TierText] = Field(default_factory=list, description="Tiers tried in order when earlier ones have nothing.")
     constraints: Constraints = Field(default_factory=Constraints)
 
     @property
     def tiers(self) -> list[tuple[Step, ...]]:
-        return [tuple(parse_step(s) for s in ([t] if isinstance(t, str) else t)) for t in (self.primary, *self.fallbacks)]
+        return [tuple(parse_step(s) for s in tier) for tier in (self.primary, *self.fallbacks)]
 
     @property
     def chain(self) -> list[str]:
@@ -132,7 +142,7 @@ class ClassPolicy(Model):
         if allowed is not None:
             problems += [f"'{s}' is not in constraints.allowed_backends" for s in steps if s.backend not in allowed]
         if self.constraints.local_only:
-            problems += [f"'{s}' leaves this machine but constraints.local_only is true" for s in steps if s.backend != "local"]
+            problems += [f"'{s}' leaves this machine but local_only is true" for s in steps if s.backend != "local"]
         if not self.constraints.spot_allowed:
             problems += [f"'{s}' asks for spot but constraints.spot_allowed is false" for s in steps if s.capacity == "spot"]
         if any(s.backend == "local" for s in steps) and not self.constraints.region_allowed("local"):
@@ -159,17 +169,33 @@ class Policy(Model):
     def for_class(self, workload: str) -> ClassPolicy:
         return self.classes.get(workload, self.default)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _local_only_everywhere(cls, data: object) -> object:
+        """A policy-wide `local_only` is every class's, so a class that leaves the machine is reported
+        at its own line."""
+        if not (isinstance(data, dict) and data.get("local_only") is True):
+            return data
+        data = dict(data)
+        if isinstance(data.get("default"), dict):
+            data["default"] = _forced_local(data["default"])
+        if isinstance(data.get("classes"), dict):
+            data["classes"] = {k: _forced_local(v) if isinstance(v, dict) else v for k, v in data["classes"].items()}
+        return data
+
     @model_validator(mode="after")
-    def _consistent(self) -> Policy:
-        problems = []
-        if self.local_only:
-            for where, cls in [("default", self.default), *((f"classes.{k.value}", v) for k, v in self.classes.items())]:
-                problems += [f"{where}: '{b}' leaves this machine but local_only is true" for b in cls.chain if b != "local"]
+    def _unique_budgets(self) -> Policy:
         labels = [b.label for b in self.budgets]
-        problems += [f"budgets: two budgets are named '{name}'" for name in sorted({n for n in labels if labels.count(n) > 1})]
-        if problems:
-            raise ValueError("; ".join(problems))
+        twice = sorted({n for n in labels if labels.count(n) > 1})
+        if twice:
+            raise ValueError("; ".join(f"budgets: two budgets are named '{name}'" for name in twice))
         return self
+
+
+def _forced_local(cls: dict) -> dict:
+    constraints = cls.get("constraints")
+    constraints = dict(constraints) if isinstance(constraints, dict) else {}
+    return {**cls, "constraints": {**constraints, "local_only": True}}
 
 
 def shipped() -> list[str]:
