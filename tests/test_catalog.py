@@ -75,7 +75,7 @@ def test_override_without_date_is_dated_by_its_mtime(tmp_path):
     two_years_ago = time.time() - 730 * 86400
     os.utime(path, (two_years_ago, two_years_ago))
     with pytest.warns(StaleCatalogWarning, match=r"gcp.csv: prices dated .* are 730 days old"):
-        catalog = load_catalog("gcp", override_dir=tmp_path, max_age_days=600, today=date.today())
+        catalog = load_catalog("gcp", override_dir=tmp_path, max_age_days=600, today=datetime.now(timezone.utc).date())
     assert catalog.sources[-1].date == datetime.fromtimestamp(two_years_ago, timezone.utc).date()
 
 
