@@ -1,0 +1,81 @@
+"""The executor's commitment to a run: the Merkle root over every segment leaf, and the final weights.
+
+``commitment.json`` holds exactly the canonical JSON bytes (what the hotkey signs)::
+
+    json.dumps({"bundle_sha256", "final_sha256", "job_id", "k", "n", "root"},
+               sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+with lowercase hex digests and ``n``/``k`` as integers. ``n`` is the number of segments, so there
+are ``n + 1`` leaves ``h_0..h_n``; ``final_sha256 = sha256(weights_n)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from .checkpoint import CheckpointError, read_manifest, segment_dir
+from .merkle import inclusion_proof, merkle_root
+
+FILENAME = "commitment.json"
+Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class CommitmentError(ValueError):
+    """A commitment file that is malformed or not in canonical form."""
+
+
+class Commitment(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job_id: str
+    bundle_sha256: Hex64
+    root: Hex64
+    final_sha256: Hex64
+    n: Annotated[StrictInt, Field(ge=0)]
+    k: Annotated[StrictInt, Field(ge=1)]
+
+    def canonical_json(self) -> bytes:
+        """The exact bytes that are written and signed."""
+        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Commitment:
+        """Parse commitment bytes, requiring them to be exactly the canonical JSON."""
+        try:
+            commitment = cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise CommitmentError(f"malformed commitment: {exc}") from exc
+        if commitment.canonical_json() != data:
+            raise CommitmentError("commitment is not in canonical JSON form")
+        return commitment
+
+
+def read_commitment(path: Path) -> Commitment:
+    """Read and strictly parse a ``commitment.json``."""
+    return Commitment.from_json(Path(path).read_bytes())
+
+
+def segment_leaves(checkpoint_dir: Path, n: int) -> list[bytes]:
+    """The leaves ``h_0..h_n`` recorded in the segment manifests, as raw digests."""
+    leaves = []
+    for index in range(n + 1):
+        manifest = read_manifest(segment_dir(checkpoint_dir, index))
+        if manifest.leaf is None:
+            raise CheckpointError(f"segment {index} has no leaf yet (its decision trace was never written)")
+        leaves.append(bytes.fromhex(manifest.leaf))
+    return leaves
+
+
+def build_commitment(checkpoint_dir: Path, *, job_id: str, bundle_sha256: str, n: int, k: int) -> Commitment:
+    """The commitment over the segments 0..n on disk."""
+    final = read_manifest(segment_dir(checkpoint_dir, n)).weights_sha256
+    root = merkle_root(segment_leaves(checkpoint_dir, n)).hex()
+    return Commitment(job_id=job_id, bundle_sha256=bundle_sha256, root=root, final_sha256=final, n=n, k=k)
+
+
+def segment_proof(checkpoint_dir: Path, n: int, index: int) -> list[str]:
+    """The inclusion proof of leaf ``index`` in the tree of ``n + 1`` leaves (hex), for an opening."""
+    return [h.hex() for h in inclusion_proof(segment_leaves(checkpoint_dir, n), index)]

@@ -1,0 +1,82 @@
+"""Running steps and assembling full states: shared by the training runtime and segment replay.
+
+The runtime adds its own entries to ``rest`` under ``runtime/``: the step counter, the seed, the
+recipe name and config (canonical JSON as uint8), and the global RNG states. With those a state
+file is self-describing: a verifier can rebuild the trainer and re-execute from it alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .decisions import DecisionLog
+from .recipe import Recipe, RecipeConfig, StepContext, Trainer
+from .seeding import capture_global_rng, restore_global_rng, seed_globals
+from .state import TrainState, json_tensor, prefixed, scalar, section, tensor_json
+
+RUNTIME = "runtime"
+
+
+class StateError(ValueError):
+    """A state that does not belong to the recipe, or lacks the runtime's entries."""
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    """The runtime's own entries of a state."""
+
+    recipe: str
+    config: dict[str, Any]
+    seed: int
+    step: int
+
+
+def full_state(trainer: Trainer, recipe: Recipe, config: RecipeConfig, seed: int, step: int) -> TrainState:
+    """The trainer's state plus the runtime's entries, ready to serialize."""
+    state = trainer.state()
+    if clash := [name for name in state.rest if name.startswith(RUNTIME + "/")]:
+        raise StateError(f"trainer state names {clash[:3]} use the reserved prefix '{RUNTIME}/'")
+    own = {
+        "step": scalar(step),
+        "seed": scalar(seed),
+        "recipe.json": json_tensor(recipe.name),
+        "config.json": json_tensor(config.model_dump(mode="json")),
+        **prefixed("rng", capture_global_rng()),
+    }
+    return TrainState(weights=dict(state.weights), rest={**state.rest, **prefixed(RUNTIME, own)})
+
+
+def state_info(state: TrainState) -> StateInfo:
+    own = section(RUNTIME, state.rest)
+    try:
+        return StateInfo(
+            recipe=tensor_json(own["recipe.json"]),
+            config=tensor_json(own["config.json"]),
+            seed=int(own["seed"]),
+            step=int(own["step"]),
+        )
+    except (KeyError, ValueError) as exc:
+        raise StateError(f"state lacks the runtime's entries: {exc}") from exc
+
+
+def restore(trainer: Trainer, state: TrainState) -> None:
+    """Load a full state into a trainer built from the same recipe and config."""
+    restore_global_rng(section(f"{RUNTIME}/rng", state.rest))
+    rest = {name: t for name, t in state.rest.items() if not name.startswith(RUNTIME + "/")}
+    trainer.load_state(TrainState(weights=dict(state.weights), rest=rest))
+
+
+def run_step(trainer: Trainer, seed: int, step: int, decisions: DecisionLog) -> Mapping[str, float] | None:
+    """Execute step ``step``: re-seed the global generators for it, then let the trainer step."""
+    seed_globals(seed, step)
+    decisions.begin_step(step)
+    return trainer.step(StepContext(seed=seed, step=step, decisions=decisions))
+
+
+def set_threads(config: RecipeConfig) -> None:
+    """Pin torch's intra-op thread count (the reduction order, hence bit-exactness, depends on it)."""
+    torch.set_num_threads(config.threads)

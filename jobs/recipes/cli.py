@@ -1,0 +1,45 @@
+"""The command line every recipe module shares: one ``--option`` per config field, then :func:`run`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from ..recipe import Recipe
+from ..runtime import run
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def parser_for(recipe: Recipe, module: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m trainmaster.jobs.recipes.{module}",
+        description=f"Train the {recipe.name} recipe. Settings come from the TRAINMASTER_* environment.",
+    )
+    for name, field in recipe.config_type.model_fields.items():
+        kind = _flag if field.annotation is bool else field.annotation
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
+            help=f"{field.description or name} (default {field.default})",
+        )
+    return parser
+
+
+def main(recipe: Recipe, module: str, argv: Sequence[str] | None = None) -> int:
+    parser = parser_for(recipe, module)
+    args = parser.parse_args(argv)
+    try:
+        config = recipe.config({k: v for k, v in vars(args).items() if v is not None})
+    except ValidationError as exc:
+        parser.error(str(exc))
+    print(json.dumps(run(recipe, config).result, indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,167 @@
+"""A 2-layer transformer language model on a seeded synthetic token stream (recipe name ``tiny-lm``).
+
+The data is a random Markov chain over ``vocab`` tokens whose rows are drawn from a Dirichlet
+with small ``concentration`` (so the next token is fairly predictable); the chain is a pure
+function of the job seed and the batch of step ``s`` a pure function of ``(seed, s)``. The best
+achievable loss is the chain's entropy rate, reported in ``result.json`` next to the final loss.
+AdamW with linear warm-up then cosine decay, set from the step every step. No decisions.
+
+    python -m trainmaster.jobs.recipes.tiny_lm --steps 400
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from ..recipe import Recipe, RecipeConfig, StepContext
+from ..seeding import derive_seed, step_rng
+from ..state import TrainState, load_module_state, load_optimizer_state, module_state, optimizer_state, prefixed, section
+from . import cli
+
+RECENT = 20  # steps averaged for the reported final loss
+
+
+class TinyLMConfig(RecipeConfig):
+    steps: int = Field(400, gt=0, description="optimizer steps T")
+    threads: int = Field(2, ge=1, description="torch intra-op threads; a bit-exact replay needs the same")
+    vocab: int = Field(32, gt=1, description="vocabulary size")
+    concentration: float = Field(0.1, gt=0, description="Dirichlet concentration of the chain's rows")
+    d_model: int = Field(64, gt=0, le=128, description="model width")
+    heads: int = Field(4, gt=0, description="attention heads")
+    layers: int = Field(2, gt=0, description="transformer blocks")
+    seq_len: int = Field(64, gt=1, description="tokens per sequence")
+    batch_size: int = Field(16, gt=0, description="sequences per batch")
+    lr: float = Field(3e-3, gt=0, description="peak AdamW learning rate")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    warmup: int = Field(40, ge=0, description="linear warm-up steps")
+    dropout: float = Field(0.1, ge=0, lt=1, description="dropout (drawn from the re-seeded global RNG)")
+
+
+class MarkovChain:
+    """The synthetic source: transition matrix and its entropy rate."""
+
+    def __init__(self, vocab: int, concentration: float, seed: int):
+        rng = step_rng(seed, 0, "markov-chain")
+        self.transitions = rng.dirichlet(np.full(vocab, concentration), size=vocab)
+        self.cdf = torch.from_numpy(np.cumsum(self.transitions, axis=1))
+
+    def sample(self, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """``batch`` sequences of ``length`` tokens; the first token uniform, then the chain."""
+        vocab = self.cdf.shape[0]
+        u = torch.rand(batch, length, generator=generator, dtype=torch.float64)
+        tokens = torch.empty(batch, length, dtype=torch.int64)
+        tokens[:, 0] = (u[:, 0] * vocab).long()
+        for t in range(1, length):
+            rows = self.cdf[tokens[:, t - 1]]
+            tokens[:, t] = torch.searchsorted(rows, u[:, t : t + 1] * rows[:, -1:], right=True).squeeze(1).clamp(max=vocab - 1)
+        return tokens
+
+    def entropy_rate(self) -> float:
+        """``sum_i pi_i H(P_i)`` in nats, pi the stationary distribution."""
+        values, vectors = np.linalg.eig(self.transitions.T)
+        pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
+        pi = pi / pi.sum()
+        p = self.transitions
+        row_entropy = -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
+        return float(pi @ row_entropy)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        dropout = self.dropout if self.training else 0.0
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, c: TinyLMConfig):
+        super().__init__()
+        self.embed = nn.Embedding(c.vocab, c.d_model)
+        self.position = nn.Embedding(c.seq_len, c.d_model)
+        self.blocks = nn.Sequential(*(Block(c.d_model, c.heads, c.dropout) for _ in range(c.layers)))
+        self.norm = nn.LayerNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1])
+        return self.head(self.norm(self.blocks(self.embed(tokens) + self.position(positions))))
+
+
+class TinyLMTrainer:
+    def __init__(self, config: TinyLMConfig, seed: int):
+        if config.d_model % config.heads:
+            raise ValueError("d_model must be a multiple of heads")
+        self.config = config
+        self.chain = MarkovChain(config.vocab, config.concentration, seed)
+        torch.manual_seed(derive_seed(seed, 0, "init"))
+        self.model = TinyLM(config)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.recent: list[float] = []
+
+    def lr_at(self, step: int) -> float:
+        c = self.config
+        if step < c.warmup:
+            return c.lr * (step + 1) / c.warmup
+        progress = (step - c.warmup) / max(1, c.steps - c.warmup)
+        return c.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def step(self, ctx: StepContext) -> Mapping[str, float]:
+        c = self.config
+        tokens = self.chain.sample(c.batch_size, c.seq_len + 1, ctx.generator("data"))
+        logits = self.model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, c.vocab), tokens[:, 1:].reshape(-1))
+        lr = self.lr_at(ctx.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        value = float(loss.detach())
+        self.recent = (self.recent + [value])[-RECENT:]
+        return {"loss": value, "lr": lr}
+
+    def state(self) -> TrainState:
+        return TrainState(
+            weights=module_state(self.model),
+            rest={
+                **prefixed("optimizer", optimizer_state(self.optimizer)),
+                "recent_losses": torch.tensor(self.recent, dtype=torch.float64),
+            },
+        )
+
+    def load_state(self, state: TrainState) -> None:
+        load_module_state(self.model, state.weights)
+        load_optimizer_state(self.optimizer, section("optimizer", state.rest))
+        self.recent = state.rest["recent_losses"].tolist()
+
+    def result(self) -> dict[str, float]:
+        return {
+            "final_loss": statistics.fmean(self.recent),
+            "entropy_rate": self.chain.entropy_rate(),
+            "uniform_loss": math.log(self.config.vocab),
+        }
+
+
+RECIPE = Recipe(name="tiny-lm", config_type=TinyLMConfig, build=TinyLMTrainer)
+
+if __name__ == "__main__":
+    sys.exit(cli.main(RECIPE, "tiny_lm"))

@@ -1,0 +1,168 @@
+"""Re-execute one segment from its state S_i: the verifier's entry point.
+
+``replay_segment`` loads S_i (``weights.safetensors`` + ``rest.safetensors``, strictly canonical),
+rebuilds the trainer from the recipe and config the state records, runs k steps and returns the
+state it reaches. With ``forced_decisions`` it follows the executor's decision trace and reports
+where its own values would have chosen otherwise.
+
+CLI (exit 0: replayed; 1: the state or trace is bad; 2: usage)::
+
+    python -m trainmaster.jobs.replay SEGMENT_DIR --k 25 --out OUT_DIR \\
+        [--recipe dqn] [--config config.json] [--force-decisions [TRACE]]
+
+writes ``OUT_DIR/{weights,rest,decisions}.safetensors`` (canonical) and ``OUT_DIR/report.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .canonical import state_sha256
+from .checkpoint import DECISIONS, REST, WEIGHTS, CheckpointError, read_canonical_file, write_canonical_files
+from .decisions import DecisionLog, DecisionReport, DecisionTrace, DecisionTraceError
+from .execution import StateError, full_state, restore, run_step, set_threads, state_info
+from .recipe import Recipe
+from .state import TrainState
+
+REPORT_FILE = "report.json"
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """The outcome of re-executing steps ``start_step .. end_step - 1``."""
+
+    start_step: int
+    end_step: int
+    state: TrainState
+    trace: DecisionTrace
+    decisions: DecisionReport
+
+    @property
+    def weights(self) -> dict:
+        return self.state.weights
+
+    @property
+    def weights_sha256(self) -> str:
+        """sha256 of the canonical weights: compare with the committed weights of S_{i+1}."""
+        return state_sha256(self.state.weights)
+
+    @property
+    def state_rest_sha256(self) -> str:
+        """sha256 of the canonical rest of S_{i+1} (its ``rest.safetensors``, without any trace)."""
+        return state_sha256(self.state.rest)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+            "weights_sha256": self.weights_sha256,
+            "rest_sha256": self.state_rest_sha256,
+            "decisions": asdict(self.decisions),
+        }
+
+
+def load_state(state_path: Path) -> TrainState:
+    """S_i from a segment directory's ``weights.safetensors`` and ``rest.safetensors``."""
+    state_path = Path(state_path)
+    return TrainState(weights=read_canonical_file(state_path / WEIGHTS), rest=read_canonical_file(state_path / REST))
+
+
+def load_trace(path: Path) -> DecisionTrace:
+    """A decision trace from a ``decisions.safetensors`` file (or a segment directory holding one)."""
+    path = Path(path)
+    return DecisionTrace.from_tensors(read_canonical_file(path / DECISIONS if path.is_dir() else path))
+
+
+def replay_segment(
+    recipe: str | Recipe | None,
+    state_path: Path,
+    k: int,
+    forced_decisions: DecisionTrace | Path | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> ReplayResult:
+    """Load S_i from ``state_path``, run ``k`` steps, return S_{i+1} as this process computes it.
+
+    ``recipe`` (a name or a :class:`Recipe`) and ``config`` are what the job spec says; when given,
+    the state must record the same (else :class:`StateError`). ``None`` takes them from the state.
+    """
+    state = load_state(state_path)
+    info = state_info(state)
+    resolved = _resolve_recipe(recipe, info.recipe)
+    if config is not None and dict(config) != info.config:
+        raise StateError(f"the state's config {info.config} is not the expected {dict(config)}")
+    try:
+        cfg = resolved.config(info.config)
+    except ValidationError as exc:
+        raise StateError(f"the state's config is not a valid {resolved.name} config: {exc}") from exc
+    if k < 1 or info.step + k > cfg.steps:
+        raise StateError(f"cannot replay {k} steps from step {info.step} of a {cfg.steps}-step run")
+    if isinstance(forced_decisions, str | Path):
+        forced_decisions = load_trace(Path(forced_decisions))
+    set_threads(cfg)
+    trainer = resolved.build(cfg, info.seed)
+    restore(trainer, state)
+    decisions = DecisionLog(forced=forced_decisions)
+    for step in range(info.step, info.step + k):
+        run_step(trainer, info.seed, step, decisions)
+    decisions.check_complete()
+    end = full_state(trainer, resolved, cfg, info.seed, info.step + k)
+    return ReplayResult(info.step, info.step + k, end, decisions.trace, decisions.report())
+
+
+def _resolve_recipe(recipe: str | Recipe | None, recorded: str) -> Recipe:
+    from .recipes import get_recipe  # the registry imports torch-heavy recipe modules on demand
+
+    resolved = get_recipe(recorded if recipe is None else recipe) if not isinstance(recipe, Recipe) else recipe
+    if resolved.name != recorded:
+        raise StateError(f"the state was trained by recipe {recorded!r}, not {resolved.name!r}")
+    return resolved
+
+
+def write_result(result: ReplayResult, out: Path) -> dict[str, Any]:
+    """Write a replay's state, trace and report under ``out``; return the report."""
+    out = Path(out)
+    write_canonical_files(
+        out, {WEIGHTS: result.state.weights, REST: result.state.rest, DECISIONS: result.trace.to_tensors()}
+    )
+    report = result.report()
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainmaster.jobs.replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("state", type=Path, help="segment directory holding weights.safetensors and rest.safetensors")
+    parser.add_argument("--k", type=int, required=True, help="steps to re-execute (the spec's segment length)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the resulting state and report")
+    parser.add_argument("--recipe", help="expected recipe name (default: the one the state records)")
+    parser.add_argument("--config", type=Path, help="JSON file with the expected recipe config")
+    parser.add_argument(
+        "--force-decisions", nargs="?", const="", default=None, metavar="TRACE",
+        help="follow a decision trace: the segment's own decisions.safetensors, or the file given",
+    )
+    args = parser.parse_args(argv)
+    forced = None if args.force_decisions is None else Path(args.force_decisions or args.state)
+    try:
+        config = json.loads(args.config.read_text()) if args.config else None
+        result = replay_segment(args.recipe, args.state, args.k, forced, config)
+        report = write_result(result, args.out)
+    except (CheckpointError, StateError, DecisionTraceError) as exc:
+        print(f"replay failed: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"replay could not run: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The in-job runtime: what a training script calls to train with verifiable checkpoints.
+
+A script describes its training as a :class:`~trainmaster.jobs.recipe.Recipe` (a config model and
+a ``build(config, seed) -> Trainer``) and calls :func:`run`. The runtime then
+
+* reads its settings from the job environment (:class:`~trainmaster.jobs.settings.RuntimeSettings`),
+* builds the trainer, or restores it from ``TRAINMASTER_RESUME_FROM`` (the latest good segment),
+* runs the steps, re-seeding the global RNGs from ``(seed, step)`` before each one,
+* every k steps captures the full state S_i and writes it (rank 0, on a background thread),
+* records each segment's decision trace, which fixes the segment's leaf h_i,
+* appends metrics to ``metrics.jsonl``,
+* at the end writes ``commitment.json``, ``model.safetensors`` (= weights_n) and ``result.json``.
+
+Formats: docs/runtime.md. Re-executing one segment: :mod:`trainmaster.jobs.replay`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import (
+    MANIFEST,
+    SEGMENTS,
+    WEIGHTS,
+    CheckpointError,
+    LoadedSegment,
+    read_segment,
+    segment_dir,
+    segment_indices,
+    write_bytes_atomic,
+)
+from .commitment import FILENAME as COMMITMENT_FILE
+from .commitment import Commitment, build_commitment
+from .decisions import DecisionLog, DecisionTrace
+from .execution import StateError, full_state, restore, run_step, set_threads, state_info
+from .metrics import FILENAME as METRICS_FILE
+from .metrics import MetricsLog
+from .recipe import Recipe, RecipeConfig, StepContext, Trainer
+from .settings import RuntimeSettings, SettingsError
+from .state import TrainState
+from .writer import SegmentWriter
+
+__all__ = [
+    "Recipe",
+    "RecipeConfig",
+    "RunResult",
+    "RuntimeSettings",
+    "StepContext",
+    "TrainState",
+    "Trainer",
+    "run",
+]
+
+MODEL_FILE = "model.safetensors"
+RESULT_FILE = "result.json"
+log = logging.getLogger("trainmaster.jobs")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run produced (``commitment`` is None on ranks other than 0)."""
+
+    commitment: Commitment | None
+    result: dict[str, Any]
+    output_dir: Path
+
+
+def run(recipe: Recipe, config: RecipeConfig, settings: RuntimeSettings | None = None) -> RunResult:
+    """Train ``recipe`` with ``config`` under the job environment (or ``settings``) to the end."""
+    settings = settings or RuntimeSettings.from_env()
+    k = settings.segment_steps
+    if config.steps % k:
+        raise SettingsError(f"steps ({config.steps}) must be a multiple of the segment length k ({k})")
+    set_threads(config)
+    trainer = recipe.build(config, settings.seed)
+    resumed = _resume_point(settings, recipe, config)
+    start = 0
+    if resumed is not None:
+        restore(trainer, resumed.state)
+        start = resumed.manifest.step
+    if not settings.is_writer:
+        for step in range(start, config.steps):
+            run_step(trainer, settings.seed, step, DecisionLog())
+        return RunResult(None, trainer.result(), settings.output_dir)
+    return _train(trainer, recipe, config, settings, resumed, start)
+
+
+def _train(
+    trainer: Trainer,
+    recipe: Recipe,
+    config: RecipeConfig,
+    settings: RuntimeSettings,
+    resumed: LoadedSegment | None,
+    start: int,
+) -> RunResult:
+    k, seed, n = settings.segment_steps, settings.seed, config.steps // settings.segment_steps
+    _prepare_checkpoint_dir(settings.checkpoint_dir, resumed)
+    metrics = MetricsLog(settings.output_dir / METRICS_FILE, resume_step=start if resumed else None)
+    writer = SegmentWriter(
+        settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k,
+        pending=resumed.pending if resumed else None,
+    )
+    try:
+        if resumed is None:
+            writer.write_state(0, 0, full_state(trainer, recipe, config, seed, 0))
+        decisions = DecisionLog()
+        for step in range(start, config.steps):
+            produced = run_step(trainer, seed, step, decisions)
+            if produced:
+                metrics.append(step + 1, produced)
+            if (step + 1) % k == 0:
+                index = (step + 1) // k
+                writer.complete(index - 1, decisions.trace)
+                writer.write_state(index, step + 1, full_state(trainer, recipe, config, seed, step + 1))
+                metrics.flush()
+                decisions = DecisionLog()
+        writer.complete(n, DecisionTrace())
+    except BaseException:
+        with contextlib.suppress(CheckpointError):
+            writer.close()  # let the good checkpoints already queued reach the disk
+        raise
+    finally:
+        metrics.close()
+    writer.close()
+    return _finish(trainer, recipe, config, settings, n)
+
+
+def _finish(trainer: Trainer, recipe: Recipe, config: RecipeConfig, settings: RuntimeSettings, n: int) -> RunResult:
+    """Write the commitment, the final weights and ``result.json``."""
+    out, k = settings.output_dir, settings.segment_steps
+    commitment = build_commitment(
+        settings.checkpoint_dir, job_id=settings.job_id, bundle_sha256=settings.bundle_sha256, n=n, k=k
+    )
+    write_bytes_atomic(out / COMMITMENT_FILE, commitment.canonical_json())
+    final_dir = segment_dir(settings.checkpoint_dir, n)
+    write_bytes_atomic(out / MODEL_FILE, (final_dir / WEIGHTS).read_bytes())
+    result = {
+        "recipe": recipe.name,
+        "job_id": settings.job_id,
+        "steps": config.steps,
+        "k": k,
+        "n": n,
+        "final_checkpoint": str(final_dir),
+        "final_weights": str(out / MODEL_FILE),
+        "final_sha256": commitment.final_sha256,
+        "commitment": str(out / COMMITMENT_FILE),
+        **trainer.result(),
+    }
+    write_bytes_atomic(out / RESULT_FILE, (json.dumps(result, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    return RunResult(commitment, result, out)
+
+
+def _resume_point(settings: RuntimeSettings, recipe: Recipe, config: RecipeConfig) -> LoadedSegment | None:
+    """The verified segment named by ``TRAINMASTER_RESUME_FROM``: a segment dir, or the latest in a checkpoint dir."""
+    path = settings.resume_from
+    if path is None:
+        return None
+    if not (path / MANIFEST).is_file():
+        indices = segment_indices(path)
+        if not indices:
+            raise CheckpointError(f"nothing to resume from: {path} holds no complete segment")
+        path = segment_dir(path, indices[-1])
+    loaded = read_segment(path)
+    info = state_info(loaded.state)
+    expected = (recipe.name, config.model_dump(mode="json"), settings.seed, settings.segment_steps)
+    found = (info.recipe, info.config, info.seed, loaded.manifest.k)
+    if found != expected:
+        raise StateError(f"cannot resume from {path}: it was trained as (recipe, config, seed, k) = {found}, not {expected}")
+    if info.step != loaded.manifest.step or info.step % settings.segment_steps:
+        raise StateError(f"cannot resume from {path}: its step {info.step} is not its segment boundary")
+    _adopt_earlier_segments(path.parent.parent, settings.checkpoint_dir, loaded.manifest.segment)
+    return loaded
+
+
+def _adopt_earlier_segments(source_root: Path, checkpoint_dir: Path, index: int) -> None:
+    """Copy segments 0..index into this attempt's checkpoint dir when resuming from another one."""
+    if source_root.resolve() == Path(checkpoint_dir).resolve():
+        return
+    for i in range(index + 1):
+        target = segment_dir(checkpoint_dir, i)
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(segment_dir(source_root, i), target)
+
+
+def _prepare_checkpoint_dir(checkpoint_dir: Path, resumed: LoadedSegment | None) -> None:
+    """Drop segments this run will (re)write: all of them on a fresh start, those after the resume point otherwise."""
+    base = Path(checkpoint_dir) / SEGMENTS
+    keep = -1 if resumed is None else resumed.manifest.segment
+    stale = [p for p in base.iterdir() if not (p.name.isdigit() and int(p.name) <= keep)] if base.is_dir() else []
+    if stale and resumed is None:
+        log.warning("fresh start: removing %d segments of an earlier run in %s", len(stale), base)
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()

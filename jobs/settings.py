@@ -1,0 +1,75 @@
+"""The runtime's settings, read from the job environment (see :mod:`trainmaster.jobs.environment`).
+
+When a variable is absent (a script run by hand) a sane default applies: output ``./outputs``,
+checkpoints ``<output>/checkpoints``, seed 0, k 25, job id ``local``, no bundle (64 zeros).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import environment
+
+DEFAULT_SEGMENT_STEPS = 25
+NO_BUNDLE = "0" * 64
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class SettingsError(ValueError):
+    """A job environment variable with an unusable value."""
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    job_id: str = "local"
+    output_dir: Path = Path("outputs")
+    checkpoint_dir: Path = Path("outputs/checkpoints")
+    resume_from: Path | None = None
+    seed: int = 0
+    segment_steps: int = DEFAULT_SEGMENT_STEPS
+    bundle_sha256: str = NO_BUNDLE
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 alone writes checkpoints, metrics and the commitment."""
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
+        env = os.environ if env is None else env
+        output = Path(env.get(environment.OUTPUT_DIR) or "outputs")
+        bundle = (env.get(environment.BUNDLE_SHA256) or NO_BUNDLE).lower()
+        if not _HEX64.fullmatch(bundle):
+            raise SettingsError(f"{environment.BUNDLE_SHA256} must be 64 hex digits, got {bundle!r}")
+        settings = cls(
+            job_id=env.get(environment.JOB_ID) or "local",
+            output_dir=output,
+            checkpoint_dir=Path(env.get(environment.CHECKPOINT_DIR) or output / "checkpoints"),
+            resume_from=Path(env[environment.RESUME_FROM]) if env.get(environment.RESUME_FROM) else None,
+            seed=_int(env, environment.SEED, 0),
+            segment_steps=_int(env, environment.SEGMENT_STEPS, DEFAULT_SEGMENT_STEPS),
+            bundle_sha256=bundle,
+            rank=_int(env, "RANK", 0),
+            world_size=_int(env, "WORLD_SIZE", 1),
+            local_rank=_int(env, "LOCAL_RANK", 0),
+        )
+        if settings.segment_steps < 1:
+            raise SettingsError(f"{environment.SEGMENT_STEPS} must be a positive integer")
+        return settings
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {value!r}") from None

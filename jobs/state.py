@@ -1,0 +1,104 @@
+"""The full training state as two flat tensor dicts, and helpers to flatten common objects into it.
+
+A state is split the way the commitment hashes it: ``weights`` (the model that is returned and
+compared by the verifier) and ``rest`` (everything else the next steps depend on: optimizer
+moments, target networks, replay buffers, environment state, counters, RNG states). Trainers may
+return views of live memory; whoever needs a stable copy (the background checkpoint writer) takes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+JsonValue = Any
+
+
+@dataclass
+class TrainState:
+    """``weights`` and ``rest``: flat ``name -> tensor`` dicts (see :mod:`trainmaster.jobs.canonical`)."""
+
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    rest: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def snapshot(self) -> TrainState:
+        """A deep copy, safe to hand to another thread while training goes on."""
+        return TrainState(
+            weights={k: torch.as_tensor(v).detach().clone() for k, v in self.weights.items()},
+            rest={k: torch.as_tensor(v).detach().clone() for k, v in self.rest.items()},
+        )
+
+
+def prefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{prefix + "/" + name: tensor}``."""
+    return {f"{prefix}/{name}": tensor for name, tensor in tensors.items()}
+
+
+def section(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries under ``prefix + "/"``, with the prefix stripped (inverse of :func:`prefixed`)."""
+    start = prefix + "/"
+    return {name[len(start) :]: tensor for name, tensor in tensors.items() if name.startswith(start)}
+
+
+def json_tensor(value: JsonValue) -> torch.Tensor:
+    """A JSON-able value as a uint8 tensor of its canonical JSON (sorted keys, no NaN)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return torch.tensor(list(text.encode("ascii")), dtype=torch.uint8)
+
+
+def tensor_json(tensor: torch.Tensor) -> JsonValue:
+    """Inverse of :func:`json_tensor`."""
+    return json.loads(bytes(tensor.tolist()).decode("ascii"))
+
+
+def scalar(value: int | float | bool) -> torch.Tensor:
+    """A python number as a 0-d tensor: bool -> bool, int -> int64, float -> float64."""
+    dtype = {bool: torch.bool, int: torch.int64, float: torch.float64}[type(value)]
+    return torch.tensor(value, dtype=dtype)
+
+
+def module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A module's parameters and buffers (views, detached)."""
+    return {name: tensor.detach() for name, tensor in module.state_dict().items()}
+
+
+def load_module_state(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Load :func:`module_state` output back, requiring exactly the module's names."""
+    module.load_state_dict(dict(tensors), strict=True)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """An optimizer's state dict, flattened: per-parameter tensors, and JSON for everything else."""
+    full = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    extra: dict[str, JsonValue] = {}
+    for param_id, entries in full["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state/{param_id}/{key}"] = value.detach()
+            else:
+                extra[f"{param_id}/{key}"] = value
+    tensors["state_extra.json"] = json_tensor(extra)
+    tensors["param_groups.json"] = json_tensor(full["param_groups"])
+    return tensors
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Load :func:`optimizer_state` output back into ``optimizer``."""
+    state: dict[int, dict[str, Any]] = {}
+    for name, tensor in section("state", tensors).items():
+        param_id, key = name.split("/", 1)
+        state.setdefault(int(param_id), {})[key] = tensor.clone()
+    for name, value in tensor_json(tensors["state_extra.json"]).items():
+        param_id, key = name.split("/", 1)
+        state.setdefault(int(param_id), {})[key] = value
+    groups = tensor_json(tensors["param_groups.json"])
+    for group, current in zip(groups, optimizer.param_groups, strict=True):
+        for key, value in group.items():  # JSON turned tuples (Adam's betas) into lists
+            if isinstance(current.get(key), tuple):
+                group[key] = tuple(value)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
