@@ -1,0 +1,166 @@
+"""The outcome check: is the final model good enough? (notes/verification.md §5)
+
+Metrics come from, in order of preference:
+
+1. an evaluation function (``checkpoint path -> {metric: value}``) passed in by the caller;
+2. the spec's ``verification.evaluator``: a command in the bundle, run on the broker in a
+   subprocess with ``TRAINMASTER_EVAL_CHECKPOINT`` set to the final checkpoint, whose last
+   non-empty stdout line is a JSON object of metrics;
+3. the run's own ``result.json`` — self-reported, so only when the executor is trusted.
+
+Each ``verification.thresholds`` entry ``{metric: minimum}`` must hold. With the previous accepted
+metrics given, no metric named in the thresholds may fall more than 10 % below its previous value
+(``value ≥ previous − 0.10·|previous|``, which is ``0.90 × previous`` for positive values).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import VerificationError
+
+CHECKPOINT_ENV = "TRAINMASTER_EVAL_CHECKPOINT"
+REGRESSION_FLOOR = 0.90
+RESULT_FILE = "result.json"
+OUTPUT_TAIL = 4000
+
+Evaluate = Callable[[Path], Mapping[str, float]]
+
+
+class OutcomeResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    passed: bool
+    source: str
+    metrics: dict[str, float]
+    failures: list[str] = Field(default_factory=list)
+    output: str = ""
+
+
+def check_outcome(
+    checkpoint: Path,
+    *,
+    thresholds: Mapping[str, float],
+    evaluator: str | None = None,
+    code_dir: Path | None = None,
+    evaluate: Evaluate | None = None,
+    outputs: Path | None = None,
+    trust_reported: bool = False,
+    previous: Mapping[str, float] | None = None,
+    timeout_s: float = 3600.0,
+) -> OutcomeResult:
+    """Evaluate the final model and compare its metrics with the thresholds and the previous model.
+
+    With no thresholds, no evaluator and no evaluation function there is nothing to check, and the
+    result passes with source ``none``. Raises :class:`VerificationError` (``cannot_verify``) when
+    metrics are needed but cannot be obtained.
+    """
+    if evaluate is not None:
+        metrics, source, output = _numbers(evaluate(Path(checkpoint))), "function", ""
+    elif evaluator:
+        metrics, output = run_evaluator(evaluator, Path(checkpoint), cwd=code_dir, timeout_s=timeout_s)
+        source = "evaluator"
+    elif thresholds:
+        metrics, source, output = _reported(outputs, trust_reported), RESULT_FILE, ""
+    else:
+        return OutcomeResult(passed=True, source="none", metrics={})
+    failures = threshold_failures(metrics, thresholds) + regression_failures(metrics, thresholds, previous)
+    return OutcomeResult(passed=not failures, source=source, metrics=metrics, failures=failures, output=output)
+
+
+def run_evaluator(command: str, checkpoint: Path, *, cwd: Path | None, timeout_s: float) -> tuple[dict[str, float], str]:
+    """Run the evaluator command; return its metrics and the tail of its output."""
+    argv = shlex.split(command)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable  # the broker's interpreter, as local runs use
+    env = {**os.environ, CHECKPOINT_ENV: str(Path(checkpoint).absolute())}
+    try:
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise VerificationError(f"the evaluator {command!r} could not run: {exc}", kind="cannot_verify") from exc
+    tail = (done.stdout + done.stderr)[-OUTPUT_TAIL:]
+    if done.returncode != 0:
+        raise VerificationError(
+            f"the evaluator {command!r} exited with status {done.returncode}: {_last_line(done.stderr) or _last_line(done.stdout)}",
+            kind="cannot_verify",
+        )
+    return parse_metrics_line(done.stdout, command), tail
+
+
+def parse_metrics_line(stdout: str, command: str) -> dict[str, float]:
+    """The metrics on the last non-empty line of ``stdout`` (a JSON object)."""
+    line = _last_line(stdout)
+    try:
+        value = json.loads(line)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise VerificationError(
+            f"the evaluator {command!r} did not end its output with a JSON object of metrics (last line: {line[:200]!r})",
+            kind="cannot_verify",
+        )
+    return _numbers(value)
+
+
+def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric metrics (bools and non-numbers are left out); a non-finite number stays, and fails."""
+    return {str(k): float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _reported(outputs: Path | None, trusted: bool) -> dict[str, float]:
+    if not trusted:
+        raise VerificationError(
+            "thresholds are set but no evaluator is: an untrusted executor's result.json is self-reported, "
+            "so set verification.evaluator",
+            kind="cannot_verify",
+        )
+    path = Path(outputs or ".") / RESULT_FILE
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise VerificationError(f"thresholds are set but {path} is unreadable: {exc}", kind="cannot_verify") from exc
+    if not isinstance(value, dict):
+        raise VerificationError(f"{path} is not a JSON object", kind="cannot_verify")
+    return _numbers(value)
+
+
+def threshold_failures(metrics: Mapping[str, float], thresholds: Mapping[str, float]) -> list[str]:
+    failures = []
+    for name, minimum in sorted(thresholds.items()):
+        if name not in metrics:
+            raise VerificationError(f"metric {name!r} is not among the reported metrics {sorted(metrics)}", kind="cannot_verify")
+        value = metrics[name]
+        if not math.isfinite(value) or value < minimum:
+            failures.append(f"{name} = {value:.6g} is below the threshold {minimum:.6g}")
+    return failures
+
+
+def regression_failures(
+    metrics: Mapping[str, float], thresholds: Mapping[str, float], previous: Mapping[str, float] | None
+) -> list[str]:
+    """Metrics named in the thresholds that fell more than 10 % below the previous accepted value."""
+    failures = []
+    for name in sorted(thresholds):
+        if previous is None or name not in previous or name not in metrics:
+            continue
+        floor = previous[name] - (1 - REGRESSION_FLOOR) * abs(previous[name])
+        if not metrics[name] >= floor:
+            failures.append(
+                f"{name} = {metrics[name]:.6g} regressed below {REGRESSION_FLOOR:.0%} of the previous accepted "
+                f"{previous[name]:.6g} (floor {floor:.6g})"
+            )
+    return failures

@@ -1,0 +1,203 @@
+"""Verification records in the broker's SQLite database: verdicts and challenge secrets.
+
+The verification module owns its own tables (``verdicts``, ``commitments``, ``challenge_secrets``)
+and its own schema version (table ``verify_schema``) in the broker's ``state.db``; it never touches
+the broker's tables or imports the broker. WAL mode; every write is one ``BEGIN IMMEDIATE``
+transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import VerificationError
+from .verdict import Verdict
+
+SCHEMA_VERSION = 1
+MIGRATIONS: list[list[str]] = [
+    [  # 1
+        """CREATE TABLE IF NOT EXISTS verdicts (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id TEXT NOT NULL,
+            attempt_id TEXT,
+            outcome TEXT NOT NULL,
+            verdict_json TEXT NOT NULL,
+            created_at REAL NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS verdicts_job ON verdicts(job_id, id)",
+        """CREATE TABLE IF NOT EXISTS commitments (
+            job_id TEXT NOT NULL,
+            attempt_id TEXT NOT NULL,
+            commitment_json TEXT NOT NULL,
+            signature TEXT,
+            hotkey TEXT,
+            stored_at REAL NOT NULL,
+            PRIMARY KEY (job_id, attempt_id))""",
+        """CREATE TABLE IF NOT EXISTS challenge_secrets (
+            job_id TEXT NOT NULL,
+            attempt_id TEXT NOT NULL,
+            secret_hex TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            revealed_at REAL,
+            PRIMARY KEY (job_id, attempt_id))""",
+    ],
+]
+
+
+class Database:
+    """A connection to ``state.db`` with the verification schema in place."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA busy_timeout=30000")
+        self._migrate()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken up front so check-then-write is atomic across processes."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self.write() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS verify_schema (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM verify_schema").fetchone()
+            version = row["version"] if row else 0
+            if version > SCHEMA_VERSION:
+                raise VerificationError(
+                    f"{self.path} has verification schema {version}; this trainmaster knows up to {SCHEMA_VERSION}",
+                    kind="cannot_verify",
+                )
+            for statements in MIGRATIONS[version:]:
+                for statement in statements:
+                    db.execute(statement)
+            if row is None:
+                db.execute("INSERT INTO verify_schema (version) VALUES (?)", (SCHEMA_VERSION,))
+            elif version != SCHEMA_VERSION:
+                db.execute("UPDATE verify_schema SET version = ?", (SCHEMA_VERSION,))
+
+
+class VerdictStore:
+    """Append-only verdicts per job and attempt; re-verifying an attempt adds a row, the newest counts."""
+
+    def __init__(self, path: Path):
+        self.database = Database(path)
+
+    def close(self) -> None:
+        self.database.close()
+
+    def record(self, verdict: Verdict, *, job_id: str | None = None, attempt_id: str | None = None) -> int:
+        """Store ``verdict`` (job and attempt default to the verdict's own); returns its row id."""
+        job_id = job_id or verdict.job_id
+        if not job_id:
+            raise ValueError("a verdict is stored under a job id")
+        with self.database.write() as db:
+            cursor = db.execute(
+                "INSERT INTO verdicts (job_id, attempt_id, outcome, verdict_json, created_at) VALUES (?, ?, ?, ?, ?)",
+                (job_id, attempt_id or verdict.attempt_id, verdict.outcome, verdict.model_dump_json(), time.time()),
+            )
+            return int(cursor.lastrowid)
+
+    def latest(self, job_id: str, attempt_id: str | None = None) -> Verdict | None:
+        """The newest verdict for the job (or for one of its attempts)."""
+        query, args = "SELECT verdict_json FROM verdicts WHERE job_id = ?", [job_id]
+        if attempt_id is not None:
+            query, args = query + " AND attempt_id = ?", [job_id, attempt_id]
+        row = self.database.db.execute(query + " ORDER BY id DESC LIMIT 1", args).fetchone()
+        return Verdict.model_validate_json(row["verdict_json"]) if row else None
+
+    def history(self, job_id: str) -> list[Verdict]:
+        rows = self.database.db.execute("SELECT verdict_json FROM verdicts WHERE job_id = ? ORDER BY id", (job_id,))
+        return [Verdict.model_validate_json(r["verdict_json"]) for r in rows]
+
+    def resolve_job(self, ref: str) -> str | None:
+        """The job id ``ref`` names: an exact id, or a prefix matching exactly one job with a verdict."""
+        rows = self.database.db.execute(
+            "SELECT DISTINCT job_id FROM verdicts WHERE job_id = ? OR substr(job_id, 1, ?) = ? LIMIT 3",
+            (ref, len(ref), ref),
+        ).fetchall()
+        ids = [r["job_id"] for r in rows]
+        if ref in ids:
+            return ref
+        return ids[0] if len(ids) == 1 else None
+
+
+class SecretStore:
+    """The challenge secret of each attempt: created before dispatch, revealed only after its verdict.
+
+    Only ``sha256(secret)`` leaves the broker before the verdict. A secret is per attempt: revealing
+    a job-wide secret after one attempt's verdict would hand the next executor its challenge.
+    """
+
+    def __init__(self, path: Path):
+        self.database = Database(path)
+
+    def close(self) -> None:
+        self.database.close()
+
+    def secret_for(self, job_id: str, attempt_id: str) -> bytes:
+        """The attempt's secret, created on first use (idempotent across restarts)."""
+        from .challenge import new_secret, secret_digest
+
+        with self.database.write() as db:
+            row = db.execute(
+                "SELECT secret_hex FROM challenge_secrets WHERE job_id = ? AND attempt_id = ?", (job_id, attempt_id)
+            ).fetchone()
+            if row:
+                return bytes.fromhex(row["secret_hex"])
+            secret = new_secret()
+            db.execute(
+                "INSERT INTO challenge_secrets (job_id, attempt_id, secret_hex, digest, created_at) VALUES (?, ?, ?, ?, ?)",
+                (job_id, attempt_id, secret.hex(), secret_digest(secret), time.time()),
+            )
+            return secret
+
+    def digest(self, job_id: str, attempt_id: str) -> str:
+        """``sha256(secret)``, safe to publish at any time."""
+        from .challenge import secret_digest
+
+        return secret_digest(self.secret_for(job_id, attempt_id))
+
+    def reveal(self, job_id: str, attempt_id: str) -> bytes:
+        """The secret, for the executor to check its challenge — refused until a verdict is stored."""
+        with self.database.write() as db:
+            decided = db.execute(
+                "SELECT 1 FROM verdicts WHERE job_id = ? AND attempt_id = ? LIMIT 1", (job_id, attempt_id)
+            ).fetchone()
+            if not decided:
+                raise VerificationError(
+                    f"the challenge secret of {job_id}/{attempt_id} is revealed only after its verdict",
+                    kind="cannot_verify",
+                )
+            row = db.execute(
+                "SELECT secret_hex FROM challenge_secrets WHERE job_id = ? AND attempt_id = ?", (job_id, attempt_id)
+            ).fetchone()
+            if not row:
+                raise VerificationError(f"no challenge secret was created for {job_id}/{attempt_id}", kind="cannot_verify")
+            db.execute(
+                "UPDATE challenge_secrets SET revealed_at = COALESCE(revealed_at, ?) WHERE job_id = ? AND attempt_id = ?",
+                (time.time(), job_id, attempt_id),
+            )
+            return bytes.fromhex(row["secret_hex"])

@@ -1,0 +1,334 @@
+"""Loading executor files safely: safetensors only, every byte accounted for, no NaN or Inf.
+
+notes/verification.md §12. Nothing here ever unpickles: pickles, ``torch.save`` zips and numpy files
+are recognised by their first bytes and refused, whatever their name. A safetensors file is
+
+    u64 little-endian N | N bytes of JSON header | data buffer
+
+and is accepted only when N ≤ 16 MiB, the header is strict JSON (no duplicate keys, no NaN
+literals) mapping names to ``{dtype, shape, data_offsets}`` plus an optional string→string
+``__metadata__``, each tensor's byte length equals its shape × dtype size, and the tensors tile the
+buffer exactly: contiguous, non-overlapping, no holes and no trailing bytes (no polyglot files).
+
+Tensor data is streamed in fixed-size chunks through one reusable buffer, so checking a file needs
+memory for one chunk, and loading it needs memory for the tensors alone. One file descriptor is
+used from the size check to the last byte, so a file swapped on disk mid-check is never mixed in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import VerificationError
+
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+CHUNK_BYTES = 32 * 1024 * 1024
+SUFFIX = ".safetensors"
+
+ITEM_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+
+Expected = Mapping[str, tuple[str, tuple[int, ...]]]
+"""``name -> (safetensors dtype code, shape)``: the exact tensors a file must hold."""
+
+
+class SafeLoadError(VerificationError):
+    """A file that is refused; the reason names the file and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True)
+class Header:
+    """A checked safetensors header; ``tensors`` are in data order."""
+
+    path: Path
+    size: int
+    header_length: int
+    tensors: tuple[TensorEntry, ...]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def data_start(self) -> int:
+        return 8 + self.header_length
+
+    @property
+    def largest_tensor_bytes(self) -> int:
+        return max((t.nbytes for t in self.tensors), default=0)
+
+    def expected(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """This file's tensors as an ``expected`` set (e.g. from W0, for checking returned weights)."""
+        return {t.name: (t.dtype, t.shape) for t in self.tensors}
+
+
+def inspect(path: Path, *, max_bytes: int | None = None) -> Header:
+    """Read and check the header of ``path`` (not the tensor values)."""
+    with _open(Path(path)) as handle:
+        return _read_header(handle, Path(path), max_bytes)
+
+
+def check_file(path: Path, *, expected: Expected | None = None, max_bytes: int | None = None) -> Header:
+    """Check everything — header, expected tensors, finiteness of every value — keeping no tensor."""
+    path = Path(path)
+    with _open(path) as handle:
+        header = _read_header(handle, path, max_bytes)
+        _check_expected(header, expected)
+        buffer = bytearray(CHUNK_BYTES)
+        for entry in header.tensors:
+            for chunk in _chunks(handle, header, entry, buffer):
+                _check_values(path, entry, chunk)
+    return header
+
+
+def load_checked(path: Path, *, expected: Expected | None = None, max_bytes: int | None = None) -> dict:
+    """Check ``path`` like :func:`check_file` and return its tensors (``name -> torch.Tensor``)."""
+    import torch
+
+    path = Path(path)
+    tensors = {}
+    with _open(path) as handle:
+        header = _read_header(handle, path, max_bytes)
+        _check_expected(header, expected)
+        for entry in header.tensors:
+            raw = torch.empty(entry.nbytes, dtype=torch.uint8)
+            handle.seek(header.data_start + entry.begin)
+            _read_exactly(handle, memoryview(raw.numpy()), path)
+            _check_values(path, entry, raw)
+            tensors[entry.name] = raw.view(_torch_dtype(entry.dtype)).reshape(entry.shape)
+    return tensors
+
+
+def check_declared_size(name: str, declared: int, max_bytes: int) -> None:
+    """Refuse a file whose size, as the executor declares it before the transfer, is over the cap."""
+    if declared > max_bytes:
+        raise SafeLoadError(f"{name}: declared size {declared} bytes is over the cap of {max_bytes} bytes")
+
+
+def canonical_header_matches(path: Path) -> bool:
+    """Whether ``path``'s header is byte-identical to the canonical header (``jobs.canonical``) of its tensors."""
+    import torch
+
+    from trainmaster.jobs.canonical import DTYPES, header_bytes
+
+    header = inspect(path)
+    codes = {code: dtype for dtype, code in DTYPES.items()}
+    meta = {t.name: torch.empty(t.shape, dtype=codes[t.dtype], device="meta") for t in sorted(header.tensors, key=lambda t: t.name)}
+    with _open(Path(path)) as handle:
+        return handle.read(header.data_start) == header_bytes(meta)
+
+
+# reading
+
+
+def _open(path: Path) -> BinaryIO:
+    """Open a regular ``.safetensors`` file, without following a final symlink or blocking on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise SafeLoadError(f"{path.name}: cannot open: {exc.strerror or exc}") from exc
+    handle = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        raise SafeLoadError(f"{path.name}: not a regular file")
+    if path.suffix != SUFFIX:
+        kind = _pickle_like(handle.read(8))
+        handle.close()
+        raise SafeLoadError(f"{path.name}: only {SUFFIX} files are loaded" + (f" (this one is {kind})" if kind else ""))
+    return handle
+
+
+def _pickle_like(prefix: bytes) -> str | None:
+    """The name of a pickle-based format ``prefix`` starts with, if any."""
+    if prefix.startswith(b"PK\x03\x04"):
+        return "a zip archive, as torch.save and np.savez write, holding pickles"
+    if len(prefix) >= 2 and prefix[0] == 0x80 and 2 <= prefix[1] <= 5:
+        return f"a pickle (protocol {prefix[1]})"
+    if prefix.startswith(b"\x93NUMPY"):
+        return "a numpy .npy file, which may hold pickles"
+    return None
+
+
+def _read_header(handle: BinaryIO, path: Path, max_bytes: int | None) -> Header:
+    size = os.fstat(handle.fileno()).st_size
+    if max_bytes is not None and size > max_bytes:
+        raise SafeLoadError(f"{path.name}: {size} bytes is over the cap of {max_bytes} bytes")
+    prefix = handle.read(8)
+    if kind := _pickle_like(prefix):
+        raise SafeLoadError(f"{path.name}: is {kind}; pickled data is never loaded")
+    if len(prefix) < 8:
+        raise SafeLoadError(f"{path.name}: only {len(prefix)} bytes, too short for a safetensors header length")
+    (length,) = struct.unpack("<Q", prefix)
+    if length > MAX_HEADER_BYTES:
+        raise SafeLoadError(f"{path.name}: header length {length} is over the limit of {MAX_HEADER_BYTES} bytes")
+    if 8 + length > size:
+        raise SafeLoadError(f"{path.name}: header length {length} runs past the end of the {size}-byte file")
+    raw = handle.read(length)
+    parsed = _parse_json(path, raw)
+    metadata = _metadata(path, parsed.pop("__metadata__", {}))
+    entries = sorted((_entry(path, name, value) for name, value in parsed.items()), key=lambda e: (e.begin, e.end))
+    _check_tiling(path, entries, size - 8 - length)
+    return Header(path=path, size=size, header_length=length, tensors=tuple(entries), metadata=metadata)
+
+
+def _parse_json(path: Path, raw: bytes) -> dict:
+    if not raw.startswith(b"{"):
+        raise SafeLoadError(f"{path.name}: the header does not start with '{{'")
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise SafeLoadError(f"{path.name}: the header is not UTF-8: {exc}") from exc
+    except ValueError as exc:  # JSONDecodeError, duplicate keys, NaN literals, over-long integers
+        raise SafeLoadError(f"{path.name}: the header is not strict JSON: {exc}") from exc
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _metadata(path: Path, value: object) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise SafeLoadError(f"{path.name}: __metadata__ must map strings to strings")
+    return value
+
+
+def _entry(path: Path, name: str, value: object) -> TensorEntry:
+    where = f"{path.name}: tensor {name!r}"
+    if not isinstance(value, dict) or value.keys() != ENTRY_KEYS:
+        raise SafeLoadError(f"{where}: entry must have exactly the keys dtype, shape, data_offsets")
+    dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
+    if dtype not in ITEM_SIZES:
+        raise SafeLoadError(f"{where}: unsupported dtype {dtype!r} (allowed: {', '.join(ITEM_SIZES)})")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise SafeLoadError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
+        raise SafeLoadError(f"{where}: data_offsets {offsets!r} is not a pair of non-negative integers")
+    begin, end = offsets
+    if end < begin:
+        raise SafeLoadError(f"{where}: data_offsets {offsets} end before they begin")
+    expected = math.prod(shape) * ITEM_SIZES[dtype]
+    if end - begin != expected:
+        raise SafeLoadError(
+            f"{where}: {end - begin} bytes of data, but shape {shape} of {dtype} needs {expected}"
+        )
+    return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_tiling(path: Path, entries: list[TensorEntry], buffer_bytes: int) -> None:
+    """The tensors, in offset order, must cover ``[0, buffer_bytes)`` exactly once."""
+    cursor = 0
+    for entry in entries:
+        if entry.begin < cursor:
+            raise SafeLoadError(f"{path.name}: tensor {entry.name!r} overlaps the one before it (offset {entry.begin} < {cursor})")
+        if entry.begin > cursor:
+            raise SafeLoadError(f"{path.name}: a hole of {entry.begin - cursor} unindexed bytes before tensor {entry.name!r}")
+        cursor = entry.end
+    if cursor > buffer_bytes:
+        raise SafeLoadError(f"{path.name}: tensors index {cursor} bytes of data, the file holds only {buffer_bytes}")
+    if cursor < buffer_bytes:
+        raise SafeLoadError(f"{path.name}: {buffer_bytes - cursor} trailing bytes after the last tensor")
+
+
+def _check_expected(header: Header, expected: Expected | None) -> None:
+    if expected is None:
+        return
+    found = header.expected()
+    want = {name: (dtype, tuple(shape)) for name, (dtype, shape) in expected.items()}
+    missing = sorted(want.keys() - found.keys())
+    extra = sorted(found.keys() - want.keys())
+    wrong = sorted(n for n in want.keys() & found.keys() if want[n] != found[n])
+    problems = []
+    if missing:
+        problems.append(f"missing tensors {_few(missing)}")
+    if extra:
+        problems.append(f"unexpected tensors {_few(extra)}")
+    for name in wrong[:5]:
+        problems.append(f"tensor {name!r} is {found[name][0]}{list(found[name][1])}, expected {want[name][0]}{list(want[name][1])}")
+    if len(wrong) > 5:
+        problems.append(f"{len(wrong) - 5} more tensors with the wrong dtype or shape")
+    if problems:
+        raise SafeLoadError(f"{header.path.name}: " + "; ".join(problems))
+
+
+def _few(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _chunks(handle: BinaryIO, header: Header, entry: TensorEntry, buffer: bytearray) -> Iterator:
+    """``entry``'s bytes as uint8 tensors over ``buffer``, each a whole number of elements."""
+    import torch
+
+    handle.seek(header.data_start + entry.begin)
+    step = len(buffer) - len(buffer) % ITEM_SIZES[entry.dtype]
+    remaining = entry.nbytes
+    while remaining:
+        size = min(step, remaining)
+        view = memoryview(buffer)[:size]
+        _read_exactly(handle, view, header.path)
+        yield torch.frombuffer(view, dtype=torch.uint8)
+        remaining -= size
+
+
+def _read_exactly(handle: BinaryIO, view: memoryview, path: Path) -> None:
+    done = 0
+    while done < len(view):
+        got = handle.readinto(view[done:])
+        if not got:
+            raise SafeLoadError(f"{path.name}: the file ended early (it changed while being read)")
+        done += got
+
+
+def _check_values(path: Path, entry: TensorEntry, raw) -> None:
+    """Refuse NaN/Inf in float tensors and bytes other than 0 and 1 in bool tensors."""
+    import torch
+
+    if entry.dtype in FLOAT_DTYPES:
+        values = raw.view(_torch_dtype(entry.dtype))
+        if not bool(torch.isfinite(values).all()):
+            kinds = [label for label, found in (("NaN", torch.isnan(values).any()), ("±Inf", torch.isinf(values).any())) if found]
+            raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds {' and '.join(kinds)}")
+    elif entry.dtype == "BOOL" and bool((raw > 1).any()):
+        raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds bool bytes other than 0 and 1")
+
+
+def _torch_dtype(code: str):
+    import torch
+
+    return {
+        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+        "U8": torch.uint8, "BOOL": torch.bool,
+    }[code]
