@@ -146,10 +146,10 @@ def _open(path: Path) -> BinaryIO:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise SafeLoadError(f"{path.name}: cannot open: {exc.strerror or exc}") from exc
-    handle = os.fdopen(fd, "rb")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
-        handle.close()
+        os.close(fd)
         raise SafeLoadError(f"{path.name}: not a regular file")
+    handle = os.fdopen(fd, "rb")
     if path.suffix != SUFFIX:
         kind = _pickle_like(handle.read(8))
         handle.close()
