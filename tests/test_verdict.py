@@ -114,3 +114,257 @@ def test_secret_is_stable_and_revealed_only_after_the_verdict(db_path):
     assert secrets.reveal("job-1", "a1") == secret
     with pytest.raises(VerificationError, match="only after its verdict"):
         secrets.reveal("job-1", "a2")
+
+
+# the pipeline that reaches a verdict
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+import textwrap  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from trainmaster.jobs.recipe import Recipe, RecipeConfig  # noqa: E402
+from trainmaster.jobs.spec import JobSpec  # noqa: E402
+from trainmaster.jobs.state import TrainState  # noqa: E402
+from trainmaster.verify.challenge import Challenge  # noqa: E402
+from trainmaster.verify.commitments import StoredCommitment  # noqa: E402
+from trainmaster.verify.pipeline import Attempt, default_checks, verify_attempt  # noqa: E402
+
+JOB, BUNDLE, K, STEPS = "job-1", "cc" * 32, 2, 6
+
+
+class TinyConfig(RecipeConfig):
+    lr: float = 0.1
+
+
+class TinyLinear:
+    """Linear regression by hand-written SGD: a real run on the runtime in well under a second."""
+
+    def __init__(self, config: TinyConfig, seed: int):
+        self.config, self.w = config, torch.zeros(3)
+
+    def step(self, ctx):
+        x = torch.randn(8, 3, generator=ctx.generator("data"))
+        y = x @ torch.tensor([1.0, -2.0, 0.5])
+        self.w -= self.config.lr * 2 * x.T @ (x @ self.w - y) / len(x)
+        return {"loss": float(((x @ self.w - y) ** 2).mean())}
+
+    def state(self):
+        return TrainState(weights={"w": self.w}, rest={})
+
+    def load_state(self, state):
+        self.w = state.weights["w"].clone()
+
+    def result(self):
+        return {"w_norm": float(self.w.norm())}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    from trainmaster.jobs.runtime import RuntimeSettings, run
+
+    out = tmp_path_factory.mktemp("run") / "outputs"
+    settings = RuntimeSettings(job_id=JOB, output_dir=out, checkpoint_dir=out / "checkpoints", seed=1,
+                               segment_steps=K, bundle_sha256=BUNDLE)
+    run(Recipe(name="tiny-linear", config_type=TinyConfig, build=TinyLinear), TinyConfig(steps=STEPS), settings)
+    return out
+
+
+@pytest.fixture
+def outputs(trained, tmp_path) -> Path:
+    return Path(shutil.copytree(trained, tmp_path / "job" / "outputs"))
+
+
+@pytest.fixture(scope="module")
+def miner():
+    from bittensor.sp_core import Keypair
+
+    return Keypair.create_from_mnemonic(Keypair.generate_mnemonic())
+
+
+def spec(**verification) -> JobSpec:
+    return JobSpec(name="t", entrypoint="python train.py", checkpoint={"segment_steps": K},
+                   verification={"challenge_segments": 1, **verification})
+
+
+def untrusted(outputs: Path, miner, **kw) -> Attempt:
+    from trainmaster.jobs.commitment import read_commitment
+    from trainmaster.verify.signing import sign_commitment
+
+    signature = sign_commitment(read_commitment(outputs / "commitment.json"), miner)
+    fields = dict(job_id=JOB, attempt_id="a1", outputs=outputs, bundle_sha256=BUNDLE, spec=spec(), trusted=False,
+                  hotkey=miner.ss58_address, signature=signature, total_steps=STEPS,
+                  expected_weights={"w": ("F32", (3,))})
+    return Attempt(**{**fields, **kw})
+
+
+class FakeAudit:
+    """Stands in for the replay audit: records what it was given."""
+
+    def __init__(self, raises: Exception | None = None):
+        self.calls, self.raises = [], raises
+
+    def __call__(self, *, stored, challenge, attempt):
+        self.calls.append((stored, challenge, attempt))
+        if self.raises:
+            raise self.raises
+        return {"r_max": 0.0}
+
+
+def test_default_checks():
+    assert default_checks(trusted=True) == {"integrity", "safety", "outcome"}
+    assert default_checks(trusted=False) == {"integrity", "safety", "replay", "outcome"}
+
+
+def test_trusted_run_is_accepted_stored_and_written(outputs, db_path):
+    attempt = Attempt(job_id=JOB, attempt_id="a1", outputs=outputs, bundle_sha256=BUNDLE, spec=spec(), trusted=True)
+    verdict = verify_attempt(attempt, db_path=db_path)
+    assert verdict.outcome == "accepted", verdict.reasons
+    assert verdict.checks == ["integrity", "safety", "outcome"]
+    assert read_verdict(outputs.parent / "verdict.json") == verdict
+    assert VerdictStore(db_path).latest(JOB, "a1") == verdict
+    assert verdict.evidence["integrity"]["signature"] == "not required (trusted executor)"
+    assert "model.safetensors" in verdict.evidence["safety"]["safetensors_checked"]
+
+
+def test_untrusted_run_is_audited_on_a_stored_commitment(outputs, miner, db_path):
+    audit = FakeAudit()
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=audit)
+    assert verdict.outcome == "accepted", verdict.reasons
+    assert verdict.checks == ["integrity", "safety", "replay", "outcome"]
+    (stored, challenge, _), = audit.calls
+    assert isinstance(stored, StoredCommitment) and isinstance(challenge, Challenge)
+    assert challenge.segments[0] == 0 and challenge.segments[-1] == 2  # n = T/k = 3
+    assert verdict.evidence["replay"] == {"segments": list(challenge.segments), "r_max": 0.0}
+    assert verdict.evidence["integrity"]["signature"] == f"valid for {miner.ss58_address}"
+
+
+def test_signature_file_is_read_when_none_is_passed(outputs, miner, db_path):
+    attempt = untrusted(outputs, miner)
+    (outputs / "commitment.sig").write_text(attempt.signature + "\n")
+    attempt = untrusted(outputs, miner, signature=None)
+    assert verify_attempt(attempt, db_path=db_path, audit=FakeAudit()).accepted
+
+
+def test_wrong_signer_is_rejected_before_any_audit(outputs, miner, db_path):
+    from bittensor.sp_core import Keypair
+
+    audit = FakeAudit()
+    other = Keypair.create_from_mnemonic(Keypair.generate_mnemonic())
+    verdict = verify_attempt(untrusted(outputs, miner, hotkey=other.ss58_address), db_path=db_path, audit=audit)
+    assert verdict.outcome == "rejected" and "not valid for the dispatched hotkey" in verdict.reasons[0]
+    assert verdict.checks == ["integrity"] and audit.calls == []
+
+
+def test_wrong_n_is_rejected(outputs, miner, db_path):
+    verdict = verify_attempt(untrusted(outputs, miner, total_steps=8), db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and "T/k is 4" in verdict.reasons[0]
+
+
+def test_unknown_total_steps_cannot_verify_an_untrusted_run(outputs, miner, db_path):
+    verdict = verify_attempt(untrusted(outputs, miner, total_steps=None), db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "cannot_verify" and "T are unknown" in verdict.reasons[0]
+
+
+def test_final_weights_not_the_committed_ones_are_rejected(outputs, miner, db_path):
+    from trainmaster.jobs.canonical import serialize
+
+    (outputs / "model.safetensors").write_bytes(serialize({"w": torch.ones(3)}))
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and "final_sha256" in verdict.reasons[0]
+
+
+def test_changed_outputs_are_rejected(outputs, miner, db_path):
+    recorded = (("result.json", (outputs / "result.json").stat().st_size, "00" * 32),)
+    verdict = verify_attempt(untrusted(outputs, miner, recorded_outputs=recorded), db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and "output result.json does not match" in verdict.reasons[0]
+
+
+def test_no_commitment_from_an_untrusted_executor_is_rejected(outputs, miner, db_path):
+    attempt = untrusted(outputs, miner)
+    (outputs / "commitment.json").unlink()
+    verdict = verify_attempt(attempt, db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and "cannot be audited" in verdict.reasons[0]
+
+
+@pytest.mark.parametrize("name", ["extra.pt", "policy.pkl", "weights.npy", "sub/model.bin"])
+def test_model_like_files_are_refused(outputs, miner, db_path, name):
+    (outputs / name).parent.mkdir(exist_ok=True)
+    (outputs / name).write_bytes(b"anything")
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and f"{name}: {Path(name).suffix} files are refused" in verdict.reasons[0]
+    assert verdict.checks == ["integrity", "safety"]
+
+
+def test_pickle_under_another_name_is_refused(outputs, miner, db_path):
+    import pickle
+
+    (outputs / "notes.txt").write_bytes(pickle.dumps({"a": 1}))
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and "notes.txt is a pickle" in verdict.reasons[0]
+
+
+def test_nan_in_a_returned_checkpoint_is_rejected(outputs, miner, db_path):
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.tensor([1.0, float("nan")])}, str(outputs / "extra.safetensors"))
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and "extra.safetensors: tensor 'x' holds NaN" in verdict.reasons[0]
+
+
+def test_weights_with_unexpected_tensors_are_rejected(outputs, miner, db_path):
+    attempt = untrusted(outputs, miner, expected_weights={"w": ("F32", (4,))})
+    verdict = verify_attempt(attempt, db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and "expected F32[4]" in verdict.reasons[0]
+
+
+def test_failed_audit_rejects(outputs, miner, db_path):
+    audit = FakeAudit(VerificationError("segment 1: r = 0.4 > τ = 0.01"))
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=audit)
+    assert verdict.outcome == "rejected" and verdict.reasons == ["segment 1: r = 0.4 > τ = 0.01"]
+
+
+def test_a_crash_anywhere_is_cannot_verify_never_accept(outputs, miner, db_path):
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit(RuntimeError("out of memory")))
+    assert verdict.outcome == "cannot_verify"
+    assert verdict.reasons == ["the replay check failed to run: RuntimeError: out of memory"]
+    assert VerdictStore(db_path).latest(JOB).outcome == "cannot_verify"
+
+
+def test_replay_without_a_database_cannot_verify(outputs, miner):
+    verdict = verify_attempt(untrusted(outputs, miner), audit=FakeAudit())
+    assert verdict.outcome == "cannot_verify" and "needs the database" in verdict.reasons[0]
+
+
+def test_outcome_below_threshold_is_rejected_with_its_metrics(outputs, miner, db_path, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "evaluate.py").write_text(textwrap.dedent("""
+        import json, math, os, struct
+        raw = open(os.environ["TRAINMASTER_EVAL_CHECKPOINT"], "rb").read()
+        (n,) = struct.unpack_from("<Q", raw)
+        begin, end = json.loads(raw[8 : 8 + n])["w"]["data_offsets"]
+        w = struct.unpack("<3f", raw[8 + n + begin : 8 + n + end])
+        print(json.dumps({"neg_error": -math.dist(w, (1.0, -2.0, 0.5))}))
+    """))
+    attempt = untrusted(outputs, miner, spec=spec(evaluator="python evaluate.py", thresholds={"neg_error": -0.01}),
+                        code_dir=code)
+    verdict = verify_attempt(attempt, db_path=db_path, audit=FakeAudit())
+    assert verdict.outcome == "rejected" and "neg_error" in verdict.reasons[0]
+    assert verdict.evidence["outcome"]["metrics"]["neg_error"] < -0.01
+    lenient = untrusted(outputs, miner, spec=spec(evaluator="python evaluate.py", thresholds={"neg_error": -10.0}),
+                        code_dir=code)
+    assert verify_attempt(lenient, db_path=db_path, audit=FakeAudit()).accepted
+
+
+def test_unknown_check_is_a_usage_error(outputs):
+    with pytest.raises(ValueError, match="unknown checks"):
+        verify_attempt(Attempt(JOB, "a1", outputs, BUNDLE), checks={"integrity", "vibes"})
+
+
+def test_missing_outputs_cannot_verify(tmp_path):
+    verdict = verify_attempt(Attempt(JOB, "a1", tmp_path / "nope", BUNDLE, trusted=True), write_verdict=False)
+    assert verdict.outcome == "cannot_verify" and "does not exist" in verdict.reasons[0]
+    assert json.loads(verdict.to_json())["outcome"] == "cannot_verify"

@@ -93,7 +93,7 @@ def check_file(path: Path, *, expected: Expected | None = None, max_bytes: int |
     with _open(path) as handle:
         header = _read_header(handle, path, max_bytes)
         _check_expected(header, expected)
-        buffer = bytearray(CHUNK_BYTES)
+        buffer = bytearray(min(CHUNK_BYTES, header.largest_tensor_bytes + 7))
         for entry in header.tensors:
             for chunk in _chunks(handle, header, entry, buffer):
                 _check_values(path, entry, chunk)
@@ -151,13 +151,13 @@ def _open(path: Path) -> BinaryIO:
         raise SafeLoadError(f"{path.name}: not a regular file")
     handle = os.fdopen(fd, "rb")
     if path.suffix != SUFFIX:
-        kind = _pickle_like(handle.read(8))
+        kind = pickle_format(handle.read(8))
         handle.close()
         raise SafeLoadError(f"{path.name}: only {SUFFIX} files are loaded" + (f" (this one is {kind})" if kind else ""))
     return handle
 
 
-def _pickle_like(prefix: bytes) -> str | None:
+def pickle_format(prefix: bytes) -> str | None:
     """The name of a pickle-based format ``prefix`` starts with, if any."""
     if prefix.startswith(b"PK\x03\x04"):
         return "a zip archive, as torch.save and np.savez write, holding pickles"
@@ -173,7 +173,7 @@ def _read_header(handle: BinaryIO, path: Path, max_bytes: int | None) -> Header:
     if max_bytes is not None and size > max_bytes:
         raise SafeLoadError(f"{path.name}: {size} bytes is over the cap of {max_bytes} bytes")
     prefix = handle.read(8)
-    if kind := _pickle_like(prefix):
+    if kind := pickle_format(prefix):
         raise SafeLoadError(f"{path.name}: is {kind}; pickled data is never loaded")
     if len(prefix) < 8:
         raise SafeLoadError(f"{path.name}: only {len(prefix)} bytes, too short for a safetensors header length")

@@ -1,0 +1,349 @@
+"""Verify one returned attempt: integrity → safety → replay audit → outcome, then the verdict.
+
+Which checks run is the caller's decision (the broker takes it from the policy); the safe default
+is all four for an untrusted executor and all but the replay audit for a trusted one. The checks
+run in order and stop at the first that fails. A failed check gives ``rejected`` or
+``cannot_verify`` with its reason; any other exception gives ``cannot_verify`` — never an accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import VerificationError
+from .verdict import FILENAME as VERDICT_FILE
+from .verdict import Verdict
+
+if TYPE_CHECKING:
+    from trainmaster.jobs.commitment import Commitment
+    from trainmaster.jobs.spec import JobSpec
+
+    from .commitments import StoredCommitment
+
+CHECKS = ("integrity", "safety", "replay", "outcome")
+TRUSTED_CHECKS = frozenset({"integrity", "safety", "outcome"})
+UNTRUSTED_CHECKS = frozenset(CHECKS)
+
+COMMITMENT_FILE = "commitment.json"
+SIGNATURE_FILE = "commitment.sig"
+MODEL_FILE = "model.safetensors"
+WEIGHTS_FILES = {MODEL_FILE, "weights.safetensors"}
+MODEL_LIKE_SUFFIXES = {
+    ".pt", ".pth", ".pkl", ".pickle", ".bin", ".npy", ".npz", ".ckpt", ".joblib", ".dill",
+    ".h5", ".hdf5", ".keras", ".onnx", ".pb", ".gguf", ".msgpack",
+}
+READ_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the broker knows about one returned attempt.
+
+    ``recorded_outputs``: ``(relative path, size, sha256)`` of every file as fetched.
+    ``total_steps``: T, so that n = T/k can be checked. ``expected_weights``: the tensors of W0
+    (``name -> (dtype, shape)``) that the final and segment weights must have.
+    ``signature``: the commitment signature; read from ``commitment.sig`` in the outputs if None.
+    """
+
+    job_id: str
+    attempt_id: str
+    outputs: Path
+    bundle_sha256: str
+    spec: JobSpec | None = None
+    trusted: bool = False
+    hotkey: str | None = None
+    signature: str | None = None
+    recorded_outputs: tuple[tuple[str, int, str], ...] = ()
+    total_steps: int | None = None
+    expected_weights: Mapping[str, tuple[str, tuple[int, ...]]] | None = None
+    max_file_bytes: int | None = None
+    code_dir: Path | None = None
+    previous_metrics: Mapping[str, float] | None = None
+
+
+Audit = Callable[..., Mapping[str, Any]]
+"""``audit(stored=, challenge=, attempt=) -> evidence``; raises VerificationError to reject."""
+
+
+@dataclass
+class _Run:
+    """What one verification has established so far."""
+
+    attempt: Attempt
+    db_path: Path | None
+    commitment: Commitment | None = None
+    stored: StoredCommitment | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def default_checks(trusted: bool) -> frozenset[str]:
+    return TRUSTED_CHECKS if trusted else UNTRUSTED_CHECKS
+
+
+def verify_attempt(
+    attempt: Attempt,
+    *,
+    checks: Collection[str] | None = None,
+    db_path: Path | None = None,
+    audit: Audit | None = None,
+    evaluate: Callable[[Path], Mapping[str, float]] | None = None,
+    write_verdict: bool = True,
+) -> Verdict:
+    """Run the checks, store the verdict in ``db_path`` (when given), write ``verdict.json`` next to the outputs."""
+    wanted = frozenset(default_checks(attempt.trusted) if checks is None else checks)
+    if unknown := wanted - set(CHECKS):
+        raise ValueError(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
+    run = _Run(attempt, Path(db_path) if db_path else None)
+    stages = {
+        "integrity": lambda: _integrity(run, "replay" in wanted),
+        "safety": lambda: _safety(run),
+        "replay": lambda: _replay(run, audit),
+        "outcome": lambda: _outcome(run, evaluate),
+    }
+    ran: list[str] = []
+    outcome, reasons = "accepted", []
+    for name in (c for c in CHECKS if c in wanted):
+        ran.append(name)
+        try:
+            run.evidence[name] = stages[name]()
+        except VerificationError as exc:
+            outcome, reasons = exc.kind, [exc.reason]
+        except Exception as exc:  # noqa: BLE001 — any failure to check is "cannot verify", never an accept
+            outcome, reasons = "cannot_verify", [f"the {name} check failed to run: {type(exc).__name__}: {exc}"]
+        if outcome != "accepted":
+            run.evidence.setdefault(name, {"failed": reasons[0]})
+            break
+    verdict = Verdict(
+        outcome=outcome, reasons=reasons, checks=ran, evidence=run.evidence,
+        job_id=attempt.job_id, attempt_id=attempt.attempt_id,
+    )
+    _record(verdict, run, write_verdict)
+    return verdict
+
+
+def _record(verdict: Verdict, run: _Run, write_verdict: bool) -> None:
+    if run.db_path is not None:
+        from .records import VerdictStore
+
+        store = VerdictStore(run.db_path)
+        try:
+            store.record(verdict)
+        finally:
+            store.close()
+    if write_verdict:
+        verdict.write(Path(run.attempt.outputs).parent / VERDICT_FILE)
+
+
+# integrity
+
+
+def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
+    outputs = Path(run.attempt.outputs)
+    if not outputs.is_dir():
+        raise VerificationError(f"the outputs directory {outputs} does not exist", kind="cannot_verify")
+    evidence: dict[str, Any] = {"outputs_checked": _check_recorded(outputs, run.attempt.recorded_outputs)}
+    path = outputs / COMMITMENT_FILE
+    if not path.is_file():
+        if replay:
+            raise VerificationError(
+                f"no {COMMITMENT_FILE} in the outputs: the run did not commit to its states, so it cannot be audited",
+                kind="cannot_verify" if run.attempt.trusted else "rejected",
+            )
+        evidence["commitment"] = None
+        return evidence
+    run.commitment = _read_commitment(path)
+    evidence["commitment"] = run.commitment.model_dump()
+    evidence["signature"] = _check_commitment(run, replay)
+    final = outputs / MODEL_FILE
+    if not final.is_file():
+        raise VerificationError(f"the commitment names final weights, but the outputs hold no {MODEL_FILE}")
+    from .signing import check_final
+
+    check_final(run.commitment, final)
+    evidence["final_sha256"] = run.commitment.final_sha256
+    return evidence
+
+
+def _check_recorded(outputs: Path, recorded: tuple[tuple[str, int, str], ...]) -> int:
+    """Every file recorded at fetch time is still there with its size and sha256."""
+    from .signing import file_sha256
+
+    bad = []
+    for relative, size, sha256 in recorded:
+        path = outputs / relative
+        if not path.is_file() or path.is_symlink():
+            bad.append(f"output {relative} is missing")
+        elif path.stat().st_size != size or file_sha256(path) != sha256:
+            bad.append(f"output {relative} does not match the size and sha256 recorded when it was fetched")
+    if bad:
+        raise VerificationError("; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else ""))
+    return len(recorded)
+
+
+def _read_commitment(path: Path):
+    from trainmaster.jobs.commitment import CommitmentError, read_commitment
+
+    try:
+        return read_commitment(path)
+    except CommitmentError as exc:
+        raise VerificationError(f"{path.name}: {exc}") from exc
+
+
+def _check_commitment(run: _Run, replay: bool) -> str:
+    """Check the commitment's fields (and signature, for an untrusted executor); store it for the audit."""
+    from .signing import check_fields, verify_commitment
+
+    attempt, commitment = run.attempt, run.commitment
+    expected = _expected_fields(attempt, commitment)
+    if attempt.trusted:
+        if replay:
+            run.stored = _store(run, trusted=True, expected=expected)
+        else:
+            check_fields(commitment, **expected)
+        return "not required (trusted executor)"
+    if not attempt.hotkey:
+        raise VerificationError("the executor is untrusted but no hotkey was recorded at dispatch", kind="cannot_verify")
+    signature = attempt.signature or _read_signature(Path(attempt.outputs) / SIGNATURE_FILE)
+    if replay:
+        run.stored = _store(run, trusted=False, expected=expected, signature=signature)
+    else:
+        verify_commitment(commitment, signature, attempt.hotkey, **expected)
+    return f"valid for {attempt.hotkey}"
+
+
+def _expected_fields(attempt: Attempt, commitment) -> dict[str, Any]:
+    if attempt.spec is None:
+        raise VerificationError("no job spec was given, so k and n cannot be checked", kind="cannot_verify")
+    k = attempt.spec.checkpoint.segment_steps
+    if attempt.total_steps is None:
+        if not attempt.trusted:
+            raise VerificationError(
+                "the total steps T are unknown, so n = T/k cannot be checked for an untrusted executor",
+                kind="cannot_verify",
+            )
+        n = commitment.n  # a trusted run's own n stands
+    elif attempt.total_steps % k:
+        raise VerificationError(f"the spec's T = {attempt.total_steps} is not a multiple of k = {k}", kind="cannot_verify")
+    else:
+        n = attempt.total_steps // k
+    return {"expected_job_id": attempt.job_id, "expected_bundle_sha256": attempt.bundle_sha256, "expected_k": k, "expected_n": n}
+
+
+def _read_signature(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VerificationError(f"{path.name} is unreadable: {exc}") from exc
+
+
+def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str | None = None):
+    if run.db_path is None:
+        raise VerificationError("a replay audit needs the database to store the commitment in", kind="cannot_verify")
+    from .commitments import CommitmentStore
+
+    store = CommitmentStore(run.db_path)
+    try:
+        if trusted:
+            return store.store_trusted(run.commitment, attempt_id=run.attempt.attempt_id, **expected)
+        return store.store(
+            run.commitment, attempt_id=run.attempt.attempt_id, signature=signature, hotkey=run.attempt.hotkey, **expected
+        )
+    finally:
+        store.close()
+
+
+# safety
+
+
+def _safety(run: _Run) -> dict[str, Any]:
+    """Every returned file: no links, no pickle-capable model formats, every .safetensors checked in full."""
+    from .safeload import SUFFIX, check_file
+
+    outputs, attempt = Path(run.attempt.outputs), run.attempt
+    problems, checked = [], {}
+    for path in sorted(outputs.rglob("*")):
+        relative = path.relative_to(outputs).as_posix()
+        if path.is_symlink():
+            problems.append(f"{relative} is a symbolic link")
+        elif not path.is_file():
+            continue
+        elif path.suffix.lower() in MODEL_LIKE_SUFFIXES:
+            problems.append(f"{relative}: {path.suffix} files are refused (pickle-capable or unchecked model format); return .safetensors")
+        elif path.suffix == SUFFIX:
+            expected = attempt.expected_weights if path.name in WEIGHTS_FILES else None
+            try:
+                header = check_file(path, expected=expected, max_bytes=attempt.max_file_bytes)
+            except VerificationError as exc:
+                problems.append(f"{relative}: {exc.reason.removeprefix(path.name + ': ')}")
+            else:
+                checked[relative] = {"bytes": header.size, "tensors": len(header.tensors)}
+        elif kind := _pickle_content(path):
+            problems.append(f"{relative} is {kind}; pickled data is refused")
+    if problems:
+        raise VerificationError("unsafe outputs: " + "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
+    return {"safetensors_checked": checked}
+
+
+def _pickle_content(path: Path) -> str | None:
+    """A pickle or numpy file hiding under another name (zip archives are left to their suffix)."""
+    from .safeload import pickle_format
+
+    with open(path, "rb") as handle:
+        kind = pickle_format(handle.read(8))
+    return kind if kind and not kind.startswith("a zip") else None
+
+
+# replay audit
+
+
+def _replay(run: _Run, audit: Audit | None) -> dict[str, Any]:
+    from .challenge import Challenge
+    from .records import SecretStore
+
+    if run.stored is None:
+        raise VerificationError("the replay audit needs a verified, stored commitment", kind="cannot_verify")
+    audit = audit or _default_audit()
+    secrets = SecretStore(run.db_path)
+    try:
+        secret = secrets.secret_for(run.attempt.job_id, run.attempt.attempt_id)
+    finally:
+        secrets.close()
+    challenge = Challenge.for_commitment(run.stored, secret, q=run.attempt.spec.verification.challenge_segments)
+    evidence = dict(audit(stored=run.stored, challenge=challenge, attempt=run.attempt))
+    return {"segments": list(challenge.segments), **evidence}
+
+
+def _default_audit() -> Audit:
+    try:
+        from .audit import run_audit
+    except ImportError as exc:
+        raise VerificationError(f"the replay audit is not available: {exc}", kind="cannot_verify") from exc
+    return run_audit
+
+
+# outcome
+
+
+def _outcome(run: _Run, evaluate) -> dict[str, Any]:
+    from .outcome import check_outcome
+
+    attempt = run.attempt
+    settings = attempt.spec.verification if attempt.spec is not None else None
+    thresholds = dict(settings.thresholds) if settings else {}
+    evaluator = settings.evaluator if settings else None
+    final = Path(attempt.outputs) / MODEL_FILE
+    if (thresholds or evaluator or evaluate) and not final.is_file():
+        raise VerificationError(f"there is no {MODEL_FILE} in the outputs to evaluate")
+    result = check_outcome(
+        final, thresholds=thresholds, evaluator=evaluator, code_dir=attempt.code_dir, evaluate=evaluate,
+        outputs=Path(attempt.outputs), trust_reported=attempt.trusted, previous=attempt.previous_metrics,
+    )
+    run.evidence["outcome"] = result.model_dump()
+    if not result.passed:
+        raise VerificationError("outcome below the bar: " + "; ".join(result.failures))
+    return run.evidence["outcome"]
