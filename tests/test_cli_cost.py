@@ -1,0 +1,156 @@
+"""`offers`, `spend` and `policy check | show`, through a Typer app with `register` applied."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from trainmaster.broker.cli_cost import register
+
+ENV = {"COLUMNS": "200"}
+
+
+@pytest.fixture
+def cli(tm_home):
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:
+        """The test app."""
+
+    register(app)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, list(args), env=ENV)
+
+
+@pytest.fixture
+def training_job(job_factory):
+    return job_factory("print('train')\n", textwrap.dedent("""
+        workload: initial_training
+        estimated_hours: 50
+        resources: {gpus: 8, gpu_types: [A100]}
+    """))
+
+
+def test_policy_check_valid_invalid_missing(cli, tmp_path):
+    from importlib import resources
+
+    hybrid = str(resources.files("trainmaster.configs") / "hybrid.yaml")
+    ok = cli("policy", "check", hybrid)
+    assert ok.exit_code == 0 and "valid policy 'hybrid'" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: b\ndefault:\n  primary: local\n  objectve: fastest\n")
+    result = cli("policy", "check", str(bad))
+    assert result.exit_code == 1
+    assert f"{bad}:4: default.objectve: unknown field; did you mean 'objective'?" in result.stderr
+    as_json = json.loads(cli("policy", "check", str(bad), "--json").stdout)
+    assert as_json["valid"] is False and as_json["problems"][0].startswith(f"{bad}:4:")
+    assert cli("policy", "check", str(tmp_path / "none.yaml")).exit_code == 2
+
+
+def test_policy_show(cli):
+    shown = cli("policy", "show", "hybrid")
+    assert shown.exit_code == 0
+    assert "bittensor → aws:spot" in shown.stdout and "all spend per month" in shown.stdout
+    assert "shipped policies: cloud-only, default, hybrid, privacy-first" in shown.stdout
+    data = json.loads(cli("policy", "show", "hybrid", "--json").stdout)
+    assert data["classes"]["initial_training"]["primary"] == ["bittensor"]
+    assert data["classes"]["initial_training"]["fallbacks"] == [["aws:spot"]]
+    assert data["budgets"][0]["cap"] == "3000"
+    assert "local" in cli("policy", "show").stdout
+    missing = cli("policy", "show", "nope")
+    assert missing.exit_code == 2 and "no policy named 'nope'" in missing.stderr
+
+
+def test_offers_cloud_only_uses_catalog_prices(cli, training_job):
+    result = cli("offers", str(training_job), "--policy", "cloud-only", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    chosen = next(r for r in data["considered"] if r["verdict"] == "chosen")
+    assert chosen["key"] == data["chosen"]
+    assert chosen["offer"]["spot"] and chosen["offer"]["gpu_count"] == 8
+    assert chosen["offer"]["detail"]["price_source"] == "catalog"
+    # cheapest of all 8×A100 spot offers in the three catalogs
+    spot = [r for r in data["considered"] if r["offer"]["spot"] and r["verdict"] != "chosen"]
+    assert all(r["expected_micro_usd"] >= chosen["expected_micro_usd"] for r in spot)
+
+
+def test_offers_table_marks_catalog_prices_and_bittensor_has_a_reason(cli, training_job):
+    result = cli("offers", str(training_job), "--policy", "hybrid")
+    assert result.exit_code == 0, result.stderr
+    assert "✔ chosen" in result.stdout and "p4d.24xlarge" in result.stdout
+    assert "catalog list price (dated 2025-07-01), not a live quote" in result.stdout
+    assert "bittensor: bittensor prices are live quotes that `trainmaster offers` does not gather yet" in result.stdout
+
+
+def test_offers_prefers_the_users_override(cli, training_job, tm_home):
+    catalogs = tm_home / "config" / "catalogs"
+    catalogs.mkdir(parents=True)
+    (catalogs / "aws.csv").write_text(
+        "# date: 2026-11-01\n"
+        "cloud,instance,region,gpu_type,gpu_count,gpu_memory_gb,vcpus,memory_gb,on_demand_usd_per_hour,spot_usd_per_hour\n"
+        "aws,p4d.24xlarge,us-east-1,A100,8,40,96,1152,20,1.50\n"
+    )
+    data = json.loads(cli("offers", str(training_job), "--policy", "hybrid", "--json").stdout)
+    assert data["chosen"] == "aws/us-east-1/p4d.24xlarge/spot"
+    chosen = data["considered"][0]
+    assert chosen["offer"]["price_per_hour_micro_usd"] == 1_500_000
+    assert chosen["offer"]["detail"]["catalog_date"] == "2026-11-01"
+
+
+def test_offers_bad_override_is_an_environment_error(cli, training_job, tm_home):
+    catalogs = tm_home / "config" / "catalogs"
+    catalogs.mkdir(parents=True)
+    (catalogs / "gcp.csv").write_text("# date: 2026-11-01\ncloud,instance\n")
+    result = cli("offers", str(training_job), "--policy", "cloud-only")
+    assert result.exit_code == 2 and "gcp.csv:2: missing column(s)" in result.stderr
+
+
+def test_offers_exit_codes(cli, job_factory, tmp_path):
+    huge = job_factory("print()\n", "resources: {gpus: 64}\n")
+    result = cli("offers", str(huge))
+    assert result.exit_code == 1
+    assert "no offer can run this development" in result.stdout and "needs 64 GPU(s)" in result.stdout
+    assert cli("offers", str(tmp_path / "nope.yaml")).exit_code == 2
+    invalid = job_factory("print()\n", "resourcs: {gpus: 1}\n")
+    bad = cli("offers", str(invalid))
+    assert bad.exit_code == 1 and "did you mean 'resources'" in bad.stderr
+    assert cli("offers", str(huge), "--policy", "nope").exit_code == 2
+
+
+def _charged(tm_home) -> None:
+    from trainmaster.wallet.ledger import Ledger
+
+    with Ledger(tm_home / "state.db") as ledger:
+        for i, (backend, usd) in enumerate([("aws", 12_500_000), ("bittensor", 3_000_000), ("aws", 1_000_000)]):
+            ledger.reserve(f"r{i}", job_id=f"j{i}", backend=backend, workload="retraining", micro_usd=20_000_000)
+            ledger.charge(f"c{i}", reservation_key=f"r{i}", micro_usd=usd)
+        ledger.reserve("open", job_id="j9", backend="gcp", workload="retraining", micro_usd=50_000_000)
+
+
+def test_spend_reports_charges(cli, tm_home, tmp_path):
+    empty = json.loads(cli("spend", "--json").stdout)
+    assert empty == [{"group": "total", "usd": "0", "micro_usd": 0, "rao": 0, "charges": 0}]
+    assert not (tm_home / "state.db").exists()  # reading creates nothing
+    _charged(tm_home)
+    by_backend = json.loads(cli("spend", "--by", "backend", "--json").stdout)
+    assert [(r["group"], r["usd"], r["charges"]) for r in by_backend] == [("aws", "13.5", 2), ("bittensor", "3", 1)]
+    table = cli("spend", "--by", "backend")
+    assert table.exit_code == 0 and "$13.50" in table.stdout and "$16.50" in table.stdout  # the total row
+    plot = tmp_path / "spend.png"
+    assert cli("spend", "--by", "job", "--plot", str(plot)).exit_code == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    wrong = cli("spend", "--by", "region")
+    assert wrong.exit_code == 2 and "cannot group spend by 'region'" in wrong.stderr
+
+
+def test_importing_the_commands_stays_light():
+    code = "import sys, trainmaster.broker.cli_cost; print(sorted(m for m in ('pydantic', 'rich', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
