@@ -79,7 +79,7 @@ def _canonical_tensor(name: str, value: object) -> torch.Tensor:
         raise CanonicalError(f"state entry {name!r} is not a dense tensor (layout {value.layout})")
     if value.dtype not in DTYPES:
         raise CanonicalError(f"state entry {name!r} has unsupported dtype {value.dtype}")
-    return value.detach().resolve_conj().resolve_neg().cpu().contiguous()
+    return value.detach().cpu().contiguous()
 
 
 def _numpy_to_tensor(name: str, array: np.ndarray) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from .checkpoint import CheckpointError, read_manifest, segment_dir
+from .checkpoint import read_manifest, segment_dir
 from .merkle import inclusion_proof, merkle_root
 
 FILENAME = "commitment.json"
@@ -60,13 +60,7 @@ def read_commitment(path: Path) -> Commitment:
 
 def segment_leaves(checkpoint_dir: Path, n: int) -> list[bytes]:
     """The leaves ``h_0..h_n`` recorded in the segment manifests, as raw digests."""
-    leaves = []
-    for index in range(n + 1):
-        manifest = read_manifest(segment_dir(checkpoint_dir, index))
-        if manifest.leaf is None:
-            raise CheckpointError(f"segment {index} has no leaf yet (its decision trace was never written)")
-        leaves.append(bytes.fromhex(manifest.leaf))
-    return leaves
+    return [bytes.fromhex(read_manifest(segment_dir(checkpoint_dir, i)).leaf) for i in range(n + 1)]
 
 
 def build_commitment(checkpoint_dir: Path, *, job_id: str, bundle_sha256: str, n: int, k: int) -> Commitment:

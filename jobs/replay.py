@@ -25,8 +25,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .canonical import state_sha256
-from .checkpoint import DECISIONS, REST, WEIGHTS, CheckpointError, read_canonical_file, write_canonical_files
+from .canonical import serialize, state_sha256
+from .checkpoint import DECISIONS, REST, WEIGHTS, CheckpointError, read_canonical_file, write_bytes_atomic
 from .decisions import DecisionLog, DecisionReport, DecisionTrace, DecisionTraceError
 from .execution import StateError, full_state, restore, run_step, set_threads, state_info
 from .recipe import Recipe
@@ -129,11 +129,12 @@ def _resolve_recipe(recipe: str | Recipe | None, recorded: str) -> Recipe:
 def write_result(result: ReplayResult, out: Path) -> dict[str, Any]:
     """Write a replay's state, trace and report under ``out``; return the report."""
     out = Path(out)
-    write_canonical_files(
-        out, {WEIGHTS: result.state.weights, REST: result.state.rest, DECISIONS: result.trace.to_tensors()}
-    )
+    out.mkdir(parents=True, exist_ok=True)
+    files = {WEIGHTS: result.state.weights, REST: result.state.rest, DECISIONS: result.trace.to_tensors()}
+    for name, tensors in files.items():
+        write_bytes_atomic(out / name, serialize(tensors))
     report = result.report()
-    (out / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    write_bytes_atomic(out / REPORT_FILE, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return report
 
 

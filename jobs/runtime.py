@@ -102,13 +102,10 @@ def _train(
     k, seed, n = settings.segment_steps, settings.seed, config.steps // settings.segment_steps
     _prepare_checkpoint_dir(settings.checkpoint_dir, resumed)
     metrics = MetricsLog(settings.output_dir / METRICS_FILE, resume_step=start if resumed else None)
-    writer = SegmentWriter(
-        settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k,
-        pending=resumed.pending if resumed else None,
-    )
+    writer = SegmentWriter(settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k)
+    # S_i is written with the trace of the segment it starts, so it is held until that segment ends.
+    held = None if resumed else full_state(trainer, recipe, config, seed, 0).snapshot()
     try:
-        if resumed is None:
-            writer.write_state(0, 0, full_state(trainer, recipe, config, seed, 0))
         decisions = DecisionLog()
         for step in range(start, config.steps):
             produced = run_step(trainer, seed, step, decisions)
@@ -116,14 +113,16 @@ def _train(
                 metrics.append(step + 1, produced)
             if (step + 1) % k == 0:
                 index = (step + 1) // k
-                writer.complete(index - 1, decisions.trace)
-                writer.write_state(index, step + 1, full_state(trainer, recipe, config, seed, step + 1))
+                if held is not None:  # None right after a resume: that segment is already on disk
+                    writer.write(index - 1, held, decisions.trace)
+                held = full_state(trainer, recipe, config, seed, step + 1).snapshot()
                 metrics.flush()
                 decisions = DecisionLog()
-        writer.complete(n, DecisionTrace())
+        if held is not None:
+            writer.write(n, held, DecisionTrace())
     except BaseException:
         with contextlib.suppress(CheckpointError):
-            writer.close()  # let the good checkpoints already queued reach the disk
+            writer.close()  # let the good segments already queued reach the disk
         raise
     finally:
         metrics.close()

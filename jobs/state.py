@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .canonical import canonical_tensors
+
 JsonValue = Any
 
 
@@ -26,11 +28,16 @@ class TrainState:
     rest: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def snapshot(self) -> TrainState:
-        """A deep copy, safe to hand to another thread while training goes on."""
-        return TrainState(
-            weights={k: torch.as_tensor(v).detach().clone() for k, v in self.weights.items()},
-            rest={k: torch.as_tensor(v).detach().clone() for k, v in self.rest.items()},
-        )
+        """A canonical deep copy, safe to keep while training goes on.
+
+        Raises :class:`~trainmaster.jobs.canonical.CanonicalError` for an entry that cannot be
+        serialized, so the error points at the step whose state it is.
+        """
+        return TrainState(weights=_copy(self.weights), rest=_copy(self.rest))
+
+
+def _copy(tensors: Mapping[str, object]) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in canonical_tensors(tensors).items()}
 
 
 def prefixed(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

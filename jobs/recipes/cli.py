@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from ..canonical import CanonicalError
+from ..checkpoint import CheckpointError
+from ..decisions import DecisionTraceError
+from ..execution import StateError
 from ..recipe import Recipe
 from ..runtime import run
+from ..settings import SettingsError
 
 
 def _flag(text: str) -> bool:
@@ -41,5 +47,10 @@ def main(recipe: Recipe, module: str, argv: Sequence[str] | None = None) -> int:
         config = recipe.config({k: v for k, v in vars(args).items() if v is not None})
     except ValidationError as exc:
         parser.error(str(exc))
-    print(json.dumps(run(recipe, config).result, indent=2, sort_keys=True))
+    try:
+        result = run(recipe, config)
+    except (CanonicalError, CheckpointError, DecisionTraceError, SettingsError, StateError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result.result, indent=2, sort_keys=True))
     return 0
