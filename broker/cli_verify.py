@@ -1,0 +1,115 @@
+"""`trainmaster verify …`: show a job's stored verdict, or check a directory of outputs.
+
+Exit codes: 0 accepted, 1 rejected, 2 cannot verify (or nothing to show). Module-level imports
+stay at typer alone; everything else is imported inside the command, so `trainmaster --help`
+stays fast. `verify calibrate` comes from `trainmaster.verify.cli_calibrate.add_commands`, when
+that module exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import typer
+
+CALIBRATE_MODULE = "trainmaster.verify.cli_calibrate"
+SPEC_NAMES = ("job.yaml", "job.yml")
+EXIT_CANNOT_VERIFY = 2
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `verify` group to the `trainmaster` app."""
+    verify_app = typer.Typer(
+        name="verify", help="Verdicts on returned work: integrity, safety, replay audits, outcome.",
+        no_args_is_help=True, rich_markup_mode=None,
+    )
+    verify_app.command("show")(show)
+    if importlib.util.find_spec(CALIBRATE_MODULE) is not None:
+        importlib.import_module(CALIBRATE_MODULE).add_commands(verify_app)
+    app.add_typer(verify_app, name="verify")
+
+
+def show(
+    target: str = typer.Argument(..., metavar="JOB_ID|DIR", help="A job id (or unique prefix), or a directory of outputs."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Print the stored verdict of a job, or check a directory of outputs (integrity, safety, and the
+    outcome when a job.yaml is found next to it). Exit 0 accepted, 1 rejected, 2 cannot verify."""
+    path = Path(target)
+    verdict = _check_directory(path) if path.is_dir() else _stored_verdict(target)
+    if as_json:
+        typer.echo(verdict.to_json(), nl=False)
+    else:
+        _print(verdict)
+    raise typer.Exit(verdict.exit_code)
+
+
+def _stored_verdict(job_ref: str):
+    from trainmaster.broker import paths
+    from trainmaster.verify.records import VerdictStore
+
+    db = paths.state_db()
+    if not db.is_file():
+        _fail(f"no verdicts yet: {db} does not exist")
+    store = VerdictStore(db)
+    try:
+        job_id = store.resolve_job(job_ref)
+        verdict = store.latest(job_id) if job_id else None
+    finally:
+        store.close()
+    if verdict is None:
+        _fail(f"no verdict for a job {job_ref!r} (nor a directory of that name)")
+    return verdict
+
+
+def _check_directory(outputs: Path):
+    """Integrity and safety of a directory of outputs, plus the outcome check when a job spec is found."""
+    from trainmaster.jobs.commitment import CommitmentError, read_commitment
+    from trainmaster.jobs.spec import load_spec
+    from trainmaster.jobs.yamlfile import FileError
+    from trainmaster.verify.pipeline import COMMITMENT_FILE, Attempt, verify_attempt
+
+    spec_path = _find_spec(outputs)
+    try:
+        loaded = load_spec(spec_path) if spec_path else None
+    except FileError as exc:
+        _fail(str(exc))
+    try:
+        commitment = read_commitment(outputs / COMMITMENT_FILE) if (outputs / COMMITMENT_FILE).is_file() else None
+    except CommitmentError:
+        commitment = None  # the integrity check reports it
+    attempt = Attempt(
+        job_id=commitment.job_id if commitment else outputs.resolve().name,
+        attempt_id="local-check",
+        outputs=outputs,
+        bundle_sha256=commitment.bundle_sha256 if commitment else "",
+        spec=loaded.spec if loaded else None,
+        trusted=True,
+        code_dir=loaded.code_dir if loaded else None,
+    )
+    checks = {"integrity", "safety"} | ({"outcome"} if loaded else set())
+    return verify_attempt(attempt, checks=checks, write_verdict=False)
+
+
+def _find_spec(outputs: Path) -> Path | None:
+    for folder in (outputs, outputs.resolve().parent):
+        for name in SPEC_NAMES:
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def _print(verdict) -> None:
+    where = verdict.job_id or "?"
+    if verdict.attempt_id:
+        where += f" (attempt {verdict.attempt_id})"
+    typer.echo(f"{where}: {verdict.outcome.replace('_', ' ').upper()}")
+    typer.echo(f"checks: {', '.join(verdict.checks) or 'none'}")
+    for reason in verdict.reasons:
+        typer.echo(f"  - {reason}")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_CANNOT_VERIFY)

@@ -1,0 +1,146 @@
+"""`trainmaster verify show`: stored verdicts by job id, local checks of an outputs directory, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from trainmaster.broker.cli_verify import register
+from trainmaster.verify.records import VerdictStore
+from trainmaster.verify.verdict import Verdict
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.command()
+    def other() -> None:  # a second command, as in the real app, so `verify` stays a group
+        pass
+
+    register(app)
+    return app
+
+
+def invoke(app, *args: str):
+    return CliRunner().invoke(app, ["verify", "show", *args])
+
+
+@pytest.fixture
+def stored(tm_home):
+    store = VerdictStore(tm_home / "state.db")
+    store.record(Verdict(outcome="accepted", checks=["integrity"], job_id="train-aaa111", attempt_id="a1"))
+    store.record(Verdict(outcome="rejected", reasons=["signature is not valid"], checks=["integrity"], job_id="train-bbb222"))
+    store.record(Verdict(outcome="cannot_verify", reasons=["evaluator crashed"], job_id="train-ccc333"))
+    store.close()
+
+
+@pytest.mark.parametrize("job, code, word", [("train-aaa111", 0, "ACCEPTED"), ("train-bbb222", 1, "REJECTED"),
+                                             ("train-ccc333", 2, "CANNOT VERIFY"), ("train-bbb", 1, "REJECTED")])
+def test_show_stored_verdict(app, stored, job, code, word):
+    result = invoke(app, job)
+    assert result.exit_code == code, result.output
+    assert word in result.output
+
+
+def test_show_json(app, stored):
+    result = invoke(app, "train-bbb222", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.output)
+    assert data["outcome"] == "rejected" and data["reasons"] == ["signature is not valid"]
+
+
+def test_unknown_job_is_exit_2(app, stored):
+    result = invoke(app, "nope")
+    assert result.exit_code == 2 and "no verdict" in result.output
+
+
+def test_no_database_is_exit_2(app, tm_home):
+    result = invoke(app, "train-aaa111")
+    assert result.exit_code == 2 and "no verdicts yet" in result.output
+
+
+def test_directory_of_safe_outputs_is_accepted(app, tmp_path):
+    save_file({"w": torch.ones(3)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    result = invoke(app, str(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["checks"] == ["integrity", "safety"]
+
+
+class Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_directory_with_a_pickle_is_rejected(app, tmp_path):
+    marker = tmp_path / "marker"
+    torch.save({"w": torch.ones(1), "evil": Payload(marker)}, tmp_path / "model.pt")
+    result = invoke(app, str(tmp_path))
+    assert result.exit_code == 1 and "model.pt: .pt files are refused" in result.output
+    assert not marker.exists()
+
+
+def test_directory_with_nan_weights_is_rejected(app, tmp_path):
+    save_file({"w": torch.tensor([float("inf")])}, str(tmp_path / "model.safetensors"))
+    result = invoke(app, str(tmp_path))
+    assert result.exit_code == 1 and "holds ±Inf" in result.output
+
+
+def test_directory_with_job_yaml_runs_the_outcome_check(app, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("")
+    (code / "evaluate.py").write_text("print('{\"score\": 0.2}')\n")
+    (code / "job.yaml").write_text(textwrap.dedent("""\
+        name: t
+        entrypoint: python train.py
+        verification:
+          evaluator: python evaluate.py
+          thresholds: {score: 0.5}
+    """))
+    outputs = code / "outputs"
+    outputs.mkdir()
+    save_file({"w": torch.ones(3)}, str(outputs / "model.safetensors"))
+    result = invoke(app, str(outputs), "--json")
+    assert result.exit_code == 1, result.output
+    verdict = json.loads(result.output)
+    assert verdict["checks"] == ["integrity", "safety", "outcome"]
+    assert "score = 0.2 is below the threshold 0.5" in verdict["reasons"][0]
+
+
+def test_calibrate_hook_is_called_when_present(monkeypatch):
+    import types
+
+    import trainmaster.broker.cli_verify as cli_verify
+
+    seen = []
+    module = types.ModuleType("fake_calibrate")
+    module.add_commands = seen.append
+    monkeypatch.setattr(cli_verify, "CALIBRATE_MODULE", "fake_calibrate")
+    monkeypatch.setitem(sys.modules, "fake_calibrate", module)
+    monkeypatch.setattr(cli_verify.importlib.util, "find_spec", lambda name: object())
+    register(typer.Typer())
+    assert len(seen) == 1 and isinstance(seen[0], typer.Typer)
+
+
+def test_module_imports_only_typer():
+    code = (
+        "import sys; import trainmaster.broker.cli_verify; "
+        "heavy = [m for m in ('torch', 'safetensors', 'bittensor', 'trainmaster.verify.pipeline', 'pydantic') if m in sys.modules]; "
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
