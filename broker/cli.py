@@ -191,6 +191,17 @@ def schema(kind: str = typer.Argument("job", help="job or policy")) -> None:
         _err(f"unknown schema {kind!r}; choose job or policy", Exit.USAGE)
 
 
+def _register_groups() -> None:
+    """Commands kept in their own modules (each imports only typer at module level)."""
+    from trainmaster.broker import cli_cost, cli_verify
+
+    cli_cost.register(app)
+    cli_verify.register(app)
+
+
+_register_groups()
+
+
 def main() -> None:
     app()
 
