@@ -19,6 +19,7 @@ from .seeding import capture_global_rng, restore_global_rng, seed_globals
 from .state import TrainState, json_tensor, prefixed, scalar, section, tensor_json
 
 RUNTIME = "runtime"
+BUILD_STREAM = "build"
 
 
 class StateError(ValueError):
@@ -80,3 +81,13 @@ def run_step(trainer: Trainer, seed: int, step: int, decisions: DecisionLog) -> 
 def set_threads(config: RecipeConfig) -> None:
     """Pin torch's intra-op thread count (the reduction order, hence bit-exactness, depends on it)."""
     torch.set_num_threads(config.threads)
+
+
+def build_trainer(recipe: Recipe, config: RecipeConfig, seed: int) -> Trainer:
+    """Pin the thread count, seed the global generators from the job seed, build the trainer.
+
+    S_0 records the global generators' states, so they must not depend on what ran before.
+    """
+    set_threads(config)
+    seed_globals(seed, 0, BUILD_STREAM)
+    return recipe.build(config, seed)

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from .canonical import serialize, state_sha256
 from .checkpoint import DECISIONS, REST, WEIGHTS, CheckpointError, read_canonical_file, write_bytes_atomic
 from .decisions import DecisionLog, DecisionReport, DecisionTrace, DecisionTraceError
-from .execution import StateError, full_state, restore, run_step, set_threads, state_info
+from .execution import StateError, build_trainer, full_state, restore, run_step, state_info
 from .recipe import Recipe
 from .state import TrainState
 
@@ -106,8 +106,7 @@ def replay_segment(
         raise StateError(f"cannot replay {k} steps from step {info.step} of a {cfg.steps}-step run")
     if isinstance(forced_decisions, str | Path):
         forced_decisions = load_trace(Path(forced_decisions))
-    set_threads(cfg)
-    trainer = resolved.build(cfg, info.seed)
+    trainer = build_trainer(resolved, cfg, info.seed)
     restore(trainer, state)
     decisions = DecisionLog(forced=forced_decisions)
     for step in range(info.step, info.step + k):

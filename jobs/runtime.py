@@ -38,7 +38,7 @@ from .checkpoint import (
 from .commitment import FILENAME as COMMITMENT_FILE
 from .commitment import Commitment, build_commitment
 from .decisions import DecisionLog, DecisionTrace
-from .execution import StateError, full_state, restore, run_step, set_threads, state_info
+from .execution import StateError, build_trainer, full_state, restore, run_step, state_info
 from .metrics import FILENAME as METRICS_FILE
 from .metrics import MetricsLog
 from .recipe import Recipe, RecipeConfig, StepContext, Trainer
@@ -77,8 +77,7 @@ def run(recipe: Recipe, config: RecipeConfig, settings: RuntimeSettings | None =
     k = settings.segment_steps
     if config.steps % k:
         raise SettingsError(f"steps ({config.steps}) must be a multiple of the segment length k ({k})")
-    set_threads(config)
-    trainer = recipe.build(config, settings.seed)
+    trainer = build_trainer(recipe, config, settings.seed)
     resumed = _resume_point(settings, recipe, config)
     start = 0
     if resumed is not None:

@@ -43,9 +43,9 @@ def step_rng(seed: int, step: int, stream: str) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(derive_seed(seed, step, stream)))
 
 
-def seed_globals(seed: int, step: int) -> None:
+def seed_globals(seed: int, step: int, stream: str = GLOBAL_STREAM) -> None:
     """Seed python's, numpy's and torch's global generators for ``step``."""
-    derived = derive_seed(seed, step, GLOBAL_STREAM)
+    derived = derive_seed(seed, step, stream)
     random.seed(derived)
     np.random.seed(derived % 2**32)  # the legacy global generator takes 32-bit seeds only
     torch.default_generator.manual_seed(derived)  # torch.manual_seed also walks lazy CUDA/XPU hooks: ms a call
