@@ -183,8 +183,8 @@ class _Context:
         self.data_bytes = data_bytes
         if any(name not in data_bytes for name, _ in self.remote):
             self.notes.append("transfer: sizes of some remote data sources are unknown, so their egress is not priced")
-        self._regions: dict[str, str | None] = {}
-        self._gpus: dict[str | None, tuple[str | None, int]] = {}
+        self._regions = _Cache(self._region_reason)
+        self._gpus = _Cache(self._gpu)
         self._unknown_gpus: set[str] = set()
         # reason strings, built once
         self.r_blocked = "blocked after a failed attempt"
@@ -273,19 +273,17 @@ class _Context:
     def _transfer(self, backend: str) -> int:
         return sum(egress_micro_usd(cloud, backend, self.data_bytes.get(name, 0)) for name, cloud in self.remote)
 
-    # per offer (cached by region and GPU type)
+    # per region and GPU type (cached)
 
-    def _region(self, region: str) -> str | None:
-        """Why a region is refused (None when allowed)."""
+    def _region_reason(self, region: str) -> str | None:
+        """Why a region is refused (None when allowed); cached by `_regions`."""
         constraints = self.cls.constraints
-        if region not in self._regions:
-            self._regions[region] = None if constraints.region_allowed(region) else (
-                f"region {region} is not among the allowed {', '.join(constraints.regions or ())}"
-            )
-        return self._regions[region]
+        if constraints.region_allowed(region):
+            return None
+        return f"region {region} is not among the allowed {', '.join(constraints.regions or ())}"
 
     def _gpu(self, gpu_type: str | None) -> tuple[str | None, int]:
-        """(reason the GPU type is refused or None, runtime in seconds on it), cached in `_gpus`."""
+        """(reason the GPU type is refused or None, runtime in seconds on it); cached by `_gpus`."""
         wanted = self.spec.resources.gpu_types
         reason = None
         if self.need_gpus and not gpu_matches(gpu_type, self.gpu_types):
@@ -297,8 +295,7 @@ class _Context:
             speed = throughput(gpu_type) or 1.0
             if throughput(gpu_type) is None:
                 self._unknown_gpus.add(canonical_gpu(gpu_type))
-        found = self._gpus[gpu_type] = (reason, -int(-self.base_s // speed))
-        return found
+        return reason, -int(-self.base_s // speed)
 
     def evaluate(self, offer_set: OfferSet, candidates: list, filtered: list) -> None:
         """Append each offer of one backend to `candidates` (sort key, row) or `filtered` (row)."""
@@ -306,33 +303,47 @@ class _Context:
             return
         backend = offer_set.backend
         refused = self._backend_reason(backend)
-        tiers = {spot: self._tier_of(backend, spot) for spot in (False, True)}
-        tier_reasons = {spot: None if tiers[spot] is not None else self._tier_reason(backend, spot) for spot in tiers}
-        ppm = {spot: self._rate_ppm(backend, spot) for spot in (False, True)}
+        tiers = (self._tier_of(backend, False), self._tier_of(backend, True))  # indexed by offer.spot
+        tier_reasons = tuple(None if tiers[spot] is not None else self._tier_reason(backend, spot) for spot in (0, 1))
+        ppm = (self._rate_ppm(backend, False), self._rate_ppm(backend, True))
         transfer = self._transfer(backend)
-        audit_all = self.audit == "always"
-        audit_untrusted = self.audit == "auto"
-        num, den = self.audit_num, self.audit_den
+        audit_all, audit_untrusted = self.audit == "always", self.audit == "auto"
+        num, den, rates = self.audit_num, self.audit_den, self.rates
         blocked, keyed_rates = self.blocked, self.keyed_rates
         cap, max_hours_s = self.hourly_cap, (self.max_hours * 3600 if self.max_hours else None)
         max_usd, deadline_s = self.max_usd, self.deadline_s
+        no_spot, check_regions, regions = not self.spot_allowed, self.check_regions, self._regions
+        need_gpus, need_vram, need_cpus = self.need_gpus, self.need_vram_mb, self.need_cpus
+        need_memory, need_nodes = self.need_memory_mb, self.need_nodes
         objective_fast = self.cls.objective == "fastest"
         append_candidate, append_filtered, new_row = candidates.append, filtered.append, tuple.__new__
-        gpu_cache = self._gpus
+        gpus = self._gpus
         for offer in offer_set.offers:
             spot = offer.spot
             reason = refused or tier_reasons[spot]
-            if reason is None and blocked and offer.key in blocked:
-                reason = self.r_blocked
-            if reason is None:
-                reason = self._unfit(offer, spot)
-            gpu_reason, seconds = gpu_cache.get(offer.gpu_type) or self._gpu(offer.gpu_type)
+            if reason is None:  # the offer's own fit, cheapest checks first
+                if blocked and offer.key in blocked:
+                    reason = self.r_blocked
+                elif spot and no_spot:
+                    reason = self.r_spot
+                elif check_regions and regions[offer.region] is not None:
+                    reason = regions[offer.region]
+                elif offer.gpu_count < need_gpus:
+                    reason = self.r_gpus
+                elif need_vram and (offer.gpu_memory_mb or 0) < need_vram:
+                    reason = self.r_vram
+                elif offer.cpus < need_cpus:
+                    reason = self.r_cpus
+                elif need_memory and (offer.memory_mb or 0) < need_memory:
+                    reason = self.r_memory
+                elif offer.nodes < need_nodes:
+                    reason = self.r_nodes
+            gpu_reason, seconds = gpus[offer.gpu_type]
             reason = reason or gpu_reason
-            nodes = offer.nodes
-            hourly = offer.price_per_hour_micro_usd * nodes
+            hourly = offer.price_per_hour_micro_usd * offer.nodes
             compute = -(-hourly * seconds // 3600)
             verification = -(-compute * num // den) if (audit_all or (audit_untrusted and not offer.trusted)) else 0
-            rate = _ppm(self.rates[offer.key]) if keyed_rates and offer.key in self.rates else ppm[spot]
+            rate = _ppm(rates[offer.key]) if keyed_rates and offer.key in rates else ppm[spot]
             risk = -(-compute * rate // PPM)
             total = compute + transfer + verification + risk
             finish = offer.expected_start_s + seconds
@@ -345,34 +356,25 @@ class _Context:
                     reason = self.r_usd
                 elif deadline_s is not None and finish > deadline_s:
                     reason = self.r_deadline
+            tier = tiers[spot]
             if reason is None:
-                key = (finish, total) if objective_fast else (total, finish)
-                parts = (offer, seconds / 3600, total, tiers[spot], compute, transfer, verification, risk, finish)
-                append_candidate((tiers[spot], key, len(candidates), parts))
+                parts = (offer, seconds / 3600, total, tier, compute, transfer, verification, risk, finish)
+                append_candidate((tier, (finish, total) if objective_fast else (total, finish), len(candidates), parts))
             else:
-                append_filtered(new_row(Considered, (offer, seconds / 3600, total, reason, tiers[spot], compute,
-                                                     transfer, verification, risk, finish)))
+                append_filtered(new_row(Considered, (offer, seconds / 3600, total, reason, tier, compute, transfer,
+                                                     verification, risk, finish)))
 
-    def _unfit(self, offer: Offer, spot: bool) -> str | None:
-        if spot and not self.spot_allowed:
-            return self.r_spot
-        if self.check_regions:
-            why = self._regions.get(offer.region, False)
-            if why is False:
-                why = self._region(offer.region)
-            if why is not None:
-                return why
-        if offer.gpu_count < self.need_gpus:
-            return self.r_gpus
-        if self.need_vram_mb and (offer.gpu_memory_mb or 0) < self.need_vram_mb:
-            return self.r_vram
-        if offer.cpus < self.need_cpus:
-            return self.r_cpus
-        if self.need_memory_mb and (offer.memory_mb or 0) < self.need_memory_mb:
-            return self.r_memory
-        if offer.nodes < self.need_nodes:
-            return self.r_nodes
-        return None
+
+class _Cache(dict):
+    """A dict that fills a missing key from a function: plain dict speed on every hit."""
+
+    def __init__(self, compute):
+        super().__init__()
+        self.compute = compute
+
+    def __missing__(self, key):
+        value = self[key] = self.compute(key)
+        return value
 
 
 def _ppm(rate: float) -> int:
