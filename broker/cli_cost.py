@@ -241,9 +241,8 @@ def _budgets_table(policy):
 
     table = Table("budget", "cap", "per", "scope", "alerts", box=None, title="Budgets")
     for b in policy.budgets:
-        scope = ", ".join(f"{k}={v}" for k, v in (("backend", b.backend), ("class", b.workload), ("project", b.project)) if v)
         alerts = ", ".join(f"{p}%" for p in b.alert_at_percent) + (" → webhook" if b.webhook else "")
-        table.add_row(_escape(b.label), display_usd(b.cap) + ("" if b.hard else " (soft)"), b.period, scope or "all",
+        table.add_row(_escape(b.label), display_usd(b.cap) + ("" if b.hard else " (soft)"), b.period, b.scope or "all",
                       alerts)
     return table
 

@@ -2,7 +2,8 @@
 
 For each offer it estimates the runtime (reference A100-hours from the spec's `estimated_hours`,
 else the history of the workload class, else 1 hour, scaled by the offer's relative GPU
-throughput), then the expected cost, every part rounded up to the micro-dollar:
+throughput; with neither estimate nor history, the job's max_hours bounds it), then the expected
+cost, every part rounded up to the micro-dollar:
 
     compute      = price/hour × hours × nodes
     transfer     = egress of remote input data from the cloud that holds it
@@ -24,8 +25,8 @@ import asyncio
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 from trainmaster.backends.base import Backend, Offer, OfferSet
 from trainmaster.backends.catalog.gpus import REFERENCE, canonical_gpu, gpu_matches, throughput
@@ -100,7 +101,9 @@ class PlanError(RuntimeError):
         super().__init__(plan.explain_failure())
 
 
-async def gather_offers(spec: JobSpec, backends: dict[str, Backend], *, timeout_s: float = OFFER_TIMEOUT_S) -> list[OfferSet]:
+async def gather_offers(
+    spec: JobSpec, backends: dict[str, Backend], *, timeout_s: float = OFFER_TIMEOUT_S,
+) -> list[OfferSet]:
     """Ask every backend at once; one that is slow or broken gives reasons instead of offers."""
 
     async def one(name: str, backend: Backend) -> OfferSet:
@@ -144,8 +147,8 @@ def plan(
     ctx = _Context(spec, policy, cls, blocked, history or {}, failure_rates or {}, data_bytes or {}, total_steps,
                    now or datetime.now(timezone.utc))
     result = Plan(
-        reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons}, workload=getattr(spec.workload, "value", spec.workload),
-        objective=cls.objective, tiers=[tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
+        reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons},
+        workload=getattr(spec.workload, "value", spec.workload), objective=cls.objective, tiers=[tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
     )
     candidates, filtered = [], []
     for offer_set in offer_sets:

@@ -118,7 +118,9 @@ class ClassPolicy(Model):
         None, gt=0, description="For cheapest-by-deadline when the job gives no deadline: hours from planning."
     )
     primary: TierText = Field(["local"], description="A step (aws, aws:spot) or a list of steps chosen among.")
-    fallbacks: list[TierText] = Field(default_factory=list, description="Tiers tried in order when earlier ones have nothing.")
+    fallbacks: list[TierText] = Field(
+        default_factory=list, description="Tiers tried in order when earlier ones have nothing."
+    )
     constraints: Constraints = Field(default_factory=Constraints)
 
     @property

@@ -172,7 +172,9 @@ def test_default_notifier_logs_a_line(tmp_path, caplog):
     ledger = Ledger(tmp_path / "s.db", [Budget(name="b", cap=10, alert_at_percent=[80])], clock=Clock())
     with caplog.at_level(logging.WARNING, logger="trainmaster.wallet.alerts"):
         reserve(ledger, "a", 9)
-    assert caplog.messages == ["budget 'b' reached 80% of its cap this month (since 2026-01-01): $9.00 of $10.00 spent or reserved"]
+    assert caplog.messages == [
+        "budget 'b' reached 80% of its cap this month (since 2026-01-01): $9.00 of $10.00 spent or reserved"
+    ]
 
 
 @pytest.fixture

@@ -31,7 +31,8 @@ def quiet(cloud: str, **kw):
 
 
 @pytest.mark.parametrize("cloud, instances", [
-    ("aws", ["p3.2xlarge", "p4d.24xlarge", "p5.48xlarge"] + [f"g5.{s}xlarge" for s in ("", "2", "4", "8", "12", "16", "24", "48")]),
+    ("aws", ["p3.2xlarge", "p4d.24xlarge", "p5.48xlarge"]
+     + [f"g5.{s}xlarge" for s in ("", "2", "4", "8", "12", "16", "24", "48")]),
     ("gcp", ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g", "a3-highgpu-8g", "g2-standard-4"]),
     ("azure", ["Standard_NC24ads_A100_v4", "Standard_ND96asr_v4", "Standard_ND96isr_H100_v5"]),
 ])

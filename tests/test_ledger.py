@@ -37,7 +37,8 @@ def reserve(ledger, key, micro_usd, *, job="j1", backend="aws", workload="retrai
 
 def test_reserve_charge_release_lifecycle(ledger):
     r1 = reserve(ledger, "r1", 5_000_000)
-    r2 = reserve(ledger, "r2", 7_000_000, job="j2", backend="bittensor", rao=20_000_000_000, rate_micro_usd_per_tao=350_000_000)
+    r2 = reserve(ledger, "r2", 7_000_000, job="j2", backend="bittensor", rao=20_000_000_000,
+                 rate_micro_usd_per_tao=350_000_000)
     assert {r.key for r in ledger.outstanding()} == {"r1", "r2"}
     charge = ledger.charge("c1", reservation_key="r1", micro_usd=4_200_000, detail={"basis": "3.2 h × $1.31"})
     assert (charge.kind, charge.job_id, charge.backend, charge.micro_usd) == ("charge", "j1", "aws", 4_200_000)
@@ -103,7 +104,8 @@ def test_amounts_are_integers_and_tao_needs_its_rate(ledger, kw, message):
 def test_spend_groups_charges_only(ledger):
     clock = ledger._clock
     reserve(ledger, "r1", 9_000_000, job="a", backend="aws", workload="retraining", project="p1")
-    reserve(ledger, "r2", 9_000_000, job="b", backend="bittensor", workload="initial_training", rao=3, rate_micro_usd_per_tao=1)
+    reserve(ledger, "r2", 9_000_000, job="b", backend="bittensor", workload="initial_training", rao=3,
+            rate_micro_usd_per_tao=1)
     reserve(ledger, "r3", 9_000_000, job="c", backend="aws", workload="development")
     ledger.charge("c1", reservation_key="r1", micro_usd=1_000_000)
     clock.at = FEB

@@ -49,12 +49,15 @@ class Budget(BaseModel):
         return value
 
     @property
+    def scope(self) -> str:
+        """What the budget covers (`backend=aws, project=vision`), empty for all spend."""
+        parts = (("backend", self.backend), ("workload", self.workload), ("project", self.project))
+        return ", ".join(f"{k}={v}" for k, v in parts if v)
+
+    @property
     def label(self) -> str:
         """A stable name: the given one, or the scope (`month: backend=aws`)."""
-        if self.name:
-            return self.name
-        scope = [f"{k}={v}" for k, v in (("backend", self.backend), ("workload", self.workload), ("project", self.project)) if v]
-        return f"{self.period}: {', '.join(scope) or 'all spend'}"
+        return self.name or f"{self.period}: {self.scope or 'all spend'}"
 
     def describe(self) -> str:
         per = "in all" if self.period == "total" else f"per {self.period}"

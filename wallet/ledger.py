@@ -246,7 +246,9 @@ class Ledger:
         money is spent; a charge above its reservation is logged, and can push a budget past its cap."""
         _check_amounts(micro_usd, rao, rate_micro_usd_per_tao)
         with self._tx() as db:
-            reservation, done = self._settle_target(db, key, reservation_key, "charge", micro_usd, rao, rate_micro_usd_per_tao)
+            reservation, done = self._settle_target(
+                db, key, reservation_key, "charge", micro_usd, rao, rate_micro_usd_per_tao
+            )
             if done is not None:
                 return done
             if micro_usd > reservation.micro_usd:
