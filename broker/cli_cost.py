@@ -193,6 +193,7 @@ def policy_show(
 ) -> None:
     """Show a policy: per class, the objective, the fallback chain and the constraints; budgets."""
     from trainmaster.broker.policy import shipped
+    from trainmaster.jobs.money import display_usd
 
     shown = _load_policy(name)
     if as_json:
@@ -205,7 +206,7 @@ def policy_show(
         console.print(_budgets_table(shown))
     power = shown.power
     console.print(f"power: {power.gpu_watts} W per GPU + {power.host_watts} W host at "
-                  f"${power.usd_per_kwh_micro / 1_000_000:g}/kWh; catalogs warn after {shown.catalog.max_age_days} days"
+                  f"{display_usd(power.usd_per_kwh_micro)}/kWh; catalogs warn after {shown.catalog.max_age_days} days"
                   + ("; local only" if shown.local_only else ""), highlight=False)
     console.print(f"shipped policies: {', '.join(shipped())}", highlight=False)
 

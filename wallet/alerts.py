@@ -55,11 +55,15 @@ async def post_alert(alert: Alert, *, timeout_s: float = WEBHOOK_TIMEOUT_S) -> i
 
 
 def log_and_post(alert: Alert) -> threading.Thread | None:
-    """The ledger's default notifier: log now, POST in a background thread (returned, for joining)."""
+    """The ledger's default notifier: log now, POST in a background thread (returned, for joining).
+
+    The thread is not a daemon, so a short-lived CLI process waits for the POST (at most
+    WEBHOOK_TIMEOUT_S) before exiting instead of dropping it.
+    """
     log.warning(alert.message())
     if not alert.webhook:
         return None
-    thread = threading.Thread(target=_deliver, args=(alert,), name="budget-alert", daemon=True)
+    thread = threading.Thread(target=_deliver, args=(alert,), name="budget-alert")
     thread.start()
     return thread
 
