@@ -27,14 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
 from .errors import VerificationError
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024
-CHUNK_BYTES = 32 * 1024 * 1024
+CHUNK_BYTES = 8 * 1024 * 1024
 SUFFIX = ".safetensors"
 
 ITEM_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+NUMPY_FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
 ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
 
 Expected = Mapping[str, tuple[str, tuple[int, ...]]]
@@ -113,7 +115,10 @@ def load_checked(path: Path, *, expected: Expected | None = None, max_bytes: int
             raw = torch.empty(entry.nbytes, dtype=torch.uint8)
             handle.seek(header.data_start + entry.begin)
             _read_exactly(handle, memoryview(raw.numpy()), path)
-            _check_values(path, entry, raw)
+            values = raw.numpy()
+            step = CHUNK_BYTES - CHUNK_BYTES % ITEM_SIZES[entry.dtype]
+            for start in range(0, entry.nbytes, step):
+                _check_values(path, entry, values[start : start + step])
             tensors[entry.name] = raw.view(_torch_dtype(entry.dtype)).reshape(entry.shape)
     return tensors
 
@@ -287,10 +292,8 @@ def _few(names: list[str]) -> str:
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _chunks(handle: BinaryIO, header: Header, entry: TensorEntry, buffer: bytearray) -> Iterator:
-    """``entry``'s bytes as uint8 tensors over ``buffer``, each a whole number of elements."""
-    import torch
-
+def _chunks(handle: BinaryIO, header: Header, entry: TensorEntry, buffer: bytearray) -> Iterator[np.ndarray]:
+    """``entry``'s bytes as uint8 arrays over ``buffer``, each a whole number of elements."""
     handle.seek(header.data_start + entry.begin)
     step = len(buffer) - len(buffer) % ITEM_SIZES[entry.dtype]
     remaining = entry.nbytes
@@ -298,7 +301,7 @@ def _chunks(handle: BinaryIO, header: Header, entry: TensorEntry, buffer: bytear
         size = min(step, remaining)
         view = memoryview(buffer)[:size]
         _read_exactly(handle, view, header.path)
-        yield torch.frombuffer(view, dtype=torch.uint8)
+        yield np.frombuffer(view, dtype=np.uint8)
         remaining -= size
 
 
@@ -311,17 +314,29 @@ def _read_exactly(handle: BinaryIO, view: memoryview, path: Path) -> None:
         done += got
 
 
-def _check_values(path: Path, entry: TensorEntry, raw) -> None:
-    """Refuse NaN/Inf in float tensors and bytes other than 0 and 1 in bool tensors."""
-    import torch
+def _check_values(path: Path, entry: TensorEntry, raw: np.ndarray) -> None:
+    """Refuse NaN/Inf in float tensors and bytes other than 0 and 1 in bool tensors (``raw``: the bytes as uint8).
 
-    if entry.dtype in FLOAT_DTYPES:
-        values = raw.view(_torch_dtype(entry.dtype))
-        if not bool(torch.isfinite(values).all()):
-            kinds = [label for label, found in (("NaN", torch.isnan(values).any()), ("±Inf", torch.isinf(values).any())) if found]
-            raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds {' and '.join(kinds)}")
+    numpy, not torch: ``np.isfinite`` runs at memory speed where ``torch.isfinite`` was ~10× slower on CPU.
+    bf16, which numpy lacks, is checked on its bits: exponent all ones is ±Inf (mantissa 0) or NaN.
+    """
+    if entry.dtype in NUMPY_FLOATS:
+        values = raw.view(NUMPY_FLOATS[entry.dtype])
+        if not np.isfinite(values).all():
+            _non_finite(path, entry, bool(np.isnan(values).any()), bool(np.isinf(values).any()))
+    elif entry.dtype == "BF16":
+        bits = raw.view("<u2")
+        special = (bits & 0x7F80) == 0x7F80
+        if special.any():
+            mantissa = (bits & 0x007F) != 0
+            _non_finite(path, entry, bool((special & mantissa).any()), bool((special & ~mantissa).any()))
     elif entry.dtype == "BOOL" and bool((raw > 1).any()):
         raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds bool bytes other than 0 and 1")
+
+
+def _non_finite(path: Path, entry: TensorEntry, nan: bool, inf: bool) -> None:
+    kinds = " and ".join(label for label, found in (("NaN", nan), ("±Inf", inf)) if found)
+    raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds {kinds}")
 
 
 def _torch_dtype(code: str):
