@@ -275,3 +275,30 @@ def test_load_matches_the_safetensors_library(tmp_path):
     for name, tensor in reference.items():
         assert loaded[name].dtype == tensor.dtype and loaded[name].shape == tensor.shape
         assert torch.equal(loaded[name], tensor), name
+
+
+def test_deeply_nested_header_is_refused(tmp_path):
+    refused(craft(tmp_path / "a.safetensors", b'{"a": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"), "nests too deeply|not strict JSON")
+
+
+# isolation in a child process under limits
+
+
+def test_isolated_check_reports_each_file(tmp_path, model):
+    from trainmaster.verify.safeload import check_files_isolated
+
+    bad = tmp_path / "bad.safetensors"
+    save_file({"w": torch.tensor([float("nan")])}, str(bad))
+    results = check_files_isolated({model: EXPECTED, bad: None})
+    assert [r.reason for r in results] == [None, "bad.safetensors: tensor 'w' holds NaN"]
+    assert results[0].tensors == 3 and results[0].size == model.stat().st_size
+
+
+def test_isolated_check_past_its_memory_limit_is_refused(tmp_path, model):
+    from trainmaster.verify.safeload import check_files_isolated
+
+    big = tmp_path / "big.safetensors"
+    save_file({"w": torch.zeros(4 * 1024 * 1024)}, str(big))  # 16 MiB: its 8 MiB read buffer is over the limit
+    results = check_files_isolated({model: None, big: None}, memory_bytes=2 * 1024 * 1024)
+    assert results[0].reason is None
+    assert results[1].reason == "big.safetensors: checking it ran out of the loader's memory limit (a hostile file)"

@@ -263,11 +263,14 @@ def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str
 
 
 def _safety(run: _Run) -> dict[str, Any]:
-    """Every returned file: no links, no pickle-capable model formats, every .safetensors checked in full."""
-    from .safeload import SUFFIX, check_file
+    """Every returned file: no links, no pickle-capable model formats, every .safetensors checked in full.
+
+    The .safetensors files are checked in one child process under memory and CPU limits.
+    """
+    from .safeload import SUFFIX, check_files_isolated
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
-    problems, checked = [], {}
+    problems, tensor_files = [], {}
     for path in sorted(outputs.rglob("*")):
         relative = path.relative_to(outputs).as_posix()
         if path.is_symlink():
@@ -277,15 +280,16 @@ def _safety(run: _Run) -> dict[str, Any]:
         elif path.suffix.lower() in MODEL_LIKE_SUFFIXES:
             problems.append(f"{relative}: {path.suffix} files are refused (pickle-capable or unchecked model format); return .safetensors")
         elif path.suffix == SUFFIX:
-            expected = attempt.expected_weights if path.name in WEIGHTS_FILES else None
-            try:
-                header = check_file(path, expected=expected, max_bytes=attempt.max_file_bytes)
-            except VerificationError as exc:
-                problems.append(f"{relative}: {exc.reason.removeprefix(path.name + ': ')}")
-            else:
-                checked[relative] = {"bytes": header.size, "tensors": len(header.tensors)}
+            tensor_files[path] = attempt.expected_weights if path.name in WEIGHTS_FILES else None
         elif kind := _pickle_content(path):
             problems.append(f"{relative} is {kind}; pickled data is refused")
+    checked = {}
+    for result in check_files_isolated(tensor_files, max_bytes=attempt.max_file_bytes) if tensor_files else []:
+        relative = Path(result.path).relative_to(outputs).as_posix()
+        if result.reason:
+            problems.append(f"{relative}: {result.reason.removeprefix(Path(result.path).name + ': ')}")
+        else:
+            checked[relative] = {"bytes": result.size, "tensors": result.tensors}
     if problems:
         raise VerificationError("unsafe outputs: " + "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
     return {"safetensors_checked": checked}

@@ -142,6 +142,96 @@ def canonical_header_matches(path: Path) -> bool:
         return handle.read(header.data_start) == header_bytes(meta)
 
 
+# isolation (notes/verification.md §12 rule 5)
+
+ISOLATED_MEMORY_BYTES = 1024 * 1024 * 1024  # beyond what the child has mapped after its imports
+ISOLATED_CPU_SECONDS = 600
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """What an isolated check found for one file: ``reason`` is None when it passed."""
+
+    path: str
+    reason: str | None
+    size: int = 0
+    tensors: int = 0
+
+
+def check_files_isolated(
+    files: Mapping[Path, Expected | None],
+    *,
+    max_bytes: int | None = None,
+    memory_bytes: int = ISOLATED_MEMORY_BYTES,
+    cpu_seconds: int = ISOLATED_CPU_SECONDS,
+) -> list[FileCheck]:
+    """:func:`check_file` on each file, in a child process under memory and CPU-time limits.
+
+    The child imports what it needs, then limits itself to ``memory_bytes`` more address space and
+    ``cpu_seconds`` more CPU time, so the limits bound the checking alone. The checks are bounded by
+    design; the limits are defence in depth against a file that finds a way around them. A file
+    that runs the child out of memory gets that as its reason; a child killed by the CPU limit
+    raises :class:`SafeLoadError`; one that fails otherwise ``VerificationError(kind="cannot_verify")``.
+    """
+    import subprocess
+    import sys
+
+    request = {
+        "max_bytes": max_bytes,
+        "memory_bytes": memory_bytes,
+        "cpu_seconds": cpu_seconds,
+        "files": [{"path": str(p), "expected": _expected_json(e)} for p, e in files.items()],
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True, text=True, env=env, check=False
+    )
+    if done.returncode < 0:
+        names = ", ".join(Path(p).name for p in files)
+        raise SafeLoadError(f"checking {names} was stopped by the loader's CPU limit (a hostile file)")
+    if done.returncode != 0:
+        raise VerificationError(f"the isolated safety check failed: {done.stderr.strip()[-500:]}", kind="cannot_verify")
+    return [FileCheck(**item) for item in json.loads(done.stdout)]
+
+
+def _expected_json(expected: Expected | None) -> dict | None:
+    return None if expected is None else {name: [dtype, list(shape)] for name, (dtype, shape) in expected.items()}
+
+
+def _serve_isolated() -> None:
+    """The child side of :func:`check_files_isolated`: a JSON request on stdin, JSON results on stdout."""
+    import sys
+
+    request = json.load(sys.stdin)
+    _limit_self(request["memory_bytes"], request["cpu_seconds"])
+    results = []
+    for item in request["files"]:
+        expected = item["expected"]
+        expected = None if expected is None else {n: (d, tuple(s)) for n, (d, s) in expected.items()}
+        try:
+            header = check_file(Path(item["path"]), expected=expected, max_bytes=request["max_bytes"])
+        except SafeLoadError as exc:
+            results.append({"path": item["path"], "reason": exc.reason})
+        except MemoryError:
+            reason = f"{Path(item['path']).name}: checking it ran out of the loader's memory limit (a hostile file)"
+            results.append({"path": item["path"], "reason": reason})
+        else:
+            results.append({"path": item["path"], "reason": None, "size": header.size, "tensors": len(header.tensors)})
+    json.dump(results, sys.stdout)
+
+
+def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
+    """Allow this process ``memory_bytes`` more address space and ``cpu_seconds`` more CPU time."""
+    import resource
+
+    with open("/proc/self/statm") as handle:
+        mapped = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + memory_bytes,) * 2)
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = int(used.ru_utime + used.ru_stime) + 1 + cpu_seconds
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+
+
 # reading
 
 
@@ -204,6 +294,8 @@ def _parse_json(path: Path, raw: bytes) -> dict:
         raise SafeLoadError(f"{path.name}: the header is not UTF-8: {exc}") from exc
     except ValueError as exc:  # JSONDecodeError, duplicate keys, NaN literals, over-long integers
         raise SafeLoadError(f"{path.name}: the header is not strict JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise SafeLoadError(f"{path.name}: the header nests too deeply") from exc
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -347,3 +439,7 @@ def _torch_dtype(code: str):
         "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
         "U8": torch.uint8, "BOOL": torch.bool,
     }[code]
+
+
+if __name__ == "__main__":
+    _serve_isolated()
