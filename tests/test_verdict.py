@@ -128,9 +128,9 @@ import torch  # noqa: E402
 from trainmaster.jobs.recipe import Recipe, RecipeConfig  # noqa: E402
 from trainmaster.jobs.spec import JobSpec  # noqa: E402
 from trainmaster.jobs.state import TrainState  # noqa: E402
-from trainmaster.verify.challenge import Challenge  # noqa: E402
-from trainmaster.verify.commitments import StoredCommitment  # noqa: E402
-from trainmaster.verify.pipeline import Attempt, default_checks, verify_attempt  # noqa: E402
+from trainmaster.verify.pipeline import Attempt, AuditSettings, default_checks, verify_attempt  # noqa: E402
+from trainmaster.verify import safeload  # noqa: E402
+from trainmaster.verify.recipe_run import RecipeRun  # noqa: E402
 
 JOB, BUNDLE, K, STEPS = "job-1", "cc" * 32, 2, 6
 
@@ -161,15 +161,35 @@ class TinyLinear:
         return {"w_norm": float(self.w.norm())}
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+class LazyLinear(TinyLinear):
+    """A cheat: trains with 0.9 × the spec's lr while its states record the spec's config."""
+
+    def __init__(self, config: TinyConfig, seed: int):
+        super().__init__(config.model_copy(update={"lr": config.lr * 0.9}), seed)
+
+
+TINY = Recipe(name="tiny-linear", config_type=TinyConfig, build=TinyLinear)
+TINY_RUN = RecipeRun(TINY, TinyConfig(steps=STEPS).model_dump(mode="json"), 1, K)
+
+
+def train(directory: Path, build) -> Path:
     from trainmaster.jobs.runtime import RuntimeSettings, run
 
-    out = tmp_path_factory.mktemp("run") / "outputs"
+    out = directory / "outputs"
     settings = RuntimeSettings(job_id=JOB, output_dir=out, checkpoint_dir=out / "checkpoints", seed=1,
                                segment_steps=K, bundle_sha256=BUNDLE)
-    run(Recipe(name="tiny-linear", config_type=TinyConfig, build=TinyLinear), TinyConfig(steps=STEPS), settings)
+    run(Recipe(name="tiny-linear", config_type=TinyConfig, build=build), TinyConfig(steps=STEPS), settings)
     return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    return train(tmp_path_factory.mktemp("honest"), TinyLinear)
+
+
+@pytest.fixture(scope="module")
+def cheated(tmp_path_factory) -> Path:
+    return train(tmp_path_factory.mktemp("lazy"), LazyLinear)
 
 
 @pytest.fixture
@@ -195,22 +215,29 @@ def untrusted(outputs: Path, miner, **kw) -> Attempt:
 
     signature = sign_commitment(read_commitment(outputs / "commitment.json"), miner)
     fields = dict(job_id=JOB, attempt_id="a1", outputs=outputs, bundle_sha256=BUNDLE, spec=spec(), trusted=False,
-                  hotkey=miner.ss58_address, signature=signature, total_steps=STEPS,
+                  hotkey=miner.ss58_address, signature=signature, recipe_run=TINY_RUN,
                   expected_weights={"w": ("F32", (3,))})
     return Attempt(**{**fields, **kw})
 
 
-class FakeAudit:
-    """Stands in for the replay audit: records what it was given."""
+TAU = AuditSettings(tau=1e-3)
+ISOLATED = safeload.check_files_isolated
 
-    def __init__(self, raises: Exception | None = None):
-        self.calls, self.raises = [], raises
 
-    def __call__(self, *, stored, challenge, attempt):
-        self.calls.append((stored, challenge, attempt))
-        if self.raises:
-            raise self.raises
-        return {"r_max": 0.0}
+@pytest.fixture(autouse=True)
+def in_process_safety(monkeypatch):
+    """Files are checked in this process here (~0.5 s less per test); the child process is tested in
+    test_safeload.py, and with the whole pipeline by tests that ask for ``isolated_safety``."""
+    monkeypatch.setattr(safeload, "check_files_isolated", lambda files, *, max_bytes=None: safeload.check_files(files, max_bytes=max_bytes))
+
+
+@pytest.fixture
+def isolated_safety(monkeypatch):
+    monkeypatch.setattr(safeload, "check_files_isolated", ISOLATED)
+
+
+def crashing_audit(**kwargs):
+    raise RuntimeError("out of memory")
 
 
 def test_default_checks():
@@ -218,7 +245,7 @@ def test_default_checks():
     assert default_checks(trusted=False) == {"integrity", "safety", "replay", "outcome"}
 
 
-def test_trusted_run_is_accepted_stored_and_written(outputs, db_path):
+def test_trusted_run_is_accepted_stored_and_written(outputs, db_path, isolated_safety):
     attempt = Attempt(job_id=JOB, attempt_id="a1", outputs=outputs, bundle_sha256=BUNDLE, spec=spec(), trusted=True)
     verdict = verify_attempt(attempt, db_path=db_path)
     assert verdict.outcome == "accepted", verdict.reasons
@@ -230,41 +257,68 @@ def test_trusted_run_is_accepted_stored_and_written(outputs, db_path):
 
 
 def test_untrusted_run_is_audited_on_a_stored_commitment(outputs, miner, db_path):
-    audit = FakeAudit()
-    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=audit)
+    from trainmaster.verify.commitments import CommitmentStore
+
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "accepted", verdict.reasons
     assert verdict.checks == ["integrity", "safety", "replay", "outcome"]
-    (stored, challenge, _), = audit.calls
-    assert isinstance(stored, StoredCommitment) and isinstance(challenge, Challenge)
-    assert challenge.segments[0] == 0 and challenge.segments[-1] == 2  # n = T/k = 3
-    assert verdict.evidence["replay"] == {"segments": list(challenge.segments), "r_max": 0.0}
+    replay = verdict.evidence["replay"]
+    assert replay["challenge"]["segments"] == [0, 1, 2]  # n = T/k = 3: every segment
+    assert replay["passed"] and replay["tau"] == 1e-3 and [s["index"] for s in replay["segments"]] == [0, 1, 2]
     assert verdict.evidence["integrity"]["signature"] == f"valid for {miner.ss58_address}"
+    assert CommitmentStore(db_path).get(JOB, "a1").hotkey == miner.ss58_address
+
+
+def test_our_deterministic_backend_must_replay_exactly(outputs, db_path):
+    attempt = Attempt(JOB, "a1", outputs, BUNDLE, spec=spec(), trusted=True, recipe_run=TINY_RUN, exact_replay=True)
+    verdict = verify_attempt(attempt, checks={"integrity", "safety", "replay"}, db_path=db_path)
+    assert verdict.outcome == "accepted", verdict.reasons
+    assert verdict.evidence["replay"]["tau_source"] == "exact"
+
+
+def test_lazy_executor_is_caught_by_the_audit(cheated, tmp_path, miner, db_path):
+    outputs = Path(shutil.copytree(cheated, tmp_path / "lazy" / "outputs"))
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit_settings=TAU)
+    assert verdict.outcome == "rejected"
+    assert verdict.reasons[0].startswith("the replay audit failed: segment ")
+    assert "exceeds τ" in verdict.reasons[0]
+    assert verdict.evidence["replay"]["passed"] is False
+
+
+def test_uncalibrated_audit_cannot_verify(outputs, miner, db_path):
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path)
+    assert verdict.outcome == "cannot_verify" and "uncalibrated" in verdict.reasons[0]
+
+
+def test_audit_needs_openings(outputs, miner, db_path):
+    shutil.rmtree(outputs / "checkpoints")
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit_settings=TAU)
+    assert verdict.outcome == "cannot_verify" and "no openings" in verdict.reasons[0]
 
 
 def test_signature_file_is_read_when_none_is_passed(outputs, miner, db_path):
     attempt = untrusted(outputs, miner)
     (outputs / "commitment.sig").write_text(attempt.signature + "\n")
     attempt = untrusted(outputs, miner, signature=None)
-    assert verify_attempt(attempt, db_path=db_path, audit=FakeAudit()).accepted
+    assert verify_attempt(attempt, db_path=db_path, audit_settings=TAU).accepted
 
 
 def test_wrong_signer_is_rejected_before_any_audit(outputs, miner, db_path):
     from bittensor.sp_core import Keypair
 
-    audit = FakeAudit()
     other = Keypair.create_from_mnemonic(Keypair.generate_mnemonic())
-    verdict = verify_attempt(untrusted(outputs, miner, hotkey=other.ss58_address), db_path=db_path, audit=audit)
+    verdict = verify_attempt(untrusted(outputs, miner, hotkey=other.ss58_address), db_path=db_path, audit=crashing_audit)
     assert verdict.outcome == "rejected" and "not valid for the dispatched hotkey" in verdict.reasons[0]
-    assert verdict.checks == ["integrity"] and audit.calls == []
+    assert verdict.checks == ["integrity"]
 
 
 def test_wrong_n_is_rejected(outputs, miner, db_path):
-    verdict = verify_attempt(untrusted(outputs, miner, total_steps=8), db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(untrusted(outputs, miner, total_steps=8), db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and "T/k is 4" in verdict.reasons[0]
 
 
 def test_unknown_total_steps_cannot_verify_an_untrusted_run(outputs, miner, db_path):
-    verdict = verify_attempt(untrusted(outputs, miner, total_steps=None), db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(untrusted(outputs, miner, recipe_run=None), db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "cannot_verify" and "T are unknown" in verdict.reasons[0]
 
 
@@ -272,20 +326,20 @@ def test_final_weights_not_the_committed_ones_are_rejected(outputs, miner, db_pa
     from trainmaster.jobs.canonical import serialize
 
     (outputs / "model.safetensors").write_bytes(serialize({"w": torch.ones(3)}))
-    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and "final_sha256" in verdict.reasons[0]
 
 
 def test_changed_outputs_are_rejected(outputs, miner, db_path):
     recorded = (("result.json", (outputs / "result.json").stat().st_size, "00" * 32),)
-    verdict = verify_attempt(untrusted(outputs, miner, recorded_outputs=recorded), db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(untrusted(outputs, miner, recorded_outputs=recorded), db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and "output result.json does not match" in verdict.reasons[0]
 
 
 def test_no_commitment_from_an_untrusted_executor_is_rejected(outputs, miner, db_path):
     attempt = untrusted(outputs, miner)
     (outputs / "commitment.json").unlink()
-    verdict = verify_attempt(attempt, db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(attempt, db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and "cannot be audited" in verdict.reasons[0]
 
 
@@ -293,7 +347,7 @@ def test_no_commitment_from_an_untrusted_executor_is_rejected(outputs, miner, db
 def test_model_like_files_are_refused(outputs, miner, db_path, name):
     (outputs / name).parent.mkdir(exist_ok=True)
     (outputs / name).write_bytes(b"anything")
-    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and f"{name}: {Path(name).suffix} files are refused" in verdict.reasons[0]
     assert verdict.checks == ["integrity", "safety"]
 
@@ -302,39 +356,33 @@ def test_pickle_under_another_name_is_refused(outputs, miner, db_path):
     import pickle
 
     (outputs / "notes.txt").write_bytes(pickle.dumps({"a": 1}))
-    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and "notes.txt is a pickle" in verdict.reasons[0]
 
 
-def test_nan_in_a_returned_checkpoint_is_rejected(outputs, miner, db_path):
+def test_nan_in_a_returned_checkpoint_is_rejected(outputs, miner, db_path, isolated_safety):
     from safetensors.torch import save_file
 
     save_file({"x": torch.tensor([1.0, float("nan")])}, str(outputs / "extra.safetensors"))
-    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and "extra.safetensors: tensor 'x' holds NaN" in verdict.reasons[0]
 
 
 def test_weights_with_unexpected_tensors_are_rejected(outputs, miner, db_path):
     attempt = untrusted(outputs, miner, expected_weights={"w": ("F32", (4,))})
-    verdict = verify_attempt(attempt, db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(attempt, db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and "expected F32[4]" in verdict.reasons[0]
 
 
-def test_failed_audit_rejects(outputs, miner, db_path):
-    audit = FakeAudit(VerificationError("segment 1: r = 0.4 > τ = 0.01"))
-    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=audit)
-    assert verdict.outcome == "rejected" and verdict.reasons == ["segment 1: r = 0.4 > τ = 0.01"]
-
-
 def test_a_crash_anywhere_is_cannot_verify_never_accept(outputs, miner, db_path):
-    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=FakeAudit(RuntimeError("out of memory")))
+    verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit=crashing_audit)
     assert verdict.outcome == "cannot_verify"
     assert verdict.reasons == ["the replay check failed to run: RuntimeError: out of memory"]
     assert VerdictStore(db_path).latest(JOB).outcome == "cannot_verify"
 
 
 def test_replay_without_a_database_cannot_verify(outputs, miner):
-    verdict = verify_attempt(untrusted(outputs, miner), audit=FakeAudit())
+    verdict = verify_attempt(untrusted(outputs, miner), audit_settings=TAU)
     assert verdict.outcome == "cannot_verify" and "needs the database" in verdict.reasons[0]
 
 
@@ -351,12 +399,12 @@ def test_outcome_below_threshold_is_rejected_with_its_metrics(outputs, miner, db
     """))
     attempt = untrusted(outputs, miner, spec=spec(evaluator="python evaluate.py", thresholds={"neg_error": -0.01}),
                         code_dir=code)
-    verdict = verify_attempt(attempt, db_path=db_path, audit=FakeAudit())
+    verdict = verify_attempt(attempt, db_path=db_path, audit_settings=TAU)
     assert verdict.outcome == "rejected" and "neg_error" in verdict.reasons[0]
     assert verdict.evidence["outcome"]["metrics"]["neg_error"] < -0.01
     lenient = untrusted(outputs, miner, spec=spec(evaluator="python evaluate.py", thresholds={"neg_error": -10.0}),
                         code_dir=code)
-    assert verify_attempt(lenient, db_path=db_path, audit=FakeAudit()).accepted
+    assert verify_attempt(lenient, db_path=db_path, audit_settings=TAU).accepted
 
 
 def test_unknown_check_is_a_usage_error(outputs):

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from trainmaster.jobs.commitment import Commitment
     from trainmaster.jobs.spec import JobSpec
 
+    from .audit import AuditReport
     from .commitments import StoredCommitment
+    from .openings import Openings
+    from .recipe_run import RecipeRun
 
 CHECKS = ("integrity", "safety", "replay", "outcome")
 TRUSTED_CHECKS = frozenset({"integrity", "safety", "outcome"})
@@ -35,7 +38,7 @@ MODEL_LIKE_SUFFIXES = {
     ".pt", ".pth", ".pkl", ".pickle", ".bin", ".npy", ".npz", ".ckpt", ".joblib", ".dill",
     ".h5", ".hdf5", ".keras", ".onnx", ".pb", ".gguf", ".msgpack",
 }
-READ_CHUNK = 8 * 1024 * 1024
+CHECKPOINTS_DIR = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,13 @@ class Attempt:
     """What the broker knows about one returned attempt.
 
     ``recorded_outputs``: ``(relative path, size, sha256)`` of every file as fetched.
-    ``total_steps``: T, so that n = T/k can be checked. ``expected_weights``: the tensors of W0
-    (``name -> (dtype, shape)``) that the final and segment weights must have.
-    ``signature``: the commitment signature; read from ``commitment.sig`` in the outputs if None.
+    ``total_steps``: T, so that n = T/k can be checked (default: the recipe config's ``steps``).
+    ``expected_weights``: the tensors of W0 (``name -> (dtype, shape)``) that the final and segment
+    weights must have. ``signature``: the commitment signature; read from ``commitment.sig`` in the
+    outputs if None. ``openings``: where the audit gets the challenged segments (default: the
+    ``checkpoints/`` directory in the outputs). ``recipe_run``: what the audit re-executes (default:
+    from the spec's entrypoint). ``exact_replay``: the executor is one of our own deterministic
+    backends, so the audit requires bitwise-identical states (r = 0).
     """
 
     job_id: str
@@ -62,10 +69,21 @@ class Attempt:
     max_file_bytes: int | None = None
     code_dir: Path | None = None
     previous_metrics: Mapping[str, float] | None = None
+    openings: Openings | None = None
+    recipe_run: RecipeRun | None = None
+    exact_replay: bool = False
 
 
-Audit = Callable[..., Mapping[str, Any]]
-"""``audit(stored=, challenge=, attempt=) -> evidence``; raises VerificationError to reject."""
+Audit = Callable[..., "AuditReport"]
+"""``trainmaster.verify.audit.run_audit``'s keyword signature; replaceable for tests."""
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """Where the replay audit's tolerance comes from: an explicit τ, or the job class's calibration."""
+
+    calibration_dir: Path | None = None
+    tau: float | None = None
 
 
 @dataclass
@@ -88,11 +106,16 @@ def verify_attempt(
     *,
     checks: Collection[str] | None = None,
     db_path: Path | None = None,
+    audit_settings: AuditSettings = AuditSettings(),
     audit: Audit | None = None,
     evaluate: Callable[[Path], Mapping[str, float]] | None = None,
     write_verdict: bool = True,
 ) -> Verdict:
-    """Run the checks, store the verdict in ``db_path`` (when given), write ``verdict.json`` next to the outputs."""
+    """Run the checks, store the verdict in ``db_path`` (when given), write ``verdict.json`` next to the outputs.
+
+    ``db_path`` (the broker's state.db) is needed for a replay audit: the commitment is stored there
+    before the challenge is drawn. A failure to store the verdict raises (the broker retries).
+    """
     wanted = frozenset(default_checks(attempt.trusted) if checks is None else checks)
     if unknown := wanted - set(CHECKS):
         raise ValueError(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
@@ -100,7 +123,7 @@ def verify_attempt(
     stages = {
         "integrity": lambda: _integrity(run, "replay" in wanted),
         "safety": lambda: _safety(run),
-        "replay": lambda: _replay(run, audit),
+        "replay": lambda: _replay(run, audit_settings, audit),
         "outcome": lambda: _outcome(run, evaluate),
     }
     ran: list[str] = []
@@ -199,7 +222,7 @@ def _check_commitment(run: _Run, replay: bool) -> str:
     attempt, commitment = run.attempt, run.commitment
     if attempt.trusted and attempt.spec is None and not replay:
         return "not required (trusted executor); fields not checked (no job spec)"
-    expected = _expected_fields(attempt, commitment)
+    expected = _expected_fields(attempt, commitment, replay)
     if attempt.trusted:
         if replay:
             run.stored = _store(run, trusted=True, expected=expected)
@@ -216,22 +239,39 @@ def _check_commitment(run: _Run, replay: bool) -> str:
     return f"valid for {attempt.hotkey}"
 
 
-def _expected_fields(attempt: Attempt, commitment) -> dict[str, Any]:
+def _expected_fields(attempt: Attempt, commitment, replay: bool) -> dict[str, Any]:
     if attempt.spec is None:
         raise VerificationError("no job spec was given, so k and n cannot be checked", kind="cannot_verify")
     k = attempt.spec.checkpoint.segment_steps
-    if attempt.total_steps is None:
-        if not attempt.trusted:
+    total = attempt.total_steps or _recipe_steps(attempt)
+    if total is None:
+        if replay and not attempt.trusted:
             raise VerificationError(
                 "the total steps T are unknown, so n = T/k cannot be checked for an untrusted executor",
                 kind="cannot_verify",
             )
-        n = commitment.n  # a trusted run's own n stands
-    elif attempt.total_steps % k:
-        raise VerificationError(f"the spec's T = {attempt.total_steps} is not a multiple of k = {k}", kind="cannot_verify")
+        n = commitment.n  # nothing fixes T: the run's own n stands
+    elif total % k:
+        raise VerificationError(f"the spec's T = {total} is not a multiple of k = {k}", kind="cannot_verify")
     else:
-        n = attempt.total_steps // k
+        n = total // k
     return {"expected_job_id": attempt.job_id, "expected_bundle_sha256": attempt.bundle_sha256, "expected_k": k, "expected_n": n}
+
+
+def _recipe_steps(attempt: Attempt) -> int | None:
+    """T from the recipe config, when the spec runs a recipe."""
+    from .recipe_run import NotReplayable
+
+    try:
+        return int(_recipe_run(attempt).config["steps"])
+    except NotReplayable:
+        return None
+
+
+def _recipe_run(attempt: Attempt) -> RecipeRun:
+    from .recipe_run import recipe_run
+
+    return attempt.recipe_run or recipe_run(attempt.spec)
 
 
 def _read_signature(path: Path) -> str | None:
@@ -307,28 +347,65 @@ def _pickle_content(path: Path) -> str | None:
 # replay audit
 
 
-def _replay(run: _Run, audit: Audit | None) -> dict[str, Any]:
+def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str, Any]:
+    """Draw the challenge from the stored commitment, have the challenged segments opened and re-executed."""
     from .challenge import Challenge
-    from .records import SecretStore
 
+    attempt = run.attempt
     if run.stored is None:
         raise VerificationError("the replay audit needs a verified, stored commitment", kind="cannot_verify")
-    audit = audit or _default_audit()
+    job = _recipe_run(attempt)
+    challenge = Challenge.for_commitment(run.stored, _secret(run), q=attempt.spec.verification.challenge_segments)
+    report = (audit or _run_audit())(
+        commitment=run.stored.commitment,
+        openings=attempt.openings or _local_openings(attempt),
+        segments=list(challenge.segments),
+        recipe=job.recipe,
+        config=job.config,
+        seed=job.seed,
+        tau=settings.tau,
+        calibration=None if attempt.exact_replay else _calibration(settings, job),
+        trusted_exact=attempt.exact_replay,
+    )
+    run.evidence["replay"] = {"challenge": challenge.message(), **report.model_dump(mode="json")}
+    if not report.passed:
+        raise VerificationError("the replay audit failed: " + "; ".join(report.reasons[:5]))
+    return run.evidence["replay"]
+
+
+def _secret(run: _Run) -> bytes:
+    from .records import SecretStore
+
     secrets = SecretStore(run.db_path)
     try:
-        secret = secrets.secret_for(run.attempt.job_id, run.attempt.attempt_id)
+        return secrets.secret_for(run.attempt.job_id, run.attempt.attempt_id)
     finally:
         secrets.close()
-    challenge = Challenge.for_commitment(run.stored, secret, q=run.attempt.spec.verification.challenge_segments)
-    evidence = dict(audit(stored=run.stored, challenge=challenge, attempt=run.attempt))
-    return {"segments": list(challenge.segments), **evidence}
 
 
-def _default_audit() -> Audit:
-    try:
-        from .audit import run_audit
-    except ImportError as exc:
-        raise VerificationError(f"the replay audit is not available: {exc}", kind="cannot_verify") from exc
+def _local_openings(attempt: Attempt) -> Openings:
+    from .openings import LocalOpenings
+
+    directory = Path(attempt.outputs) / CHECKPOINTS_DIR
+    if not directory.is_dir():
+        raise VerificationError(
+            f"no openings: the outputs hold no {CHECKPOINTS_DIR}/ and no transport was given to ask the executor",
+            kind="cannot_verify",
+        )
+    return LocalOpenings(directory)
+
+
+def _calibration(settings: AuditSettings, job: RecipeRun):
+    from .calibration import load_calibration
+
+    if settings.tau is not None or settings.calibration_dir is None:
+        return None  # an explicit τ, or none at all (run_audit then says the job class is uncalibrated)
+    return load_calibration(settings.calibration_dir, job.job_class)
+
+
+def _run_audit() -> Audit:
+    from .audit import run_audit
+
     return run_audit
 
 

@@ -198,26 +198,33 @@ def _expected_json(expected: Expected | None) -> dict | None:
     return None if expected is None else {name: [dtype, list(shape)] for name, (dtype, shape) in expected.items()}
 
 
+def check_files(files: Mapping[Path, Expected | None], *, max_bytes: int | None = None) -> list[FileCheck]:
+    """:func:`check_file` on each file, in this process; what the isolated child runs."""
+    results = []
+    for path, expected in files.items():
+        try:
+            header = check_file(Path(path), expected=expected, max_bytes=max_bytes)
+        except SafeLoadError as exc:
+            results.append(FileCheck(str(path), exc.reason))
+        except MemoryError:
+            results.append(FileCheck(str(path), f"{Path(path).name}: checking it ran out of the loader's memory limit (a hostile file)"))
+        else:
+            results.append(FileCheck(str(path), None, header.size, len(header.tensors)))
+    return results
+
+
 def _serve_isolated() -> None:
     """The child side of :func:`check_files_isolated`: a JSON request on stdin, JSON results on stdout."""
+    import dataclasses
     import sys
 
     request = json.load(sys.stdin)
     _limit_self(request["memory_bytes"], request["cpu_seconds"])
-    results = []
-    for item in request["files"]:
-        expected = item["expected"]
-        expected = None if expected is None else {n: (d, tuple(s)) for n, (d, s) in expected.items()}
-        try:
-            header = check_file(Path(item["path"]), expected=expected, max_bytes=request["max_bytes"])
-        except SafeLoadError as exc:
-            results.append({"path": item["path"], "reason": exc.reason})
-        except MemoryError:
-            reason = f"{Path(item['path']).name}: checking it ran out of the loader's memory limit (a hostile file)"
-            results.append({"path": item["path"], "reason": reason})
-        else:
-            results.append({"path": item["path"], "reason": None, "size": header.size, "tensors": len(header.tensors)})
-    json.dump(results, sys.stdout)
+    files = {
+        Path(item["path"]): None if item["expected"] is None else {n: (d, tuple(s)) for n, (d, s) in item["expected"].items()}
+        for item in request["files"]
+    }
+    json.dump([dataclasses.asdict(r) for r in check_files(files, max_bytes=request["max_bytes"])], sys.stdout)
 
 
 def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
