@@ -95,6 +95,8 @@ def submit(
             render.print_prepared(_console(), prepared)
         return
     job = _run_guarded(lambda: broker.submit(spec, policy))
+    if job.state == "failed" and not as_json:
+        _err(f"{job.id} failed before it started: {job.reason}", Exit.BAD)
     if not wait:
         if as_json:
             print(json.dumps(render.job_json(broker, job), indent=2))

@@ -313,7 +313,8 @@ class _Context:
         audit_all, audit_untrusted = self.audit == "always", self.audit == "auto"
         num, den, rates = self.audit_num, self.audit_den, self.rates
         blocked, keyed_rates = self.blocked, self.keyed_rates
-        cap, max_hours_s = self.hourly_cap, (self.max_hours * 3600 if self.max_hours else None)
+        # without an estimate the runtime *is* max_hours (an upper bound), which it cannot exceed
+        cap, max_hours_s = self.hourly_cap, (self.max_hours * 3600 if self.max_hours and self.scaled else None)
         max_usd, deadline_s = self.max_usd, self.deadline_s
         no_spot, check_regions, regions = not self.spot_allowed, self.check_regions, self._regions
         need_gpus, need_vram, need_cpus = self.need_gpus, self.need_vram_mb, self.need_cpus

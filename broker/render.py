@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainmaster.broker import paths
+from trainmaster.broker.planner import render_plan
 from trainmaster.jobs.money import display_usd, format_usd
 
 STATE_STYLE = {"accepted": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
@@ -84,18 +85,6 @@ def print_jobs(console: Console, broker, jobs) -> None:
     console.print(table)
 
 
-def plan_table(plan) -> Table:
-    table = Table("backend", "instance", "region", "GPUs", "spot", "$/hour", "hours", "expected", "chosen / why not",
-                  title="Considered offers", box=None)
-    for row in plan.rows:
-        o = row.offer
-        gpus = f"{o.gpu_count}× {o.gpu_type}" if o.gpu_count else "CPU"
-        mark = "[green]✔ chosen[/green]" if row.verdict == "chosen" else row.verdict
-        table.add_row(o.backend, o.instance, o.region, gpus, "yes" if o.spot else "no",
-                      display_usd(o.price_per_hour_micro_usd), f"{row.hours:g}", display_usd(row.expected_micro_usd), mark)
-    return table
-
-
 def prepared_json(prepared) -> dict:
     spec = prepared.loaded.spec
     chosen = prepared.plan.chosen
@@ -117,6 +106,6 @@ def print_prepared(console: Console, prepared) -> None:
     console.print(f"[bold]{spec.name}[/bold] ({spec.workload}) — dry run, nothing submitted", highlight=False)
     console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
                   highlight=False)
-    console.print(plan_table(prepared.plan))
+    console.print(render_plan(prepared.plan))
     for backend, why in prepared.plan.reasons.items():
         console.print(f"  {backend}: {'; '.join(why)}", highlight=False)

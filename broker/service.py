@@ -26,6 +26,9 @@ from trainmaster.broker.policy import Policy, load_policy
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
+from trainmaster.wallet.ledger import BudgetExceeded, Ledger
+
+PLAN_ROWS_KEPT = 20  # of the considered offers, kept in the plan's event row
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,11 @@ class Broker:
     def __init__(self, store: Store | None = None, backends: dict[str, Backend] | None = None):
         self.store = store or Store(paths.state_db())
         self._backends = backends or {}
+        self._ledgers: dict[str, Ledger] = {}
 
     def close(self) -> None:
+        for ledger in self._ledgers.values():
+            ledger.close()
         self.store.close()
 
     # backends
@@ -105,7 +111,8 @@ class Broker:
         chosen = result.chosen
         self.store.move_job(job_id, "planned", detail={
             "chosen": chosen.offer.key, "expected_micro_usd": chosen.expected_micro_usd,
-            "considered": [[r.offer.key, r.verdict] for r in result.rows],
+            "considered": [[r.offer.key, r.verdict] for r in result.rows[:PLAN_ROWS_KEPT]],
+            "offers": len(result.rows),
         })
 
     # the state machine, driven from whatever state is recorded
@@ -165,6 +172,16 @@ class Broker:
             self.store.move_job(job.id, "failed", reason=result.explain_failure())
             return
         offer = result.chosen.offer
+        n = len(self.store.attempts(job.id)) + 1
+        try:
+            self._ledger(job).reserve(
+                _reserve_key(f"{job.id}.{n}"), job_id=job.id, backend=offer.backend, workload=job.workload,
+                project=job.project, micro_usd=result.chosen.expected_micro_usd,
+                detail={"offer": offer.key, "hours": result.chosen.hours},
+            )
+        except BudgetExceeded as exc:
+            self.store.move_job(job.id, "failed", reason=f"refused by budget: {exc}")
+            return
         attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json())
         self._start(job, attempt)
 
@@ -208,9 +225,8 @@ class Broker:
                                     started_at=st.started_at, ended_at=st.ended_at)
             self._settle(job, self.store.attempt(attempt.id))
         elif st.phase is Phase.cancelled:
-            self._record_cost(attempt)
-            self.store.move_attempt(attempt.id, "cancelled", job_target="cancelled", reason=st.reason or "cancelled",
-                                    started_at=st.started_at, ended_at=st.ended_at)
+            self._end_attempt(job, attempt, "cancelled", job_target="cancelled", reason=st.reason or "cancelled",
+                              started_at=st.started_at, ended_at=st.ended_at)
         elif st.phase is Phase.failed:
             # a script that exits non-zero failed on its own; a process that vanished may succeed elsewhere
             self._attempt_failed(job, attempt, st.reason or "failed", retry=st.exit_code is None,
@@ -218,13 +234,10 @@ class Broker:
 
     def _attempt_failed(self, job: Job, attempt: Attempt, reason: str, *, retry: bool,
                         started_at: float | None = None, ended_at: float | None = None) -> None:
-        if attempt.handle_json:
-            self._record_cost(attempt)
         times = {"started_at": started_at, "ended_at": ended_at}
+        self._end_attempt(job, attempt, "failed", job_target="planned" if retry else "failed", reason=reason, **times)
         if not retry:
-            self.store.move_attempt(attempt.id, "failed", job_target="failed", reason=reason, **times)
             return
-        self.store.move_attempt(attempt.id, "failed", job_target="planned", reason=reason, **times)
         job = self.store.job(job.id)
         result = self.plan(self._spec(job), load_policy(job.policy), blocked=self._blocked(job))
         if result.chosen is None:
@@ -245,10 +258,10 @@ class Broker:
         verdict = self._verify(job, attempt, dest)
         (paths.job_dir(job.id) / "verdict.json").write_text(json.dumps(verdict, indent=2, sort_keys=True))
         if verdict["verdict"] == "accepted":
-            self.store.move_attempt(attempt.id, "accepted", job_target="accepted", detail=verdict)
+            self._end_attempt(job, attempt, "accepted", job_target="accepted", detail=verdict)
         else:
-            self.store.move_attempt(attempt.id, "rejected", job_target="failed", reason="; ".join(verdict["reasons"]),
-                                    detail=verdict)
+            self._end_attempt(job, attempt, "rejected", job_target="failed", reason="; ".join(verdict["reasons"]),
+                              detail=verdict)
 
     def _verify(self, job: Job, attempt: Attempt, outputs: Path) -> dict:
         """Integrity of what came back: every recorded output is present with its hash.
@@ -265,6 +278,38 @@ class Broker:
         return {"verdict": "rejected" if bad else "accepted", "checks": ["integrity"], "reasons": reasons,
                 "outputs": len(recorded)}
 
+    def _end_attempt(self, job: Job, attempt: Attempt, target: str, *, job_target: str | None,
+                     reason: str | None = None, detail: dict | None = None,
+                     started_at: float | None = None, ended_at: float | None = None) -> None:
+        """Record the cost, settle the money, then move: each step idempotent, so a crash between
+        them is repaired by running this again and nothing is paid twice."""
+        if attempt.handle_json:
+            self._record_cost(attempt)
+        self._settle_money(job, self.store.attempt(attempt.id), target)
+        self.store.move_attempt(attempt.id, target, job_target=job_target, reason=reason, detail=detail,
+                                started_at=started_at, ended_at=ended_at)
+
+    def _settle_money(self, job: Job, attempt: Attempt, target: str) -> None:
+        """Charge what was actually spent, or release the reservation.
+
+        Compute we pay for by the hour whatever happens (our own power, a cloud's bill) is charged
+        at its recorded cost on every end; an untrusted executor is paid only for accepted work.
+        """
+        offer = Offer.model_validate_json(attempt.offer_json)
+        ledger = self._ledger(job)
+        reservation = _reserve_key(attempt.id)
+        if target == "accepted" or (offer.trusted and attempt.cost_micro_usd is not None):
+            ledger.charge(f"charge:{attempt.id}", reservation_key=reservation, micro_usd=attempt.cost_micro_usd or 0,
+                          rao=attempt.cost_rao or 0, detail={"outcome": target})
+        else:
+            ledger.release(f"release:{attempt.id}", reservation_key=reservation, detail={"outcome": target})
+
+    def _ledger(self, job: Job) -> Ledger:
+        policy = load_policy(job.policy)
+        if policy.name not in self._ledgers:
+            self._ledgers[policy.name] = Ledger(self.store.path, budgets=policy.budgets)
+        return self._ledgers[policy.name]
+
     def _record_cost(self, attempt: Attempt) -> None:
         offer = Offer.model_validate_json(attempt.offer_json)
         cost = self.backend(attempt.backend).cost(Handle.model_validate_json(attempt.handle_json), offer)
@@ -280,8 +325,7 @@ class Broker:
         for attempt in self.store.attempts(job.id):
             if attempt.state in states.ACTIVE_ATTEMPT and attempt.handle_json:
                 self.backend(attempt.backend).cancel(Handle.model_validate_json(attempt.handle_json))
-                self._record_cost(attempt)
-                self.store.move_attempt(attempt.id, "cancelled", reason="cancelled by the user")
+                self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user")
         self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
         return self.store.job(job.id)
 
@@ -292,6 +336,10 @@ class Broker:
             return iter(())
         last = attempts[-1]
         return self.backend(last.backend).logs(Handle.model_validate_json(last.handle_json), follow=follow)
+
+
+def _reserve_key(attempt_id: str) -> str:
+    return f"reserve:{attempt_id}"
 
 
 def _max_bundle(spec: JobSpec) -> int:

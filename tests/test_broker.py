@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from trainmaster.backends.base import AttemptContext, Offer
+from trainmaster.backends.base import Offer
 from trainmaster.broker import paths
 from trainmaster.broker.service import Broker
 from trainmaster.jobs.bundle import BundleError
@@ -53,30 +53,27 @@ def test_a_new_process_resumes_watching_a_running_job(tm_home, job_factory):
     assert out.stdout.strip() == "accepted"
 
 
+CRASH_BEFORE_HANDLE = """
+import os, sys
+from trainmaster.broker.store import Store
+Store.set_handle = lambda self, *a, **k: os._exit(9)  # the process dies right after the job was started
+from trainmaster.broker.service import Broker
+Broker().submit(sys.argv[1])
+"""
+
+
 def test_a_dispatch_that_crashed_before_recording_its_handle_is_not_started_twice(broker, job_factory):
     spec_path = job_factory("import time\ntime.sleep(1)\n" + textwrap.dedent(WRITE_OUTPUT))
-    from trainmaster.broker.policy import load_policy
-    from trainmaster.jobs.spec import load_spec
-
-    loaded = load_spec(spec_path)
-    result = broker.plan(loaded.spec, load_policy())
-    from trainmaster.jobs.bundle import build_bundle
-
-    info = build_bundle(loaded.code_dir, loaded.spec.canonical_json(), paths.bundles_dir())
-    broker.store.create_job(job_id="crash-1", name="t", workload="development", project=None,
-                            spec_json=loaded.spec.model_dump_json(), spec_path=str(spec_path),
-                            bundle_sha256=info.sha256, policy="default")
-    broker.store.move_job("crash-1", "planned")
-    attempt = broker.store.create_attempt("crash-1", backend="local", offer_json=result.chosen.offer.model_dump_json())
-    ctx = AttemptContext(job_id="crash-1", attempt_id=attempt.id, bundle_sha256=info.sha256, seed=0,
-                         workdir=str(paths.attempt_dir("crash-1", 1)))
-    broker.backend("local").submit(info.path, loaded.spec, result.chosen.offer, ctx)
-    # ... and the process died here, before set_handle
-    job = Broker().wait("crash-1", timeout_s=60)
+    crashed = subprocess.run([sys.executable, "-c", CRASH_BEFORE_HANDLE, str(spec_path)], capture_output=True, text=True)
+    assert crashed.returncode == 9, crashed.stderr
+    [job] = broker.store.jobs()
+    [attempt] = broker.store.attempts(job.id)
+    assert job.state == "dispatched" and attempt.handle_json is None
+    job = Broker().wait(job.id, timeout_s=60)
     assert job.state == "accepted"
-    log = (paths.attempt_dir("crash-1", 1) / "job.log").read_text()
+    log = (paths.attempt_dir(job.id, 1) / "job.log").read_text()
     assert log.count("[trainmaster] $") == 1 and log.count("trained") == 1
-    assert len(broker.store.attempts("crash-1")) == 1
+    assert len(broker.store.attempts(job.id)) == 1
 
 
 def test_invalid_spec_records_nothing(broker, job_factory):
@@ -160,3 +157,33 @@ def test_local_offer_is_priced_by_the_policy_power_model(broker):
     [offer] = asyncio.run(broker.backend("local").offers(spec)).offers
     assert isinstance(offer, Offer) and offer.trusted and not offer.spot
     assert offer.price_per_hour_micro_usd == (120 * 150_000 + 999) // 1000  # host watts × $/kWh, no GPU
+
+
+def _policy_with_budget(tmp_path, cap: str) -> str:
+    path = tmp_path / "tight.yaml"
+    path.write_text(f"name: tight\ndefault:\n  primary: local\nbudgets:\n  - name: tiny\n    period: total\n    cap: {cap}\n")
+    return str(path)
+
+
+def test_money_is_reserved_on_dispatch_and_charged_once_on_acceptance(broker, job_factory):
+    from trainmaster.wallet.ledger import Ledger
+
+    job = broker.wait(broker.submit(job_factory(WRITE_OUTPUT)).id, timeout_s=60)
+    [attempt] = broker.store.attempts(job.id)
+    ledger = Ledger(paths.state_db())
+    kinds = [(e.kind, e.key) for e in ledger.entries() if e.job_id == job.id]
+    assert kinds == [("reserve", f"reserve:{attempt.id}"), ("charge", f"charge:{attempt.id}")]
+    [charge] = [e for e in ledger.entries() if e.kind == "charge"]
+    assert charge.micro_usd == attempt.cost_micro_usd
+    # settling again (a resumed process) pays nothing twice
+    broker._settle_money(job, attempt, "accepted")
+    assert len([e for e in ledger.entries() if e.job_id == job.id]) == 2
+    [row] = ledger.spend(by="job")
+    assert row.micro_usd == attempt.cost_micro_usd
+
+
+def test_a_budget_that_cannot_hold_the_estimate_refuses_the_dispatch(broker, job_factory, tmp_path):
+    spec = job_factory(WRITE_OUTPUT, "limits:\n  max_hours: 10\n")  # 10 h × the local price is over $0.01
+    job = broker.submit(spec, _policy_with_budget(tmp_path, "0.01"))
+    assert job.state == "failed" and "refused by budget" in job.reason and "tiny" in job.reason
+    assert broker.store.attempts(job.id) == []
