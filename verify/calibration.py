@@ -1,0 +1,186 @@
+"""The calibration artifact of a job class: the measured r distributions and the thresholds derived from them.
+
+Produced by :mod:`trainmaster.verify.calibrate`, stored as ``<directory>/<job class>.json`` (the broker
+passes ``$TRAINMASTER_HOME/calibration``), read by every audit of that class. Per segment length k
+(notes/verification.md §4)::
+
+    p99_honest = 99th percentile of r over every honest variant and base state
+    r_min_cheat = smallest r of the mildest cheat (lr × 0.9)
+    R(k)   = r_min_cheat / p99_honest                 separation; want ≥ 10
+    τ(k)   = sqrt(p99_honest · r_min_cheat)           a margin of sqrt(R) on both sides
+
+plus the learner audit's decision-margin tolerance and the update-norm floor. Format: docs/audit.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import VerificationError
+from .learner import DEFAULT_MARGIN_TOL
+
+FORMAT = "trainmaster-calibration-v1"
+SEPARATION_TARGET = 10.0
+"""R(k) below this leaves less than a 3.2× margin on either side of τ: warn, suggest a smaller k."""
+P99_FLOOR = 1e-12
+"""Honest r measured as exactly 0 everywhere still leaves τ > 0 (other hardware is never bit-exact)."""
+MARGIN_FACTOR = 10.0
+"""The decision-margin tolerance is this many times the largest honest margin (at least the default)."""
+UPDATE_FLOOR_FACTOR = 1e-3
+"""An update per unit lr below this fraction of the smallest honest one is implausible (gross manipulation only)."""
+
+
+class UncalibratedError(VerificationError):
+    """No usable calibration for this job class and k, and no explicit τ: the audit cannot run."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason, kind="cannot_verify")
+
+
+class CalibrationPoint(BaseModel):
+    """Everything measured and derived for one segment length k."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    k: int = Field(ge=1)
+    honest_r: dict[str, list[float]] = Field(description="r of each honest variant, one value per base state")
+    cheat_r: dict[str, list[float]] = Field(description="r of the mildest cheat, one value per base state")
+    honest_p99: float
+    cheat_min: float
+    separation: float = Field(description="R(k) = cheat_min / honest_p99")
+    tau: float = Field(description="τ(k) = sqrt(honest_p99 · cheat_min)")
+    honest_max_margin: float = Field(description="largest decision margin of an honest disagreement")
+    margin_tol: float = Field(description="decision margins above this reject")
+    min_update_per_lr: float = Field(description="smallest honest ‖W_re − W_i‖ / (‖W_i‖ · lr)")
+    update_floor: float = Field(description="updates per lr below this reject")
+
+    @classmethod
+    def from_measurements(
+        cls,
+        k: int,
+        honest_r: Mapping[str, Sequence[float]],
+        cheat_r: Mapping[str, Sequence[float]],
+        honest_margins: Sequence[float],
+        updates_per_lr: Sequence[float],
+    ) -> CalibrationPoint:
+        honest = [r for values in honest_r.values() for r in values]
+        cheats = [r for values in cheat_r.values() for r in values]
+        if not honest or not cheats or not updates_per_lr:
+            raise ValueError(f"k = {k}: nothing was measured")
+        if not all(math.isfinite(r) for r in honest):
+            raise ValueError(f"k = {k}: an honest variant gave r = inf (it changed weights a segment did not update)")
+        max_margin = max(honest_margins, default=0.0)
+        if not math.isfinite(max_margin):
+            raise ValueError(f"k = {k}: honest executors disagreed on a choice drawn from the step's RNG")
+        p99 = max(float(np.percentile(honest, 99)), P99_FLOOR)
+        cheat_min = min(cheats)
+        min_update = min(updates_per_lr)
+        return cls(
+            k=k,
+            honest_r={name: list(values) for name, values in honest_r.items()},
+            cheat_r={name: list(values) for name, values in cheat_r.items()},
+            honest_p99=p99,
+            cheat_min=cheat_min,
+            separation=cheat_min / p99,
+            tau=math.sqrt(p99 * cheat_min),
+            honest_max_margin=max_margin,
+            margin_tol=max(DEFAULT_MARGIN_TOL, MARGIN_FACTOR * max_margin),
+            min_update_per_lr=min_update,
+            update_floor=UPDATE_FLOOR_FACTOR * min_update,
+        )
+
+
+class Base(BaseModel):
+    """A state segments were re-executed from: the job seed and the step it was taken at."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    seed: int
+    step: int
+
+
+class Calibration(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal["trainmaster-calibration-v1"] = FORMAT
+    job_class: str
+    recipe: str
+    config: dict[str, Any]
+    bases: list[Base]
+    created: str = Field(description="ISO 8601 UTC time of the measurement")
+    environment: dict[str, str] = Field(description="where it was measured: torch, python, platform, threads")
+    points: list[CalibrationPoint]
+
+    def point(self, k: int) -> CalibrationPoint:
+        """The measurements for segment length ``k``; :class:`UncalibratedError` if k was not calibrated."""
+        for point in self.points:
+            if point.k == k:
+                return point
+        measured = ", ".join(str(p.k) for p in self.points) or "none"
+        raise UncalibratedError(f"job class {self.job_class} is not calibrated for k = {k} (calibrated: {measured})")
+
+    def tau(self, k: int) -> float:
+        return self.point(k).tau
+
+    @property
+    def recommended_k(self) -> int | None:
+        """The largest calibrated k whose separation reaches :data:`SEPARATION_TARGET`."""
+        good = [p.k for p in self.points if p.separation >= SEPARATION_TARGET]
+        return max(good, default=None)
+
+    def warnings(self) -> list[str]:
+        """One line per k whose separation is below target, with the k to use instead."""
+        lines = []
+        for point in self.points:
+            if point.separation < SEPARATION_TARGET:
+                better = self.recommended_k
+                advice = f"use k = {better}" if better is not None and better < point.k else f"try k ≤ {max(1, point.k // 2)}"
+                lines.append(
+                    f"k = {point.k}: separation R = {point.separation:.3g} < {SEPARATION_TARGET:g} "
+                    f"(honest p99 r {point.honest_p99:.3g}, mildest cheat r {point.cheat_min:.3g}); {advice}"
+                )
+        return lines
+
+
+def job_class(recipe: str, config: Mapping[str, Any]) -> str:
+    """The class a job is calibrated as: its recipe and every hyperparameter except the run length.
+
+    Any change to the model, optimizer or data settings (lr included: a tiny lr slipped into a spec
+    gets no calibration) makes a new class; T does not, so retraining runs of any length share one.
+    """
+    rest = {key: value for key, value in config.items() if key != "steps"}
+    digest = hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return f"{recipe}-{digest[:12]}"
+
+
+def calibration_path(directory: Path, job_class_name: str) -> Path:
+    return Path(directory) / f"{job_class_name}.json"
+
+
+def store_calibration(calibration: Calibration, directory: Path) -> Path:
+    """Write ``<directory>/<job class>.json`` atomically; return its path."""
+    path = calibration_path(directory, calibration.job_class)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(calibration.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_calibration(directory: Path, job_class_name: str) -> Calibration:
+    """Read a job class's calibration; :class:`UncalibratedError` when it is missing or unreadable."""
+    path = calibration_path(directory, job_class_name)
+    try:
+        return Calibration.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise UncalibratedError(
+            f"job class {job_class_name} is not calibrated (no {path}); run `trainmaster verify calibrate JOB.yaml`"
+        ) from None
+    except (OSError, ValidationError) as exc:
+        raise UncalibratedError(f"the calibration {path} is unreadable: {exc}") from exc

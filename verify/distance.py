@@ -1,0 +1,73 @@
+"""The audit's distance: how far the executor's S_{i+1} weights are from the verifier's, relative to the update.
+
+``r = ‖W_exec − W_re‖₂ / ‖W_re − W_i‖₂`` over every floating-point weight, computed in float64
+(notes/verification.md §4). Integer and bool weights (counters, masks) must match exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from .errors import VerificationError
+
+Tensors = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Distance:
+    divergence: float
+    """‖W_exec − W_re‖₂"""
+    update: float
+    """‖W_re − W_i‖₂: the segment's own update as the verifier computes it."""
+    start_norm: float
+    """‖W_i‖₂"""
+
+    @property
+    def r(self) -> float:
+        """divergence / update; 0 when both are 0 (a segment without updates, reproduced), inf when only the update is."""
+        if self.update > 0:
+            return self.divergence / self.update
+        return 0.0 if self.divergence == 0 else math.inf
+
+    @property
+    def relative_update(self) -> float:
+        """‖W_re − W_i‖ / ‖W_i‖ (the update's size, for the update-norm sanity check)."""
+        return self.update / self.start_norm if self.start_norm > 0 else math.inf
+
+
+def weight_distance(start: Tensors, replayed: Tensors, executed: Tensors) -> Distance:
+    """The distance between the executor's weights and the verifier's, both k steps after ``start``.
+
+    Raises :class:`VerificationError` when the executor's weights are not the same tensors (names,
+    shapes, dtypes) as the verifier's, or an integer weight differs.
+    """
+    _check_same_layout(replayed, executed)
+    _check_same_layout(replayed, start)
+    divergence = update = start_sq = 0.0
+    for name, re in replayed.items():
+        exe, w0 = executed[name], start[name]
+        if not re.is_floating_point():
+            if not torch.equal(re, exe):
+                raise VerificationError(f"the executor's non-float weight {name!r} differs from the re-execution")
+            continue
+        re64 = re.double()
+        divergence += float((exe.double() - re64).square().sum())
+        update += float((re64 - w0.double()).square().sum())
+        start_sq += float(w0.double().square().sum())
+    return Distance(math.sqrt(divergence), math.sqrt(update), math.sqrt(start_sq))
+
+
+def _check_same_layout(expected: Tensors, found: Tensors) -> None:
+    if expected.keys() != found.keys():
+        missing, extra = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
+        raise VerificationError(f"weight names differ from the re-execution's: missing {missing[:3]}, extra {extra[:3]}")
+    for name, tensor in expected.items():
+        other = found[name]
+        if other.dtype != tensor.dtype or other.shape != tensor.shape:
+            raise VerificationError(
+                f"weight {name!r} is {other.dtype} {list(other.shape)}, the re-execution's is {tensor.dtype} {list(tensor.shape)}"
+            )

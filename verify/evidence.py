@@ -1,0 +1,72 @@
+"""What a replay audit found, per challenged segment and overall (stored with the verdict)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .learner import DecisionEvidence
+from .openings import OpeningHashes
+
+
+class SegmentHashes(BaseModel):
+    """The committed hashes of the opening (checked against the root) and of the verifier's S_{i+1}."""
+
+    model_config = ConfigDict(frozen=True)
+    leaf: str
+    next_leaf: str
+    weights_sha256: str
+    rest_sha256: str = Field(description="sha256(rest_i ‖ trace_i), as committed")
+    next_weights_sha256: str
+    next_rest_sha256: str
+    replay_weights_sha256: str | None = Field(None, description="the verifier's own weights of S_{i+1}")
+
+    @classmethod
+    def of(cls, hashes: OpeningHashes) -> SegmentHashes:
+        return cls(
+            leaf=hashes.leaf,
+            next_leaf=hashes.next_leaf,
+            weights_sha256=hashes.weights_sha256,
+            rest_sha256=hashes.rest_sha256,
+            next_weights_sha256=hashes.next_weights_sha256,
+            next_rest_sha256=hashes.next_rest_sha256,
+        )
+
+
+class SegmentEvidence(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+    index: int
+    passed: bool = True
+    reasons: list[str] = Field(default_factory=list)
+    tau: float
+    r: float | None = Field(None, description="‖W_exec − W_re‖ / ‖W_re − W_i‖")
+    divergence: float | None = Field(None, description="‖W_exec − W_re‖")
+    update_norm: float | None = Field(None, description="‖W_re − W_i‖")
+    relative_update: float | None = Field(None, description="‖W_re − W_i‖ / ‖W_i‖")
+    update_per_lr: float | None = Field(None, description="relative update per unit of the segment's final lr")
+    update_floor: float | None = Field(None, description="update_per_lr below this rejects (from the calibration)")
+    hashes: SegmentHashes | None = None
+    decisions: DecisionEvidence | None = None
+    exact_compared: int | None = Field(None, description="rest entries of S_{i+1} compared bit for bit")
+    exact_mismatches: list[str] = Field(default_factory=list)
+    replay_seconds: float = 0.0
+
+    def reject(self, *reasons: str) -> SegmentEvidence:
+        self.passed = False
+        self.reasons.extend(reasons)
+        return self
+
+
+class AuditReport(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+    passed: bool
+    reasons: list[str] = Field(description="every segment's reasons, prefixed with its index")
+    recipe: str
+    k: int
+    tau: float
+    tau_source: Literal["calibration", "explicit", "exact"]
+    margin_tol: float
+    update_floor: float | None
+    segments: list[SegmentEvidence]
+    replay_seconds: float = Field(description="wall time of the re-executions")
