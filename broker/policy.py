@@ -158,6 +158,26 @@ class CatalogSettings(Model):
     max_age_days: int = Field(90, ge=1, description="Warn when a price catalog is older than this.")
 
 
+Check = Literal["integrity", "safety", "replay", "outcome"]
+
+
+class VerificationPolicy(Model):
+    """Which checks returned work gets, by whether the compute was ours (local, clouds) or a stranger's."""
+
+    trusted: list[Check] = Field(["integrity", "safety", "outcome"], description="Local and cloud backends.")
+    untrusted: list[Check] = Field(
+        ["integrity", "safety", "replay", "outcome"], description="Bittensor miners: the replay audit too."
+    )
+    tau: float | None = Field(None, gt=0, description="Replay tolerance; default: the job class's calibration.")
+
+    @model_validator(mode="after")
+    def _untrusted_keeps_the_essentials(self) -> VerificationPolicy:
+        missing = {"integrity", "safety"} - set(self.untrusted)
+        if missing:
+            raise ValueError(f"untrusted work must always get {' and '.join(sorted(missing))}")
+        return self
+
+
 class Policy(Model):
     name: str
     description: str = ""
@@ -167,6 +187,7 @@ class Policy(Model):
     classes: dict[Workload, ClassPolicy] = Field(default_factory=dict)
     budgets: list[Budget] = Field(default_factory=list, description="Caps on spend, enforced by the ledger.")
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    verification: VerificationPolicy = Field(default_factory=VerificationPolicy)
 
     def for_class(self, workload: str) -> ClassPolicy:
         return self.classes.get(workload, self.default)

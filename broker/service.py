@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -232,10 +231,10 @@ class Broker:
             self._attempt_failed(job, attempt, st.reason or "failed", retry=st.exit_code is None,
                                  started_at=st.started_at, ended_at=st.ended_at)
 
-    def _attempt_failed(self, job: Job, attempt: Attempt, reason: str, *, retry: bool,
+    def _attempt_failed(self, job: Job, attempt: Attempt, reason: str, *, retry: bool, state: str = "failed",
                         started_at: float | None = None, ended_at: float | None = None) -> None:
         times = {"started_at": started_at, "ended_at": ended_at}
-        self._end_attempt(job, attempt, "failed", job_target="planned" if retry else "failed", reason=reason, **times)
+        self._end_attempt(job, attempt, state, job_target="planned" if retry else "failed", reason=reason, **times)
         if not retry:
             return
         job = self.store.job(job.id)
@@ -256,27 +255,30 @@ class Broker:
             self._record_cost(attempt)
             self.store.move_attempt(attempt.id, "verifying", job_target="verifying")
         verdict = self._verify(job, attempt, dest)
-        (paths.job_dir(job.id) / "verdict.json").write_text(json.dumps(verdict, indent=2, sort_keys=True))
-        if verdict["verdict"] == "accepted":
-            self._end_attempt(job, attempt, "accepted", job_target="accepted", detail=verdict)
+        if verdict.outcome == "accepted":
+            self._end_attempt(job, attempt, "accepted", job_target="accepted", detail={"verdict": verdict.outcome})
         else:
-            self._end_attempt(job, attempt, "rejected", job_target="failed", reason="; ".join(verdict["reasons"]),
-                              detail=verdict)
+            # rejected (or impossible to verify): nothing is paid, the offer is blocked, the next one tried
+            why = f"{verdict.outcome.replace('_', ' ')}: {'; '.join(verdict.reasons)}"
+            self._attempt_failed(job, attempt, why, retry=True, state="rejected")
 
-    def _verify(self, job: Job, attempt: Attempt, outputs: Path) -> dict:
-        """Integrity of what came back: every recorded output is present with its hash.
+    def _verify(self, job: Job, attempt: Attempt, outputs: Path):
+        """The verification pipeline, with the checks the job's policy sets for this kind of compute."""
+        from trainmaster.verify import pipeline
 
-        A trusted backend's run that exited 0 with intact outputs is accepted; safety, replay
-        audits and outcome checks come with the verification module.
-        """
-        recorded = self.store.outputs(attempt.id)
-        from trainmaster.backends.local import list_outputs
-
-        found = {f.path: f.sha256 for f in list_outputs(outputs)} if outputs.exists() else {}
-        bad = [p for p, _, h in recorded if found.get(p) != h]
-        reasons = [f"output {p} is missing or changed since it was fetched" for p in bad]
-        return {"verdict": "rejected" if bad else "accepted", "checks": ["integrity"], "reasons": reasons,
-                "outputs": len(recorded)}
+        offer = Offer.model_validate_json(attempt.offer_json)
+        settings = load_policy(job.policy).verification
+        return pipeline.verify_attempt(
+            pipeline.Attempt(
+                job_id=job.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=job.bundle_sha256,
+                spec=self._spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
+                code_dir=paths.attempt_dir(job.id, attempt.n) / "code",
+                exact_replay=offer.backend == "local",
+            ),
+            checks=settings.trusted if offer.trusted else settings.untrusted,
+            db_path=paths.state_db(),
+            audit_settings=pipeline.AuditSettings(calibration_dir=paths.home() / "calibration", tau=settings.tau),
+        )
 
     def _end_attempt(self, job: Job, attempt: Attempt, target: str, *, job_target: str | None,
                      reason: str | None = None, detail: dict | None = None,

@@ -18,7 +18,7 @@ from trainmaster.jobs.yamlfile import FileError
 
 WRITE_OUTPUT = """
     import os, pathlib
-    pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "model.bin").write_bytes(b"w" * 1000)
+    pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "result.txt").write_bytes(b"w" * 1000)
     print("trained")
 """
 
@@ -37,9 +37,9 @@ def test_a_job_runs_to_accepted_with_an_exact_record(broker, job_factory):
     [attempt] = broker.store.attempts(job.id)
     assert attempt.state == "accepted" and attempt.started_at < attempt.ended_at
     import hashlib
-    assert broker.store.outputs(attempt.id) == [("model.bin", 1000, hashlib.sha256(b"w" * 1000).hexdigest())]
+    assert broker.store.outputs(attempt.id) == [("result.txt", 1000, hashlib.sha256(b"w" * 1000).hexdigest())]
     verdict = json.loads((paths.job_dir(job.id) / "verdict.json").read_text())
-    assert verdict["verdict"] == "accepted"
+    assert verdict["outcome"] == "accepted" and verdict["checks"] == ["integrity", "safety", "outcome"]
 
 
 def test_a_new_process_resumes_watching_a_running_job(tm_home, job_factory):
@@ -116,7 +116,7 @@ except BackendError as exc:
 def test_full_disk_while_fetching_leaves_the_attempt_returned_and_a_retry_succeeds(broker, job_factory):
     script = """
         import os, pathlib
-        pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "big.bin").write_bytes(os.urandom(3_000_000))
+        pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "big.dat").write_bytes(b"x" * 3_000_000)
     """
     job = broker.submit(job_factory(script))
     supervisor_done = paths.attempt_dir(job.id, 1) / "exit.json"
@@ -131,7 +131,7 @@ def test_full_disk_while_fetching_leaves_the_attempt_returned_and_a_retry_succee
     assert not (job_dir / "outputs").exists() and not list(job_dir.glob(".outputs*"))
     job = broker.wait(job.id, timeout_s=30)
     assert job.state == "accepted"
-    assert (job_dir / "outputs" / "big.bin").stat().st_size == 3_000_000
+    assert (job_dir / "outputs" / "big.dat").stat().st_size == 3_000_000
 
 
 def test_a_vanished_attempt_replans_and_fails_when_no_backend_is_left(broker, job_factory):
@@ -187,3 +187,21 @@ def test_a_budget_that_cannot_hold_the_estimate_refuses_the_dispatch(broker, job
     job = broker.submit(spec, _policy_with_budget(tmp_path, "0.01"))
     assert job.state == "failed" and "refused by budget" in job.reason and "tiny" in job.reason
     assert broker.store.attempts(job.id) == []
+
+
+def test_a_pickle_among_the_outputs_is_rejected_and_never_loaded(broker, job_factory, tmp_path):
+    marker = tmp_path / "pwned"
+    script = f"""
+        import os, pathlib, pickle
+        class Bomb:
+            def __reduce__(self):
+                return (pathlib.Path.touch, (pathlib.Path({str(marker)!r}),))
+        pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "model.pt").write_bytes(pickle.dumps(Bomb()))
+    """
+    job = broker.wait(broker.submit(job_factory(script)).id, timeout_s=60)
+    assert job.state == "failed"
+    [attempt] = broker.store.attempts(job.id)
+    assert attempt.state == "rejected" and "model.pt" in attempt.reason
+    assert not marker.exists()
+    verdict = json.loads((paths.job_dir(job.id) / "verdict.json").read_text())
+    assert verdict["outcome"] == "rejected"
