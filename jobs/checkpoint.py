@@ -40,6 +40,7 @@ REST = "rest.safetensors"
 DECISIONS = "decisions.safetensors"
 SEGMENTS = "segments"
 
+_WRITEBACK_BYTES = 16 * 1024 * 1024
 _HASHERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainmaster-hash")
 _SYNCERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainmaster-fsync")
 
@@ -111,10 +112,21 @@ def _fsync_all(paths: Sequence[Path]) -> None:
 
 
 def _write_views(path: Path, views: Sequence[memoryview | bytes]) -> int:
+    """Write ``views`` to a new file; start the disk writeback as the data goes in."""
     with open(path, "wb") as handle:
         for view in views:
             handle.write(view)
+            if len(view) >= _WRITEBACK_BYTES:
+                _start_writeback(handle)
         return handle.tell()
+
+
+def _start_writeback(handle) -> None:
+    """Ask the kernel to start writing the file's dirty pages now (asynchronously), so the final
+    fsync has little left to wait for. On Linux POSIX_FADV_DONTNEED does exactly that for dirty pages."""
+    if hasattr(os, "posix_fadvise"):
+        handle.flush()
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

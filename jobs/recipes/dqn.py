@@ -39,8 +39,8 @@ from .prioritized_replay import PrioritizedReplay
 
 
 class DQNConfig(RecipeConfig):
-    steps: int = Field(20_000, gt=0, description="environment (and training) steps T")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
+    steps: int = Field(10_000, gt=0, description="environment (and training) steps T")
+    lr: float = Field(5e-4, gt=0, description="Adam learning rate")
     gamma: float = Field(0.99, gt=0, le=1, description="discount")
     batch_size: int = Field(64, gt=0, description="minibatch size")
     buffer_size: int = Field(20_000, gt=0, description="replay capacity")
