@@ -13,7 +13,6 @@ from .openings import OpeningHashes
 class SegmentHashes(BaseModel):
     """The committed hashes of the opening (checked against the root) and of the verifier's S_{i+1}."""
 
-    model_config = ConfigDict(frozen=True)
     leaf: str
     next_leaf: str
     weights_sha256: str

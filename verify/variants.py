@@ -88,7 +88,7 @@ def execute(recipe: Recipe, state: TrainState, k: int, variant: Variant = VERIFI
         for step in _steps(info.step, k, variant):
             with _autocast(variant):
                 run_step(trainer, info.seed + variant.data_seed_offset, step, log)
-        end = full_state(trainer, recipe, config, info.seed, info.step + k)
+        end = full_state(trainer, recipe, config, info.seed, info.step + k).snapshot()
     return Execution(_in_dtypes_of(end, state), log.trace)
 
 

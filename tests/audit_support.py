@@ -1,0 +1,106 @@
+"""Executors for the audit tests: commit runs whose segments are honest, honest-but-different, or faked.
+
+A run is a list of states S_0..S_n and traces of segments 0..n−1; :func:`commit` writes them the way
+the runtime does (``jobs.checkpoint.write_segment``) and returns the commitment over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainmaster.jobs.checkpoint import write_segment
+from trainmaster.jobs.commitment import Commitment, build_commitment
+from trainmaster.jobs.decisions import DecisionTrace
+from trainmaster.jobs.execution import build_trainer, full_state, state_info
+from trainmaster.jobs.recipe import Recipe
+from trainmaster.jobs.recipes import get_recipe
+from trainmaster.jobs.state import TrainState, scalar
+from trainmaster.verify.variants import VERIFIER, Execution, Variant, execute
+
+BUNDLE = "ab" * 32
+
+TINY_LM = {
+    "steps": 60, "d_model": 16, "heads": 2, "layers": 1, "seq_len": 16, "batch_size": 4, "threads": 1, "warmup": 10,
+    "weight_decay": 0.0,
+}
+"""A tiny-lm small enough for dozens of runs in a test (about 5 ms a step on one core).
+
+No weight decay: with decoupled decay a manipulated Adam state can only shrink an update down to its
+decay part, which the update-norm floor does not flag (docs/audit.md); without it the test of that
+check can show a manipulated state at all."""
+
+SegmentFn = Callable[[int, TrainState], Execution]
+
+
+@dataclass
+class Run:
+    recipe: Recipe
+    seed: int
+    k: int
+    states: list[TrainState] = field(default_factory=list)
+    traces: list[DecisionTrace] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.traces)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return state_info(self.states[0]).config
+
+
+def initial_state(recipe: Recipe, config: Mapping[str, Any], seed: int) -> TrainState:
+    cfg = recipe.config(config)
+    return full_state(build_trainer(recipe, cfg, seed), recipe, cfg, seed, 0).snapshot()
+
+
+def train(recipe: str | Recipe, config: Mapping[str, Any], seed: int, k: int, segment: SegmentFn | None = None) -> Run:
+    """All n = T/k segments, each produced by ``segment(i, S_i)`` (default: the verifier's own code)."""
+    recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
+    run = Run(recipe, seed, k, [initial_state(recipe, config, seed)])
+    segment = segment or variant_segments(run.recipe, k, VERIFIER)
+    for i in range(recipe.config(config).steps // k):
+        executed = segment(i, run.states[-1])
+        run.states.append(executed.state)
+        run.traces.append(executed.trace)
+    return run
+
+
+def variant_segments(recipe: Recipe, k: int, variant: Variant, faked: set[int] | None = None) -> SegmentFn:
+    """Every segment (or those in ``faked``; the others honestly) run as ``variant`` runs them."""
+
+    def segment(i: int, state: TrainState) -> Execution:
+        use = variant if faked is None or i in faked else VERIFIER
+        return execute(recipe, state, k, use)
+
+    return segment
+
+
+def commit(run: Run, root: Path, *, job_id: str = "job-a") -> Commitment:
+    """Write the run's segments under ``root`` like the runtime, and commit to them."""
+    for i, state in enumerate(run.states):
+        trace = run.traces[i].to_tensors() if i < run.n else {}
+        write_segment(root, i, state, trace, job_id=job_id, recipe=run.recipe.name, step=i * run.k, k=run.k)
+    return build_commitment(root, job_id=job_id, bundle_sha256=BUNDLE, n=run.n, k=run.k)
+
+
+def with_weights(state: TrainState, weights: Mapping[str, torch.Tensor], step: int) -> TrainState:
+    """A fabricated state: ``state``'s rest (its step counter moved to ``step``) with other weights."""
+    rest = {**state.rest, "runtime/step": scalar(step)}
+    return TrainState(weights={n: w.clone() for n, w in weights.items()}, rest=rest)
+
+
+def interpolate(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor], t: float) -> dict[str, torch.Tensor]:
+    """``a + t (b − a)`` for float tensors."""
+    return {n: (a[n] + t * (b[n] - a[n])).to(a[n].dtype) if a[n].is_floating_point() else a[n].clone() for n in a}
+
+
+def update_size(run: Run, i: int) -> float:
+    """‖W_{i+1} − W_i‖ as committed (what a magnitude-based picker ranks by)."""
+    a, b = run.states[i].weights, run.states[i + 1].weights
+    return sum(float((b[n].double() - a[n].double()).square().sum()) for n in a if a[n].is_floating_point()) ** 0.5
