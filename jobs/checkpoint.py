@@ -75,6 +75,7 @@ class SegmentManifest(BaseModel):
 class LoadedSegment:
     """A segment read back from disk, every file checked against its manifest."""
 
+    directory: Path
     manifest: SegmentManifest
     state: TrainState
     trace: dict[str, torch.Tensor]
@@ -256,4 +257,4 @@ def read_segment(directory: Path) -> LoadedSegment:
         parsed = {name: deserialize(data) for name, data in raw.items()}
     except CanonicalError as exc:
         raise CheckpointError(f"{directory} holds a file that is not canonical safetensors: {exc}") from exc
-    return LoadedSegment(manifest, TrainState(weights=parsed[WEIGHTS], rest=parsed[REST]), parsed[DECISIONS])
+    return LoadedSegment(directory, manifest, TrainState(weights=parsed[WEIGHTS], rest=parsed[REST]), parsed[DECISIONS])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,8 @@ def _train(
     start: int,
 ) -> RunResult:
     k, seed, n = settings.segment_steps, settings.seed, config.steps // settings.segment_steps
+    if resumed is not None:
+        _adopt_earlier_segments(resumed, settings.checkpoint_dir)
     _prepare_checkpoint_dir(settings.checkpoint_dir, resumed)
     metrics = MetricsLog(settings.output_dir / METRICS_FILE, resume_step=start if resumed else None)
     writer = SegmentWriter(settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k)
@@ -172,18 +175,21 @@ def _resume_point(settings: RuntimeSettings, recipe: Recipe, config: RecipeConfi
         raise StateError(f"cannot resume from {path}: it was trained as (recipe, config, seed, k) = {found}, not {expected}")
     if info.step != loaded.manifest.step or info.step % settings.segment_steps:
         raise StateError(f"cannot resume from {path}: its step {info.step} is not its segment boundary")
-    _adopt_earlier_segments(path.parent.parent, settings.checkpoint_dir, loaded.manifest.segment)
     return loaded
 
 
-def _adopt_earlier_segments(source_root: Path, checkpoint_dir: Path, index: int) -> None:
-    """Copy segments 0..index into this attempt's checkpoint dir when resuming from another one."""
+def _adopt_earlier_segments(resumed: LoadedSegment, checkpoint_dir: Path) -> None:
+    """Copy segments 0..i into this attempt's checkpoint dir when resuming from another one."""
+    source_root = resumed.directory.parent.parent
     if source_root.resolve() == Path(checkpoint_dir).resolve():
         return
-    for i in range(index + 1):
+    for i in range(resumed.manifest.segment + 1):
         target = segment_dir(checkpoint_dir, i)
+        tmp = target.with_name(f".{target.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(segment_dir(source_root, i), tmp)
         shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(segment_dir(source_root, i), target)
+        os.replace(tmp, target)
 
 
 def _prepare_checkpoint_dir(checkpoint_dir: Path, resumed: LoadedSegment | None) -> None:

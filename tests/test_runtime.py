@@ -237,6 +237,15 @@ def test_resume_in_process_continues_the_same_run(toy_run, tmp_path):
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == (root / "out" / "metrics.jsonl").read_text()
 
 
+def test_resume_from_another_attempts_checkpoint_dir(toy_run, tmp_path):
+    root, first = toy_run
+    shutil.copytree(root / "ckpt", tmp_path / "old")
+    shutil.rmtree(segment_dir(tmp_path / "old", 3))
+    resumed = run(TOY, ToyConfig(steps=12), settings_for(tmp_path, resume_from=segment_dir(tmp_path / "old", 2)))
+    assert resumed.commitment == first.commitment
+    assert segment_indices(tmp_path / "ckpt") == [0, 1, 2, 3]
+
+
 # --- bad input ------------------------------------------------------------------------------------
 
 

@@ -32,7 +32,6 @@ RECENT = 20  # steps averaged for the reported final loss
 
 class TinyLMConfig(RecipeConfig):
     steps: int = Field(400, gt=0, description="optimizer steps T")
-    threads: int = Field(2, ge=1, description="torch intra-op threads; a bit-exact replay needs the same")
     vocab: int = Field(32, gt=1, description="vocabulary size")
     concentration: float = Field(0.1, gt=0, description="Dirichlet concentration of the chain's rows")
     d_model: int = Field(64, gt=0, le=128, description="model width")
