@@ -6,7 +6,7 @@ weights (beta annealed 0.4 -> 1 over the run), gradient-norm clipping, linear ep
 Decisions recorded per step: ``action``, and on learning steps ``replay_indices`` and ``a_star``
 (the Double-DQN target argmax over the batch).
 
-    python -m trainmaster.jobs.recipes.dqn --steps 20000
+    python -m trainmaster.jobs.recipes.dqn --steps 10000
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ class DQNConfig(RecipeConfig):
     gamma: float = Field(0.99, gt=0, le=1, description="discount")
     batch_size: int = Field(64, gt=0, description="minibatch size")
     buffer_size: int = Field(20_000, gt=0, description="replay capacity")
-    learning_starts: int = Field(1_000, ge=0, description="steps of pure collection before learning")
+    learning_starts: int = Field(500, ge=0, description="steps of pure collection before learning")
     train_every: int = Field(1, gt=0, description="steps between gradient steps")
     hidden: int = Field(64, gt=0, description="width of the two hidden layers")
     tau: float = Field(0.01, gt=0, le=1, description="soft target update rate")
     eps_start: float = Field(1.0, ge=0, le=1, description="initial exploration rate")
-    eps_end: float = Field(0.05, ge=0, le=1, description="final exploration rate")
-    eps_fraction: float = Field(0.25, gt=0, le=1, description="fraction of the run over which epsilon decays")
+    eps_end: float = Field(0.02, ge=0, le=1, description="final exploration rate")
+    eps_fraction: float = Field(0.1, gt=0, le=1, description="fraction of the run over which epsilon decays")
     alpha: float = Field(0.6, ge=0, description="priority exponent")
     beta_start: float = Field(0.4, ge=0, le=1, description="initial importance-sampling exponent (annealed to 1)")
     priority_eps: float = Field(1e-6, gt=0, description="added to |TD error| for priorities")
