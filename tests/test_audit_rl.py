@@ -1,0 +1,170 @@
+"""The learner audit on Double DQN with prioritized replay (CartPole): notes/verification.md §8b.
+
+One honest run is trained once; each test replaces one mid-training segment j (after learning
+started) by what an honest-but-different or a cheating executor commits, and audits segment j at
+k = 25 and k = 100.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from trainmaster.jobs.decisions import DecisionLog, DecisionTrace
+from trainmaster.jobs.execution import build_trainer, full_state, restore, run_step, state_info
+from trainmaster.jobs.recipes import get_recipe
+from trainmaster.jobs.replay import replay_segment
+from trainmaster.jobs.state import TrainState
+from trainmaster.verify.audit import run_audit, write_state_files
+from trainmaster.verify.calibrate import calibrate_states
+from trainmaster.verify.distance import weight_distance
+from trainmaster.verify.openings import LocalOpenings
+from trainmaster.verify.variants import CHEATS, HONEST_VARIANTS, Execution, execute
+
+from audit_support import Run, commit, interpolate, train, with_weights
+
+pytestmark = pytest.mark.slow
+
+DQN = get_recipe("dqn")
+CONFIG = {
+    "steps": 1000, "learning_starts": 200, "buffer_size": 2000, "batch_size": 64, "lr": 1e-3, "hidden": 64,
+    "eps_start": 1.0, "eps_end": 0.05, "eps_fraction": 0.25, "tau": 0.01, "alpha": 0.6, "beta_start": 0.4,
+}
+"""Pinned in full: whether a plain replay breaks at a given start depends on every near-tie of the run."""
+SEED = 4
+KS = (25, 100)
+START = 600
+"""The audited segment starts here, 400 steps into learning (a plain replay of k = 100 breaks from here)."""
+
+
+def coarsen(run: Run, factor: int) -> Run:
+    """The same run committed with segments ``factor`` times longer."""
+    traces = [
+        DecisionTrace.from_tensors({n: t for trace in run.traces[i : i + factor] for n, t in trace.to_tensors().items()})
+        for i in range(0, run.n, factor)
+    ]
+    return Run(run.recipe, run.seed, run.k * factor, run.states[::factor], traces)
+
+
+@pytest.fixture(scope="module")
+def honest() -> dict[int, Run]:
+    run = train(DQN, CONFIG, SEED, KS[0])
+    return {k: coarsen(run, k // KS[0]) for k in KS}
+
+
+@pytest.fixture(scope="module")
+def calibration(honest):
+    run = honest[KS[0]]
+    bases = [run.states[500 // run.k], run.states[800 // run.k]]
+    return calibrate_states(DQN, bases, ks=KS)
+
+
+def with_segment(run: Run, j: int, executed: Execution) -> Run:
+    """``run`` whose segment j is what an executor committed instead."""
+    states, traces = list(run.states), list(run.traces)
+    states[j + 1], traces[j] = executed.state, executed.trace
+    return Run(run.recipe, run.seed, run.k, states, traces)
+
+
+def audit_segment(run: Run, j: int, root, calibration):
+    report = run_audit(
+        commitment=commit(run, root), openings=LocalOpenings(root), segments=[j],
+        recipe="dqn", config=CONFIG, seed=SEED, calibration=calibration,
+    )
+    return report, report.segments[0]
+
+
+def test_the_learner_audit_separates_where_a_plain_replay_cannot(calibration):
+    for k in KS:
+        point = calibration.point(k)
+        assert point.separation >= 10, (k, point)
+        assert point.honest_max_margin <= point.margin_tol
+
+
+@pytest.mark.parametrize("k", KS)
+def test_honest_but_different_executors_pass_the_learner_audit(k, honest, calibration, tmp_path):
+    run, j = honest[k], START // k
+    plain = []
+    for variant in HONEST_VARIANTS:
+        executed = execute(DQN, run.states[j], k, variant)
+        report, segment = audit_segment(with_segment(run, j, executed), j, tmp_path / variant.name, calibration)
+        assert report.passed, (variant.name, report.reasons)
+        assert segment.exact_compared > 0 and segment.exact_mismatches == []
+        assert segment.decisions.compared > 0 and segment.decisions.max_margin <= segment.decisions.margin_tol
+        plain.append(_plain_replay_r(run.states[j], k, executed, tmp_path / f"{variant.name}-plain"))
+    if k == 100:  # a plain replay (decisions not forced) would have rejected an honest executor
+        assert max(plain) > calibration.tau(k), plain
+
+
+def _plain_replay_r(state: TrainState, k: int, executed: Execution, directory) -> float:
+    directory.mkdir()
+    write_state_files(directory, state)
+    replay = replay_segment(DQN, directory, k)
+    return weight_distance(state.weights, replay.weights, executed.state.weights).r
+
+
+def _patched(patch) -> Callable[[TrainState, int], Execution]:
+    """An executor running the recipe with ``patch(trainer)`` applied after restoring S_i."""
+
+    def segment(state: TrainState, k: int) -> Execution:
+        info = state_info(state)
+        config = DQN.config(info.config)
+        trainer = build_trainer(DQN, config, info.seed)
+        restore(trainer, state)
+        patch(trainer)
+        log = DecisionLog()
+        for step in range(info.step, info.step + k):
+            run_step(trainer, info.seed, step, log)
+        return Execution(full_state(trainer, DQN, config, info.seed, info.step + k).snapshot(), log.trace)
+
+    return segment
+
+
+def _drop_new_transitions(trainer) -> None:
+    """Trains on the old buffer only (the transitions never enter it)."""
+    trainer.buffer.add = lambda *args, **kwargs: None
+
+
+def _skip_every_2nd_optimizer_step(trainer) -> None:
+    """The decisions (a*, replay indices) are still computed and recorded; half the updates are not applied."""
+    step, calls = trainer.optimizer.step, iter(range(10**9))
+    trainer.optimizer.step = lambda *args, **kwargs: step(*args, **kwargs) if next(calls) % 2 == 0 else None
+
+
+def _half_update(state: TrainState, k: int) -> Execution:
+    """Commits halfway between W_i and the honest W_{i+1}."""
+    honest = execute(DQN, state, k)
+    weights = interpolate(state.weights, honest.state.weights, 0.5)
+    return Execution(with_weights(honest.state, weights, state_info(state).step + k), honest.trace)
+
+
+def _nudged_environment(state: TrainState, k: int) -> Execution:
+    """Honest weights, but an environment state that the recorded actions do not produce."""
+    honest = execute(DQN, state, k)
+    physics = honest.state.rest["env/physics"]
+    honest.state.rest["env/physics"] = torch.nextafter(physics, physics + 1)
+    return honest
+
+
+RL_CHEATS = {
+    **{cheat.name: (lambda c: lambda state, k: execute(DQN, state, k, c))(cheat) for cheat in CHEATS},
+    "no_new_transitions": _patched(_drop_new_transitions),
+    "skip_gradient_steps": _patched(_skip_every_2nd_optimizer_step),
+    "half_update": _half_update,
+    "nudged_environment": _nudged_environment,
+}
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("name", sorted(RL_CHEATS))
+def test_each_cheat_is_caught_by_the_learner_audit(name, k, honest, calibration, tmp_path):
+    run, j = honest[k], START // k
+    executed = RL_CHEATS[name](run.states[j], k)
+    report, segment = audit_segment(with_segment(run, j, executed), j, tmp_path, calibration)
+    assert not report.passed, (name, segment)
+    if name == "nudged_environment":  # only the bit-exact environment check sees it
+        assert segment.exact_mismatches == ["env/physics"] and segment.r <= segment.tau
+    if name == "no_new_transitions":  # same weights (old indices only), but the buffer and the draws give it away
+        assert "replay/obs" in segment.exact_mismatches and segment.decisions.max_margin > segment.decisions.margin_tol
