@@ -29,6 +29,7 @@ from .errors import VerificationError
 from .learner import DEFAULT_MARGIN_TOL
 
 FORMAT = "trainmaster-calibration-v1"
+HOME_ENV = "TRAINMASTER_HOME"  # as the broker reads it (verify may not import the broker)
 SEPARATION_TARGET = 10.0
 """R(k) below this leaves less than a 3.2× margin on either side of τ: warn, suggest a smaller k."""
 P99_FLOOR = 1e-12
@@ -157,6 +158,16 @@ def job_class(recipe: str, config: Mapping[str, Any]) -> str:
     rest = {key: value for key, value in config.items() if key != "steps"}
     digest = hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return f"{recipe}-{digest[:12]}"
+
+
+def default_calibration_dir() -> Path:
+    """``$TRAINMASTER_HOME/calibration``, else ``calibration`` under the platform's user data dir."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser().absolute() / "calibration"
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("trainmaster", appauthor=False)) / "calibration"
 
 
 def calibration_path(directory: Path, job_class_name: str) -> Path:

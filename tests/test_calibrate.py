@@ -1,0 +1,162 @@
+"""Calibration: the artifact's arithmetic and storage, measuring a job class, the spec → run mapping, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from trainmaster.jobs.spec import load_spec
+from trainmaster.verify import cli_calibrate
+from trainmaster.verify.calibrate import CalibrationError, calibrate
+from trainmaster.verify.calibration import (
+    Base,
+    Calibration,
+    CalibrationPoint,
+    UncalibratedError,
+    job_class,
+    load_calibration,
+    store_calibration,
+)
+from trainmaster.verify.recipe_run import NotReplayable, recipe_run
+
+from audit_support import TINY_LM
+
+
+def point(k: int, honest: float, cheat: float, margin: float = 0.0) -> CalibrationPoint:
+    return CalibrationPoint.from_measurements(
+        k, {"ulp": [honest / 2, honest]}, {"lr_x0.9": [cheat, 2 * cheat]}, [margin], [5.0, 7.0]
+    )
+
+
+def artifact(*points: CalibrationPoint, name: str = "tiny-lm-x") -> Calibration:
+    return Calibration(
+        job_class=name, recipe="tiny-lm", config={}, bases=[Base(seed=0, step=20)], created="2025-01-01T00:00:00+00:00",
+        environment={"torch": "x"}, points=list(points),
+    )
+
+
+def test_tau_is_the_geometric_mean_and_r_the_separation():
+    p = point(25, honest=1e-4, cheat=0.1)
+    assert p.honest_p99 == pytest.approx(1e-4, rel=0.01) and p.cheat_min == 0.1
+    assert p.tau == pytest.approx(math.sqrt(p.honest_p99 * 0.1)) and p.separation == pytest.approx(0.1 / p.honest_p99)
+    assert p.honest_p99 < p.tau < p.cheat_min
+    assert p.update_floor == pytest.approx(5e-3) and p.margin_tol == 1e-4
+    assert point(25, 1e-4, 0.1, margin=3e-5).margin_tol == pytest.approx(3e-4)
+    assert point(25, honest=0.0, cheat=0.1).tau > 0  # an all-exact measurement still leaves a τ
+
+
+def test_broken_measurements_are_refused():
+    with pytest.raises(ValueError, match="RNG"):
+        point(10, 1e-4, 0.1, margin=math.inf)
+    with pytest.raises(ValueError, match="inf"):
+        CalibrationPoint.from_measurements(10, {"ulp": [math.inf]}, {"lr_x0.9": [0.1]}, [], [1.0])
+
+
+def test_low_separation_warns_and_suggests_a_smaller_k():
+    cal = artifact(point(10, 1e-4, 0.1), point(25, 1e-3, 0.1), point(50, 2e-2, 0.1))
+    assert cal.recommended_k == 25
+    (warning,) = cal.warnings()
+    assert warning.startswith("k = 50: separation R = 5") and "use k = 25" in warning
+    assert "try k ≤ 5" in artifact(point(10, 2e-2, 0.1)).warnings()[0]
+    with pytest.raises(UncalibratedError, match="not calibrated for k = 100"):
+        cal.tau(100)
+
+
+def test_store_and_load(tmp_path):
+    cal = artifact(point(10, 1e-4, 0.1))
+    path = store_calibration(cal, tmp_path / "calibration")
+    assert path.name == "tiny-lm-x.json" and json.loads(path.read_text())["format"] == "trainmaster-calibration-v1"
+    assert load_calibration(tmp_path / "calibration", "tiny-lm-x") == cal
+    with pytest.raises(UncalibratedError, match="not calibrated"):
+        load_calibration(tmp_path / "calibration", "dqn-y")
+    path.write_text("{}")
+    with pytest.raises(UncalibratedError, match="unreadable"):
+        load_calibration(tmp_path / "calibration", "tiny-lm-x")
+
+
+def test_the_job_class_ignores_only_the_run_length():
+    assert job_class("tiny-lm", TINY_LM) == job_class("tiny-lm", {**TINY_LM, "steps": 10_000})
+    assert job_class("tiny-lm", TINY_LM) != job_class("tiny-lm", {**TINY_LM, "lr": 1e-6})
+    assert job_class("tiny-lm", TINY_LM).startswith("tiny-lm-")
+
+
+def test_calibrating_tiny_lm_measures_every_variant():
+    cal = calibrate("tiny-lm", TINY_LM, ks=[5, 10], seeds=[0, 1], warmup=20)
+    assert [p.k for p in cal.points] == [5, 10] and [b.model_dump() for b in cal.bases] == [
+        {"seed": 0, "step": 20}, {"seed": 1, "step": 20}
+    ]
+    for p in cal.points:
+        assert set(p.honest_r) == {"threads", "ulp", "float64"} and all(len(v) == 2 for v in p.honest_r.values())
+        assert p.separation >= 10 and p.min_update_per_lr > 0
+    assert cal.job_class == job_class("tiny-lm", cal.config) and cal.environment["torch"]
+
+
+def test_calibration_refuses_what_cannot_be_measured():
+    with pytest.raises(CalibrationError, match="exceeds"):
+        calibrate("tiny-lm", TINY_LM, ks=[50], seeds=[0], warmup=20)
+    with pytest.raises(CalibrationError, match="updates no weight"):  # before DQN's learning starts
+        calibrate("dqn", {"steps": 100, "learning_starts": 90}, ks=[10], seeds=[0], warmup=10)
+
+
+def _spec(tmp_path, entrypoint: str, extra: str = ""):
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: lm\nentrypoint: {entrypoint}\nseed: 5\ncheckpoint:\n  segment_steps: 10\n{extra}")
+    return path
+
+
+def test_a_recipe_spec_maps_to_its_run(tmp_path):
+    run = recipe_run(load_spec(_spec(tmp_path, "python -m trainmaster.jobs.recipes.tiny_lm --steps 60 --d-model 16 --heads 2")))
+    assert (run.recipe.name, run.seed, run.k) == ("tiny-lm", 5, 10)
+    assert run.config["d_model"] == 16 and run.config["steps"] == 60 and run.config["lr"] == 3e-3
+    assert run.job_class == job_class("tiny-lm", run.config)
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "extra", "match"),
+    [
+        ("python train.py", "", "does not run a recipe"),
+        ("python -m trainmaster.jobs.recipes.nope", "", "not a known recipe"),
+        ("python -m trainmaster.jobs.recipes.tiny_lm --bogus 1", "", "does not take"),
+        ("python -m trainmaster.jobs.recipes.tiny_lm --steps x", "", "invalid"),
+        ("python -m trainmaster.jobs.recipes.tiny_lm --steps -3", "", "invalid"),
+        ("python -m trainmaster.jobs.recipes.tiny_lm", "precision: bf16\n", "precision"),
+    ],
+)
+def test_specs_that_cannot_be_replayed(tmp_path, entrypoint, extra, match):
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(NotReplayable, match=match):
+        recipe_run(load_spec(_spec(tmp_path, entrypoint, extra)))
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("noop")(lambda: None)  # a group, as `trainmaster verify` is
+    cli_calibrate.add_commands(app)
+    return app
+
+
+def test_cli_calibrates_and_stores(tmp_path, tm_home):
+    options = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TINY_LM.items())
+    spec = _spec(tmp_path, f"python -m trainmaster.jobs.recipes.tiny_lm {options}")
+    result = CliRunner().invoke(_app(), ["calibrate", str(spec), "--k", "10", "--seeds", "2", "--warmup", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    stored = tm_home / "calibration" / f"{payload['calibration']['job_class']}.json"
+    assert payload["path"] == str(stored) and stored.is_file() and payload["spec_k"] == 10
+    assert payload["recommended_k"] == 10 and payload["warnings"] == []
+
+
+def test_cli_exit_codes(tmp_path, tm_home, monkeypatch):
+    spec = _spec(tmp_path, "python -m trainmaster.jobs.recipes.tiny_lm --steps 60")
+    poor = artifact(point(10, 2e-2, 0.1), name="tiny-lm-poor")
+    monkeypatch.setattr("trainmaster.verify.calibrate.calibrate", lambda *a, **kw: poor)
+    result = CliRunner().invoke(_app(), ["calibrate", str(spec), "--out", str(tmp_path / "cal")])
+    assert result.exit_code == 1 and "try k ≤ 5" in result.output and (tmp_path / "cal" / "tiny-lm-poor.json").is_file()
+    (tmp_path / "train.py").write_text("")
+    other = _spec(tmp_path, "python train.py")
+    assert CliRunner().invoke(_app(), ["calibrate", str(other)]).exit_code == 2
+    assert CliRunner().invoke(_app(), ["calibrate", str(tmp_path / "missing.yaml")]).exit_code == 2
