@@ -50,21 +50,23 @@ def _state(state: str) -> str:
 
 def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     data = job_json(broker, job, events=events)
-    console.print(f"[bold]{job.id}[/bold]  {_state(job.state)}  ({job.workload}, policy {job.policy})", highlight=False)
+    console.print(f"[bold]{job.id}[/bold]  {_state(job.state)}  ({job.workload}, policy {job.policy})", highlight=False, soft_wrap=True)
     if job.reason:
-        console.print(f"  reason: {job.reason}", highlight=False)
-    console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {job.bundle_sha256[:16]}…", highlight=False)
-    console.print(f"  job dir: {data['job_dir']}", highlight=False)
+        console.print(f"  reason: {job.reason}", highlight=False, soft_wrap=True)
+    console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {job.bundle_sha256[:16]}…", highlight=False, soft_wrap=True)
+    console.print(f"  job dir: {data['job_dir']}", highlight=False, soft_wrap=True)
     if data["outputs_dir"]:
-        console.print(f"  outputs: [bold]{data['outputs_dir']}[/bold]", highlight=False)
-    table = Table("attempt", "backend", "state", "started", "ended", "cost", "reason", box=None)
+        console.print(f"  outputs: [bold]{data['outputs_dir']}[/bold]", highlight=False, soft_wrap=True)
+    table = Table("#", "backend", "state", "started", "ended", "cost", "reason", box=None)
+    for column in table.columns[:6]:
+        column.no_wrap = True
     for a in data["attempts"]:
-        table.add_row(a["id"], a["backend"], _state(a["state"]), _when(a["started_at"]), _when(a["ended_at"]),
+        table.add_row(a["id"].rsplit(".", 1)[-1], a["backend"], _state(a["state"]), _when(a["started_at"]), _when(a["ended_at"]),
                       display_usd(a["cost_micro_usd"] or 0), a["reason"] or "")
     console.print(table)
     for a in data["attempts"]:
         for f in a["outputs"] if a["state"] == "accepted" else []:
-            console.print(f"    {f['path']}  ({f['size']:,} bytes, sha256 {f['sha256'][:12]}…)", highlight=False)
+            console.print(f"    {f['path']}  ({f['size']:,} bytes, sha256 {f['sha256'][:12]}…)", highlight=False, soft_wrap=True)
     if events:
         log = Table("time", "attempt", "event", box=None)
         for e in data["events"]:
@@ -103,9 +105,9 @@ def prepared_json(prepared) -> dict:
 
 def print_prepared(console: Console, prepared) -> None:
     spec = prepared.loaded.spec
-    console.print(f"[bold]{spec.name}[/bold] ({spec.workload}) — dry run, nothing submitted", highlight=False)
+    console.print(f"[bold]{spec.name}[/bold] ({spec.workload}) — dry run, nothing submitted", highlight=False, soft_wrap=True)
     console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
                   highlight=False)
     console.print(render_plan(prepared.plan))
     for backend, why in prepared.plan.reasons.items():
-        console.print(f"  {backend}: {'; '.join(why)}", highlight=False)
+        console.print(f"  {backend}: {'; '.join(why)}", highlight=False, soft_wrap=True)

@@ -199,7 +199,16 @@ class Broker:
         workdir = paths.attempt_dir(job.id, attempt.n)
         workdir.mkdir(parents=True, exist_ok=True)
         return AttemptContext(job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256,
-                              seed=self._spec(job).seed, workdir=str(workdir))
+                              seed=self._spec(job).seed, workdir=str(workdir), resume_from=self._resume_point(job, attempt))
+
+    def _resume_point(self, job: Job, attempt: Attempt) -> str | None:
+        """A new attempt continues from the latest checkpoint an earlier one left, where there is one
+        (the runtime picks that directory's newest complete segment)."""
+        for earlier in reversed(self.store.attempts(job.id)):
+            checkpoints = paths.attempt_dir(job.id, earlier.n) / "checkpoints"
+            if earlier.n < attempt.n and earlier.state != "rejected" and checkpoints.is_dir() and any(checkpoints.iterdir()):
+                return str(checkpoints)
+        return None
 
     def handle(self, job: Job, attempt: Attempt) -> Handle:
         if attempt.handle_json:
