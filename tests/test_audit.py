@@ -11,6 +11,7 @@ import torch
 from trainmaster.jobs.checkpoint import WEIGHTS, read_canonical_file, segment_dir
 from trainmaster.jobs.canonical import serialize
 from trainmaster.jobs.recipes import get_recipe
+from trainmaster.jobs.state import TrainState
 from trainmaster.verify.audit import run_audit
 from trainmaster.verify.calibrate import calibrate
 from trainmaster.verify.calibration import UncalibratedError
@@ -175,6 +176,18 @@ def test_a_manipulated_optimizer_state_fails_the_update_norm_check(honest_run, t
     segment = report.segments[2]
     assert segment.r < calibration.tau(K) and segment.update_per_lr < segment.update_floor
     assert "implausibly small" in report.reasons[0]
+
+
+def test_malformed_states_are_rejected_not_crashed_on(honest_run, tmp_path, calibration):
+    """Committed, so past the openings check, but not states this recipe can load."""
+    run = Run(LM, SEED, K, list(honest_run.states), list(honest_run.traces))
+    reshaped = {**run.states[2].weights, "head.bias": torch.zeros(7)}
+    run.states[2] = with_weights(run.states[2], reshaped, 2 * K)
+    no_optimizer = {n: t for n, t in run.states[4].rest.items() if not n.startswith("optimizer/")}
+    run.states[4] = TrainState(weights=run.states[4].weights, rest=no_optimizer)
+    report = audit(run, tmp_path, [2, 4, 5], calibration)
+    assert rejected(report) == [2, 4]
+    assert "not the tensors" in report.reasons[0] and "cannot be loaded" in report.reasons[1]
 
 
 def test_the_report_carries_the_evidence(honest_run, tmp_path, calibration):

@@ -21,8 +21,9 @@ Per challenged segment i (notes/verification.md §4, §8b; docs/audit.md):
 
 1. open S_i, trace_i, W_{i+1} and sha256(rest_{i+1}); check them against the root;
 2. S_i must be of this job (recipe, config, seed, step i·k), and S_0 must be the broker's own S_0;
-3. re-execute k steps from S_i here (:func:`trainmaster.jobs.replay.replay_segment`) with the
-   executor's decisions forced, counting disagreements and their margins;
+3. re-execute k steps from S_i here (:func:`trainmaster.verify.reexecution.reexecute`, the in-memory
+   half of :func:`trainmaster.jobs.replay.replay_segment`) with the executor's decisions forced,
+   counting disagreements and their margins;
 4. ``r_i = ‖W_exec − W_re‖ / ‖W_re − W_i‖``; reject when ``r_i > τ(k)``, when the update per lr is
    under the calibrated floor, or when a decision margin is over the tolerance;
 5. RL recipes: open the rest of S_{i+1} and require its environment and data parts to be bit-exact.
@@ -33,24 +34,21 @@ Rejections never raise: they are reasons in the report. Exceptions are for a cal
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainmaster.jobs.canonical import state_sha256
-from trainmaster.jobs.canonical import serialize
-from trainmaster.jobs.checkpoint import REST, WEIGHTS, CheckpointError
+from trainmaster.jobs.checkpoint import CheckpointError
 from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.decisions import DecisionTraceError
 from trainmaster.jobs.execution import StateError, build_trainer, full_state, state_info
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
-from trainmaster.jobs.replay import ReplayResult, replay_segment
+from trainmaster.jobs.replay import ReplayResult
 from trainmaster.jobs.state import TrainState
 
 from .calibration import Calibration, UncalibratedError, job_class
@@ -59,6 +57,7 @@ from .errors import VerificationError
 from .evidence import AuditReport, SegmentEvidence, SegmentHashes
 from .learner import DEFAULT_MARGIN_TOL, DecisionEvidence, exact_mismatches, has_exact_rest
 from .openings import CheckedOpening, Openings, OpeningError, open_checked, open_next_state_checked
+from .reexecution import reexecute
 from .update_norm import update_per_lr
 
 @dataclass(frozen=True)
@@ -72,12 +71,14 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class AuditedJob:
-    """What the spec fixes about the run: the recipe, its config (JSON form) and the job seed."""
+    """What the spec fixes about the run: the recipe, its config (JSON form), the job seed, and so S_0."""
 
     recipe: Recipe
     config: dict[str, Any]
     seed: int
     k: int
+    initial: TrainState
+    """S_0 as the broker builds it from the spec."""
 
 
 def run_audit(
@@ -94,14 +95,14 @@ def run_audit(
     margin_tol: float | None = None,
 ) -> AuditReport:
     """Audit the challenged ``segments`` of a committed run (see the module docstring)."""
-    job = _job(recipe, config, seed, commitment.k)
-    limits = _thresholds(job, tau=tau, calibration=calibration, trusted_exact=trusted_exact, margin_tol=margin_tol)
     indices = sorted(set(segments))
     if not indices:
         raise ValueError("no segments to audit")
     if indices[0] < 0 or indices[-1] >= commitment.n:
         raise ValueError(f"challenged segments {indices} are outside 0..{commitment.n - 1}")
     with _torch_threads_kept():
+        job = _job(recipe, config, seed, commitment.k)
+        limits = _thresholds(job, tau=tau, calibration=calibration, trusted_exact=trusted_exact, margin_tol=margin_tol)
         evidence = [_audit_segment(i, job, commitment, openings, limits) for i in indices]
     return AuditReport(
         passed=all(e.passed for e in evidence),
@@ -148,8 +149,9 @@ def _job(recipe: str | Recipe, config: Mapping[str, Any] | RecipeConfig, seed: i
     from trainmaster.jobs.recipes import get_recipe
 
     resolved = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
-    values = config.model_dump(mode="json") if isinstance(config, RecipeConfig) else dict(config)
-    return AuditedJob(resolved, resolved.config(values).model_dump(mode="json"), seed, k)
+    cfg = resolved.config(config.model_dump(mode="json") if isinstance(config, RecipeConfig) else dict(config))
+    initial = full_state(build_trainer(resolved, cfg, seed), resolved, cfg, seed, 0).snapshot()
+    return AuditedJob(resolved, cfg.model_dump(mode="json"), seed, k, initial)
 
 
 def _audit_segment(
@@ -168,6 +170,8 @@ def _audit_segment(
         replay = _replay(job, opening)
     except (StateError, DecisionTraceError, CheckpointError) as exc:
         return evidence.reject(f"the segment cannot be re-executed as committed: {exc}")
+    except Exception as exc:  # S_i is executor data: whatever it makes the recipe's own code raise, it is refused
+        return evidence.reject(f"S_{index} cannot be loaded and re-executed ({type(exc).__name__}: {exc})")
     finally:
         evidence.replay_seconds = time.perf_counter() - started
     evidence.hashes.replay_weights_sha256 = replay.weights_sha256
@@ -193,34 +197,30 @@ def _identity_problems(state: TrainState, job: AuditedJob, index: int) -> list[s
         problems.append(f"S_{index} records seed {info.seed}, the spec's is {job.seed} (another job's state?)")
     if info.step != index * job.k:
         problems.append(f"S_{index} is at step {info.step}, not at its boundary {index * job.k}")
+    if _layout(state.weights) != _layout(job.initial.weights):
+        problems.append(f"S_{index}'s weights are not the tensors (names, dtypes, shapes) of the spec's model")
     if index == 0 and not problems:
         problems += _initial_state_problems(state, job)
     return problems
 
 
+def _layout(weights: Mapping[str, torch.Tensor]) -> dict[str, tuple]:
+    return {name: (t.dtype, tuple(t.shape)) for name, t in weights.items()}
+
+
 def _initial_state_problems(state: TrainState, job: AuditedJob) -> list[str]:
     """S_0 must be the state the broker builds itself from the spec (W0 is never the executor's choice)."""
-    config = job.recipe.config(job.config)
-    own = full_state(build_trainer(job.recipe, config, job.seed), job.recipe, config, job.seed, 0)
     problems = []
-    if state_sha256(state.weights) != state_sha256(own.weights):
+    if state_sha256(state.weights) != state_sha256(job.initial.weights):
         problems.append("S_0's weights are not the W0 the spec's recipe and seed produce")
-    if state_sha256(state.rest) != state_sha256(own.rest):
+    if state_sha256(state.rest) != state_sha256(job.initial.rest):
         problems.append("S_0's optimizer, data or environment state is not the one the spec produces")
     return problems
 
 
 def _replay(job: AuditedJob, opening: CheckedOpening) -> ReplayResult:
     """Re-execute segment i from the executor's S_i, following its recorded decisions."""
-    with tempfile.TemporaryDirectory(prefix="trainmaster-audit-") as tmp:
-        write_state_files(Path(tmp), opening.state)
-        return replay_segment(job.recipe, Path(tmp), job.k, forced_decisions=opening.trace, config=job.config)
-
-
-def write_state_files(directory: Path, state: TrainState) -> None:
-    """S_i as ``replay_segment`` reads it (a scratch copy: no fsync)."""
-    (directory / WEIGHTS).write_bytes(serialize(state.weights))
-    (directory / REST).write_bytes(serialize(state.rest))
+    return reexecute(job.recipe, opening.state, job.k, opening.trace, job.config)
 
 
 def _compare_weights(evidence: SegmentEvidence, opening: CheckedOpening, replay: ReplayResult, limits: Thresholds) -> None:

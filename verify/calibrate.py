@@ -4,7 +4,7 @@ For each seed the recipe is trained ``warmup`` steps from scratch (so segments a
 giving a base state S. For every k and every executor variant (:mod:`trainmaster.verify.variants`:
 other thread count, one-ulp nudge, float64; and the mildest cheat, lr × 0.9) the variant runs k
 steps from S as an executor would, and the verifier re-executes them exactly as an audit does
-(:func:`trainmaster.jobs.replay.replay_segment` from S on disk, the variant's decisions forced).
+(:func:`trainmaster.verify.reexecution.reexecute`, the variant's decisions forced).
 The distances r, the honest decision margins and the honest update sizes make the
 :class:`~trainmaster.verify.calibration.Calibration` (τ, R, margin tolerance, update floor).
 
@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import platform
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,12 +26,11 @@ import torch
 from trainmaster.jobs.decisions import DecisionLog
 from trainmaster.jobs.execution import build_trainer, full_state, run_step, state_info
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
-from trainmaster.jobs.replay import replay_segment
 from trainmaster.jobs.state import TrainState
 
-from .audit import write_state_files
 from .calibration import Base, Calibration, CalibrationPoint, job_class
 from .distance import weight_distance
+from .reexecution import reexecute
 from .update_norm import update_per_lr
 from .variants import HONEST_VARIANTS, MILDEST_CHEAT, Variant, execute
 
@@ -100,12 +97,10 @@ def calibrate_states(
     variants = (*HONEST_VARIANTS, MILDEST_CHEAT)
     found: dict[int, dict[str, list[Measurement]]] = {k: {v.name: [] for v in variants} for k in ks}
     for state, info in zip(states, infos, strict=True):
-        with tempfile.TemporaryDirectory(prefix="trainmaster-calibrate-") as tmp:
-            write_state_files(Path(tmp), state)
-            for k in ks:
-                _say(progress, f"seed {info.seed}, step {info.step}: k = {k}")
-                for variant in variants:
-                    found[k][variant.name].append(measure(resolved, state, Path(tmp), k, variant))
+        for k in ks:
+            _say(progress, f"seed {info.seed}, step {info.step}: k = {k}")
+            for variant in variants:
+                found[k][variant.name].append(measure(resolved, state, k, variant))
     return Calibration(
         job_class=job_class(resolved.name, infos[0].config),
         recipe=resolved.name,
@@ -117,11 +112,11 @@ def calibrate_states(
     )
 
 
-def measure(recipe: Recipe, state: TrainState, state_dir: Path, k: int, variant: Variant) -> Measurement:
-    """Run ``variant`` as the executor from ``state`` (also stored in ``state_dir``), re-execute as the audit does."""
+def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Measurement:
+    """Run ``variant`` as the executor from ``state``, then re-execute as the audit does."""
     executed = execute(recipe, state, k, variant)
     info = state_info(state)
-    replay = replay_segment(recipe, state_dir, k, forced_decisions=executed.trace, config=info.config)
+    replay = reexecute(recipe, state, k, executed.trace, info.config)
     distance = weight_distance(state.weights, replay.weights, executed.state.weights)
     if distance.update == 0:
         raise CalibrationError(

@@ -1,0 +1,113 @@
+"""Replay audit: its cost as a fraction of training, and the separation table R(k), for DQN and tiny-lm.
+
+1. Separation: :func:`trainmaster.verify.calibrate.calibrate` per job (3 seeds; honest variants:
+   other thread count, one-ulp nudge, float64; mildest cheat: lr × 0.9) at k ∈ {10, 25, 50, 100}:
+   honest p99 r, the cheat's min r, R = min cheat / p99, τ = sqrt(p99 · min cheat).
+2. Cost: train T steps with the runtime (checkpoints every k = 25, as an executor does), then audit
+   q = 8 drawn segments plus the first and last with that calibration; the audit's wall time over
+   the training's. Ideal (q+2)·k/T; target ≤ 1.25× that, and ≤ 5 % at q = 8, k = 25, T = 10,000.
+
+Run: python tests/benchmarks/bench_audit.py   (several minutes; smoke: a few seconds)
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import print_figures  # noqa: E402
+
+KS = (10, 25, 50, 100)
+AUDIT_K, Q = 25, 8
+JOBS = {
+    # name: (recipe, config, calibration warm-up)
+    "dqn": ("dqn", {"steps": 10_000}, 1_500),
+    "tiny-lm": ("tiny-lm", {"steps": 10_000, "d_model": 32, "heads": 4, "seq_len": 32, "batch_size": 8}, 500),
+}
+SMOKE_K = 10
+SMOKE_JOBS = {
+    "dqn": ("dqn", {"steps": 100, "learning_starts": 30, "buffer_size": 200, "batch_size": 16}, 40),
+    "tiny-lm": ("tiny-lm", {"steps": 40, "d_model": 16, "heads": 2, "layers": 1, "seq_len": 16, "batch_size": 4}, 10),
+}
+
+
+def separation(recipe: str, config: dict, warmup: int, ks: tuple[int, ...], seeds: int):
+    from trainmaster.verify.calibrate import calibrate
+
+    return calibrate(recipe, config, ks=ks, seeds=range(seeds), warmup=warmup)
+
+
+def audit_cost(recipe_name: str, config: dict, calibration, k: int, q: int, root: Path) -> dict[str, float]:
+    """Train with the runtime, then audit the drawn segments; wall times and their ratio."""
+    from trainmaster.jobs.commitment import read_commitment
+    from trainmaster.jobs.recipes import get_recipe
+    from trainmaster.jobs.runtime import RuntimeSettings, run
+    from trainmaster.verify.audit import run_audit
+    from trainmaster.verify.challenge import draw_segments
+    from trainmaster.verify.openings import LocalOpenings
+
+    recipe = get_recipe(recipe_name)
+    cfg = recipe.config(config)
+    settings = RuntimeSettings(
+        job_id="bench", output_dir=root / "out", checkpoint_dir=root / "ckpt", seed=0, segment_steps=k
+    )
+    started = time.perf_counter()
+    run(recipe, cfg, settings)
+    trained = time.perf_counter() - started
+    commitment = read_commitment(root / "out" / "commitment.json")
+    segments = draw_segments(b"bench-secret".ljust(32, b"."), commitment.root, commitment.n, q)
+    started = time.perf_counter()
+    report = run_audit(
+        commitment=commitment, openings=LocalOpenings(root / "ckpt"), segments=segments,
+        recipe=recipe, config=cfg, seed=0, calibration=calibration,
+    )
+    audited = time.perf_counter() - started
+    ideal = len(segments) * k / cfg.steps
+    return {
+        "train (s)": trained,
+        "audit (s)": audited,
+        "audit / training": audited / trained,
+        "ideal (q+2)k/T": ideal,
+        "target 1.25 (q+2)k/T": 1.25 * ideal,
+        "audit passed": float(report.passed),
+    }
+
+
+def run(smoke: bool = False) -> dict[str, float]:
+    jobs, ks, seeds, k, q = (SMOKE_JOBS, (SMOKE_K,), 1, SMOKE_K, 2) if smoke else (JOBS, KS, 3, AUDIT_K, Q)
+    figures: dict[str, float] = {}
+    for name, (recipe, config, warmup) in jobs.items():
+        calibration = separation(recipe, config, warmup, ks, seeds)
+        for p in calibration.points:
+            figures[f"{name} k={p.k} honest p99 r"] = p.honest_p99
+            figures[f"{name} k={p.k} min cheat r"] = p.cheat_min
+            figures[f"{name} k={p.k} R"] = p.separation
+            figures[f"{name} k={p.k} tau"] = p.tau
+        with tempfile.TemporaryDirectory() as tmp:
+            for key, value in audit_cost(recipe, config, calibration, k, q, Path(tmp)).items():
+                figures[f"{name} T={config['steps']} q={q} k={k}: {key}"] = value
+    return figures
+
+
+def print_separation(figures: dict[str, float]) -> None:
+    print("\nseparation R(k) = min cheat r / honest p99 r   (τ = sqrt(p99 · min cheat); want R ≥ 10)")
+    print(f"  {'job':<8} {'k':>4} {'honest p99 r':>13} {'min cheat r':>12} {'R':>9} {'tau':>10}")
+    for name in JOBS:
+        for k in KS:
+            key = f"{name} k={k}"
+            if f"{key} R" in figures:
+                print(
+                    f"  {name:<8} {k:>4} {figures[f'{key} honest p99 r']:>13.3g} {figures[f'{key} min cheat r']:>12.3g}"
+                    f" {figures[f'{key} R']:>9.4g} {figures[f'{key} tau']:>10.3g}"
+                )
+
+
+if __name__ == "__main__":
+    results = run()
+    print_separation(results)
+    costs = {k: v for k, v in results.items() if ": " in k}
+    print_figures("audit cost vs training (wall time, q = 8 + first + last, k = 25)", costs,
+                  {k: "≤ 1.25 (q+2)k/T and ≤ 0.05" for k in costs if k.endswith("audit / training")})
