@@ -106,7 +106,11 @@ def header_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """A zero-copy byte view of a canonical tensor."""
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    if tensor.numel() == 0:
+        return memoryview(b"")
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
+        tensor = tensor.view(torch.int16)
+    return memoryview(tensor.numpy()).cast("B")
 
 
 def chunks(tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:
@@ -118,9 +122,14 @@ def chunks(tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:
     return views
 
 
+def views(state: Mapping[str, object]) -> list[memoryview]:
+    """The canonical serialization of ``state`` as zero-copy views into its tensors (header first)."""
+    return chunks(canonical_tensors(state))
+
+
 def serialize(state: Mapping[str, object]) -> bytes:
     """The canonical bytes of ``state``."""
-    return b"".join(chunks(canonical_tensors(state)))
+    return b"".join(views(state))
 
 
 def sha256_of(views: Iterable[memoryview], hasher: hashlib._Hash | None = None) -> hashlib._Hash:
@@ -133,7 +142,7 @@ def sha256_of(views: Iterable[memoryview], hasher: hashlib._Hash | None = None) 
 
 def state_sha256(state: Mapping[str, object]) -> str:
     """Lowercase hex sha256 of the canonical serialization of ``state``."""
-    return sha256_of(chunks(canonical_tensors(state))).hexdigest()
+    return sha256_of(views(state)).hexdigest()
 
 
 def deserialize(data: bytes | bytearray) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .canonical import CanonicalError, canonical_tensors, chunks, deserialize, sha256_of
+from .canonical import CanonicalError, deserialize, sha256_of, views
 from .state import TrainState
 
 FORMAT = "trainmaster-checkpoint-v1"
@@ -39,6 +39,7 @@ WEIGHTS = "weights.safetensors"
 REST = "rest.safetensors"
 DECISIONS = "decisions.safetensors"
 SEGMENTS = "segments"
+Buffers = Sequence[bytes | memoryview]
 
 _WRITEBACK_BYTES = 16 * 1024 * 1024
 _HASHERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainmaster-hash")
@@ -112,10 +113,10 @@ def _fsync_all(paths: Sequence[Path]) -> None:
         future.result()
 
 
-def _write_views(path: Path, views: Sequence[memoryview | bytes]) -> int:
-    """Write ``views`` to a new file; start the disk writeback as the data goes in."""
+def _write_views(path: Path, buffers: Buffers) -> int:
+    """Write ``buffers`` to a new file; start the disk writeback as the data goes in."""
     with open(path, "wb") as handle:
-        for view in views:
+        for view in buffers:
             handle.write(view)
             if len(view) >= _WRITEBACK_BYTES:
                 _start_writeback(handle)
@@ -144,7 +145,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise CheckpointError(f"could not write {path}: {exc}") from exc
 
 
-def _hash_rest_and_trace(rest: list[memoryview], trace: list[memoryview]) -> tuple[str, str, str]:
+def _hash_rest_and_trace(rest: Buffers, trace: Buffers) -> tuple[str, str, str]:
     """sha256 of the rest file, of the trace file, and of their concatenation, in one pass over rest."""
     joined = sha256_of(rest)
     rest_file = joined.hexdigest()
@@ -163,26 +164,42 @@ def write_segment(
     step: int,
     k: int,
 ) -> SegmentManifest:
-    """Write segment ``index`` (S_index and its trace) and publish it atomically.
+    """Write segment ``index`` (S_index and its trace) straight from the tensors, and publish it.
+
+    A state that is not serializable raises :class:`CanonicalError` before the disk is touched.
+    """
+    return write_segment_bytes(
+        root, index, views(state.weights), views(state.rest), views(trace), job_id=job_id, recipe=recipe, step=step, k=k
+    )
+
+
+def write_segment_bytes(
+    root: Path,
+    index: int,
+    weights: Buffers,
+    rest: Buffers,
+    trace: Buffers,
+    *,
+    job_id: str,
+    recipe: str,
+    step: int,
+    k: int,
+) -> SegmentManifest:
+    """Write segment ``index`` from the canonical bytes of its three files, and publish it atomically.
 
     Hashing runs on worker threads over the same memory the writer reads, so the cost is about
-    ``max(write, hash)``. A state that is not serializable raises :class:`CanonicalError` before
-    the disk is touched; an I/O failure (a full disk) raises :class:`CheckpointError` and leaves
+    ``max(write, hash)``. An I/O failure (a full disk) raises :class:`CheckpointError` and leaves
     every earlier segment as it was.
     """
-    views = {
-        WEIGHTS: chunks(canonical_tensors(state.weights)),
-        REST: chunks(canonical_tensors(state.rest)),
-        DECISIONS: chunks(canonical_tensors(trace)),
-    }
-    weights_hash = _HASHERS.submit(sha256_of, views[WEIGHTS])
-    rest_hashes = _HASHERS.submit(_hash_rest_and_trace, views[REST], views[DECISIONS])
+    parts = {WEIGHTS: weights, REST: rest, DECISIONS: trace}
+    weights_hash = _HASHERS.submit(sha256_of, weights)
+    rest_hashes = _HASHERS.submit(_hash_rest_and_trace, rest, trace)
     final = segment_dir(root, index)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        sizes = {name: _write_views(tmp / name, parts) for name, parts in views.items()}
+        sizes = {name: _write_views(tmp / name, buffers) for name, buffers in parts.items()}
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write segment {index} in {tmp}: {exc}") from exc
@@ -192,13 +209,13 @@ def write_segment(
     shas = {WEIGHTS: weights_sha, REST: rest_file_sha, DECISIONS: trace_sha}
     manifest = SegmentManifest(
         job_id=job_id, recipe=recipe, segment=index, step=step, k=k,
-        files={name: FileEntry(sha256=shas[name], bytes=sizes[name]) for name in views},
+        files={name: FileEntry(sha256=shas[name], bytes=sizes[name]) for name in parts},
         weights_sha256=weights_sha, rest_sha256=rest_sha, leaf=leaf_of(weights_sha, rest_sha),
     )
     try:
         text = json.dumps(manifest.model_dump(), sort_keys=True, indent=2) + "\n"
         _write_views(tmp / MANIFEST, [text.encode("utf-8")])
-        _fsync_all([tmp / name for name in (*views, MANIFEST)])
+        _fsync_all([tmp / name for name in (*parts, MANIFEST)])
         _fsync(tmp)
         if final.exists():
             shutil.rmtree(final)

@@ -45,7 +45,7 @@ from .metrics import MetricsLog
 from .recipe import Recipe, RecipeConfig, StepContext, Trainer
 from .settings import RuntimeSettings, SettingsError
 from .state import TrainState
-from .writer import SegmentWriter
+from .writer import SegmentWriter, SerializedState
 
 __all__ = [
     "Recipe",
@@ -106,7 +106,7 @@ def _train(
     metrics = MetricsLog(settings.output_dir / METRICS_FILE, resume_step=start if resumed else None)
     writer = SegmentWriter(settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k)
     # S_i is written with the trace of the segment it starts, so it is held until that segment ends.
-    held = None if resumed else full_state(trainer, recipe, config, seed, 0).snapshot()
+    held = None if resumed else SerializedState.of(full_state(trainer, recipe, config, seed, 0))
     try:
         decisions = DecisionLog()
         for step in range(start, config.steps):
@@ -117,7 +117,7 @@ def _train(
                 index = (step + 1) // k
                 if held is not None:  # None right after a resume: that segment is already on disk
                     writer.write(index - 1, held, decisions.trace)
-                held = full_state(trainer, recipe, config, seed, step + 1).snapshot()
+                held = SerializedState.of(full_state(trainer, recipe, config, seed, step + 1))
                 metrics.flush()
                 decisions = DecisionLog()
         if held is not None:

@@ -1,9 +1,11 @@
 """A background thread that writes finished segments in order while training goes on.
 
-The training thread hands over a segment (a snapshot of S_i and the trace of steps i*k..(i+1)*k-1)
-and carries on; the queue is short, so a slow disk throttles training instead of piling up
-copies. A write error is raised on the training thread at the next hand-over or at
-:meth:`SegmentWriter.close`.
+The training thread serializes S_i when step i*k ends (one copy, in canonical form, so an entry
+that cannot be serialized fails at the step whose state it is) and hands it over with the segment's
+trace when step (i+1)*k ends. The writer thread then only hashes, writes and fsyncs, which release
+the GIL, so the training thread is barely slowed. The queue is short, so a slow disk throttles
+training instead of piling up copies. A write error is raised on the training thread at the next
+hand-over or at :meth:`SegmentWriter.close`.
 """
 
 from __future__ import annotations
@@ -11,11 +13,25 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import CheckpointError, write_segment
+from .canonical import serialize
+from .checkpoint import CheckpointError, write_segment_bytes
 from .decisions import DecisionTrace
 from .state import TrainState
+
+
+@dataclass(frozen=True)
+class SerializedState:
+    """The canonical bytes of a state's two parts: a stable copy that costs one memcpy."""
+
+    weights: bytes
+    rest: bytes
+
+    @classmethod
+    def of(cls, state: TrainState) -> SerializedState:
+        return cls(serialize(state.weights), serialize(state.rest))
 
 
 class SegmentWriter:
@@ -26,16 +42,18 @@ class SegmentWriter:
         self._thread = threading.Thread(target=self._work, name="trainmaster-checkpoint", daemon=True)
         self._thread.start()
 
-    def write(self, index: int, snapshot: TrainState, trace: DecisionTrace) -> None:
-        """Queue segment ``index``; ``snapshot`` (from :meth:`TrainState.snapshot`) now belongs to the writer."""
+    def write(self, index: int, state: SerializedState, trace: DecisionTrace) -> None:
+        """Queue segment ``index``: S_index (serialized when it was reached) and its trace."""
         self._raise_error()
-        tensors = trace.to_tensors()
         step = index * self.k
-        self._tasks.put(
-            lambda: write_segment(
-                self.root, index, snapshot, tensors, job_id=self.job_id, recipe=self.recipe, step=step, k=self.k
+
+        def task() -> None:
+            write_segment_bytes(
+                self.root, index, [state.weights], [state.rest], [serialize(trace.to_tensors())],
+                job_id=self.job_id, recipe=self.recipe, step=step, k=self.k,
             )
-        )
+
+        self._tasks.put(task)
 
     def close(self) -> None:
         """Wait for every queued write; raise the first error any of them hit."""
