@@ -11,18 +11,17 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainmaster.broker import states
+from trainmaster.jobs import statedb
 
-MIGRATIONS: list[str] = [
-    # 1: the foundation
-    """
-    CREATE TABLE jobs (
+MIGRATIONS: list[list[str]] = [
+    [  # 1: the foundation
+        """CREATE TABLE jobs (
         id TEXT PRIMARY KEY,
         name TEXT NOT NULL,
         workload TEXT NOT NULL,
@@ -35,9 +34,9 @@ MIGRATIONS: list[str] = [
         reason TEXT,
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL
-    );
-    CREATE INDEX jobs_state ON jobs(state);
-    CREATE TABLE attempts (
+    )""",
+        """CREATE INDEX jobs_state ON jobs(state)""",
+        """CREATE TABLE attempts (
         id TEXT PRIMARY KEY,
         job_id TEXT NOT NULL REFERENCES jobs(id),
         n INTEGER NOT NULL,
@@ -53,16 +52,16 @@ MIGRATIONS: list[str] = [
         billable_seconds REAL,
         created_at REAL NOT NULL,
         UNIQUE (job_id, n)
-    );
-    CREATE INDEX attempts_state ON attempts(state);
-    CREATE TABLE outputs (
+    )""",
+        """CREATE INDEX attempts_state ON attempts(state)""",
+        """CREATE TABLE outputs (
         attempt_id TEXT NOT NULL REFERENCES attempts(id),
         path TEXT NOT NULL,
         size INTEGER NOT NULL,
         sha256 TEXT NOT NULL,
         PRIMARY KEY (attempt_id, path)
-    );
-    CREATE TABLE events (
+    )""",
+        """CREATE TABLE events (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         job_id TEXT NOT NULL,
         attempt_id TEXT,
@@ -71,9 +70,9 @@ MIGRATIONS: list[str] = [
         from_state TEXT,
         to_state TEXT,
         detail TEXT
-    );
-    CREATE INDEX events_job ON events(job_id, id);
-    """,
+    )""",
+        """CREATE INDEX events_job ON events(job_id, id)""",
+    ],
 ]
 
 
@@ -130,45 +129,16 @@ class NotFound(KeyError):
 class Store:
     def __init__(self, path: Path):
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        self.db = statedb.connect(path)
+        with self.tx() as db:
+            statedb.migrate(db, version_table="schema_version", migrations=MIGRATIONS, what=str(path))
 
     def close(self) -> None:
         self.db.close()
 
-    @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction, taken up front (BEGIN IMMEDIATE) so check-then-write is atomic."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
-
-    def _migrate(self) -> None:
-        with self.tx() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            row = db.execute("SELECT version FROM schema_version").fetchone()
-            current = row[0] if row else 0
-            if current > len(MIGRATIONS):
-                raise RuntimeError(
-                    f"{self.path} has schema version {current}, newer than this trainmaster knows "
-                    f"({len(MIGRATIONS)}); upgrade trainmaster"
-                )
-            for script in MIGRATIONS[current:]:
-                for statement in filter(str.strip, script.split(";")):
-                    db.execute(statement)
-            if row is None:
-                db.execute("INSERT INTO schema_version VALUES (?)", (len(MIGRATIONS),))
-            else:
-                db.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
+        return statedb.immediate(self.db)
 
     @property
     def schema_version(self) -> int:

@@ -81,7 +81,7 @@ def test_newer_schema_is_refused(db_path):
     db = sqlite3.connect(db_path)
     db.execute("UPDATE verify_schema SET version = 99")
     db.commit()
-    with pytest.raises(VerificationError, match="schema 99") as caught:
+    with pytest.raises(VerificationError, match="schema version 99") as caught:
         Database(db_path)
     assert caught.value.kind == "cannot_verify"
 

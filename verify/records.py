@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
+
+from trainmaster.jobs import statedb
 
 from .errors import VerificationError
 from .verdict import Verdict
@@ -53,11 +54,7 @@ class Database:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA busy_timeout=30000")
+        self.db = statedb.connect(self.path)
         self._migrate()
 
     def close(self) -> None:
@@ -69,34 +66,17 @@ class Database:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction, taken up front so check-then-write is atomic across processes."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
+        return statedb.immediate(self.db)
 
     def _migrate(self) -> None:
         with self.write() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS verify_schema (version INTEGER NOT NULL)")
-            row = db.execute("SELECT version FROM verify_schema").fetchone()
-            version = row["version"] if row else 0
-            if version > SCHEMA_VERSION:
-                raise VerificationError(
-                    f"{self.path} has verification schema {version}; this trainmaster knows up to {SCHEMA_VERSION}",
-                    kind="cannot_verify",
-                )
-            for statements in MIGRATIONS[version:]:
-                for statement in statements:
-                    db.execute(statement)
-            if row is None:
-                db.execute("INSERT INTO verify_schema (version) VALUES (?)", (SCHEMA_VERSION,))
-            elif version != SCHEMA_VERSION:
-                db.execute("UPDATE verify_schema SET version = ?", (SCHEMA_VERSION,))
+            try:
+                statedb.migrate(db, version_table="verify_schema", migrations=MIGRATIONS,
+                                what=f"{self.path} (verification schema)")
+            except statedb.SchemaTooNew as exc:
+                raise VerificationError(str(exc), kind="cannot_verify") from None
 
 
 class VerdictStore:

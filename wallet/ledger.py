@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from trainmaster.jobs import statedb
 from trainmaster.jobs.money import display_usd
 from trainmaster.wallet.alerts import Alert, log_and_post
 from trainmaster.wallet.budget import Budget
@@ -187,31 +188,15 @@ class Ledger:
         with self._lock:
             if self.db.in_transaction:
                 raise LedgerError("the ledger's connection is inside another transaction; commit it first")
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.db
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.db.execute("COMMIT")
+            with statedb.immediate(self.db) as db:
+                yield db
 
     def _migrate(self) -> None:
         with self._tx() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS ledger_schema (version INTEGER NOT NULL)")
-            row = db.execute("SELECT version FROM ledger_schema").fetchone()
-            current = row[0] if row else 0
-            if current > len(MIGRATIONS):
-                raise LedgerError(
-                    f"the ledger has schema version {current}, newer than this trainmaster knows "
-                    f"({len(MIGRATIONS)}); upgrade trainmaster"
-                )
-            for statements in MIGRATIONS[current:]:
-                for statement in statements:
-                    db.execute(statement)
-            if row is None:
-                db.execute("INSERT INTO ledger_schema VALUES (?)", (len(MIGRATIONS),))
-            elif current < len(MIGRATIONS):
-                db.execute("UPDATE ledger_schema SET version = ?", (len(MIGRATIONS),))
+            try:
+                statedb.migrate(db, version_table="ledger_schema", migrations=MIGRATIONS, what="the ledger")
+            except statedb.SchemaTooNew as exc:
+                raise LedgerError(str(exc)) from None
 
     # movements
 
