@@ -71,6 +71,15 @@ def _checked_names(state: Mapping[str, object]) -> list[str]:
 
 
 def _canonical_tensor(name: str, value: object) -> torch.Tensor:
+    if (  # the common case, checked cheaply: a dense contiguous CPU tensor of a supported dtype
+        isinstance(value, torch.Tensor)
+        and value.dtype in DTYPES
+        and value.layout == torch.strided
+        and not value.is_quantized
+        and value.device.type == "cpu"
+        and value.is_contiguous()
+    ):
+        return value.detach()
     if isinstance(value, np.ndarray):
         value = _numpy_to_tensor(name, value)
     if not isinstance(value, torch.Tensor):
@@ -118,7 +127,10 @@ def chunks(tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:
     views = [memoryview(header_bytes(tensors))]
     for tensor in tensors.values():
         view = tensor_bytes(tensor)
-        views.extend(view[i : i + CHUNK_BYTES] for i in range(0, len(view), CHUNK_BYTES))
+        if len(view) <= CHUNK_BYTES:
+            views.append(view)
+        else:
+            views.extend(view[i : i + CHUNK_BYTES] for i in range(0, len(view), CHUNK_BYTES))
     return views
 
 

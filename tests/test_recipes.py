@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainmaster.jobs import environment
+from trainmaster.jobs.checkpoint import read_segment
 from trainmaster.jobs.recipes import MODULES, get_recipe
 from trainmaster.jobs.recipes import cli
 from trainmaster.jobs.recipes.cli import parser_for
@@ -56,6 +57,8 @@ def test_ppo_learns_cartpole_and_counts_its_steps(tmp_path):
     result = _train("ppo", tmp_path, seed=7, steps=20_000)
     assert result["mean_return_last_20"] >= PPO_MIN_RETURN, result
     assert result["global_step"] == 20_000 and result["updates"] == 20_000 // 256
+    final = read_segment(Path(result["final_checkpoint"])).state.rest
+    assert int(final["global_step"]) == int(final["runtime/step"]) == 20_000
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert all(line["global_step"] == line["step"] for line in lines)
     assert [line["global_step"] for line in lines] == sorted(line["global_step"] for line in lines)
