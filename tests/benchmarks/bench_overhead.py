@@ -27,7 +27,7 @@ SCRIPT = """\
 import time; started = time.time()
 import os, pathlib
 out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
-(out / "weights.bin").write_bytes(b"w" * 1_000_000)
+(out / "weights.dat").write_bytes(b"w" * 1_000_000)
 (out / "times.json").write_text('{"started": %r, "exiting": %r}' % (started, time.time()))
 """
 
