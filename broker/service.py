@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import secrets
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from trainmaster.backends.base import AttemptContext, Backend, BackendError, Handle, Offer, Phase
 from trainmaster.broker import paths, states
-from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan
+from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
 from trainmaster.broker.policy import Policy, load_policy
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
@@ -28,6 +29,8 @@ from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 
 PLAN_ROWS_KEPT = 20  # of the considered offers, kept in the plan's event row
+HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
+MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ class Broker:
 
     def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset()) -> Plan:
         offer_sets = asyncio.run(gather_offers(spec, self._enabled(spec, policy)))
-        return plan(spec, policy, offer_sets, blocked=blocked)
+        history, failure_rates = learned(self.store.ended_attempts())
+        return plan(spec, policy, offer_sets, blocked=blocked, history=history, failure_rates=failure_rates)
 
     # submit
 
@@ -347,6 +351,23 @@ class Broker:
             return iter(())
         last = attempts[-1]
         return self.backend(last.backend).logs(Handle.model_validate_json(last.handle_json), follow=follow)
+
+
+def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[str, float]]:
+    """What past attempts teach the planner: the median runtime of each workload class (in reference
+    GPU-hours) and each backend's failure rate, once it has run enough attempts to say."""
+    runtimes: dict[str, list[float]] = {}
+    outcomes: dict[str, list[bool]] = {}
+    for attempt, workload in ended:
+        offer = Offer.model_validate_json(attempt.offer_json)
+        if attempt.state == "accepted" and attempt.billable_seconds:
+            runtimes.setdefault(workload, []).append(reference_hours(attempt.billable_seconds / 3600, offer.gpu_type))
+        if attempt.state in ("accepted", "failed"):
+            key = f"{offer.backend}:{'spot' if offer.spot else 'on-demand'}"
+            outcomes.setdefault(key, []).append(attempt.state == "failed")
+    history = {w: statistics.median(hours[:HISTORY_RUNS]) for w, hours in runtimes.items()}
+    rates = {k: sum(fails) / len(fails) for k, fails in outcomes.items() if len(fails) >= MIN_ATTEMPTS_FOR_RATE}
+    return history, rates
 
 
 def _reserve_key(attempt_id: str) -> str:

@@ -239,6 +239,15 @@ class Store:
         ).fetchall()
         return [Attempt(**r) for r in rows]
 
+    def ended_attempts(self, limit: int = 1000) -> list[tuple[Attempt, str]]:
+        """The newest ended attempts with their job's workload class: what the planner learns from."""
+        rows = self.db.execute(
+            f"SELECT a.*, j.workload AS workload FROM attempts a JOIN jobs j ON j.id = a.job_id"
+            f" WHERE a.state IN ({','.join('?' * len(states.ATTEMPT_ENDS))}) ORDER BY a.created_at DESC LIMIT ?",
+            [*sorted(states.ATTEMPT_ENDS), limit],
+        ).fetchall()
+        return [(Attempt(**{k: r[k] for k in r.keys() if k != "workload"}), r["workload"]) for r in rows]
+
     def set_handle(self, attempt_id: str, handle_json: str) -> None:
         with self.tx() as db:
             db.execute("UPDATE attempts SET handle_json = ? WHERE id = ?", (handle_json, attempt_id))

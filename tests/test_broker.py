@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -205,3 +206,20 @@ def test_a_pickle_among_the_outputs_is_rejected_and_never_loaded(broker, job_fac
     assert not marker.exists()
     verdict = json.loads((paths.job_dir(job.id) / "verdict.json").read_text())
     assert verdict["outcome"] == "rejected"
+
+
+def test_the_planner_learns_runtimes_and_failure_rates_from_past_attempts(broker, job_factory):
+    from trainmaster.broker.service import learned
+
+    for _ in range(2):
+        broker.wait(broker.submit(job_factory("import time\ntime.sleep(0.5)\n")).id, timeout_s=60)
+    history, rates = learned(broker.store.ended_attempts())
+    assert 0.5 / 3600 < history["development"] < 30 / 3600
+    assert rates == {}  # too few attempts to price risk yet
+    _, rates = learned(broker.store.ended_attempts() * 3)
+    assert rates == {"local:on-demand": 0.0}
+    # a job with no estimate and no max_hours is now planned on its class's history, not a default hour
+    from trainmaster.broker.policy import load_policy
+
+    result = broker.plan(JobSpec(name="x", entrypoint="python t.py"), load_policy())
+    assert result.chosen.hours == math.ceil(history["development"] * 3600) / 3600  # planned in whole seconds
