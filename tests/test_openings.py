@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -131,6 +132,28 @@ def test_committed_nan_weights_are_refused(tmp_path):
     commitment = commit(honest, tmp_path)
     with pytest.raises(OpeningError, match="NaN or Inf"):
         open_checked(LocalOpenings(tmp_path), commitment, 1)
+
+
+def test_a_committed_file_that_is_not_canonical_is_refused(copy_of):
+    """Hashes match (the executor committed these bytes), but only canonical bytes are ever parsed."""
+    import json
+
+    from safetensors.torch import save
+
+    from trainmaster.jobs.checkpoint import MANIFEST, leaf_of
+    from trainmaster.jobs.commitment import build_commitment
+
+    directory, commitment = copy_of
+    target = segment_dir(directory, 2)
+    data = save(read_canonical_file(target / WEIGHTS))
+    (target / WEIGHTS).write_bytes(data)
+    manifest = json.loads((target / MANIFEST).read_text())
+    manifest["weights_sha256"] = hashlib.sha256(data).hexdigest()
+    manifest["leaf"] = leaf_of(manifest["weights_sha256"], manifest["rest_sha256"])
+    (target / MANIFEST).write_text(json.dumps(manifest))
+    recommitted = build_commitment(directory, job_id="j1", bundle_sha256=commitment.bundle_sha256, n=commitment.n, k=K)
+    with pytest.raises(OpeningError, match="S_2 weights is not a canonical safetensors file"):
+        open_checked(LocalOpenings(directory), recommitted, 1)
 
 
 def test_missing_files_and_bad_indices(copy_of):

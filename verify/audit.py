@@ -43,7 +43,6 @@ from typing import Any
 import torch
 
 from trainmaster.jobs.canonical import state_sha256
-from trainmaster.jobs.checkpoint import CheckpointError
 from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.decisions import DecisionTraceError
 from trainmaster.jobs.execution import StateError, build_trainer, full_state, state_info
@@ -168,7 +167,7 @@ def _audit_segment(
     started = time.perf_counter()
     try:
         replay = _replay(job, opening)
-    except (StateError, DecisionTraceError, CheckpointError) as exc:
+    except (StateError, DecisionTraceError) as exc:
         return evidence.reject(f"the segment cannot be re-executed as committed: {exc}")
     except Exception as exc:  # S_i is executor data: whatever it makes the recipe's own code raise, it is refused
         return evidence.reject(f"S_{index} cannot be loaded and re-executed ({type(exc).__name__}: {exc})")
