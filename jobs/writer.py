@@ -3,7 +3,7 @@
 The training thread serializes S_i when step i*k ends (one copy, in canonical form, so an entry
 that cannot be serialized fails at the step whose state it is) and hands it over with the segment's
 trace when step (i+1)*k ends. The writer thread then only hashes, writes and fsyncs, which release
-the GIL, so the training thread is barely slowed. The queue is short, so a slow disk throttles
+the GIL, at a lower CPU priority, so the training thread is barely slowed. The queue is short, so a slow disk throttles
 training instead of piling up copies. A write error is raised on the training thread at the next
 hand-over or at :meth:`SegmentWriter.close`.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .canonical import serialize
-from .checkpoint import CheckpointError, write_segment_bytes
+from .checkpoint import CheckpointError, lower_thread_priority, write_segment_bytes
 from .decisions import DecisionTrace
 from .state import TrainState
 
@@ -66,6 +66,7 @@ class SegmentWriter:
             raise CheckpointError(f"checkpointing failed, training stopped: {self._error}") from self._error
 
     def _work(self) -> None:
+        lower_thread_priority()
         while (task := self._tasks.get()) is not None:
             if self._error is None:
                 try:
