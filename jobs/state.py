@@ -3,7 +3,8 @@
 A state is split the way the commitment hashes it: ``weights`` (the model that is returned and
 compared by the verifier) and ``rest`` (everything else the next steps depend on: optimizer
 moments, target networks, replay buffers, environment state, counters, RNG states). Trainers may
-return views of live memory; whoever needs a stable copy (the background checkpoint writer) takes it.
+return views of live memory; whoever keeps a state takes a copy (the runtime serializes it at once,
+``TrainState.snapshot`` copies the tensors).
 """
 
 from __future__ import annotations
