@@ -34,7 +34,6 @@ class Variant(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str
-    honest: bool
     other_threads: bool = Field(False, description="run with 2 torch threads where the config says 1, else 1")
     nudge_ulp: bool = Field(False, description="move every float weight of S_i one ulp up first")
     compute_dtype: Literal["float64"] | None = Field(None, description="run the trainer's modules in this dtype")
@@ -45,19 +44,19 @@ class Variant(BaseModel):
     reverse_order: bool = Field(False, description="run the segment's steps last to first")
 
 
-VERIFIER = Variant(name="verifier", honest=True)
+VERIFIER = Variant(name="verifier")
 HONEST_VARIANTS = (
-    Variant(name="threads", honest=True, other_threads=True),
-    Variant(name="ulp", honest=True, nudge_ulp=True),
-    Variant(name="float64", honest=True, compute_dtype="float64"),
+    Variant(name="threads", other_threads=True),
+    Variant(name="ulp", nudge_ulp=True),
+    Variant(name="float64", compute_dtype="float64"),
 )
-MILDEST_CHEAT = Variant(name="lr_x0.9", honest=False, lr_scale=0.9)
+MILDEST_CHEAT = Variant(name="lr_x0.9", lr_scale=0.9)
 CHEATS = (
     MILDEST_CHEAT,
-    Variant(name="skip_half", honest=False, skip_every=2),
-    Variant(name="wrong_data", honest=False, data_seed_offset=1),
-    Variant(name="reordered", honest=False, reverse_order=True),
-    Variant(name="bf16", honest=False, autocast_bf16=True),
+    Variant(name="skip_half", skip_every=2),
+    Variant(name="wrong_data", data_seed_offset=1),
+    Variant(name="reordered", reverse_order=True),
+    Variant(name="bf16", autocast_bf16=True),
 )
 
 
@@ -80,7 +79,7 @@ def execute(recipe: Recipe, state: TrainState, k: int, variant: Variant = VERIFI
     with _threads_kept():
         trainer = build_trainer(recipe, run_config, info.seed)
         if variant.other_threads:
-            torch.set_num_threads(other_thread_count(config.threads))
+            torch.set_num_threads(_other_thread_count(config.threads))
         if variant.compute_dtype:
             _cast_modules(trainer, _DTYPES[variant.compute_dtype])
         restore(trainer, _nudged(state) if variant.nudge_ulp else state)
@@ -92,7 +91,7 @@ def execute(recipe: Recipe, state: TrainState, k: int, variant: Variant = VERIFI
     return Execution(_in_dtypes_of(end, state), log.trace)
 
 
-def other_thread_count(threads: int) -> int:
+def _other_thread_count(threads: int) -> int:
     """The honest "threads" variant's count: 2 where the config says 1, else 1."""
     return 2 if threads == 1 else 1
 
