@@ -81,23 +81,24 @@ class Broker:
 
     # submit
 
-    def prepare(self, spec_path: Path, policy_name: str = "default") -> Prepared:
-        """Check, plan and hash without writing anything (raises FileError, PlanError, BundleError)."""
+    def _planned(self, spec_path: Path, policy_name: str) -> tuple[LoadedSpec, Policy, Plan]:
+        """The spec checked and planned under the policy (raises FileError, PlanError)."""
         loaded = load_spec(spec_path)
         policy = load_policy(policy_name)
         result = self.plan(loaded.spec, policy)
         if result.chosen is None:
             raise PlanError(result)
+        return loaded, policy, result
+
+    def prepare(self, spec_path: Path, policy_name: str = "default") -> Prepared:
+        """Check, plan and hash without writing anything (raises FileError, PlanError, BundleError)."""
+        loaded, policy, result = self._planned(spec_path, policy_name)
         info = bundles.bundle_digest(loaded.code_dir, loaded.spec.canonical_json(), max_bytes=_max_bundle(loaded.spec))
         return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info)
 
     def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
         """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good."""
-        loaded = load_spec(spec_path)
-        policy = load_policy(policy_name)
-        result = self.plan(loaded.spec, policy)
-        if result.chosen is None:
-            raise PlanError(result)
+        loaded, _, result = self._planned(spec_path, policy_name)
         info = bundles.build_bundle(loaded.code_dir, loaded.spec.canonical_json(), paths.bundles_dir(),
                                     max_bytes=_max_bundle(loaded.spec))
         job_id = f"{loaded.spec.name}-{secrets.token_hex(4)}"
