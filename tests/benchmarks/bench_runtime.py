@@ -12,6 +12,9 @@ Figures:
   3000 steps, commitment), against building the trainer and running the same steps through the same
   step function without checkpoints. The machine is shared, so runs alternate and the overhead is
   the median over 7 pairs of the per-pair time ratio. Target: overhead <= 10 %. Smoke: 100 steps, once.
+* The same cost taken apart, measured alternately in one process (immune to the machine's drift):
+  the training thread's checkpoint work per segment, and the writer's CPU per segment, each as a
+  percentage of the 25 steps the segment holds (after 1500 steps, so the replay buffer is full-ish).
 
 Run: python tests/benchmarks/bench_runtime.py
 """
@@ -29,12 +32,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trainmaster.jobs.checkpoint import write_segment
+from trainmaster.jobs.canonical import serialize
+from trainmaster.jobs.checkpoint import write_segment, write_segment_bytes
 from trainmaster.jobs.decisions import DecisionLog
-from trainmaster.jobs.execution import build_trainer, run_step
+from trainmaster.jobs.execution import build_trainer, full_state, run_step
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.runtime import RuntimeSettings, run as run_job
 from trainmaster.jobs.state import TrainState
+from trainmaster.jobs.writer import SerializedState
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import print_figures  # noqa: E402
@@ -45,6 +50,7 @@ TARGETS = {"checkpoint / save_file ratio": "<= 1.5", "DQN overhead (%)": "<= 10"
 def run(smoke: bool = False) -> dict[str, float]:
     figures = _checkpoint_figures(params=1_000_000 if smoke else 100_000_000, repeats=1 if smoke else 3)
     figures.update(_overhead_figures(steps=100 if smoke else 3000, pairs=1 if smoke else 7))
+    figures.update(_segment_cost_figures(warmup=100 if smoke else 1500, segments=2 if smoke else 40))
     return figures
 
 
@@ -135,6 +141,38 @@ def _overhead_figures(steps: int, pairs: int) -> dict[str, float]:
         "DQN steps/s, no checkpoints": steps / statistics.median(bare),
         "DQN steps/s, segment every 25 steps": steps / statistics.median(full),
         "DQN overhead (%)": 100.0 * (ratio - 1.0),
+    }
+
+
+def _segment_cost_figures(warmup: int, segments: int) -> dict[str, float]:
+    """The checkpoint work of one DQN segment against the 25 steps it follows, measured side by side.
+
+    The shared machine's speed drifts by tens of percent between runs; costs measured alternately
+    within one process are not affected by that. Training thread: capturing and serializing S_i.
+    Writer thread: CPU of serializing the trace, hashing, writing, fsyncing and publishing.
+    """
+    recipe = get_recipe("dqn")
+    config = recipe.config(_dqn_config(warmup + 25 * segments))
+    trainer = build_trainer(recipe, config, 0)
+    for step in range(warmup):
+        run_step(trainer, 0, step, DecisionLog())
+    steps_s = capture_s = writer_cpu_s = 0.0
+    with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
+        for i in range(segments):
+            decisions, start = DecisionLog(), time.perf_counter()
+            for step in range(warmup + 25 * i, warmup + 25 * (i + 1)):
+                run_step(trainer, 0, step, decisions)
+            captured = time.perf_counter()
+            held = SerializedState.of(full_state(trainer, recipe, config, 0, warmup + 25 * (i + 1)))
+            done = time.perf_counter()
+            cpu = time.thread_time()
+            write_segment_bytes(Path(tmp), i, [held.weights], [held.rest], [serialize(decisions.trace.to_tensors())],
+                                job_id="bench", recipe="dqn", step=0, k=25)
+            writer_cpu_s += time.thread_time() - cpu
+            steps_s, capture_s = steps_s + captured - start, capture_s + done - captured
+    return {
+        "DQN segment: training-thread checkpoint work (% of 25 steps)": 100.0 * capture_s / steps_s,
+        "DQN segment: writer CPU, this thread only (% of 25 steps)": 100.0 * writer_cpu_s / steps_s,
     }
 
 
