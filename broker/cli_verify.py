@@ -8,25 +8,35 @@ that module exists.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import typer
+from typer.core import TyperGroup
 
-CALIBRATE_MODULE = "trainmaster.verify.cli_calibrate"
 SPEC_NAMES = ("job.yaml", "job.yml")
 EXIT_CANNOT_VERIFY = 2
 
 
+class _ShowByDefault(TyperGroup):
+    """`trainmaster verify JOB_ID|DIR` is `trainmaster verify show JOB_ID|DIR`."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = ["show", *args]
+        return super().parse_args(ctx, args)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `verify` group to the `trainmaster` app."""
+    from trainmaster.verify import cli_calibrate
+
     verify_app = typer.Typer(
-        name="verify", help="Verdicts on returned work: integrity, safety, replay audits, outcome.",
-        no_args_is_help=True, rich_markup_mode=None,
+        name="verify", cls=_ShowByDefault, rich_markup_mode=None, no_args_is_help=True,
+        help="Verdicts on returned work: integrity, safety, replay audits, outcome. "
+        "`trainmaster verify JOB_ID|DIR` shows one (same as `verify show`).",
     )
     verify_app.command("show")(show)
-    if importlib.util.find_spec(CALIBRATE_MODULE) is not None:
-        importlib.import_module(CALIBRATE_MODULE).add_commands(verify_app)
+    cli_calibrate.add_commands(verify_app)
     app.add_typer(verify_app, name="verify")
 
 

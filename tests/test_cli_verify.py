@@ -121,19 +121,15 @@ def test_directory_with_job_yaml_runs_the_outcome_check(app, tmp_path):
     assert "score = 0.2 is below the threshold 0.5" in verdict["reasons"][0]
 
 
-def test_calibrate_hook_is_called_when_present(monkeypatch):
-    import types
+def test_verify_job_id_without_show_is_the_same_as_show(app, stored):
+    from typer.testing import CliRunner
 
-    import trainmaster.broker.cli_verify as cli_verify
-
-    seen = []
-    module = types.ModuleType("fake_calibrate")
-    module.add_commands = seen.append
-    monkeypatch.setattr(cli_verify, "CALIBRATE_MODULE", "fake_calibrate")
-    monkeypatch.setitem(sys.modules, "fake_calibrate", module)
-    monkeypatch.setattr(cli_verify.importlib.util, "find_spec", lambda name: object())
-    register(typer.Typer())
-    assert len(seen) == 1 and isinstance(seen[0], typer.Typer)
+    runner = CliRunner()
+    short = runner.invoke(app, ["verify", "train-bbb222", "--json"])
+    long = runner.invoke(app, ["verify", "show", "train-bbb222", "--json"])
+    assert short.exit_code == long.exit_code == 1
+    assert short.output == long.output
+    assert "calibrate" in runner.invoke(app, ["verify", "--help"]).output
 
 
 def test_module_imports_only_typer():
