@@ -93,7 +93,20 @@ def replay_segment(
     ``recipe`` (a name or a :class:`Recipe`) and ``config`` are what the job spec says; when given,
     the state must record the same (else :class:`StateError`). ``None`` takes them from the state.
     """
-    state = load_state(state_path)
+    if isinstance(forced_decisions, str | Path):
+        forced_decisions = load_trace(Path(forced_decisions))
+    return replay_state(recipe, load_state(state_path), k, forced_decisions, config)
+
+
+def replay_state(
+    recipe: str | Recipe | None,
+    state: TrainState,
+    k: int,
+    forced_decisions: DecisionTrace | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> ReplayResult:
+    """:func:`replay_segment` from a state already in memory (the verifier holds S_i once its opening
+    is checked, and a write-and-read round trip would cost a third of its per-segment time)."""
     info = state_info(state)
     resolved = _resolve_recipe(recipe, info.recipe)
     if config is not None and dict(config) != info.config:
@@ -104,8 +117,6 @@ def replay_segment(
         raise StateError(f"the state's config is not a valid {resolved.name} config: {exc}") from exc
     if k < 1 or info.step + k > cfg.steps:
         raise StateError(f"cannot replay {k} steps from step {info.step} of a {cfg.steps}-step run")
-    if isinstance(forced_decisions, str | Path):
-        forced_decisions = load_trace(Path(forced_decisions))
     trainer = build_trainer(resolved, cfg, info.seed)
     restore(trainer, state)
     decisions = DecisionLog(forced=forced_decisions)

@@ -15,12 +15,12 @@ import torch
 from trainmaster.jobs.decisions import DecisionLog, DecisionTrace
 from trainmaster.jobs.execution import build_trainer, full_state, restore, run_step, state_info
 from trainmaster.jobs.recipes import get_recipe
+from trainmaster.jobs.replay import replay_state
 from trainmaster.jobs.state import TrainState
 from trainmaster.verify.audit import run_audit
 from trainmaster.verify.calibrate import calibrate_states
 from trainmaster.verify.distance import weight_distance
 from trainmaster.verify.openings import LocalOpenings
-from trainmaster.verify.reexecution import reexecute
 from trainmaster.verify.variants import CHEATS, HONEST_VARIANTS, Execution, execute
 
 from audit_support import Run, commit, interpolate, train, with_weights
@@ -100,7 +100,7 @@ def test_honest_but_different_executors_pass_the_learner_audit(k, honest, calibr
 
 
 def _plain_replay_r(state: TrainState, k: int, executed: Execution) -> float:
-    replay = reexecute(DQN, state, k, None, CONFIG_JSON)
+    replay = replay_state(DQN, state, k, None, CONFIG_JSON)
     return weight_distance(state.weights, replay.weights, executed.state.weights).r
 
 

@@ -21,7 +21,7 @@ Per challenged segment i (notes/verification.md §4, §8b; docs/audit.md):
 
 1. open S_i, trace_i, W_{i+1} and sha256(rest_{i+1}); check them against the root;
 2. S_i must be of this job (recipe, config, seed, step i·k), and S_0 must be the broker's own S_0;
-3. re-execute k steps from S_i here (:func:`trainmaster.verify.reexecution.reexecute`, the in-memory
+3. re-execute k steps from S_i here (:func:`trainmaster.jobs.replay.replay_state`, the in-memory
    half of :func:`trainmaster.jobs.replay.replay_segment`) with the executor's decisions forced,
    counting disagreements and their margins;
 4. ``r_i = ‖W_exec − W_re‖ / ‖W_re − W_i‖``; reject when ``r_i > τ(k)``, when the update per lr is
@@ -47,7 +47,7 @@ from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.decisions import DecisionTraceError
 from trainmaster.jobs.execution import StateError, build_trainer, full_state, state_info
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
-from trainmaster.jobs.replay import ReplayResult
+from trainmaster.jobs.replay import ReplayResult, replay_state
 from trainmaster.jobs.state import TrainState
 
 from .calibration import Calibration, UncalibratedError, job_class
@@ -56,7 +56,6 @@ from .errors import VerificationError
 from .evidence import AuditReport, SegmentEvidence, SegmentHashes
 from .learner import DEFAULT_MARGIN_TOL, DecisionEvidence, exact_mismatches, has_exact_rest
 from .openings import CheckedOpening, Openings, OpeningError, open_checked, open_next_state_checked
-from .reexecution import reexecute
 from .update_norm import update_per_lr
 
 @dataclass(frozen=True)
@@ -219,7 +218,7 @@ def _initial_state_problems(state: TrainState, job: AuditedJob) -> list[str]:
 
 def _replay(job: AuditedJob, opening: CheckedOpening) -> ReplayResult:
     """Re-execute segment i from the executor's S_i, following its recorded decisions."""
-    return reexecute(job.recipe, opening.state, job.k, opening.trace, job.config)
+    return replay_state(job.recipe, opening.state, job.k, opening.trace, job.config)
 
 
 def _compare_weights(evidence: SegmentEvidence, opening: CheckedOpening, replay: ReplayResult, limits: Thresholds) -> None:

@@ -4,7 +4,7 @@ For each seed the recipe is trained ``warmup`` steps from scratch (so segments a
 giving a base state S. For every k and every executor variant (:mod:`trainmaster.verify.variants`:
 other thread count, one-ulp nudge, float64; and the mildest cheat, lr × 0.9) the variant runs k
 steps from S as an executor would, and the verifier re-executes them exactly as an audit does
-(:func:`trainmaster.verify.reexecution.reexecute`, the variant's decisions forced).
+(:func:`trainmaster.jobs.replay.replay_state`, the variant's decisions forced).
 The distances r, the honest decision margins and the honest update sizes make the
 :class:`~trainmaster.verify.calibration.Calibration` (τ, R, margin tolerance, update floor).
 
@@ -26,11 +26,11 @@ import torch
 from trainmaster.jobs.decisions import DecisionLog
 from trainmaster.jobs.execution import build_trainer, full_state, run_step, state_info
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
+from trainmaster.jobs.replay import replay_state
 from trainmaster.jobs.state import TrainState
 
 from .calibration import Base, Calibration, CalibrationPoint, job_class
 from .distance import weight_distance
-from .reexecution import reexecute
 from .update_norm import update_per_lr
 from .variants import HONEST_VARIANTS, MILDEST_CHEAT, Variant, execute
 
@@ -116,7 +116,7 @@ def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Meas
     """Run ``variant`` as the executor from ``state``, then re-execute as the audit does."""
     executed = execute(recipe, state, k, variant)
     info = state_info(state)
-    replay = reexecute(recipe, state, k, executed.trace, info.config)
+    replay = replay_state(recipe, state, k, executed.trace, info.config)
     distance = weight_distance(state.weights, replay.weights, executed.state.weights)
     if distance.update == 0:
         raise CalibrationError(
