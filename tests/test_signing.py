@@ -103,9 +103,16 @@ def test_undecodable_hotkey_is_rejected(miner, commitment):
     assert "cannot check the signature" in reason(commitment, sign_commitment(commitment, miner), "not-an-address")
 
 
-def test_every_leaf_proof_verifies(commitment, leaves):
+def test_every_leaf_proof_verifies_and_only_at_its_own_index(commitment, leaves):
+    accepted = []
     for index, leaf in enumerate(leaves):
-        check_leaf(commitment, index, leaf.hex(), [h.hex() for h in inclusion_proof(leaves, index)])
+        proof = [h.hex() for h in inclusion_proof(leaves, index)]
+        check_leaf(commitment, index, leaf.hex(), proof)  # raises if the proof does not reach the root
+        accepted.append(index)
+        other = (index + 1) % len(leaves)
+        with pytest.raises(VerificationError):
+            check_leaf(commitment, other, leaf.hex(), proof)
+    assert accepted == list(range(commitment.n + 1))
 
 
 def test_proof_that_misses_the_root_is_rejected(commitment, leaves):

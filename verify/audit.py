@@ -56,6 +56,7 @@ from .errors import VerificationError
 from .evidence import AuditReport, SegmentEvidence, SegmentHashes
 from .learner import DEFAULT_MARGIN_TOL, DecisionEvidence, exact_mismatches, has_exact_rest
 from .openings import CheckedOpening, Openings, OpeningError, open_checked, open_next_state_checked
+from .recipe_run import RecipeRun
 from .update_norm import update_per_lr
 
 @dataclass(frozen=True)
@@ -68,13 +69,9 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
-class AuditedJob:
-    """What the spec fixes about the run: the recipe, its config (JSON form), the job seed, and so S_0."""
+class AuditedJob(RecipeRun):
+    """The recipe run the spec fixes (recipe, config in JSON form, job seed, k), and so S_0."""
 
-    recipe: Recipe
-    config: dict[str, Any]
-    seed: int
-    k: int
     initial: TrainState
     """S_0 as the broker builds it from the spec."""
 
