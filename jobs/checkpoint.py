@@ -24,11 +24,11 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -43,8 +43,10 @@ REST = "rest.safetensors"
 DECISIONS = "decisions.safetensors"
 SEGMENTS = "segments"
 Buffers = Sequence[bytes | memoryview]
+T = TypeVar("T")
 
 _WRITEBACK_BYTES = 16 * 1024 * 1024
+_PARALLEL_HASH_BYTES = 8 * 1024 * 1024
 
 
 def lower_thread_priority() -> None:
@@ -169,6 +171,15 @@ def _hash_rest_and_trace(rest: Buffers, trace: Buffers) -> tuple[str, str, str]:
     return rest_file, sha256_of(trace).hexdigest(), joined.hexdigest()
 
 
+def _hash(fn: Callable[..., T], *args: Buffers, inline: bool) -> Future[T]:
+    """Run a hash on the hashing threads, or here for small data (waking a thread costs more than hashing it)."""
+    if not inline:
+        return _HASHERS.submit(fn, *args)
+    future: Future[T] = Future()
+    future.set_result(fn(*args))
+    return future
+
+
 def write_segment(
     root: Path,
     index: int,
@@ -208,8 +219,9 @@ def write_segment_bytes(
     every earlier segment as it was.
     """
     parts = {WEIGHTS: weights, REST: rest, DECISIONS: trace}
-    weights_hash = _HASHERS.submit(sha256_of, weights)
-    rest_hashes = _HASHERS.submit(_hash_rest_and_trace, rest, trace)
+    inline = sum(len(view) for buffers in parts.values() for view in buffers) < _PARALLEL_HASH_BYTES
+    weights_hash = _hash(sha256_of, weights, inline=inline)
+    rest_hashes = _hash(_hash_rest_and_trace, rest, trace, inline=inline)
     final = segment_dir(root, index)
     tmp = final.with_name(f".{final.name}.tmp")
     try:

@@ -114,10 +114,12 @@ def _train(
             if produced:
                 metrics.append(step + 1, produced)
             if (step + 1) % k == 0:
-                index = (step + 1) // k
-                if held is not None:  # None right after a resume: that segment is already on disk
-                    writer.write(index - 1, held, decisions.trace)
-                held = SerializedState.of(full_state(trainer, recipe, config, seed, step + 1))
+                try:  # capture S_index before waking the writer, whose Python work would stall it on the GIL
+                    reached = SerializedState.of(full_state(trainer, recipe, config, seed, step + 1))
+                finally:  # the finished segment is queued even when S_index cannot be captured
+                    if held is not None:  # None right after a resume: that segment is already on disk
+                        writer.write((step + 1) // k - 1, held, decisions.trace)
+                held = reached
                 metrics.flush()
                 decisions = DecisionLog()
         if held is not None:

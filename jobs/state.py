@@ -55,7 +55,7 @@ def section(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch
 def json_tensor(value: JsonValue) -> torch.Tensor:
     """A JSON-able value as a uint8 tensor of its canonical JSON (sorted keys, no NaN)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return torch.tensor(list(text.encode("ascii")), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(text.encode("ascii")), dtype=torch.uint8)
 
 
 def tensor_json(tensor: torch.Tensor) -> JsonValue:

@@ -8,26 +8,38 @@ Figures:
   tensors (weights and optimizer state as two files), without and with an fsync of both files (the
   runtime's checkpoints are durable; a bare save_file is not). Median of 3 after a warm-up round,
   files removed between runs. Target: ratio to the bare save_file <= 1.5. Smoke: 1M parameters.
-* Steps/s of the DQN recipe under the runtime with a segment every k = 25 steps (whole runs: build,
-  3000 steps, commitment), against building the trainer and running the same steps through the same
-  step function without checkpoints. The machine is shared, so runs alternate and the overhead is
-  the median over 7 pairs of the per-pair time ratio. Target: overhead <= 10 %. Smoke: 100 steps, once.
-* The same cost taken apart, measured alternately in one process (immune to the machine's drift):
-  the training thread's checkpoint work per segment, and the writer's CPU per segment, each as a
-  percentage of the 25 steps the segment holds (after 1500 steps, so the replay buffer is full-ish).
+  Also printed, as ratios to the bare save_file, two floors on this machine: any checkpoint that
+  sha256es every byte and writes it, with both spread perfectly over every core; and this format,
+  whose ``sha256(rest_i)`` is one sequential stream over the rest (notes/verification.md §2).
+* Steps/s of the DQN recipe under the runtime with a segment every k = 25 steps, against the same
+  steps without checkpoints, measured in **lockstep**: the runtime trains a DQN trainer that, at
+  every step, also steps an identical bare twin (built by ``build_trainer``, stepped by ``run_step``,
+  as a script without the runtime would) and times the twin alone; the order alternates each step.
+  The runtime's time is the whole ``run`` (build, S_0, every segment, commitment, final files) less
+  the twin's. Whole runs timed one after another cannot resolve 10 % here: on this shared 2-core VM
+  two identical bare runs in a row differ by up to 1.76x, while lockstep runs agree within ~2 %.
+  The writer thread works concurrently, so the part of its contention that lands in twin steps is
+  not charged to the runtime; the writer's whole CPU per segment is printed beside it as the bound
+  on that. Median of 3 runs of 3000 steps. Target: overhead <= 10 %. Smoke: 100 steps, once.
+* The per-segment cost taken apart, measured alternately in one process: the training thread's
+  checkpoint work per segment, and the CPU of writing it (all threads), each as a percentage of
+  the 25 steps the segment holds (after 1500 steps, so the replay buffer is full-ish).
 
 Run: python tests/benchmarks/bench_runtime.py
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -35,21 +47,23 @@ from safetensors.torch import save_file
 from trainmaster.jobs.canonical import serialize
 from trainmaster.jobs.checkpoint import write_segment, write_segment_bytes
 from trainmaster.jobs.decisions import DecisionLog
-from trainmaster.jobs.execution import build_trainer, full_state, run_step
+from trainmaster.jobs.execution import BUILD_STREAM, build_trainer, full_state, run_step
+from trainmaster.jobs.recipe import Recipe, RecipeConfig, StepContext
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.runtime import RuntimeSettings, run as run_job
+from trainmaster.jobs.seeding import seed_globals
 from trainmaster.jobs.state import TrainState
 from trainmaster.jobs.writer import SerializedState
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import print_figures  # noqa: E402
+from _common import median_seconds, print_figures  # noqa: E402
 
 TARGETS = {"checkpoint / save_file ratio": "<= 1.5", "DQN overhead (%)": "<= 10"}
 
 
 def run(smoke: bool = False) -> dict[str, float]:
     figures = _checkpoint_figures(params=1_000_000 if smoke else 100_000_000, repeats=1 if smoke else 3)
-    figures.update(_overhead_figures(steps=100 if smoke else 3000, pairs=1 if smoke else 7))
+    figures.update(_overhead_figures(steps=100 if smoke else 3000, runs=1 if smoke else 3))
     figures.update(_segment_cost_figures(warmup=100 if smoke else 1500, segments=2 if smoke else 40))
     return figures
 
@@ -92,7 +106,9 @@ def _checkpoint_figures(params: int, repeats: int) -> dict[str, float]:
                 durable.append(synced - start)
                 ours.append(done - start_ours)
     size = sum(t.numel() * t.element_size() for part in (state.weights, state.rest) for t in part.values())
+    rest_size = sum(t.numel() * t.element_size() for t in state.rest.values())
     ours_s, bare_s, durable_s = (statistics.median(x) for x in (ours, bare, durable))
+    rate, cores = _sha256_bytes_per_second(state), os.cpu_count() or 1
     return {
         "checkpoint params (M)": params / 1e6,
         "checkpoint GB": size / 1e9,
@@ -101,46 +117,89 @@ def _checkpoint_figures(params: int, repeats: int) -> dict[str, float]:
         "checkpoint + hashes + fsync (s)": ours_s,
         "checkpoint / save_file ratio": ours_s / bare_s,
         "checkpoint / (save_file + fsync) ratio": ours_s / durable_s,
+        "sha256 GB/s, one core": rate / 1e9,
+        "floor: (sha256 of every byte + save_file) on all cores / save_file": (size / rate + bare_s) / cores / bare_s,
+        "floor: sha256 of rest in one stream / save_file": rest_size / rate / bare_s,
     }
 
 
-def _bare_loop(steps: int) -> float:
-    """The recipe's steps through the runtime's step function, without checkpoints; returns seconds."""
-    recipe = get_recipe("dqn")
-    config = recipe.config(_dqn_config(steps))
-    start = time.perf_counter()
-    trainer = build_trainer(recipe, config, 0)
-    for step in range(steps):
-        run_step(trainer, 0, step, DecisionLog())
-    return time.perf_counter() - start
+def _sha256_bytes_per_second(state: TrainState) -> float:
+    """sha256 throughput of one core over the largest tensor's bytes (best of 3)."""
+    data = memoryview(max(state.rest.values(), key=torch.Tensor.numel).numpy()).cast("B")
+    best = min(median_seconds(lambda: hashlib.sha256(data), 1) for _ in range(3))
+    return len(data) / best
 
 
-def _runtime_loop(steps: int, root: Path) -> float:
-    recipe = get_recipe("dqn")
-    settings = RuntimeSettings(output_dir=root / "out", checkpoint_dir=root / "ckpt", segment_steps=25)
+class _LockstepTrainer:
+    """A DQN trainer that, at every step, also steps an identical bare twin and times the twin alone.
+
+    The twin is built and stepped the way a script without the runtime would (``build_trainer``,
+    ``run_step`` with its own decision log). The two take turns going first, so neither always
+    finds the caches warm. DQN draws only from its step's own generators, and ``run_step`` seeds
+    the global ones from ``(seed, step)``, so the twin's step leaves the runtime's trainer exactly
+    where an ordinary run would: its checkpoints are those of a plain DQN run.
+    """
+
+    def __init__(self, config: RecipeConfig, seed: int):
+        dqn = get_recipe("dqn")
+        start = time.perf_counter()
+        self.twin = build_trainer(dqn, config, seed)
+        self.twin_seconds = time.perf_counter() - start
+        self.twin_log = DecisionLog()
+        seed_globals(seed, 0, BUILD_STREAM)  # as the runtime's build_trainer left them for this build
+        self.own = dqn.build(config, seed)
+
+    def step(self, ctx: StepContext) -> Mapping[str, float] | None:
+        if ctx.step % 2:
+            produced = self.own.step(ctx)
+        start = time.perf_counter()
+        run_step(self.twin, ctx.seed, ctx.step, self.twin_log)
+        self.twin_seconds += time.perf_counter() - start
+        if not ctx.step % 2:
+            produced = self.own.step(ctx)
+        return produced
+
+    def state(self) -> TrainState:
+        return self.own.state()
+
+    def load_state(self, state: TrainState) -> None:
+        self.own.load_state(state)
+
+    def result(self) -> dict[str, Any]:
+        return self.own.result()
+
+
+def _lockstep_run(steps: int, k: int, root: Path) -> tuple[float, float]:
+    """One runtime run of DQN in lockstep with its bare twin: (runtime seconds, twin seconds)."""
+    built: list[_LockstepTrainer] = []
+
+    def build(config: RecipeConfig, seed: int) -> _LockstepTrainer:
+        built.append(_LockstepTrainer(config, seed))
+        return built[-1]
+
+    dqn = get_recipe("dqn")
+    recipe = Recipe(name=dqn.name, config_type=dqn.config_type, build=build)
+    settings = RuntimeSettings(output_dir=root / "out", checkpoint_dir=root / "ckpt", segment_steps=k)
     start = time.perf_counter()
     run_job(recipe, recipe.config(_dqn_config(steps)), settings)
-    return time.perf_counter() - start
+    total = time.perf_counter() - start
+    return total - built[0].twin_seconds, built[0].twin_seconds
 
 
 def _dqn_config(steps: int) -> dict[str, int]:
     return {"steps": steps, "learning_starts": steps // 5}
 
 
-def _overhead_figures(steps: int, pairs: int) -> dict[str, float]:
-    """Alternate runs without and with checkpoints; the machine is shared, so pair them and take medians."""
-    bare, full = [], []
-    _bare_loop(30)  # one-time costs (imports torch does on a first optimizer step, gymnasium's registry)
+def _overhead_figures(steps: int, runs: int) -> dict[str, float]:
+    """Median over ``runs`` lockstep runs with a segment every 25 steps."""
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
-        for i in range(pairs):
-            bare.append(_bare_loop(steps))
-            full.append(_runtime_loop(steps, Path(tmp) / str(i)))
-    ratio = statistics.median(f / b for f, b in zip(full, bare, strict=True))
+        _lockstep_run(50, 25, Path(tmp) / "warm-up")  # one-time costs: the first optimizer step's imports
+        samples = [_lockstep_run(steps, 25, Path(tmp) / str(i)) for i in range(runs)]
     return {
         "DQN steps per run": float(steps),
-        "DQN steps/s, no checkpoints": steps / statistics.median(bare),
-        "DQN steps/s, segment every 25 steps": steps / statistics.median(full),
-        "DQN overhead (%)": 100.0 * (ratio - 1.0),
+        "DQN steps/s, no checkpoints (twin)": steps / statistics.median(twin for _, twin in samples),
+        "DQN steps/s, segment every 25 steps": steps / statistics.median(ours for ours, _ in samples),
+        "DQN overhead (%)": statistics.median(100.0 * (ours / twin - 1.0) for ours, twin in samples),
     }
 
 
@@ -149,7 +208,8 @@ def _segment_cost_figures(warmup: int, segments: int) -> dict[str, float]:
 
     The shared machine's speed drifts by tens of percent between runs; costs measured alternately
     within one process are not affected by that. Training thread: capturing and serializing S_i.
-    Writer thread: CPU of serializing the trace, hashing, writing, fsyncing and publishing.
+    Writing: CPU of serializing the trace, hashing, writing, fsyncing and publishing, in every
+    thread (the hashers and fsyncers too), run synchronously so nothing else is counted.
     """
     recipe = get_recipe("dqn")
     config = recipe.config(_dqn_config(warmup + 25 * segments))
@@ -165,14 +225,14 @@ def _segment_cost_figures(warmup: int, segments: int) -> dict[str, float]:
             captured = time.perf_counter()
             held = SerializedState.of(full_state(trainer, recipe, config, 0, warmup + 25 * (i + 1)))
             done = time.perf_counter()
-            cpu = time.thread_time()
+            cpu = time.process_time()
             write_segment_bytes(Path(tmp), i, [held.weights], [held.rest], [serialize(decisions.trace.to_tensors())],
                                 job_id="bench", recipe="dqn", step=0, k=25)
-            writer_cpu_s += time.thread_time() - cpu
+            writer_cpu_s += time.process_time() - cpu
             steps_s, capture_s = steps_s + captured - start, capture_s + done - captured
     return {
         "DQN segment: training-thread checkpoint work (% of 25 steps)": 100.0 * capture_s / steps_s,
-        "DQN segment: writer CPU, this thread only (% of 25 steps)": 100.0 * writer_cpu_s / steps_s,
+        "DQN segment: writing CPU, all threads (% of 25 steps)": 100.0 * writer_cpu_s / steps_s,
     }
 
 
