@@ -45,7 +45,7 @@ from .metrics import MetricsLog
 from .recipe import Recipe, RecipeConfig, StepContext, Trainer
 from .settings import RuntimeSettings, SettingsError
 from .state import TrainState
-from .writer import SegmentWriter, SerializedState
+from .writer import SegmentWriter
 
 __all__ = [
     "Recipe",
@@ -106,7 +106,7 @@ def _train(
     metrics = MetricsLog(settings.output_dir / METRICS_FILE, resume_step=start if resumed else None)
     writer = SegmentWriter(settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k)
     # S_i is written with the trace of the segment it starts, so it is held until that segment ends.
-    held = None if resumed else SerializedState.of(full_state(trainer, recipe, config, seed, 0))
+    held = None if resumed else writer.capture(full_state(trainer, recipe, config, seed, 0))
     try:
         decisions = DecisionLog()
         for step in range(start, config.steps):
@@ -115,7 +115,7 @@ def _train(
                 metrics.append(step + 1, produced)
             if (step + 1) % k == 0:
                 try:  # capture S_index before waking the writer, whose Python work would stall it on the GIL
-                    reached = SerializedState.of(full_state(trainer, recipe, config, seed, step + 1))
+                    reached = writer.capture(full_state(trainer, recipe, config, seed, step + 1))
                 finally:  # the finished segment is queued even when S_index cannot be captured
                     if held is not None:  # None right after a resume: that segment is already on disk
                         writer.write((step + 1) // k - 1, held, decisions.trace)

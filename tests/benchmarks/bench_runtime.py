@@ -10,7 +10,9 @@ Figures:
   files removed between runs. Target: ratio to the bare save_file <= 1.5. Smoke: 1M parameters.
   Also printed, as ratios to the bare save_file, two floors on this machine: any checkpoint that
   sha256es every byte and writes it, with both spread perfectly over every core; and this format,
-  whose ``sha256(rest_i)`` is one sequential stream over the rest (notes/verification.md §2).
+  whose ``sha256(rest_i)`` is one sequential stream over the rest (notes/verification.md §2). And
+  the part of a checkpoint the training loop waits for under the runtime (the canonical copy of
+  the state; hashing, writing and fsync happen on the writer thread) against the bare save_file.
 * Steps/s of the DQN recipe under the runtime with a segment every k = 25 steps, against the same
   steps without checkpoints, measured in **lockstep**: the runtime trains a DQN trainer that, at
   every step, also steps an identical bare twin (built by ``build_trainer``, stepped by ``run_step``,
@@ -53,7 +55,7 @@ from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.runtime import RuntimeSettings, run as run_job
 from trainmaster.jobs.seeding import seed_globals
 from trainmaster.jobs.state import TrainState
-from trainmaster.jobs.writer import SerializedState
+from trainmaster.jobs.writer import SerializedState, StateBuffers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import median_seconds, print_figures  # noqa: E402
@@ -82,7 +84,8 @@ def _adam_state(params: int) -> TrainState:
 
 def _checkpoint_figures(params: int, repeats: int) -> dict[str, float]:
     state = _adam_state(params)
-    bare, durable, ours = [], [], []
+    bare, durable, ours, blocked = [], [], [], []
+    buffers = StateBuffers()
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         root = Path(tmp)
         files = [root / "weights.safetensors", root / "rest.safetensors"]
@@ -101,13 +104,19 @@ def _checkpoint_figures(params: int, repeats: int) -> dict[str, float]:
             write_segment(root / "ckpt", i, state, {}, job_id="bench", recipe="bench", step=0, k=25)
             done = time.perf_counter()
             shutil.rmtree(root / "ckpt")
+            start_copy = time.perf_counter()
+            copy = SerializedState.of(state, buffers)  # what the runtime's training thread waits for
+            copied = time.perf_counter()
+            buffers.give_back(copy.weights)
+            buffers.give_back(copy.rest)
             if i:
+                blocked.append(copied - start_copy)
                 bare.append(saved - start)
                 durable.append(synced - start)
                 ours.append(done - start_ours)
     size = sum(t.numel() * t.element_size() for part in (state.weights, state.rest) for t in part.values())
     rest_size = sum(t.numel() * t.element_size() for t in state.rest.values())
-    ours_s, bare_s, durable_s = (statistics.median(x) for x in (ours, bare, durable))
+    ours_s, bare_s, durable_s, blocked_s = (statistics.median(x) for x in (ours, bare, durable, blocked))
     rate, cores = _sha256_bytes_per_second(state), os.cpu_count() or 1
     return {
         "checkpoint params (M)": params / 1e6,
@@ -117,6 +126,7 @@ def _checkpoint_figures(params: int, repeats: int) -> dict[str, float]:
         "checkpoint + hashes + fsync (s)": ours_s,
         "checkpoint / save_file ratio": ours_s / bare_s,
         "checkpoint / (save_file + fsync) ratio": ours_s / durable_s,
+        "training thread blocked per checkpoint / save_file": blocked_s / bare_s,
         "sha256 GB/s, one core": rate / 1e9,
         "floor: (sha256 of every byte + save_file) on all cores / save_file": (size / rate + bare_s) / cores / bare_s,
         "floor: sha256 of rest in one stream / save_file": rest_size / rate / bare_s,
