@@ -133,7 +133,8 @@ def _cast_modules(trainer: object, dtype: torch.dtype) -> None:
         raise ValueError(f"{type(trainer).__name__} holds no torch modules to run in {dtype}")
     for module in modules:
         module.to(dtype)
-        module.register_forward_pre_hook(_cast_inputs(dtype))
+        for part in module.modules():  # every level: a trainer may call submodules directly (PPO's actor, critic)
+            part.register_forward_pre_hook(_cast_inputs(dtype))
 
 
 def _cast_inputs(dtype: torch.dtype):
