@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import subprocess
+import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import datetime, timezone
 
 import pytest
 
-from trainmaster.wallet.alerts import log_and_post
+from trainmaster.wallet import outbox
 from trainmaster.wallet.budget import Budget, period_start
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 
@@ -179,18 +182,22 @@ def test_default_notifier_logs_a_line(tmp_path, caplog):
 
 @pytest.fixture
 def webhook_server():
-    """A real aiohttp server on 127.0.0.1 in its own thread; yields (url, received bodies, event)."""
+    """A real aiohttp server on 127.0.0.1 in its own thread; yields (url, received bodies, event, statuses).
+
+    Each request is answered with the next of ``statuses`` (append to it), then 200."""
     from aiohttp import web
 
-    received, got = [], threading.Event()
+    received, got, statuses = [], threading.Event(), []
     loop = asyncio.new_event_loop()
     started = threading.Event()
     state = {}
 
     async def hook(request):
         received.append(await request.json())
-        got.set()
-        return web.Response(text="ok")
+        status = statuses.pop(0) if statuses else 200
+        if status < 300:
+            got.set()
+        return web.Response(status=status, text="ok")
 
     async def start():
         app = web.Application()
@@ -205,36 +212,81 @@ def webhook_server():
     thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True)
     thread.start()
     assert started.wait(10)
-    yield f"http://127.0.0.1:{state['port']}/hook", received, got
+    yield f"http://127.0.0.1:{state['port']}/hook", received, got, statuses
     asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop).result(10)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
 
 
-def test_alert_is_posted_to_the_webhook(tmp_path, webhook_server):
-    url, received, got = webhook_server
-    threads = []
+def _pending(path) -> list[tuple]:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT budget, percent, tries FROM ledger_alerts WHERE delivered_at IS NULL").fetchall()
+
+
+def test_alert_is_posted_to_the_webhook_and_marked_delivered(tmp_path, webhook_server):
+    url, received, got, _ = webhook_server
     budget = Budget(name="aws", cap=100, backend="aws", alert_at_percent=[80], webhook=url)
-    ledger = Ledger(tmp_path / "s.db", [budget], clock=Clock(), notify=lambda a: threads.append(log_and_post(a)))
+    ledger = Ledger(tmp_path / "s.db", [budget], clock=Clock())
     reserve(ledger, "a", 85)
-    assert got.wait(10)
+    for thread in ledger.deliveries:
+        thread.join(30)
     [body] = received
     assert body["budget"] == "aws" and body["percent"] == 80 and body["used_micro_usd"] == 85 * USD
-    assert body["text"].startswith("budget 'aws' reached 80% of its cap")
-    for thread in threads:
-        thread.join(10)
+    assert body["text"].startswith("budget 'aws' reached 80% of its cap") and body["id"] == f"aws|{period_start('month', JAN):.0f}|80"
+    assert _pending(tmp_path / "s.db") == []
 
 
-def test_an_unreachable_webhook_is_logged_and_the_money_still_moves(tmp_path, caplog):
-    threads = []
+def test_a_webhook_that_fails_twice_gets_the_alert_on_the_third_try(tmp_path, webhook_server):
+    url, received, got, statuses = webhook_server
+    statuses += [500, 503]
+    ledger = Ledger(tmp_path / "s.db", [Budget(name="b", cap=10, alert_at_percent=[50], webhook=url)], clock=Clock())
+    reserve(ledger, "a", 6)
+    for thread in ledger.deliveries:
+        thread.join(30)
+    assert len(received) == 3 and received[0] == received[2]  # the same alert, retried
+    assert _pending(tmp_path / "s.db") == []
+
+
+def test_an_unreachable_webhook_is_logged_kept_and_the_money_still_moves(tmp_path, caplog):
     budget = Budget(name="b", cap=10, alert_at_percent=[50], webhook="http://127.0.0.1:9/nothing-listens")
-    ledger = Ledger(tmp_path / "s.db", [budget], clock=Clock(), notify=lambda a: threads.append(log_and_post(a)))
+    ledger = Ledger(tmp_path / "s.db", [budget], clock=Clock())
     with caplog.at_level(logging.ERROR, logger="trainmaster.wallet.alerts"):
         reserve(ledger, "a", 6)
-        for thread in threads:
-            thread.join(10)
-    assert any("budget alert webhook http://127.0.0.1:9/nothing-listens failed" in m for m in caplog.messages)
+        for thread in ledger.deliveries:
+            thread.join(30)
+    assert any("budget alert webhook http://127.0.0.1:9/nothing-listens failed after 3 tries" in m for m in caplog.messages)
     assert len(ledger.outstanding()) == 1
+    assert _pending(tmp_path / "s.db") == [("b", 50, 1)]
+
+
+def test_an_alert_the_webhook_missed_is_delivered_by_the_next_process(tmp_path, webhook_server):
+    url, received, got, statuses = webhook_server
+    statuses += [503] * outbox.POST_ATTEMPTS  # down while the threshold is crossed
+    ledger = Ledger(tmp_path / "s.db", [Budget(name="b", cap=10, alert_at_percent=[50], webhook=url)], clock=Clock())
+    reserve(ledger, "a", 6)
+    for thread in ledger.deliveries:
+        thread.join(30)
+    ledger.close()
+    assert not got.is_set() and _pending(tmp_path / "s.db") == [("b", 50, 1)]
+    # a later, short-lived process (a CLI call) opens the ledger: it delivers before it exits
+    code = f"from trainmaster.wallet.ledger import Ledger; Ledger({str(tmp_path / 's.db')!r}).close()"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert got.is_set() and received[-1]["percent"] == 50 and len(received) == outbox.POST_ATTEMPTS + 1
+    assert _pending(tmp_path / "s.db") == []
+
+
+def test_an_alert_is_given_up_after_max_flushes(tmp_path, monkeypatch):
+    monkeypatch.setattr(outbox, "POST_ATTEMPTS", 1)
+    budget = Budget(name="b", cap=10, alert_at_percent=[50], webhook="http://127.0.0.1:9/nothing-listens")
+    ledger = Ledger(tmp_path / "s.db", [budget], clock=Clock())
+    reserve(ledger, "a", 6)
+    for thread in ledger.deliveries:
+        thread.join(30)
+    for _ in range(outbox.MAX_FLUSHES + 1):
+        outbox.flush(tmp_path / "s.db")
+    assert _pending(tmp_path / "s.db") == [("b", 50, outbox.MAX_FLUSHES)]
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        assert not outbox.has_pending(db)
 
 
 def test_a_failing_notifier_never_undoes_a_movement(tmp_path, caplog):

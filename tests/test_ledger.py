@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainmaster.wallet.ledger import (
-    AlreadySettled, IdempotencyConflict, Ledger, LedgerError, UnknownReservation,
+    MIGRATIONS, AlreadySettled, IdempotencyConflict, Ledger, LedgerError, UnknownReservation,
 )
 
 JAN = datetime(2026, 1, 15, tzinfo=timezone.utc).timestamp()
@@ -135,7 +135,7 @@ def test_restart_keeps_everything_and_replays(tmp_path):
         assert reserve(second, "r1", 5_000_000).seq == 1
         assert len(second.entries()) == 1
         assert second.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert second.db.execute("SELECT version FROM ledger_schema").fetchall() == [(1,)]
+        assert second.db.execute("SELECT version FROM ledger_schema").fetchall() == [(len(MIGRATIONS),)]
 
 
 def test_lives_beside_the_broker_store_on_its_connection(tmp_path):
@@ -149,6 +149,20 @@ def test_lives_beside_the_broker_store_on_its_connection(tmp_path):
     ledger.close()  # does not close the store's connection
     assert store.db.execute("SELECT COUNT(*) FROM ledger_entries").fetchone()[0] == 1
     store.close()
+
+
+def test_a_version_1_ledger_upgrades_without_resending_its_old_alerts(tmp_path):
+    from trainmaster.jobs import statedb
+    from trainmaster.wallet import outbox
+
+    db = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    with statedb.immediate(db):
+        statedb.migrate(db, version_table="ledger_schema", migrations=MIGRATIONS[:1], what="the ledger")
+    db.execute("INSERT INTO ledger_alerts VALUES ('b', 0, 80, 9000000, 1.0)")  # fired (and posted) by version 1
+    ledger = Ledger(db)
+    assert db.execute("SELECT version FROM ledger_schema").fetchall() == [(2,)]
+    assert db.execute("SELECT budget, webhook, delivered_at, tries FROM ledger_alerts").fetchall() == [("b", None, None, 0)]
+    assert not outbox.has_pending(db) and ledger.deliveries == []
 
 
 def test_refuses_a_newer_schema_and_a_busy_connection(tmp_path):

@@ -27,7 +27,8 @@ from typing import Literal
 
 from trainmaster.jobs import statedb
 from trainmaster.jobs.money import display_usd
-from trainmaster.wallet.alerts import Alert, log_and_post
+from trainmaster.wallet import outbox
+from trainmaster.wallet.alerts import Alert, log_alert
 from trainmaster.wallet.budget import Budget
 
 log = logging.getLogger("trainmaster.wallet.ledger")
@@ -64,6 +65,12 @@ MIGRATIONS: list[list[str]] = [
             at REAL NOT NULL,
             PRIMARY KEY (budget, period_start, percent)
         )""",
+    ],
+    [  # 2: webhook delivery, at least once (wallet/outbox.py); earlier alerts had no record of it
+        "ALTER TABLE ledger_alerts ADD COLUMN webhook TEXT",
+        "ALTER TABLE ledger_alerts ADD COLUMN payload TEXT",
+        "ALTER TABLE ledger_alerts ADD COLUMN delivered_at REAL",
+        "ALTER TABLE ledger_alerts ADD COLUMN tries INTEGER NOT NULL DEFAULT 0",
     ],
 ]
 
@@ -157,7 +164,7 @@ class Ledger:
         path_or_conn: Path | str | sqlite3.Connection,
         budgets: Sequence[Budget] = (),
         *,
-        notify: Callable[[Alert], object] = log_and_post,
+        notify: Callable[[Alert], object] = log_alert,
         clock: Callable[[], float] = time.time,
     ):
         if isinstance(path_or_conn, sqlite3.Connection):
@@ -170,8 +177,12 @@ class Ledger:
         self.budgets = list(budgets)
         self._notify, self._clock = notify, clock
         self._lock = threading.RLock()  # a connection shared between threads runs one transaction at a time
+        self.deliveries: list[threading.Thread] = []
+        """Webhook deliveries started by this ledger (threads that are not daemons; join to wait)."""
         self.db.execute("PRAGMA journal_mode=WAL")
         self._migrate()
+        if outbox.has_pending(self.db):  # alerts an earlier process could not deliver
+            self._deliver()
 
     def close(self) -> None:
         if self._owned:
@@ -274,6 +285,14 @@ class Ledger:
                 self._notify(alert)
             except Exception as exc:  # alerting must never undo or fail a committed movement
                 log.error("budget alert could not be sent: %s", exc)
+        if any(alert.webhook for alert in alerts):
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """POST the pending alerts from a background thread, over its own connection to this file."""
+        path = self.db.execute("PRAGMA database_list").fetchone()[2]
+        if path:  # an in-memory ledger has no file another connection could read
+            self.deliveries.append(outbox.flush_in_background(path))
 
     # reading
 
@@ -402,10 +421,13 @@ def _record_alerts(db: sqlite3.Connection, budgets: list[Budget], now: float) ->
         for percent in budget.alert_at_percent:
             if used * 100 < percent * budget.cap:
                 break
+            alert = Alert(budget=budget.label, percent=percent, period=budget.period, period_start=start,
+                          cap_micro_usd=budget.cap, used_micro_usd=used, webhook=budget.webhook)
             inserted = db.execute(
-                "INSERT OR IGNORE INTO ledger_alerts VALUES (?, ?, ?, ?, ?)", (budget.label, start, percent, used, now)
+                "INSERT OR IGNORE INTO ledger_alerts (budget, period_start, percent, used_micro_usd, at, webhook, payload)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (budget.label, start, percent, used, now, alert.webhook, json.dumps(alert.payload(), sort_keys=True)),
             ).rowcount
             if inserted:
-                fired.append(Alert(budget=budget.label, percent=percent, period=budget.period, period_start=start,
-                                   cap_micro_usd=budget.cap, used_micro_usd=used, webhook=budget.webhook))
+                fired.append(alert)
     return fired
