@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from .canonical import serialize, views
 from .checkpoint import CheckpointError, lower_thread_priority, write_segment_bytes
 from .decisions import DecisionTrace
