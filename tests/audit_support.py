@@ -20,6 +20,9 @@ from trainmaster.jobs.execution import build_trainer, full_state, state_info
 from trainmaster.jobs.recipe import Recipe
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.state import TrainState, scalar
+from trainmaster.verify.audit import run_audit
+from trainmaster.verify.calibration import Calibration
+from trainmaster.verify.openings import LocalOpenings
 from trainmaster.verify.variants import VERIFIER, Execution, Variant, execute
 
 BUNDLE = "ab" * 32
@@ -104,3 +107,19 @@ def update_size(run: Run, i: int) -> float:
     """‖W_{i+1} − W_i‖ as committed (what a magnitude-based picker ranks by)."""
     a, b = run.states[i].weights, run.states[i + 1].weights
     return sum(float((b[n].double() - a[n].double()).square().sum()) for n in a if a[n].is_floating_point()) ** 0.5
+
+
+def with_segment(run: Run, j: int, executed: Execution) -> Run:
+    """``run`` whose segment j is what an executor committed instead."""
+    states, traces = list(run.states), list(run.traces)
+    states[j + 1], traces[j] = executed.state, executed.trace
+    return Run(run.recipe, run.seed, run.k, states, traces)
+
+
+def audit_one(run: Run, j: int, root: Path, calibration: Calibration):
+    """Commit ``run`` under ``root`` and audit its segment j alone: (report, that segment's evidence)."""
+    report = run_audit(
+        commitment=commit(run, root), openings=LocalOpenings(root), segments=[j],
+        recipe=run.recipe.name, config=run.config, seed=run.seed, calibration=calibration,
+    )
+    return report, report.segments[0]

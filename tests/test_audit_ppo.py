@@ -12,12 +12,10 @@ import torch
 
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.state import TrainState, json_tensor
-from trainmaster.verify.audit import run_audit
 from trainmaster.verify.calibrate import calibrate_states
-from trainmaster.verify.openings import LocalOpenings
 from trainmaster.verify.variants import CHEATS, HONEST_VARIANTS, Execution, execute
 
-from audit_support import Run, commit, interpolate, train, with_weights
+from audit_support import Run, audit_one, interpolate, train, with_segment, with_weights
 
 pytestmark = pytest.mark.slow
 
@@ -40,20 +38,6 @@ def calibration(honest):
     return calibrate_states(PPO, [run.states[192 // run.k], run.states[512 // run.k]], ks=KS)
 
 
-def with_segment(run: Run, j: int, executed: Execution) -> Run:
-    states, traces = list(run.states), list(run.traces)
-    states[j + 1], traces[j] = executed.state, executed.trace
-    return Run(run.recipe, run.seed, run.k, states, traces)
-
-
-def audit_segment(run: Run, j: int, root, calibration):
-    report = run_audit(
-        commitment=commit(run, root), openings=LocalOpenings(root), segments=[j],
-        recipe="ppo", config=CONFIG, seed=SEED, calibration=calibration,
-    )
-    return report, report.segments[0]
-
-
 def test_calibration_separates_honest_executors_from_the_mildest_cheat(calibration):
     for k in KS:
         point = calibration.point(k)
@@ -65,7 +49,7 @@ def test_honest_but_different_executors_pass(k, honest, calibration, tmp_path):
     run, j = honest[k], START // k
     for variant in HONEST_VARIANTS:
         executed = execute(PPO, run.states[j], k, variant)
-        report, segment = audit_segment(with_segment(run, j, executed), j, tmp_path / variant.name, calibration)
+        report, segment = audit_one(with_segment(run, j, executed), j, tmp_path / variant.name, calibration)
         assert report.passed, (variant.name, report.reasons)
         assert segment.exact_compared > 0 and segment.exact_mismatches == []
         assert segment.decisions.compared == k  # one sampled action per step
@@ -108,7 +92,7 @@ PPO_CHEATS = {
 def test_each_cheat_is_caught(name, k, honest, calibration, tmp_path):
     run, j = honest[k], START // k
     executed = PPO_CHEATS[name](run.states[j], k)
-    report, segment = audit_segment(with_segment(run, j, executed), j, tmp_path, calibration)
+    report, segment = audit_one(with_segment(run, j, executed), j, tmp_path, calibration)
     assert not report.passed, (name, segment)
     if name == "nudged_reward_scale":  # only the bit-exact state check sees it
         assert segment.exact_mismatches == ["discounted_return"] and segment.r <= segment.tau
@@ -118,6 +102,6 @@ def test_the_global_step_counter_is_checked_exactly(honest, calibration, tmp_pat
     run, j = honest[KS[0]], START // KS[0]
     executed = execute(PPO, run.states[j], KS[0])
     executed.state.rest["global_step"] = executed.state.rest["global_step"] + KS[0]  # claims twice the steps
-    report, segment = audit_segment(with_segment(run, j, executed), j, tmp_path, calibration)
+    report, segment = audit_one(with_segment(run, j, executed), j, tmp_path, calibration)
     assert not report.passed and segment.exact_mismatches == ["global_step"]
     assert torch.equal(run.states[j + 1].rest["global_step"], torch.tensor(START + KS[0]))  # the honest count

@@ -17,13 +17,11 @@ from trainmaster.jobs.execution import build_trainer, full_state, restore, run_s
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.replay import replay_state
 from trainmaster.jobs.state import TrainState
-from trainmaster.verify.audit import run_audit
 from trainmaster.verify.calibrate import calibrate_states
 from trainmaster.verify.distance import weight_distance
-from trainmaster.verify.openings import LocalOpenings
 from trainmaster.verify.variants import CHEATS, HONEST_VARIANTS, Execution, execute
 
-from audit_support import Run, commit, interpolate, train, with_weights
+from audit_support import Run, audit_one, interpolate, train, with_segment, with_weights
 
 pytestmark = pytest.mark.slow
 
@@ -62,21 +60,6 @@ def calibration(honest):
     return calibrate_states(DQN, bases, ks=KS)
 
 
-def with_segment(run: Run, j: int, executed: Execution) -> Run:
-    """``run`` whose segment j is what an executor committed instead."""
-    states, traces = list(run.states), list(run.traces)
-    states[j + 1], traces[j] = executed.state, executed.trace
-    return Run(run.recipe, run.seed, run.k, states, traces)
-
-
-def audit_segment(run: Run, j: int, root, calibration):
-    report = run_audit(
-        commitment=commit(run, root), openings=LocalOpenings(root), segments=[j],
-        recipe="dqn", config=CONFIG, seed=SEED, calibration=calibration,
-    )
-    return report, report.segments[0]
-
-
 def test_the_learner_audit_separates_where_a_plain_replay_cannot(calibration):
     for k in KS:
         point = calibration.point(k)
@@ -90,7 +73,7 @@ def test_honest_but_different_executors_pass_the_learner_audit(k, honest, calibr
     plain = []
     for variant in HONEST_VARIANTS:
         executed = execute(DQN, run.states[j], k, variant)
-        report, segment = audit_segment(with_segment(run, j, executed), j, tmp_path / variant.name, calibration)
+        report, segment = audit_one(with_segment(run, j, executed), j, tmp_path / variant.name, calibration)
         assert report.passed, (variant.name, report.reasons)
         assert segment.exact_compared > 0 and segment.exact_mismatches == []
         assert segment.decisions.compared > 0 and segment.decisions.max_margin <= segment.decisions.margin_tol
@@ -161,7 +144,7 @@ RL_CHEATS = {
 def test_each_cheat_is_caught_by_the_learner_audit(name, k, honest, calibration, tmp_path):
     run, j = honest[k], START // k
     executed = RL_CHEATS[name](run.states[j], k)
-    report, segment = audit_segment(with_segment(run, j, executed), j, tmp_path, calibration)
+    report, segment = audit_one(with_segment(run, j, executed), j, tmp_path, calibration)
     assert not report.passed, (name, segment)
     if name == "nudged_environment":  # only the bit-exact environment check sees it
         assert segment.exact_mismatches == ["env/physics"] and segment.r <= segment.tau
