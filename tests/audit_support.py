@@ -23,7 +23,7 @@ from trainmaster.jobs.state import TrainState, scalar
 from trainmaster.verify.audit import run_audit
 from trainmaster.verify.calibration import Calibration
 from trainmaster.verify.openings import LocalOpenings
-from trainmaster.verify.variants import VERIFIER, Execution, Variant, execute
+from trainmaster.verify.variants import CHEATS, VERIFIER, Execution, Variant, execute
 
 BUNDLE = "ab" * 32
 
@@ -123,3 +123,18 @@ def audit_one(run: Run, j: int, root: Path, calibration: Calibration):
         recipe=run.recipe.name, config=run.config, seed=run.seed, calibration=calibration,
     )
     return report, report.segments[0]
+
+
+def rl_cheats(recipe: Recipe) -> dict[str, Callable[[TrainState, int], Execution]]:
+    """The cheats every RL recipe's audit must catch: the generic variants, and a half update."""
+
+    def variant(cheat: Variant) -> Callable[[TrainState, int], Execution]:
+        return lambda state, k: execute(recipe, state, k, cheat)
+
+    def half_update(state: TrainState, k: int) -> Execution:
+        """Commits halfway between W_i and the honest W_{i+1}."""
+        honest = execute(recipe, state, k)
+        weights = interpolate(state.weights, honest.state.weights, 0.5)
+        return Execution(with_weights(honest.state, weights, state_info(state).step + k), honest.trace)
+
+    return {**{cheat.name: variant(cheat) for cheat in CHEATS}, "half_update": half_update}

@@ -13,9 +13,9 @@ import torch
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.state import TrainState, json_tensor
 from trainmaster.verify.calibrate import calibrate_states
-from trainmaster.verify.variants import CHEATS, HONEST_VARIANTS, Execution, execute
+from trainmaster.verify.variants import HONEST_VARIANTS, Execution, execute
 
-from audit_support import Run, audit_one, interpolate, train, with_segment, with_weights
+from audit_support import Run, audit_one, rl_cheats, train, with_segment
 
 pytestmark = pytest.mark.slow
 
@@ -66,12 +66,6 @@ def _with_config(state: TrainState, config: dict) -> TrainState:
     return TrainState(weights=dict(state.weights), rest={**state.rest, "runtime/config.json": json_tensor(full)})
 
 
-def _half_update(state: TrainState, k: int) -> Execution:
-    honest = execute(PPO, state, k)
-    start = int(state.rest["runtime/step"])
-    return Execution(with_weights(honest.state, interpolate(state.weights, honest.state.weights, 0.5), start + k), honest.trace)
-
-
 def _nudged_rollout_rewards(state: TrainState, k: int) -> Execution:
     """Honest weights, but a reward scale the environment's rewards do not produce."""
     honest = execute(PPO, state, k)
@@ -80,9 +74,8 @@ def _nudged_rollout_rewards(state: TrainState, k: int) -> Execution:
 
 
 PPO_CHEATS = {
-    **{cheat.name: (lambda c: lambda state, k: execute(PPO, state, k, c))(cheat) for cheat in CHEATS},
+    **rl_cheats(PPO),
     "fewer_epochs": _fewer_epochs,
-    "half_update": _half_update,
     "nudged_reward_scale": _nudged_rollout_rewards,
 }
 

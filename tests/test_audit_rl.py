@@ -19,9 +19,9 @@ from trainmaster.jobs.replay import replay_state
 from trainmaster.jobs.state import TrainState
 from trainmaster.verify.calibrate import calibrate_states
 from trainmaster.verify.distance import weight_distance
-from trainmaster.verify.variants import CHEATS, HONEST_VARIANTS, Execution, execute
+from trainmaster.verify.variants import HONEST_VARIANTS, Execution, execute
 
-from audit_support import Run, audit_one, interpolate, train, with_segment, with_weights
+from audit_support import Run, audit_one, rl_cheats, train, with_segment
 
 pytestmark = pytest.mark.slow
 
@@ -115,13 +115,6 @@ def _skip_every_2nd_optimizer_step(trainer) -> None:
     trainer.optimizer.step = lambda *args, **kwargs: step(*args, **kwargs) if next(calls) % 2 == 0 else None
 
 
-def _half_update(state: TrainState, k: int) -> Execution:
-    """Commits halfway between W_i and the honest W_{i+1}."""
-    honest = execute(DQN, state, k)
-    weights = interpolate(state.weights, honest.state.weights, 0.5)
-    return Execution(with_weights(honest.state, weights, state_info(state).step + k), honest.trace)
-
-
 def _nudged_environment(state: TrainState, k: int) -> Execution:
     """Honest weights, but an environment state that the recorded actions do not produce."""
     honest = execute(DQN, state, k)
@@ -131,10 +124,9 @@ def _nudged_environment(state: TrainState, k: int) -> Execution:
 
 
 RL_CHEATS = {
-    **{cheat.name: (lambda c: lambda state, k: execute(DQN, state, k, c))(cheat) for cheat in CHEATS},
+    **rl_cheats(DQN),
     "no_new_transitions": _patched(_drop_new_transitions),
     "skip_gradient_steps": _patched(_skip_every_2nd_optimizer_step),
-    "half_update": _half_update,
     "nudged_environment": _nudged_environment,
 }
 

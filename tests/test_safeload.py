@@ -35,7 +35,7 @@ def f32(name: str, shape: list[int], begin: int) -> dict:
     return {name: {"dtype": "F32", "shape": shape, "data_offsets": [begin, begin + size]}}
 
 
-def refused(path: Path, match: str, *, values: bool = False, **kw) -> None:
+def assert_refused(path: Path, match: str, *, values: bool = False, **kw) -> None:
     """Every reader refuses ``path`` (only the value-checking ones when ``values``)."""
     for read in (check_file, load_checked) if values else (inspect, check_file, load_checked):
         with pytest.raises(SafeLoadError, match=match):
@@ -84,12 +84,12 @@ def test_pickles_are_refused_without_unpickling(tmp_path, name, writer, read):
 
 
 def test_header_over_16_mib_is_refused_before_it_is_read(tmp_path):
-    refused(craft(tmp_path / "a.safetensors", b"{}", length=16 * 2**20 + 1), "over the limit of 16777216")
+    assert_refused(craft(tmp_path / "a.safetensors", b"{}", length=16 * 2**20 + 1), "over the limit of 16777216")
 
 
 def test_real_17_mib_header_is_refused(tmp_path):
     header = json.dumps({"__metadata__": {"pad": "x" * (17 * 2**20)}}).encode()
-    refused(craft(tmp_path / "a.safetensors", header), "over the limit")
+    assert_refused(craft(tmp_path / "a.safetensors", header), "over the limit")
 
 
 @pytest.mark.parametrize(
@@ -113,16 +113,16 @@ def test_real_17_mib_header_is_refused(tmp_path):
     ],
 )
 def test_malformed_headers_are_refused(tmp_path, header, match):
-    refused(craft(tmp_path / "a.safetensors", header, b"\0" * 8), match)
+    assert_refused(craft(tmp_path / "a.safetensors", header, b"\0" * 8), match)
 
 
 def test_tiny_file_is_refused(tmp_path):
     (tmp_path / "a.safetensors").write_bytes(b"\x02\0\0")
-    refused(tmp_path / "a.safetensors", "too short")
+    assert_refused(tmp_path / "a.safetensors", "too short")
 
 
 def test_header_past_the_end_is_refused(tmp_path):
-    refused(craft(tmp_path / "a.safetensors", b"{}", length=100), "runs past the end")
+    assert_refused(craft(tmp_path / "a.safetensors", b"{}", length=100), "runs past the end")
 
 
 # offsets tile the buffer exactly
@@ -130,24 +130,24 @@ def test_header_past_the_end_is_refused(tmp_path):
 
 def test_overlapping_offsets_are_refused(tmp_path):
     header = {**f32("a", [2], 0), **f32("b", [2], 4)}
-    refused(craft(tmp_path / "a.safetensors", header, b"\0" * 12), "overlaps")
+    assert_refused(craft(tmp_path / "a.safetensors", header, b"\0" * 12), "overlaps")
 
 
 def test_hole_between_tensors_is_refused(tmp_path):
     header = {**f32("a", [1], 0), **f32("b", [1], 8)}
-    refused(craft(tmp_path / "a.safetensors", header, b"\0" * 12), "hole of 4 unindexed bytes before tensor 'b'")
+    assert_refused(craft(tmp_path / "a.safetensors", header, b"\0" * 12), "hole of 4 unindexed bytes before tensor 'b'")
 
 
 def test_hole_at_the_start_is_refused(tmp_path):
-    refused(craft(tmp_path / "a.safetensors", f32("a", [1], 4), b"\0" * 8), "hole of 4")
+    assert_refused(craft(tmp_path / "a.safetensors", f32("a", [1], 4), b"\0" * 8), "hole of 4")
 
 
 def test_offsets_out_of_range_are_refused(tmp_path):
-    refused(craft(tmp_path / "a.safetensors", f32("a", [4], 0), b"\0" * 8), "index 16 bytes of data, the file holds only 8")
+    assert_refused(craft(tmp_path / "a.safetensors", f32("a", [4], 0), b"\0" * 8), "index 16 bytes of data, the file holds only 8")
 
 
 def test_trailing_polyglot_bytes_are_refused(tmp_path):
-    refused(craft(tmp_path / "a.safetensors", f32("a", [1], 0), b"\0" * 4 + b"PK\x03\x04zip"), "7 trailing bytes")
+    assert_refused(craft(tmp_path / "a.safetensors", f32("a", [1], 0), b"\0" * 4 + b"PK\x03\x04zip"), "7 trailing bytes")
 
 
 def test_trailing_bytes_after_a_valid_library_file_are_refused(tmp_path):
@@ -155,7 +155,7 @@ def test_trailing_bytes_after_a_valid_library_file_are_refused(tmp_path):
     save_file({"w": torch.ones(3)}, str(path))
     with open(path, "ab") as handle:
         handle.write(b"\x80\x04payload")
-    refused(path, "trailing bytes")
+    assert_refused(path, "trailing bytes")
 
 
 # expected names, dtypes and shapes
@@ -188,7 +188,7 @@ def test_expected_set_accepts_exact_match(model):
 def test_expected_set_mismatch_is_refused(model, change, match):
     expected = {**EXPECTED, **change}
     expected = {k: v for k, v in expected.items() if v is not None}
-    refused(model, match, values=True, expected=expected)
+    assert_refused(model, match, values=True, expected=expected)
 
 
 # values
@@ -202,7 +202,7 @@ def test_nan_and_inf_are_refused(tmp_path, dtype, bad):
     path = tmp_path / "a.safetensors"
     save_file({"ok": torch.ones(3), "w": values}, str(path))
     inspect(path)  # the header alone is fine
-    refused(path, f"tensor 'w' holds {'NaN' if bad != bad else '±Inf'}", values=True)
+    assert_refused(path, f"tensor 'w' holds {'NaN' if bad != bad else '±Inf'}", values=True)
 
 
 def test_nan_is_found_in_a_later_chunk(tmp_path, monkeypatch):
@@ -211,14 +211,14 @@ def test_nan_is_found_in_a_later_chunk(tmp_path, monkeypatch):
     values[999] = float("nan")
     path = tmp_path / "a.safetensors"
     save_file({"w": values}, str(path))
-    refused(path, "holds NaN", values=True)
+    assert_refused(path, "holds NaN", values=True)
 
 
 def test_bool_bytes_other_than_0_and_1_are_refused(tmp_path):
     header = {"b": {"dtype": "BOOL", "shape": [3], "data_offsets": [0, 3]}}
     path = craft(tmp_path / "a.safetensors", header, b"\x00\x01\x07")
     inspect(path)
-    refused(path, "bool bytes other than 0 and 1", values=True)
+    assert_refused(path, "bool bytes other than 0 and 1", values=True)
 
 
 # sizes and kinds of file
@@ -226,7 +226,7 @@ def test_bool_bytes_other_than_0_and_1_are_refused(tmp_path):
 
 def test_file_over_the_cap_is_refused_before_reading(model):
     size = model.stat().st_size
-    refused(model, f"{size} bytes is over the cap of {size - 1}", max_bytes=size - 1)
+    assert_refused(model, f"{size} bytes is over the cap of {size - 1}", max_bytes=size - 1)
     check_file(model, max_bytes=size)
 
 
@@ -239,17 +239,17 @@ def test_declared_size_over_the_cap_is_refused():
 def test_symlinks_and_non_files_are_refused(tmp_path, model):
     link = tmp_path / "link.safetensors"
     link.symlink_to(model)
-    refused(link, "cannot open")
+    assert_refused(link, "cannot open")
     folder = tmp_path / "dir.safetensors"
     folder.mkdir()
-    refused(folder, "not a regular file")
+    assert_refused(folder, "not a regular file")
     fifo = tmp_path / "fifo.safetensors"
     os.mkfifo(fifo)
-    refused(fifo, "not a regular file")
+    assert_refused(fifo, "not a regular file")
 
 
 def test_missing_file_is_refused(tmp_path):
-    refused(tmp_path / "absent.safetensors", "cannot open")
+    assert_refused(tmp_path / "absent.safetensors", "cannot open")
 
 
 # valid files load exactly
@@ -278,7 +278,7 @@ def test_load_matches_the_safetensors_library(tmp_path):
 
 
 def test_deeply_nested_header_is_refused(tmp_path):
-    refused(craft(tmp_path / "a.safetensors", b'{"a": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"), "nests too deeply|not strict JSON")
+    assert_refused(craft(tmp_path / "a.safetensors", b'{"a": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"), "nests too deeply|not strict JSON")
 
 
 # isolation in a child process under limits
