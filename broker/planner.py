@@ -38,7 +38,7 @@ from trainmaster.jobs.spec import JobSpec
 OFFER_TIMEOUT_S = 10.0
 DEFAULT_HOURS = 1.0
 ASSUMED_SEGMENTS = 400
-"""n = T/k when the job's total steps are unknown (notes/verification.md §7: k = 25, T = 10,000)."""
+"""n = T/k when the job's total steps are unknown (docs/protocol.md §9: k = 25, T = 10,000)."""
 PPM = 1_000_000
 CHOSEN = "chosen"
 

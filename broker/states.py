@@ -1,4 +1,4 @@
-"""The job and attempt state machines (DESIGN: the life of a job).
+"""The job and attempt state machines (docs/architecture.md §2).
 
 A job walks submitted → planned → dispatched → running → returned → verifying → accepted. An
 attempt (one try on one offer) ends accepted, rejected, failed or cancelled; after a rejected or

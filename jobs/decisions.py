@@ -6,7 +6,7 @@ that records the trainer's own choice. When a verifier re-executes a segment wit
 trace *forced*, ``decide`` returns the recorded choice instead and notes where the verifier's own
 values would have chosen otherwise, and by what margin: how far its values were from preferring
 the recorded choice. Honest executors disagree only on near-ties (tiny margins); a cheat shows up
-as many disagreements or large ones (notes/verification.md §8b).
+as many disagreements or large ones (docs/protocol.md §6).
 
 Trace layout (a canonical tensor dict, docs/runtime.md "Decision traces"): one int64 tensor per
 step and decision, named ``step/<12-digit zero-padded step>/<name>``.

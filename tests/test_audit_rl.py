@@ -1,4 +1,4 @@
-"""The learner audit on Double DQN with prioritized replay (CartPole): notes/verification.md §8b.
+"""The learner audit on Double DQN with prioritized replay (CartPole): docs/protocol.md §6.
 
 One honest run is trained once; each test replaces one mid-training segment j (after learning
 started) by what an honest-but-different or a cheating executor commits, and audits segment j at

@@ -1,4 +1,4 @@
-"""The package layout DESIGN describes: folders mapped into the `trainmaster` namespace, all listed."""
+"""The package layout docs/architecture.md §1 describes: folders mapped into the `trainmaster` namespace, all listed."""
 
 from __future__ import annotations
 

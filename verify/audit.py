@@ -17,7 +17,7 @@ API::
 * ``trusted_exact`` — the executor is one of our own deterministic backends: require r = 0
   (bitwise identical weights) and no decision disagreement at all.
 
-Per challenged segment i (notes/verification.md §4, §8b; docs/audit.md):
+Per challenged segment i (docs/protocol.md §4, §6; docs/audit.md):
 
 1. open S_i, trace_i, W_{i+1} and sha256(rest_{i+1}); check them against the root;
 2. S_i must be of this job (recipe, config, seed, step i·k), and S_0 must be the broker's own S_0;

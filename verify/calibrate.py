@@ -9,7 +9,7 @@ The distances r, the honest decision margins and the honest update sizes make th
 :class:`~trainmaster.verify.calibration.Calibration` (τ, R, margin tolerance, update floor).
 
 These honest variants are CPU proxies for other hardware; calibrate on the real executor/verifier
-GPU pair before trusting τ in production (notes/verification.md §4).
+GPU pair before trusting τ in production (docs/protocol.md §5).
 """
 
 from __future__ import annotations

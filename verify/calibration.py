@@ -2,7 +2,7 @@
 
 Produced by :mod:`trainmaster.verify.calibrate`, stored as ``<directory>/<job class>.json`` (the broker
 passes ``$TRAINMASTER_HOME/calibration``), read by every audit of that class. Per segment length k
-(notes/verification.md §4)::
+(docs/protocol.md §5)::
 
     p99_honest = 99th percentile of r over every honest variant and base state
     r_min_cheat = smallest r of the mildest cheat (lr × 0.9)

@@ -1,6 +1,6 @@
 """The audit challenge: which segments the executor must open, drawn only after it has committed.
 
-notes/verification.md §3. The draw is a function of ``(secret, root)`` alone::
+docs/protocol.md §3. The draw is a function of ``(secret, root)`` alone::
 
     seed      = HMAC-SHA256(secret, root)                 root as its 32 raw bytes
     block j   = HMAC-SHA256(seed, b"trainmaster-challenge-v1" || j as u64 big-endian),  j = 0, 1, …

@@ -1,7 +1,7 @@
 """The audit's distance: how far the executor's S_{i+1} weights are from the verifier's, relative to the update.
 
 ``r = ‖W_exec − W_re‖₂ / ‖W_re − W_i‖₂`` over every floating-point weight, computed in float64
-(notes/verification.md §4). Integer and bool weights (counters, masks) must match exactly.
+(docs/protocol.md §4). Integer and bool weights (counters, masks) must match exactly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The parts of the learner audit (notes/verification.md §8b) beyond the distance r.
+"""The parts of the learner audit (docs/protocol.md §6) beyond the distance r.
 
 1. **Decisions.** The verifier re-executes the segment with the executor's decision trace forced and
    counts where its own values would have chosen otherwise. Honest executors disagree only on

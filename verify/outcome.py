@@ -1,4 +1,4 @@
-"""The outcome check: is the final model good enough? (notes/verification.md §5)
+"""The outcome check: is the final model good enough? (docs/protocol.md §7)
 
 Metrics come from, in order of preference:
 

@@ -1,6 +1,6 @@
 """Loading executor files safely: safetensors only, every byte accounted for, no NaN or Inf.
 
-notes/verification.md §12. Nothing here ever unpickles: pickles, ``torch.save`` zips and numpy files
+docs/protocol.md §12. Nothing here ever unpickles: pickles, ``torch.save`` zips and numpy files
 are recognised by their first bytes and refused, whatever their name. A safetensors file is
 
     u64 little-endian N | N bytes of JSON header | data buffer
@@ -142,7 +142,7 @@ def canonical_header_matches(path: Path) -> bool:
         return handle.read(header.data_start) == header_bytes(meta)
 
 
-# isolation (notes/verification.md §12 rule 5)
+# isolation (docs/protocol.md §12 rule 5)
 
 ISOLATED_MEMORY_BYTES = 1024 * 1024 * 1024  # beyond what the child has mapped after its imports
 ISOLATED_CPU_SECONDS = 600

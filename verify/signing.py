@@ -1,7 +1,7 @@
 """Commitment signatures (sr25519 hotkeys), Merkle proofs of challenged leaves, and the final weights hash.
 
 The executor signs ``Commitment.canonical_json()`` — the exact bytes of ``commitment.json``
-(notes/verification.md §2) — with its hotkey. The signature travels as ``0x`` + 128 lowercase hex
+(docs/protocol.md §2) — with its hotkey. The signature travels as ``0x`` + 128 lowercase hex
 characters (64 bytes). The broker verifies it against the hotkey it dispatched to, then checks that
 the signed fields are the ones this attempt must have.
 

@@ -2,7 +2,7 @@
 
 A re-execution that barely moves the weights passes the r test trivially when the executor's
 S_{i+1} barely moved either; that is the shape of a manipulated optimizer state (inflated second
-moments, zeroed momentum) or an "infinitesimal update" chain (notes/verification.md §4, §9). The
+moments, zeroed momentum) or an "infinitesimal update" chain (docs/protocol.md §4, §10). The
 check compares ``‖W_re − W_i‖ / ‖W_i‖`` with the job class's calibration.
 
 Learning-rate schedules (warm-up, cosine decay to zero) legitimately shrink updates by orders of

@@ -2,7 +2,7 @@
 
 Calibration (:mod:`trainmaster.verify.calibrate`) measures the audit's distance r between what an
 executor variant produces and what the verifier re-computes. Honest variants emulate other hardware
-on a CPU (notes/verification.md §8): another thread count (another reduction order), a one-ulp
+on a CPU (docs/protocol.md §5): another thread count (another reduction order), a one-ulp
 nudge of every weight, a float64 executor. Cheats change what is computed: a lower learning rate
 (the mildest, lr × 0.9), skipped steps, another seed's data, steps in another order, bf16 autocast
 instead of the spec's fp32.

@@ -10,7 +10,7 @@ Figures:
   files removed between runs. Target: ratio to the bare save_file <= 1.5. Smoke: 1M parameters.
   Also printed, as ratios to the bare save_file, two floors on this machine: any checkpoint that
   sha256es every byte and writes it, with both spread perfectly over every core; and this format,
-  whose ``sha256(rest_i)`` is one sequential stream over the rest (notes/verification.md §2). And
+  whose ``sha256(rest_i)`` is one sequential stream over the rest (docs/protocol.md §2). And
   the part of a checkpoint the training loop waits for under the runtime (the canonical copy of
   the state; hashing, writing and fsync happen on the writer thread) against the bare save_file.
 * Steps/s of the DQN recipe under the runtime with a segment every k = 25 steps, against the same
