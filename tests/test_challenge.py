@@ -1,4 +1,4 @@
-"""The challenge: a function of (secret, root) alone, drawn only from a stored commitment, catching at the §7 rate."""
+"""The challenge: a function of (secret, root) alone, drawn only from a stored commitment, catching at the rate of docs/protocol.md §9."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def test_detection_probability_edges():
     assert detection_probability(200, 1, 8, include_ends=True) == pytest.approx(10 / 200)
 
 
-# catch rate (notes §13.4): empirical rate inside the binomial 99 % interval of the formula
+# catch rate (docs/protocol.md §9): empirical rate inside the binomial 99 % interval of the formula
 
 N_SEGMENTS, Q, AUDITS = 200, 8, 1000
 

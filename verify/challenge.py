@@ -92,7 +92,7 @@ def draw_segments(secret: bytes, root_hex: str, n: int, q: int) -> list[int]:
 def detection_probability(n: int, faked: int, q: int, *, include_ends: bool = False) -> float:
     """Probability that an audit hits at least one of ``faked`` segments placed uniformly among ``n``.
 
-    Default: the q uniform draws alone, ``1 − C(n − faked, q) / C(n, q)`` (the §7 table).
+    Default: the q uniform draws alone, ``1 − C(n − faked, q) / C(n, q)`` (the table of docs/protocol.md §9).
     ``include_ends``: the whole audit, q random segments plus the first and last, i.e. q + 2
     distinct segments: ``1 − C(n − faked, q + 2) / C(n, q + 2)``.
     """

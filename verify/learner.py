@@ -26,7 +26,7 @@ from trainmaster.jobs.decisions import DecisionReport
 Tensors = Mapping[str, torch.Tensor]
 
 DEFAULT_MARGIN_TOL = 1e-4
-"""Largest margin an honest disagreement may have without a calibration (notes §8b: honest ≤ 3.5e-5)."""
+"""Largest margin an honest disagreement may have without a calibration (docs/protocol.md §6: honest ≤ 3.5e-5)."""
 
 EXACT_REST: dict[str, tuple[str, ...]] = {
     "dqn": (

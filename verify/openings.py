@@ -2,7 +2,7 @@
 
 For segment i the executor opens (docs/protocol.md §3): the full state S_i, the decision trace
 of segment i, the weights of S_{i+1} plus ``sha256(rest_{i+1})``, and Merkle proofs for leaves i and
-i+1. The learner audit of RL jobs (§8b) also asks for the rest of S_{i+1} in full, with the trace of
+i+1. The learner audit of RL jobs (docs/protocol.md §6) also asks for the rest of S_{i+1} in full, with the trace of
 segment i+1 that its committed hash covers, to check the environment and the replay buffer bit for bit.
 
 An opening carries the committed *files* (``weights.safetensors``, ``rest.safetensors``,
