@@ -18,9 +18,8 @@ from trainmaster.verify.challenge import (
     challenge_seed,
     detection_probability,
     draw_segments,
-    new_secret,
-    secret_digest,
 )
+from trainmaster.verify.challenge_secret import new_secret, secret_digest
 from trainmaster.verify.commitments import CommitmentStore, StoredCommitment
 from trainmaster.verify.errors import VerificationError
 from trainmaster.verify.signing import sign_commitment

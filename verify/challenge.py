@@ -10,7 +10,8 @@ docs/protocol.md §3. The draw is a function of ``(secret, root)`` alone::
     segments  = sorted({0, n−1} ∪ draw)
 
 so anyone holding the revealed secret can recompute it, and the executor, who never holds the secret
-before committing, cannot. Segments are never chosen by update magnitude.
+before committing, cannot (the secret itself: :mod:`~trainmaster.verify.challenge_secret`). Segments
+are never chosen by update magnitude.
 
 The auditor gets a challenge only through :meth:`Challenge.for_commitment`, which takes a
 :class:`~trainmaster.verify.commitments.StoredCommitment` — and one of those exists only after the
@@ -22,25 +23,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import secrets
 from dataclasses import dataclass
 from math import comb
 
 from .commitments import StoredCommitment
 
 DOMAIN = b"trainmaster-challenge-v1"
-SECRET_BYTES = 32
 _ROOT = re.compile(r"[0-9a-f]{64}")
-
-
-def new_secret() -> bytes:
-    """A fresh 32-byte challenge secret. Use one per attempt (see docs/verification.md)."""
-    return secrets.token_bytes(SECRET_BYTES)
-
-
-def secret_digest(secret: bytes) -> str:
-    """``sha256(secret)`` in lowercase hex: published before the run, so the revealed secret can be checked."""
-    return hashlib.sha256(secret).hexdigest()
 
 
 def challenge_seed(secret: bytes, root_hex: str) -> bytes:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trainmaster.jobs import statedb
 
+from .challenge_secret import new_secret, secret_digest
 from .errors import VerificationError
 from .verdict import Verdict
 
@@ -139,8 +140,6 @@ class SecretStore:
 
     def secret_for(self, job_id: str, attempt_id: str) -> bytes:
         """The attempt's secret, created on first use (idempotent across restarts)."""
-        from .challenge import new_secret, secret_digest
-
         with self.database.write() as db:
             row = db.execute(
                 "SELECT secret_hex FROM challenge_secrets WHERE job_id = ? AND attempt_id = ?", (job_id, attempt_id)
@@ -156,8 +155,6 @@ class SecretStore:
 
     def digest(self, job_id: str, attempt_id: str) -> str:
         """``sha256(secret)``, safe to publish at any time."""
-        from .challenge import secret_digest
-
         return secret_digest(self.secret_for(job_id, attempt_id))
 
     def reveal(self, job_id: str, attempt_id: str) -> bytes:
