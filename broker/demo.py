@@ -16,7 +16,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from trainmaster.broker import paths, render
+from trainmaster.broker import paths
+from trainmaster.broker.cli import render
 from trainmaster.broker.service import Broker
 
 

@@ -22,12 +22,12 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from trainmaster.backends.power import PowerModel
+from trainmaster.backends.registry import NAMES as KNOWN_BACKENDS
 from trainmaster.broker import paths
 from trainmaster.jobs.spec import Usd, Workload
 from trainmaster.jobs.yamlfile import FileError, load_model
 from trainmaster.wallet.budget import Budget
 
-KNOWN_BACKENDS = ("local", "bittensor", "aws", "gcp", "azure")
 CAPACITIES = ("spot", "on-demand")
 Objective = Literal["cheapest", "fastest", "cheapest-by-deadline"]
 

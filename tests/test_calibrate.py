@@ -9,8 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from trainmaster.broker.cli import calibrate as calibrate_cli
 from trainmaster.jobs.spec import load_spec
-from trainmaster.verify import cli_calibrate
 from trainmaster.verify.calibrate import CalibrationError, calibrate
 from trainmaster.verify.calibration import (
     Base,
@@ -135,7 +135,7 @@ def test_specs_that_cannot_be_replayed(tmp_path, entrypoint, extra, match):
 def _app() -> typer.Typer:
     app = typer.Typer()
     app.command("noop")(lambda: None)  # a group, as `trainmaster verify` is
-    cli_calibrate.add_commands(app)
+    calibrate_cli.register(app)
     return app
 
 

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from trainmaster.broker.cli_cost import register
+from trainmaster.broker.cli.cost import register
 
 ENV = {"COLUMNS": "200"}
 
@@ -151,7 +151,7 @@ def test_spend_reports_charges(cli, tm_home, tmp_path):
 
 
 def test_importing_the_commands_stays_light():
-    code = ("import sys, trainmaster.broker.cli_cost; "
+    code = ("import sys, trainmaster.broker.cli.cost; "
             "print(sorted(m for m in ('pydantic', 'rich', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -14,7 +14,7 @@ import typer
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from trainmaster.broker.cli_verify import register
+from trainmaster.broker.cli.verify import register
 from trainmaster.verify.records import VerdictStore
 from trainmaster.verify.verdict import Verdict
 
@@ -134,7 +134,7 @@ def test_verify_job_id_without_show_is_the_same_as_show(app, stored):
 
 def test_module_imports_only_typer():
     code = (
-        "import sys; import trainmaster.broker.cli_verify; "
+        "import sys; import trainmaster.broker.cli.verify; "
         "heavy = [m for m in ('torch', 'safetensors', 'bittensor', 'trainmaster.verify.pipeline', 'pydantic') if m in sys.modules]; "
         "print(heavy)"
     )

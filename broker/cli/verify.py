@@ -2,8 +2,7 @@
 
 Exit codes: 0 accepted, 1 rejected, 2 cannot verify (or nothing to show). Module-level imports
 stay at typer alone; everything else is imported inside the command, so `trainmaster --help`
-stays fast. `verify calibrate` comes from `trainmaster.verify.cli_calibrate.add_commands`, when
-that module exists.
+stays fast. `verify calibrate` is in `calibrate`.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ class _ShowByDefault(TyperGroup):
 
 def register(app: typer.Typer) -> None:
     """Add the `verify` group to the `trainmaster` app."""
-    from trainmaster.verify import cli_calibrate
+    from trainmaster.broker.cli import calibrate
 
     verify_app = typer.Typer(
         name="verify", cls=_ShowByDefault, rich_markup_mode=None, no_args_is_help=True,
@@ -36,7 +35,7 @@ def register(app: typer.Typer) -> None:
         "`trainmaster verify JOB_ID|DIR` shows one (same as `verify show`).",
     )
     verify_app.command("show")(show)
-    cli_calibrate.add_commands(verify_app)
+    calibrate.register(verify_app)
     app.add_typer(verify_app, name="verify")
 
 

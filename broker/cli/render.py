@@ -1,4 +1,5 @@
-"""How jobs and plans look to people (Rich) and to scripts (JSON)."""
+"""How jobs and plans look to people (Rich) and to scripts (JSON). Imported inside commands only,
+so its module-level Rich import costs `trainmaster --help` nothing."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import typer
 DEFAULT_KS = (10, 25, 50, 100)
 
 
-def add_commands(verify_app: typer.Typer) -> None:
+def register(verify_app: typer.Typer) -> None:
     """Add `calibrate` to the `verify` group."""
     verify_app.command("calibrate")(calibrate)
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-OK, BAD, USAGE = 0, 1, 2
+from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, escape, fail, load
 SPEND_GROUPS = ("backend", "class", "job", "project", "month")
 
 
@@ -36,45 +36,48 @@ def offers(
     from trainmaster.broker.planner import plan, render_plan
     from trainmaster.jobs.spec import load_spec
 
-    spec = _load(lambda: load_spec(job)).spec
+    spec = load(lambda: load_spec(job)).spec
     chosen_policy = _load_policy(policy)
     offer_sets, warnings_seen = _offer_sets(spec, chosen_policy)
     result = plan(spec, chosen_policy, offer_sets)
     if as_json:
         print(json.dumps({"policy": chosen_policy.name, "warnings": warnings_seen, **result.as_dict()}, indent=2))
     else:
-        console = _console()
+        out = console()
         for line in warnings_seen:
-            _console(stderr=True).print(f"[yellow]warning:[/yellow] {_escape(line)}", highlight=False, soft_wrap=True)
-        console.print(render_plan(result, limit=limit))
+            console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
+        out.print(render_plan(result, limit=limit))
         for backend, why in result.reasons.items():
-            console.print(f"  {backend}: {_escape('; '.join(why))}", highlight=False)
+            out.print(f"  {backend}: {escape('; '.join(why))}", highlight=False)
         if result.chosen is None:
-            console.print(_escape(result.explain_failure()), highlight=False)
+            out.print(escape(result.explain_failure()), highlight=False)
     raise typer.Exit(OK if result.chosen else BAD)
 
 
 def _offer_sets(spec, policy) -> tuple[list, list[str]]:
-    """Offers from every backend in the class's chain: this machine, catalog prices for the clouds,
-    and a reason for any backend whose offers cannot be listed from here."""
+    """Offers from every backend in the class's chain: live ones from the backends this version
+    dispatches to (this machine), catalog prices for the clouds, and a reason for any other."""
     import asyncio
     import warnings
 
     from trainmaster.backends.base import OfferSet
-    from trainmaster.backends.catalog import CLOUDS, catalog_offers
-    from trainmaster.backends.local import LocalBackend
+    from trainmaster.backends.catalog import catalog_offers
+    from trainmaster.backends.registry import REGISTRY
     from trainmaster.broker import paths
     from trainmaster.broker.planner import gather_offers
+    from trainmaster.broker.service import _configured
 
     cls = policy.for_class(spec.workload)
     live, sets = {}, []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for name in cls.chain:
-            if name == "local":
-                live[name] = LocalBackend(power=policy.power)
-            elif name in CLOUDS:
-                sets.append(_load(lambda: catalog_offers(
+            entry = REGISTRY[name]
+            if entry.implemented:
+                backend = entry.backend_class()
+                live[name] = backend(load(lambda: _configured(backend, name, policy)))
+            elif entry.catalog:
+                sets.append(load(lambda: catalog_offers(
                     name, spec, spot_allowed=cls.constraints.spot_allowed, override_dir=paths.config_dir() / "catalogs",
                     max_age_days=policy.catalog.max_age_days,
                 ), usage_on_error=True))
@@ -93,12 +96,12 @@ def spend(
 ) -> None:
     """What was actually paid (charged on acceptance), from the ledger; not re-priced."""
     if by is not None and by not in SPEND_GROUPS:
-        _fail(f"cannot group spend by {by!r}; choose one of {', '.join(SPEND_GROUPS)}", USAGE)
+        fail(f"cannot group spend by {by!r}; choose one of {', '.join(SPEND_GROUPS)}", USAGE)
     rows = _spend_rows(by)
     if as_json:
         print(json.dumps([_spend_json(r) for r in rows], indent=2))
     else:
-        _console().print(_spend_table(rows, by))
+        console().print(_spend_table(rows, by))
     if plot is not None:
         _plot(rows, by, plot)
 
@@ -129,7 +132,7 @@ def _spend_table(rows: list, by: str | None):
     table = Table(by or "", "spent", "TAO", "charges", title="Spend (charged)", box=None)
     for row in rows:
         tao = f"{row.rao / RAO_PER_TAO:,.4f}" if row.rao else ""
-        table.add_row(_escape(row.group), display_usd(row.micro_usd), tao, str(row.charges))
+        table.add_row(escape(row.group), display_usd(row.micro_usd), tao, str(row.charges))
     if by and rows:
         table.add_row("[bold]total[/bold]", display_usd(sum(r.micro_usd for r in rows)), "",
                       str(sum(r.charges for r in rows)))
@@ -142,7 +145,7 @@ def _plot(rows: list, by: str | None, path: Path) -> None:
     try:
         import matplotlib
     except ImportError:
-        _fail("--plot needs matplotlib: pip install matplotlib", USAGE)
+        fail("--plot needs matplotlib: pip install matplotlib", USAGE)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -157,7 +160,7 @@ def _plot(rows: list, by: str | None, path: Path) -> None:
     try:
         fig.savefig(path, format="png")
     except OSError as exc:
-        _fail(f"cannot write {path}: {exc}", USAGE)
+        fail(f"cannot write {path}: {exc}", USAGE)
     finally:
         plt.close(fig)
 
@@ -171,19 +174,19 @@ def policy_check(
     from trainmaster.jobs.yamlfile import FileError
 
     if not file.is_file():
-        _fail(f"{file}: no such file", USAGE)
+        fail(f"{file}: no such file", USAGE)
     try:
         checked = load_policy(file)
     except FileError as exc:
         if as_json:
             print(json.dumps({"file": str(file), "valid": False, "problems": exc.problems}, indent=2))
         else:
-            _console(stderr=True).print(_escape(str(exc)), highlight=False, soft_wrap=True)
+            console(stderr=True).print(escape(str(exc)), highlight=False, soft_wrap=True)
         raise typer.Exit(BAD) from None
     if as_json:
         print(json.dumps({"file": str(file), "valid": True, "name": checked.name}, indent=2))
     else:
-        _console().print(f"{_escape(str(file))}: valid policy '{_escape(checked.name)}' "
+        console().print(f"{escape(str(file))}: valid policy '{escape(checked.name)}' "
                          f"({len(checked.classes)} classes, {len(checked.budgets)} budgets)", highlight=False)
 
 
@@ -199,16 +202,16 @@ def policy_show(
     if as_json:
         print(json.dumps(shown.model_dump(mode="json"), indent=2))
         return
-    console = _console()
-    console.print(f"[bold]{_escape(shown.name)}[/bold]: {_escape(shown.description)}", highlight=False)
-    console.print(_classes_table(shown))
+    out = console()
+    out.print(f"[bold]{escape(shown.name)}[/bold]: {escape(shown.description)}", highlight=False)
+    out.print(_classes_table(shown))
     if shown.budgets:
-        console.print(_budgets_table(shown))
+        out.print(_budgets_table(shown))
     power = shown.power
-    console.print(f"power: {power.gpu_watts} W per GPU + {power.host_watts} W host at "
+    out.print(f"power: {power.gpu_watts} W per GPU + {power.host_watts} W host at "
                   f"{display_usd(power.usd_per_kwh_micro)}/kWh; catalogs warn after {shown.catalog.max_age_days} days"
                   + ("; local only" if shown.local_only else ""), highlight=False)
-    console.print(f"shipped policies: {', '.join(shipped())}", highlight=False)
+    out.print(f"shipped policies: {', '.join(shipped())}", highlight=False)
 
 
 def _classes_table(policy):
@@ -231,7 +234,7 @@ def _classes_table(policy):
         ]
         objective = cls.objective + (f" ({cls.deadline_hours:g} h)" if cls.deadline_hours else "")
         chain = " → ".join(tier_name(t) for t in cls.tiers)
-        table.add_row(name, objective, _escape(chain), "; ".join(x for x in limits if x) or "none")
+        table.add_row(name, objective, escape(chain), "; ".join(x for x in limits if x) or "none")
     return table
 
 
@@ -243,7 +246,7 @@ def _budgets_table(policy):
     table = Table("budget", "cap", "per", "scope", "alerts", box=None, title="Budgets")
     for b in policy.budgets:
         alerts = ", ".join(f"{p}%" for p in b.alert_at_percent) + (" → webhook" if b.webhook else "")
-        table.add_row(_escape(b.label), display_usd(b.cap) + ("" if b.hard else " (soft)"), b.period, b.scope or "all",
+        table.add_row(escape(b.label), display_usd(b.cap) + ("" if b.hard else " (soft)"), b.period, b.scope or "all",
                       alerts)
     return table
 
@@ -251,32 +254,4 @@ def _budgets_table(policy):
 def _load_policy(name: str):
     from trainmaster.broker.policy import load_policy
 
-    return _load(lambda: load_policy(name))
-
-
-def _load(fn, *, usage_on_error: bool = False):
-    """Run a loader; a missing file exits 2, an invalid one 1 (or 2 for environment files)."""
-    from trainmaster.jobs.yamlfile import FileError
-
-    try:
-        return fn()
-    except FileError as exc:
-        missing = all(p.endswith(": no such file") or "no policy named" in p for p in exc.problems)
-        _fail(str(exc), USAGE if (missing or usage_on_error) else BAD)
-
-
-def _fail(message: str, code: int) -> None:
-    _console(stderr=True).print(f"[red]error:[/red] {_escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _console(*, stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
+    return load(lambda: load_policy(name))

@@ -1,0 +1,1 @@
+"""AWS (planned: offers come from the price catalog; runs are not dispatched in this version)."""

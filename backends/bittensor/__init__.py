@@ -1,0 +1,1 @@
+"""Bittensor miners (planned: runs are not dispatched, nor quotes gathered, in this version)."""

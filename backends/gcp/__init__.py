@@ -1,0 +1,1 @@
+"""Google Cloud (planned: offers come from the price catalog; runs are not dispatched in this version)."""

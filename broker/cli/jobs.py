@@ -1,0 +1,130 @@
+"""Job commands: `submit`, `status`, `ls`, `logs`, `cancel` and `schema`, added to the app by `register`.
+
+Every Broker call they make is in `calls`, one function per command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from trainmaster.broker.cli import calls
+from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, fail, guarded
+
+JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(submit)
+    app.command()(status)
+    app.command("ls")(list_jobs)
+    app.command()(logs)
+    app.command()(cancel)
+    app.command()(schema)
+
+
+def _write(line: str) -> None:
+    sys.stdout.write(line)
+    sys.stdout.flush()
+
+
+def submit(
+    spec: Path = typer.Argument(..., help="The job file (job.yaml)."),
+    policy: str = typer.Option("default", "--policy", "-p", help="Policy name or file."),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to finish, streaming its logs."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check, bundle and plan, then print the plan; submit nothing."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Submit a job: check the spec, pick an offer by the policy, and start it."""
+    from trainmaster.broker.cli import render
+
+    if not spec.is_file():
+        fail(f"{spec}: no such file", USAGE)
+    if dry_run:
+        _, prepared = guarded(lambda: calls.dry_run(spec, policy))
+        if as_json:
+            print(json.dumps(render.prepared_json(prepared), indent=2))
+        else:
+            render.print_prepared(console(), prepared)
+        return
+
+    def submitted(job) -> None:
+        if job.state == "failed" and not as_json:
+            fail(f"{job.id} failed before it started: {job.reason}", BAD)
+        if not as_json:
+            follow = "streaming its logs" if wait else f"follow it with `trainmaster logs -f {job.id}`"
+            console().print(f"submitted [bold]{job.id}[/bold] ({job.state}); {follow}", highlight=False)
+
+    broker, job = guarded(lambda: calls.submit(spec, policy, wait=wait, on_submitted=submitted,
+                                               on_log=None if as_json else _write))
+    if as_json:
+        print(json.dumps(render.job_json(broker, job), indent=2))
+    elif wait:
+        render.print_job(console(), broker, job)
+    if wait:
+        raise typer.Exit(OK if job.state == "accepted" else BAD)
+
+
+def status(job_id: str = typer.Argument(..., help="Job id or a unique prefix."), as_json: bool = JSON_OPT) -> None:
+    """Show a job: its state, attempts, cost and where its outputs are."""
+    from trainmaster.broker.cli import render
+
+    broker, job = guarded(lambda: calls.status(job_id))
+    if as_json:
+        print(json.dumps(render.job_json(broker, job, events=True), indent=2))
+    else:
+        render.print_job(console(), broker, job, events=True)
+    raise typer.Exit(BAD if job.state in ("failed", "cancelled") else OK)
+
+
+def list_jobs(
+    all_: bool = typer.Option(False, "--all", "-a", help="Include finished jobs."),
+    limit: int = typer.Option(50, help="At most this many jobs."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """List jobs, newest first (unfinished ones unless --all)."""
+    from trainmaster.broker import states
+    from trainmaster.broker.cli import render
+
+    wanted = None if all_ else set(states.JOB_TRANSITIONS) - states.JOB_ENDS
+    broker, jobs = guarded(lambda: calls.list_jobs(wanted, limit))
+    if as_json:
+        print(json.dumps([render.job_json(broker, j) for j in jobs], indent=2))
+    else:
+        render.print_jobs(console(), broker, jobs)
+
+
+def logs(
+    job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+) -> None:
+    """Print a job's log (its latest attempt)."""
+    guarded(lambda: calls.logs(job_id, follow=follow, on_log=_write))
+
+
+def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."), as_json: bool = JSON_OPT) -> None:
+    """Cancel a job: stop its processes (the whole process group) and record the cost so far."""
+    from trainmaster.broker.cli import render
+
+    broker, job = guarded(lambda: calls.cancel(job_id))
+    if as_json:
+        print(json.dumps(render.job_json(broker, job), indent=2))
+    else:
+        console().print(f"{job.id}: {job.state}", highlight=False)
+
+
+def schema(kind: str = typer.Argument("job", help="job or policy")) -> None:
+    """Print the JSON Schema of a user file, for editors."""
+    if kind == "job":
+        from trainmaster.jobs.spec import job_schema
+
+        print(json.dumps(job_schema(), indent=2))
+    elif kind == "policy":
+        from trainmaster.broker.policy import Policy
+
+        print(json.dumps(Policy.model_json_schema(), indent=2))
+    else:
+        fail(f"unknown schema {kind!r}; choose job or policy", USAGE)
