@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from .files import fsync_dir
 from .ignore import IGNORE_FILE, VENV_MARKER, IgnoreRules, always_ignored
 
 SPEC_MEMBER = ".trainmaster/spec.json"
@@ -353,17 +354,9 @@ def _publish(fd: int, tmp: Path, final: Path, size: int) -> None:
     try:
         os.fsync(fd)
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except OSError as e:
         raise _write_error(e, final.parent) from e
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_error(e: OSError, dest_dir: Path | None) -> BundleError:

@@ -33,6 +33,7 @@ from typing import Literal, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from . import files
 from .canonical import CanonicalError, deserialize, sha256_of, views
 from .state import TrainState
 
@@ -150,16 +151,10 @@ def _start_writeback(handle, length: int) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` durably (temporary file, fsync, rename, fsync of the directory)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    """:func:`files.write_bytes_atomic`, a failure (a full disk) raised as the runtime's :class:`CheckpointError`."""
     try:
-        _write_views(tmp, [data])
-        _fsync(tmp)
-        os.replace(tmp, path)
-        _fsync(path.parent)
+        files.write_bytes_atomic(path, data)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise CheckpointError(f"could not write {path}: {exc}") from exc
 
 

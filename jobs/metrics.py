@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from .files import write_bytes_atomic
 
 FILENAME = "metrics.jsonl"
 
@@ -37,9 +38,7 @@ class MetricsLog:
                 if record.get("step", math.inf) > step:
                     break
                 kept.append(line + "\n")
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_bytes_atomic(self.path, "".join(kept).encode("utf-8"))
 
     def append(self, step: int, metrics: Mapping[str, float]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}

@@ -25,6 +25,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainmaster.jobs.files import write_bytes_atomic
+
 from .errors import VerificationError
 from .learner import DEFAULT_MARGIN_TOL
 
@@ -178,9 +180,7 @@ def store_calibration(calibration: Calibration, directory: Path) -> Path:
     """Write ``<directory>/<job class>.json`` atomically; return its path."""
     path = calibration_path(directory, calibration.job_class)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(calibration.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+    write_bytes_atomic(path, (calibration.model_dump_json(indent=2) + "\n").encode("utf-8"))
     return path
 
 

@@ -192,14 +192,14 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
 
 def _check_recorded(outputs: Path, recorded: tuple[tuple[str, int, str], ...]) -> int:
     """Every file recorded at fetch time is still there with its size and sha256."""
-    from .signing import file_sha256
+    from trainmaster.jobs.files import sha256_file
 
     bad = []
     for relative, size, sha256 in recorded:
         path = outputs / relative
         if not path.is_file() or path.is_symlink():
             bad.append(f"output {relative} is missing")
-        elif path.stat().st_size != size or file_sha256(path) != sha256:
+        elif path.stat().st_size != size or sha256_file(path) != sha256:
             bad.append(f"output {relative} does not match the size and sha256 recorded when it was fetched")
     if bad:
         raise VerificationError("; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else ""))

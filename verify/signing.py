@@ -11,19 +11,18 @@ was either made by another key or over other bytes, and no verifier can tell whi
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from trainmaster.jobs.commitment import Commitment
+from trainmaster.jobs.files import sha256_file
 from trainmaster.jobs.merkle import verify_inclusion
 
 from .errors import VerificationError
 
 SIGNATURE = re.compile(r"0x[0-9a-f]{128}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
-READ_CHUNK = 8 * 1024 * 1024
 
 
 def sign_commitment(commitment: Commitment, keypair) -> str:
@@ -119,15 +118,6 @@ def check_leaf(commitment: Commitment, index: int, leaf_hex: str, proof: Sequenc
         raise VerificationError(f"the Merkle proof for leaf {index} does not lead to the committed root")
 
 
-def file_sha256(path: Path) -> str:
-    """Lowercase hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(READ_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_final(commitment: Commitment, final_weights_path: Path) -> None:
     """Raise unless the returned final weights are the committed ``weights_n``.
 
@@ -137,7 +127,7 @@ def check_final(commitment: Commitment, final_weights_path: Path) -> None:
     """
     from .safeload import SafeLoadError, canonical_header_matches
 
-    actual = file_sha256(Path(final_weights_path))
+    actual = sha256_file(final_weights_path)
     if actual != commitment.final_sha256:
         raise VerificationError(
             f"{Path(final_weights_path).name} has sha256 {actual[:12]}…, "

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from trainmaster.jobs.files import write_bytes_atomic
 
 Outcome = Literal["accepted", "rejected", "cannot_verify"]
 EXIT_CODES: dict[str, int] = {"accepted": 0, "rejected": 1, "cannot_verify": 2}
@@ -40,15 +41,10 @@ class Verdict(BaseModel):
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
 
     def write(self, path: Path) -> Path:
-        """Write ``verdict.json`` atomically (temporary file, fsync, rename)."""
+        """Write ``verdict.json`` atomically: the bytes ``to_json`` gives, or the old file after a crash."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(self.to_json())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_bytes_atomic(path, self.to_json().encode("utf-8"))
         return path
 
 
