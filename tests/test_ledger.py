@@ -135,7 +135,8 @@ def test_restart_keeps_everything_and_replays(tmp_path):
         assert reserve(second, "r1", 5_000_000).seq == 1
         assert len(second.entries()) == 1
         assert second.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert second.db.execute("SELECT version FROM ledger_schema").fetchall() == [(len(MIGRATIONS),)]
+        assert second.db.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
+        assert [tuple(r) for r in second.db.execute("SELECT version FROM ledger_schema")] == [(len(MIGRATIONS),)]
 
 
 def test_lives_beside_the_broker_store_on_its_connection(tmp_path):

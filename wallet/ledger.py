@@ -157,7 +157,8 @@ class AlreadySettled(LedgerError):
 
 
 class Ledger:
-    """The ledger in a SQLite file (a path) or on an open connection (the broker's)."""
+    """The ledger in a SQLite file (a path, opened with `statedb.connect`: WAL, a 30 s busy timeout) or on
+    an open connection (the broker's, configured by its owner)."""
 
     def __init__(
         self,
@@ -170,16 +171,12 @@ class Ledger:
         if isinstance(path_or_conn, sqlite3.Connection):
             self.db, self._owned = path_or_conn, False
         else:
-            path = Path(path_or_conn)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-            self._owned = True
+            self.db, self._owned = statedb.connect(path_or_conn), True
         self.budgets = list(budgets)
         self._notify, self._clock = notify, clock
         self._lock = threading.RLock()  # a connection shared between threads runs one transaction at a time
         self.deliveries: list[threading.Thread] = []
         """Webhook deliveries started by this ledger (threads that are not daemons; join to wait)."""
-        self.db.execute("PRAGMA journal_mode=WAL")
         self._migrate()
         if outbox.has_pending(self.db):  # alerts an earlier process could not deliver
             self._deliver()
