@@ -9,12 +9,12 @@ outputs and says what the attempt cost. What it cannot do is declared as data
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainmaster.jobs.spec import JobSpec
 
@@ -91,10 +91,21 @@ class OutputFile(Frozen):
 
 
 class Cost(Frozen):
+    """What an attempt actually cost. TAO costs carry the exchange rate and when it was taken, so the
+    ledger can record both the rao paid and its micro-USD value at that moment."""
+
     micro_usd: int = Field(ge=0)
     rao: int = Field(0, ge=0)
+    rate_micro_usd_per_tao: int | None = Field(None, gt=0, description="Required when rao > 0.")
+    rate_at: float | None = Field(None, description="Unix time the rate was taken.")
     billable_seconds: float = Field(ge=0)
     basis: str = Field(description="How it was computed, for the record.")
+
+    @model_validator(mode="after")
+    def _rate_with_rao(self) -> Cost:
+        if self.rao and (self.rate_micro_usd_per_tao is None or self.rate_at is None):
+            raise ValueError("a cost in rao needs the exchange rate and the time it was taken")
+        return self
 
 
 class AttemptContext(Frozen):
@@ -106,37 +117,83 @@ class AttemptContext(Frozen):
     seed: int
     workdir: str = Field(description="The broker's folder for this attempt; backends keep their scratch here.")
     resume_from: str | None = Field(None, description="A checkpoint to resume from (a previous attempt's).")
+    challenge_digest: str | None = Field(
+        None, description="sha256 of the attempt's challenge secret, published to the executor at dispatch."
+    )
+
+
+class LogChunk(Frozen):
+    """A piece of an attempt's log: `text` from byte `offset` on; ask again from `next_offset`."""
+
+    text: str
+    offset: int = Field(ge=0)
+    next_offset: int = Field(ge=0)
+    complete: bool = Field(description="The attempt has ended and nothing follows `next_offset`.")
+
+
+Progress = Callable[[int, "int | None"], None]
+"""Called with (bytes done, bytes in all or None) while a transfer runs."""
+
+
+class BackendConfig(BaseModel):
+    """A backend's settings from the user's config dir (`backends.yaml`, one section per backend)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class BackendError(RuntimeError):
-    """A backend could not do what was asked; the message says why."""
+    """A backend could not do what was asked, and asking again will not help; the message says why."""
+
+
+class TransientBackendError(BackendError):
+    """A failure that may pass (a timeout, a 5xx, a dropped connection): the broker retries the call
+    a bounded number of times with jittered backoff (`backends.retry`), then treats it as permanent."""
 
 
 class Backend(abc.ABC):
-    """One place runs can execute. Subclasses also inherit the capability mixins they support."""
+    """One place runs can execute. Subclasses also inherit the capability mixins they support.
+
+    Every method is a coroutine and must not block the event loop (run blocking SDK calls and disk
+    work with `asyncio.to_thread`). `submit` is idempotent on `ctx.attempt_id`: called again after a
+    crash it finds the run it started instead of starting a second one.
+    """
 
     name: ClassVar[str]
     trusted: ClassVar[bool]
     unsupported: ClassVar[dict[str, str]] = {}
     """Feature name -> why this backend cannot do it (see `backends.features`)."""
+    config_model: ClassVar[type[BackendConfig]] = BackendConfig
+    extra: ClassVar[str | None] = None
+    """The pip extra that installs this backend's SDK (`trainmaster[aws]`), if any."""
+    exact_replay: ClassVar[bool] = False
+    """Runs on the broker's own machine and build, so a replay of its work must match bit for bit."""
+
+    def __init__(self, config: BackendConfig | None = None):
+        self.config = config if config is not None else self.config_model()
+
+    @classmethod
+    def check(cls, config: BackendConfig) -> list[str]:
+        """Why this backend cannot run jobs here with `config` (empty when it can). Cheap, no network."""
+        return []
 
     @abc.abstractmethod
     async def offers(self, spec: JobSpec) -> OfferSet: ...
 
     @abc.abstractmethod
-    def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle: ...
+    async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle: ...
 
     @abc.abstractmethod
-    def status(self, handle: Handle) -> AttemptStatus: ...
+    async def status(self, handle: Handle) -> AttemptStatus: ...
 
     @abc.abstractmethod
-    def logs(self, handle: Handle, *, follow: bool = False) -> Iterator[str]: ...
+    async def logs(self, handle: Handle, offset: int = 0) -> LogChunk: ...
 
     @abc.abstractmethod
-    def cancel(self, handle: Handle) -> None: ...
+    async def cancel(self, handle: Handle) -> None: ...
 
     @abc.abstractmethod
-    def fetch(self, handle: Handle, dest: Path) -> list[OutputFile]: ...
+    async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
+        """The attempt's outputs into `dest` (atomically: all or nothing), each file hashed as it arrives."""
 
     @abc.abstractmethod
-    def cost(self, handle: Handle, offer: Offer) -> Cost: ...
+    async def cost(self, handle: Handle, offer: Offer) -> Cost: ...

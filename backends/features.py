@@ -6,7 +6,9 @@ reason ("local: no spot instances: your own GPUs are never preempted") instead o
 
 from __future__ import annotations
 
-from trainmaster.backends.base import Backend
+from pathlib import Path
+
+from trainmaster.backends.base import Backend, Frozen, Handle
 
 
 class SupportsMultiGpu:
@@ -23,6 +25,37 @@ class SupportsSpot:
 
 class SupportsRemoteData:
     """Reads s3://, gs:// or az:// inputs itself."""
+
+
+class ExecutorIdentity(Frozen):
+    """Who ran an untrusted attempt: the key its commitment must be signed with, and its owner."""
+
+    hotkey: str
+    coldkey: str | None = None
+
+
+class SignedCommitment(Frozen):
+    """The executor's `commitment.json` exactly as it sent it, and its sr25519 signature (hex)."""
+
+    commitment: str
+    signature: str
+
+
+class RunsUntrusted:
+    """Runs on compute we do not control. Its work is paid only after the replay audit accepts it, so
+    the backend gives the broker what the audit needs: who ran it, the signed commitment, and, only
+    after the commitment is stored, the segments the challenge names (docs/verification.md)."""
+
+    async def executor(self, handle: Handle) -> ExecutorIdentity:
+        raise NotImplementedError
+
+    async def signed_commitment(self, handle: Handle) -> SignedCommitment:
+        raise NotImplementedError
+
+    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
+        """Have the executor open segments `indices` (each with the state after it) into `dest`, laid
+        out as the runtime's checkpoint directory (docs/runtime.md); returns that directory."""
+        raise NotImplementedError
 
 
 FEATURES: dict[str, type] = {

@@ -3,8 +3,15 @@
 Every step reads the state from SQLite, does its work, and records the new state; `advance`
 walks a job as far as it can go right now. Any process (the CLI that submitted, a later
 `trainmaster status`, the daemon) can call it after a crash, so no job is lost: a dispatch
-that died before recording its handle is found again from the attempt's work dir, and a
-settle that died half-way is redone without recording anything twice.
+that died before recording its handle finds its run again (`Backend.submit` is idempotent on the
+attempt id), and a settle that died half-way is redone without recording anything twice.
+
+Everything here is a coroutine: the CLI calls `asyncio.run` once at its edge and the daemon runs
+the same calls on its own loop. Work that would block the loop (bundling, hashing, the
+verification pipeline with its replay audit) runs in worker threads.
+
+A job is planned once, at submit, under the policy as it was then (both are stored with the job);
+offers are gathered again only to re-plan after a failed attempt.
 """
 
 from __future__ import annotations
@@ -14,23 +21,29 @@ import fcntl
 import secrets
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmaster.backends.base import AttemptContext, Backend, BackendError, Handle, Offer, Phase
+from trainmaster.backends.base import (
+    AttemptContext, Backend, BackendError, Handle, Offer, OfferSet, Phase, Progress, TransientBackendError,
+)
+from trainmaster.backends.features import RunsUntrusted
+from trainmaster.backends.retry import retried
 from trainmaster.broker import paths, states
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
+from trainmaster.broker.plans import StoredPlan
 from trainmaster.broker.policy import Policy, load_policy
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 
-PLAN_ROWS_KEPT = 20  # of the considered offers, kept in the plan's event row
 HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
 MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
+OPEN_SEGMENTS_TIMEOUT_S = 3600.0
+LOG_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -44,167 +57,221 @@ class Prepared:
 
 
 class Broker:
-    def __init__(self, store: Store | None = None, backends: dict[str, Backend] | None = None):
+    """The broker over one state database. `backends` replaces registry backends by name (tests)."""
+
+    def __init__(self, store: Store | None = None, backends: dict[str, Backend] | None = None,
+                 progress: Progress | None = None):
         self.store = store or Store(paths.state_db())
-        self._backends = backends or {}
+        self.progress = progress
+        self._given = dict(backends or {})
+        self._backends: dict[tuple[str, str], Backend] = {}
+        self._policies: dict[str, Policy] = {}
         self._ledgers: dict[str, Ledger] = {}
+        self.offer_rounds = 0
+        """How many times offers were gathered from the backends (one per plan)."""
 
     def close(self) -> None:
         for ledger in self._ledgers.values():
             ledger.close()
         self.store.close()
 
-    # backends
+    # policies and backends
 
-    def backend(self, name: str, policy: Policy | None = None) -> Backend:
-        if name not in self._backends:
-            from trainmaster.backends.registry import backend_class
+    def policy(self, job: Job) -> Policy:
+        """The policy the job was submitted under (its stored snapshot), parsed once per process."""
+        if job.id not in self._policies:
+            self._policies[job.id] = (Policy.model_validate_json(job.policy_json) if job.policy_json
+                                      else load_policy(job.policy))  # a job stored before snapshots existed
+        return self._policies[job.id]
 
-            cls = backend_class(name)
-            if name == "local":
-                self._backends[name] = cls(power=(policy or load_policy()).power, envs_dir=paths.home() / "envs")
-            else:
-                self._backends[name] = cls()
-        return self._backends[name]
+    def backend(self, name: str, policy: Policy) -> Backend:
+        """The backend `name`, configured from the user's backends.yaml and the policy's overrides.
+
+        Instances are cached by their configuration, so two policies with different power models
+        never share a local backend in a long-lived process.
+        """
+        if name in self._given:
+            return self._given[name]
+        from trainmaster.backends.registry import backend_class
+
+        cls = backend_class(name)
+        config = _configured(cls, name, policy)
+        key = (name, config.model_dump_json())
+        if key not in self._backends:
+            self._backends[key] = cls(config)
+        return self._backends[key]
 
     def _enabled(self, spec: JobSpec, policy: Policy) -> dict[str, Backend]:
         from trainmaster.backends.registry import BACKENDS
 
         cls = policy.for_class(spec.workload)
-        names = [n for n in (cls.constraints.allowed_backends or cls.chain) if n in BACKENDS]
+        names = [n for n in (cls.constraints.allowed_backends or cls.chain) if n in BACKENDS or n in self._given]
         return {n: self.backend(n, policy) for n in names}
 
-    def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset()) -> Plan:
-        offer_sets = asyncio.run(gather_offers(spec, self._enabled(spec, policy)))
+    async def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset()) -> Plan:
+        """Gather offers from every enabled backend (once) and choose by the policy."""
+        self.offer_rounds += 1
+        offer_sets: list[OfferSet] = await gather_offers(spec, self._enabled(spec, policy))
         history, failure_rates = learned(self.store.ended_attempts())
         return plan(spec, policy, offer_sets, blocked=blocked, history=history, failure_rates=failure_rates)
 
     # submit
 
-    def _planned(self, spec_path: Path, policy_name: str) -> tuple[LoadedSpec, Policy, Plan]:
+    async def _planned(self, spec_path: Path, policy_name: str) -> tuple[LoadedSpec, Policy, Plan]:
         """The spec checked and planned under the policy (raises FileError, PlanError)."""
         loaded = load_spec(spec_path)
         policy = load_policy(policy_name)
-        result = self.plan(loaded.spec, policy)
+        result = await self.plan(loaded.spec, policy)
         if result.chosen is None:
             raise PlanError(result)
         return loaded, policy, result
 
-    def prepare(self, spec_path: Path, policy_name: str = "default") -> Prepared:
+    async def prepare(self, spec_path: Path, policy_name: str = "default") -> Prepared:
         """Check, plan and hash without writing anything (raises FileError, PlanError, BundleError)."""
-        loaded, policy, result = self._planned(spec_path, policy_name)
-        info = bundles.bundle_digest(loaded.code_dir, loaded.spec.canonical_json(), max_bytes=_max_bundle(loaded.spec))
+        loaded, policy, result = await self._planned(spec_path, policy_name)
+        info = await asyncio.to_thread(bundles.bundle_digest, loaded.code_dir, loaded.spec.canonical_json(),
+                                       max_bytes=_max_bundle(loaded.spec))
         return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info)
 
-    def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
+    async def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
         """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good."""
-        loaded, _, result = self._planned(spec_path, policy_name)
-        info = bundles.build_bundle(loaded.code_dir, loaded.spec.canonical_json(), paths.bundles_dir(),
-                                    max_bytes=_max_bundle(loaded.spec))
+        loaded, policy, result = await self._planned(spec_path, policy_name)
+        info = await asyncio.to_thread(bundles.build_bundle, loaded.code_dir, loaded.spec.canonical_json(),
+                                       paths.bundles_dir(), max_bytes=_max_bundle(loaded.spec))
         job_id = f"{loaded.spec.name}-{secrets.token_hex(4)}"
         self.store.create_job(
             job_id=job_id, name=loaded.spec.name, workload=loaded.spec.workload, project=loaded.spec.project,
             spec_json=loaded.spec.model_dump_json(), spec_path=str(loaded.path), bundle_sha256=info.sha256,
-            policy=policy_name, detail={"bundle_bytes": info.size, "files": info.files},
+            policy=policy_name, policy_json=policy.model_dump_json(),
+            detail={"bundle_bytes": info.size, "files": info.files},
         )
-        self._record_plan(job_id, result)
-        self.advance(job_id)
-        return self.store.job(job_id)
+        self._policies[job_id] = policy
+        self._record_plan(job_id, result, seq=1)
+        return await self.advance(job_id)
 
-    def _record_plan(self, job_id: str, result: Plan) -> None:
-        chosen = result.chosen
-        self.store.move_job(job_id, "planned", detail={
-            "chosen": chosen.offer.key, "expected_micro_usd": chosen.expected_micro_usd,
-            "considered": [[r.offer.key, r.verdict] for r in result.rows[:PLAN_ROWS_KEPT]],
-            "offers": len(result.rows),
-        })
+    def _record_plan(self, job_id: str, result: Plan, *, seq: int) -> None:
+        stored = StoredPlan.of(result, seq)
+        self.store.set_plan(job_id, stored.model_dump_json(), detail=stored.event())
 
     # the state machine, driven from whatever state is recorded
 
-    def advance(self, job_id: str) -> Job:
+    async def advance(self, job_id: str) -> Job:
         """Move a job as far as it can go now; safe to call from any process at any time."""
         job = self.store.job(job_id)
         if job.state in states.JOB_ENDS:
             return job
-        with _locked(paths.job_dir(job_id) / ".lock"):
+        async with _locked(paths.job_dir(job_id) / ".lock"):
             job = self.store.job(job_id)
-            if job.state == "submitted":
-                self._replan(job, blocked=frozenset())
+            if job.state == "submitted" or (job.state == "planned" and not job.plan_json):
+                await self._replan(job)  # recorded, but the process died before its plan was
             job = self.store.job(job_id)
             if job.state == "planned":
-                self._dispatch(job)
+                await self._dispatch(job)
             for attempt in self.store.attempts(job_id):
                 if attempt.state not in states.ATTEMPT_ENDS:
-                    self._watch(job, attempt)
+                    await self._watch(self.store.job(job_id), attempt)
         return self.store.job(job_id)
 
-    def refresh(self) -> None:
-        """Advance every job that is not finished (what each CLI command does first)."""
+    async def refresh(self) -> None:
+        """Advance every unfinished job (what each CLI command does first).
+
+        A job that cannot move now (a backend down, a ledger conflict) gets an `error` event and is
+        tried again next time; it never stops the others from being brought up to date.
+        """
         for job in self.store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1000):
             try:
-                self.advance(job.id)
-            except BackendError as exc:
-                self.store.log_event(job.id, "error", {"message": str(exc)})
+                await self.advance(job.id)
+            except Exception as exc:  # noqa: BLE001 — recorded on the job, retried by the next command
+                self.store.log_event(job.id, "error", {"message": f"{type(exc).__name__}: {exc}"})
 
-    def wait(self, job_id: str, *, poll_s: float = 0.2, timeout_s: float | None = None) -> Job:
+    async def wait(self, job_id: str, *, poll_s: float = 0.2, timeout_s: float | None = None) -> Job:
         deadline = time.time() + timeout_s if timeout_s else None
         while True:
-            job = self.advance(job_id)
-            if job.state in states.JOB_ENDS:
+            job = await self.advance(job_id)
+            if job.state in states.JOB_ENDS or (deadline and time.time() > deadline):
                 return job
-            if deadline and time.time() > deadline:
-                return job
-            time.sleep(poll_s)
+            await asyncio.sleep(poll_s)
 
-    def _spec(self, job: Job) -> JobSpec:
+    def spec(self, job: Job) -> JobSpec:
         return JobSpec.model_validate_json(job.spec_json)
-
-    def _replan(self, job: Job, blocked: frozenset[str]) -> None:
-        result = self.plan(self._spec(job), load_policy(job.policy), blocked=blocked)
-        if result.chosen is None:
-            self.store.move_job(job.id, "failed", reason=result.explain_failure())
-        else:
-            self._record_plan(job.id, result)
 
     def _blocked(self, job: Job) -> frozenset[str]:
         return frozenset(Offer.model_validate_json(a.offer_json).key for a in self.store.attempts(job.id)
                          if a.state in ("failed", "rejected"))
 
-    def _dispatch(self, job: Job) -> None:
-        result = self.plan(self._spec(job), load_policy(job.policy), blocked=self._blocked(job))
+    async def _replan(self, job: Job, after: str | None = None) -> None:
+        """A new plan after a failed attempt (offers gathered again, the failed ones blocked)."""
+        result = await self.plan(self.spec(job), self.policy(job), blocked=self._blocked(job))
         if result.chosen is None:
-            self.store.move_job(job.id, "failed", reason=result.explain_failure())
+            reason = result.explain_failure()
+            self.store.move_job(job.id, "failed", reason=f"{after}; {reason}" if after else reason)
             return
-        offer = result.chosen.offer
-        n = len(self.store.attempts(job.id)) + 1
+        seq = StoredPlan.model_validate_json(job.plan_json).seq + 1 if job.plan_json else 1
+        self._record_plan(job.id, result, seq=seq)
+
+    async def _dispatch(self, job: Job) -> None:
+        """Reserve the planned cost and start an attempt on the planned offer (no second planning)."""
+        stored = StoredPlan.model_validate_json(job.plan_json)
+        offer = stored.offer
+        ledger = self._ledger(job)
+        key = f"reserve:{job.id}.{self.store.next_attempt_number(job.id)}.p{stored.seq}"
+        self._release_orphans(job, ledger, keep=key)
         try:
-            self._ledger(job).reserve(
-                _reserve_key(f"{job.id}.{n}"), job_id=job.id, backend=offer.backend, workload=job.workload,
-                project=job.project, micro_usd=result.chosen.expected_micro_usd,
-                detail={"offer": offer.key, "hours": result.chosen.hours},
-            )
+            ledger.reserve(key, job_id=job.id, backend=offer.backend, workload=job.workload, project=job.project,
+                           micro_usd=stored.expected_micro_usd, detail={"offer": offer.key, "hours": stored.hours})
         except BudgetExceeded as exc:
             self.store.move_job(job.id, "failed", reason=f"refused by budget: {exc}")
             return
-        attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json())
-        self._start(job, attempt)
+        attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json(),
+                                            reserve_key=key)
+        await self._start(job, attempt)
 
-    def _start(self, job: Job, attempt: Attempt) -> None:
+    def _release_orphans(self, job: Job, ledger: Ledger, *, keep: str) -> None:
+        """Release reservations a process made for this job before dying without creating the attempt
+        (a crash between `reserve` and `create_attempt`); the one about to be reused is kept."""
+        held = {a.reserve_key or _legacy_reserve_key(a) for a in self.store.attempts(job.id)}
+        for reservation in ledger.outstanding():
+            if reservation.job_id == job.id and reservation.key != keep and reservation.key not in held:
+                ledger.release(f"release:{reservation.key}", reservation_key=reservation.key,
+                               detail={"outcome": "never dispatched (the dispatching process died)"})
+
+    async def _start(self, job: Job, attempt: Attempt) -> None:
         offer = Offer.model_validate_json(attempt.offer_json)
-        backend = self.backend(offer.backend)
-        ctx = self._context(job, attempt)
+        backend = self.backend(offer.backend, self.policy(job))
+        ctx = self._context(job, attempt, offer)
         try:
-            handle = backend.submit(paths.bundles_dir() / f"{job.bundle_sha256}.tar", self._spec(job), offer, ctx)
+            handle = await retried(backend.submit, paths.bundles_dir() / f"{job.bundle_sha256}.tar", self.spec(job),
+                                   offer, ctx)
         except (BackendError, bundles.BundleError, OSError) as exc:
-            self._attempt_failed(job, attempt, f"could not start on {offer.backend}: {exc}", retry=True)
+            await self._attempt_failed(job, attempt, f"could not start on {offer.backend}: {exc}", retry=True)
             return
         self.store.set_handle(attempt.id, handle.model_dump_json())
+        await self._record_executor(backend, handle, attempt)
 
-    def _context(self, job: Job, attempt: Attempt) -> AttemptContext:
+    async def _record_executor(self, backend: Backend, handle: Handle, attempt: Attempt) -> None:
+        """For an executor we do not control, who it is: its commitment must be signed by this hotkey."""
+        if isinstance(backend, RunsUntrusted) and not attempt.executor_hotkey:
+            identity = await retried(backend.executor, handle)
+            self.store.set_executor(attempt.id, hotkey=identity.hotkey, coldkey=identity.coldkey)
+
+    def _context(self, job: Job, attempt: Attempt, offer: Offer) -> AttemptContext:
         workdir = paths.attempt_dir(job.id, attempt.n)
         workdir.mkdir(parents=True, exist_ok=True)
-        return AttemptContext(job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256,
-                              seed=self._spec(job).seed, workdir=str(workdir), resume_from=self._resume_point(job, attempt))
+        return AttemptContext(
+            job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256, seed=self.spec(job).seed,
+            workdir=str(workdir), resume_from=self._resume_point(job, attempt),
+            challenge_digest=None if offer.trusted else self._challenge_digest(job, attempt),
+        )
+
+    def _challenge_digest(self, job: Job, attempt: Attempt) -> str:
+        """sha256 of the attempt's challenge secret: published at dispatch, the secret revealed after the verdict."""
+        from trainmaster.verify.records import SecretStore
+
+        secrets_ = SecretStore(self.store.path)
+        try:
+            return secrets_.digest(job.id, attempt.id)
+        finally:
+            secrets_.close()
 
     def _resume_point(self, job: Job, attempt: Attempt) -> str | None:
         """A new attempt continues from the latest checkpoint an earlier one left, where there is one
@@ -215,92 +282,105 @@ class Broker:
                 return str(checkpoints)
         return None
 
-    def handle(self, job: Job, attempt: Attempt) -> Handle:
+    async def _handle(self, job: Job, attempt: Attempt) -> Handle:
         if attempt.handle_json:
             return Handle.model_validate_json(attempt.handle_json)
-        # dispatched, but the process that dispatched died before recording the handle
-        self._start(job, attempt)
+        # dispatched, but the process that dispatched died before recording the handle: submit again,
+        # which finds the run it started (submit is idempotent on the attempt id)
+        await self._start(job, attempt)
         attempt = self.store.attempt(attempt.id)
         if not attempt.handle_json:
             raise BackendError(f"attempt {attempt.id} could not be started again")
         return Handle.model_validate_json(attempt.handle_json)
 
-    def _watch(self, job: Job, attempt: Attempt) -> None:
+    async def _watch(self, job: Job, attempt: Attempt) -> None:
         if attempt.state in ("returned", "verifying"):
-            self._settle(job, attempt)
+            await self._settle(job, attempt)
             return
-        backend = self.backend(attempt.backend)
-        st = backend.status(self.handle(job, attempt))
+        handle = await self._handle(job, attempt)
+        attempt = self.store.attempt(attempt.id)
+        if attempt.state in states.ATTEMPT_ENDS:
+            return  # it could not be started again and has been ended
+        st = await retried(self.backend(attempt.backend, self.policy(job)).status, handle)
         if st.phase is Phase.running and attempt.state == "dispatched":
             self.store.move_attempt(attempt.id, "running", job_target="running", started_at=st.started_at)
         elif st.phase is Phase.succeeded:
             self.store.move_attempt(attempt.id, "returned", job_target="returned",
                                     started_at=st.started_at, ended_at=st.ended_at)
-            self._settle(job, self.store.attempt(attempt.id))
+            await self._settle(job, self.store.attempt(attempt.id))
         elif st.phase is Phase.cancelled:
-            self._end_attempt(job, attempt, "cancelled", job_target="cancelled", reason=st.reason or "cancelled",
-                              started_at=st.started_at, ended_at=st.ended_at)
+            await self._end_attempt(job, attempt, "cancelled", job_target="cancelled", reason=st.reason or "cancelled",
+                                    started_at=st.started_at, ended_at=st.ended_at)
         elif st.phase is Phase.failed:
             # a script that exits non-zero failed on its own; a process that vanished may succeed elsewhere
-            self._attempt_failed(job, attempt, st.reason or "failed", retry=st.exit_code is None,
-                                 started_at=st.started_at, ended_at=st.ended_at)
+            await self._attempt_failed(job, attempt, st.reason or "failed", retry=st.exit_code is None,
+                                       started_at=st.started_at, ended_at=st.ended_at)
 
-    def _attempt_failed(self, job: Job, attempt: Attempt, reason: str, *, retry: bool, state: str = "failed",
-                        started_at: float | None = None, ended_at: float | None = None) -> None:
-        times = {"started_at": started_at, "ended_at": ended_at}
-        self._end_attempt(job, attempt, state, job_target="planned" if retry else "failed", reason=reason, **times)
-        if not retry:
-            return
-        job = self.store.job(job.id)
-        result = self.plan(self._spec(job), load_policy(job.policy), blocked=self._blocked(job))
-        if result.chosen is None:
-            self.store.move_job(job.id, "failed", reason=f"{reason}; {result.explain_failure()}")
-        else:
-            self.store.log_event(job.id, "replanned", {"chosen": result.chosen.offer.key, "after": reason})
+    async def _attempt_failed(self, job: Job, attempt: Attempt, reason: str, *, retry: bool, state: str = "failed",
+                              started_at: float | None = None, ended_at: float | None = None) -> None:
+        await self._end_attempt(job, attempt, state, job_target="planned" if retry else "failed", reason=reason,
+                                started_at=started_at, ended_at=ended_at)
+        if retry:
+            await self._replan(self.store.job(job.id), after=reason)
 
-    def _settle(self, job: Job, attempt: Attempt) -> None:
+    async def _settle(self, job: Job, attempt: Attempt) -> None:
         """Fetch outputs, record them and the cost, and decide. Each step is idempotent."""
-        backend = self.backend(attempt.backend)
-        handle = self.handle(job, attempt)
+        backend = self.backend(attempt.backend, self.policy(job))
+        handle = await self._handle(job, attempt)
         dest = paths.job_dir(job.id) / "outputs"
+        hashed_now = False
         if attempt.state == "returned":
-            files = backend.fetch(handle, dest)  # BackendError (e.g. disk full) leaves the attempt `returned`
+            # a BackendError (e.g. disk full) leaves the attempt `returned`, to be fetched again later
+            files = await retried(backend.fetch, handle, dest, self.progress)
             self.store.record_outputs(attempt.id, [(f.path, f.size, f.sha256) for f in files])
-            self._record_cost(attempt)
+            await self._record_cost(job, attempt)
             self.store.move_attempt(attempt.id, "verifying", job_target="verifying")
-        verdict = self._verify(job, attempt, dest)
+            hashed_now = True
+        verdict = await self._verify(job, self.store.attempt(attempt.id), dest, backend, handle, hashed_now)
         if verdict.outcome == "accepted":
-            self._end_attempt(job, attempt, "accepted", job_target="accepted", detail={"verdict": verdict.outcome})
+            await self._end_attempt(job, attempt, "accepted", job_target="accepted", detail={"verdict": verdict.outcome})
         else:
             # rejected (or impossible to verify): nothing is paid, the offer is blocked, the next one tried
             why = f"{verdict.outcome.replace('_', ' ')}: {'; '.join(verdict.reasons)}"
-            self._attempt_failed(job, attempt, why, retry=True, state="rejected")
+            await self._attempt_failed(job, attempt, why, retry=True, state="rejected")
 
-    def _verify(self, job: Job, attempt: Attempt, outputs: Path):
-        """The verification pipeline, with the checks the job's policy sets for this kind of compute."""
+    async def _verify(self, job: Job, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
+                      hashed_now: bool):
+        """The verification pipeline (in a worker thread), with the checks the job's policy sets for this
+        kind of compute; for an untrusted executor, its signature and its openings of the challenge."""
         from trainmaster.verify import pipeline
 
         offer = Offer.model_validate_json(attempt.offer_json)
-        settings = load_policy(job.policy).verification
-        return pipeline.verify_attempt(
-            pipeline.Attempt(
-                job_id=job.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=job.bundle_sha256,
-                spec=self._spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
-                code_dir=paths.attempt_dir(job.id, attempt.n) / "code",
-                exact_replay=offer.backend == "local",
-            ),
+        settings = self.policy(job).verification
+        signature, open_segments = None, None
+        if not offer.trusted and isinstance(backend, RunsUntrusted):
+            try:
+                signature = (await retried(backend.signed_commitment, handle)).signature
+            except BackendError as exc:  # the executor sent none: the pipeline rejects an unsigned commitment
+                self.store.log_event(job.id, "error", {"message": f"no signed commitment: {exc}"}, attempt.id)
+            open_segments = _SegmentOpener(asyncio.get_running_loop(), backend, handle,
+                                           paths.attempt_dir(job.id, attempt.n) / "openings")
+        request = pipeline.Attempt(
+            job_id=job.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=job.bundle_sha256,
+            spec=self.spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
+            code_dir=paths.attempt_dir(job.id, attempt.n) / "code", exact_replay=offer.trusted and backend.exact_replay,
+            hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
+            outputs_hashed=hashed_now,
+        )
+        return await asyncio.to_thread(
+            pipeline.verify_attempt, request,
             checks=settings.trusted if offer.trusted else settings.untrusted,
-            db_path=paths.state_db(),
+            db_path=self.store.path,
             audit_settings=pipeline.AuditSettings(calibration_dir=paths.home() / "calibration", tau=settings.tau),
         )
 
-    def _end_attempt(self, job: Job, attempt: Attempt, target: str, *, job_target: str | None,
-                     reason: str | None = None, detail: dict | None = None,
-                     started_at: float | None = None, ended_at: float | None = None) -> None:
+    async def _end_attempt(self, job: Job, attempt: Attempt, target: str, *, job_target: str | None,
+                           reason: str | None = None, detail: dict | None = None,
+                           started_at: float | None = None, ended_at: float | None = None) -> None:
         """Record the cost, settle the money, then move: each step idempotent, so a crash between
         them is repaired by running this again and nothing is paid twice."""
         if attempt.handle_json:
-            self._record_cost(attempt)
+            await self._record_cost(job, attempt)
         self._settle_money(job, self.store.attempt(attempt.id), target)
         self.store.move_attempt(attempt.id, target, job_target=job_target, reason=reason, detail=detail,
                                 started_at=started_at, ended_at=ended_at)
@@ -309,49 +389,123 @@ class Broker:
         """Charge what was actually spent, or release the reservation.
 
         Compute we pay for by the hour whatever happens (our own power, a cloud's bill) is charged
-        at its recorded cost on every end; an untrusted executor is paid only for accepted work.
+        at its recorded cost on every end; an untrusted executor is paid only for accepted work. A
+        TAO cost is charged in rao with the exchange rate it was priced at.
         """
         offer = Offer.model_validate_json(attempt.offer_json)
         ledger = self._ledger(job)
-        reservation = _reserve_key(attempt.id)
+        reservation = attempt.reserve_key or _legacy_reserve_key(attempt)
         if target == "accepted" or (offer.trusted and attempt.cost_micro_usd is not None):
             ledger.charge(f"charge:{attempt.id}", reservation_key=reservation, micro_usd=attempt.cost_micro_usd or 0,
-                          rao=attempt.cost_rao or 0, detail={"outcome": target})
+                          rao=attempt.cost_rao or 0, rate_micro_usd_per_tao=attempt.cost_rate_micro_usd_per_tao,
+                          detail={"outcome": target, "rate_at": attempt.cost_rate_at} if attempt.cost_rao
+                          else {"outcome": target})
         else:
             ledger.release(f"release:{attempt.id}", reservation_key=reservation, detail={"outcome": target})
 
     def _ledger(self, job: Job) -> Ledger:
-        policy = load_policy(job.policy)
-        if policy.name not in self._ledgers:
-            self._ledgers[policy.name] = Ledger(self.store.path, budgets=policy.budgets)
-        return self._ledgers[policy.name]
+        """The ledger on the store's own connection, with the budgets of the job's policy snapshot."""
+        policy = self.policy(job)
+        key = "|".join(b.model_dump_json() for b in policy.budgets)
+        if key not in self._ledgers:
+            self._ledgers[key] = Ledger(self.store.db, budgets=policy.budgets)
+        return self._ledgers[key]
 
-    def _record_cost(self, attempt: Attempt) -> None:
+    async def _record_cost(self, job: Job, attempt: Attempt) -> None:
+        """Ask the backend what the attempt cost, once: a recorded cost is never asked for again."""
+        attempt = self.store.attempt(attempt.id)
+        if attempt.cost_micro_usd is not None or not attempt.handle_json:
+            return
         offer = Offer.model_validate_json(attempt.offer_json)
-        cost = self.backend(attempt.backend).cost(Handle.model_validate_json(attempt.handle_json), offer)
+        backend = self.backend(attempt.backend, self.policy(job))
+        cost = await retried(backend.cost, Handle.model_validate_json(attempt.handle_json), offer)
         self.store.record_cost(attempt.id, micro_usd=cost.micro_usd, rao=cost.rao,
-                               billable_seconds=cost.billable_seconds, basis=cost.basis)
+                               billable_seconds=cost.billable_seconds, basis=cost.basis,
+                               rate_micro_usd_per_tao=cost.rate_micro_usd_per_tao, rate_at=cost.rate_at)
 
     # user actions on a job
 
-    def cancel(self, job_id: str) -> Job:
+    async def cancel(self, job_id: str) -> Job:
         job = self.store.find_job(job_id)
         if job.state in states.JOB_ENDS:
             return job
-        for attempt in self.store.attempts(job.id):
-            if attempt.state in states.ACTIVE_ATTEMPT and attempt.handle_json:
-                self.backend(attempt.backend).cancel(Handle.model_validate_json(attempt.handle_json))
-                self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user")
-        self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
+        async with _locked(paths.job_dir(job.id) / ".lock"):
+            for attempt in self.store.attempts(job.id):
+                if attempt.state in states.ACTIVE_ATTEMPT and attempt.handle_json:
+                    backend = self.backend(attempt.backend, self.policy(job))
+                    await retried(backend.cancel, Handle.model_validate_json(attempt.handle_json))
+                    await self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user")
+            self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
         return self.store.job(job.id)
 
-    def logs(self, job_id: str, *, follow: bool = False) -> Iterator[str]:
+    async def logs(self, job_id: str, *, follow: bool = False) -> AsyncIterator[str]:
+        """The latest attempt's log from its start; with `follow`, until the job ends (across fallbacks)."""
         job = self.store.find_job(job_id)
-        attempts = [a for a in self.store.attempts(job.id) if a.handle_json]
-        if not attempts:
-            return iter(())
-        last = attempts[-1]
-        return self.backend(last.backend).logs(Handle.model_validate_json(last.handle_json), follow=follow)
+        current, offset = None, 0
+        while True:
+            attempts = [a for a in self.store.attempts(job.id) if a.handle_json]
+            if not attempts:
+                if not follow or self.store.job(job.id).state in states.JOB_ENDS:
+                    return
+                await asyncio.sleep(LOG_POLL_S)
+                job = await self.advance(job.id)
+                continue
+            last = attempts[-1]
+            if last.id != current:
+                current, offset = last.id, 0
+            backend = self.backend(last.backend, self.policy(job))
+            chunk = await retried(backend.logs, Handle.model_validate_json(last.handle_json), offset)
+            offset = chunk.next_offset
+            if chunk.text:
+                yield chunk.text
+                continue
+            if not follow:
+                return
+            if chunk.complete:
+                job = await self.advance(job.id)
+                newer = [a for a in self.store.attempts(job.id) if a.handle_json and a.n > last.n]
+                if job.state in states.JOB_ENDS and not newer:
+                    return
+                if newer:
+                    continue
+            await asyncio.sleep(LOG_POLL_S)
+
+
+class _SegmentOpener:
+    """What the verification pipeline (in a worker thread) calls to have the executor open the
+    challenged segments: it runs the backend's `open_segments` on the broker's event loop.
+
+    An executor that refuses or sends what cannot be read is rejected; one that cannot be reached
+    (after retries) leaves the attempt unverifiable rather than blamed.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, backend: RunsUntrusted, handle: Handle, dest: Path):
+        self.loop, self.backend, self.handle, self.dest = loop, backend, handle, dest
+
+    def __call__(self, indices: list[int]):
+        from trainmaster.verify.errors import VerificationError
+        from trainmaster.verify.openings import LocalOpenings
+
+        call = retried(self.backend.open_segments, self.handle, sorted(indices), self.dest)
+        try:
+            directory = asyncio.run_coroutine_threadsafe(call, self.loop).result(OPEN_SEGMENTS_TIMEOUT_S)
+        except TransientBackendError as exc:
+            raise VerificationError(f"the executor could not be reached to open segments {indices}: {exc}",
+                                    kind="cannot_verify") from exc
+        except BackendError as exc:
+            raise VerificationError(f"the executor did not open the challenged segments {indices}: {exc}") from exc
+        return LocalOpenings(directory)
+
+
+def _configured(cls: type[Backend], name: str, policy: Policy):
+    """The backend's config from backends.yaml, with the policy's own settings laid over it (a
+    policy's power model prices the local backend for the jobs submitted under it)."""
+    config = cls.config_model()
+    fields = set(type(config).model_fields)
+    overrides = {field: getattr(policy, field) for field in policy.model_fields_set & fields}
+    if "envs_dir" in fields and config.envs_dir is None:  # job environments are cached across jobs, in the home
+        overrides["envs_dir"] = str(paths.home() / "envs")
+    return config.model_copy(update=overrides) if overrides else config
 
 
 def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[str, float]]:
@@ -371,20 +525,27 @@ def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[st
     return history, rates
 
 
-def _reserve_key(attempt_id: str) -> str:
-    return f"reserve:{attempt_id}"
+def _legacy_reserve_key(attempt: Attempt) -> str:
+    """The reservation key of attempts recorded before the key was stored with the attempt."""
+    return f"reserve:{attempt.id}"
 
 
 def _max_bundle(spec: JobSpec) -> int:
     return spec.limits.max_bundle_mb * 2**20
 
 
-@contextmanager
-def _locked(path: Path):
-    """An exclusive lock across processes, so two CLIs never dispatch or settle the same job at once."""
+@asynccontextmanager
+async def _locked(path: Path):
+    """An exclusive lock across processes (and coroutines), so two brokers never dispatch or settle
+    the same job at once. Polled without blocking, so a daemon's loop keeps running while it waits."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.02)
         try:
             yield
         finally:

@@ -73,6 +73,15 @@ MIGRATIONS: list[list[str]] = [
     )""",
         """CREATE INDEX events_job ON events(job_id, id)""",
     ],
+    [  # 2: plan once (the job keeps its plan and the policy it was planned under); the untrusted path
+        "ALTER TABLE jobs ADD COLUMN policy_json TEXT",
+        "ALTER TABLE jobs ADD COLUMN plan_json TEXT",
+        "ALTER TABLE attempts ADD COLUMN executor_hotkey TEXT",
+        "ALTER TABLE attempts ADD COLUMN executor_coldkey TEXT",
+        "ALTER TABLE attempts ADD COLUMN reserve_key TEXT",
+        "ALTER TABLE attempts ADD COLUMN cost_rate_micro_usd_per_tao INTEGER",
+        "ALTER TABLE attempts ADD COLUMN cost_rate_at REAL",
+    ],
 ]
 
 
@@ -90,6 +99,10 @@ class Job:
     reason: str | None
     created_at: float
     updated_at: float
+    policy_json: str | None = None
+    """The policy as it was at submit: the job is planned, dispatched and settled under it."""
+    plan_json: str | None = None
+    """The current plan (`broker.plans.StoredPlan`): made at submit, remade only after a failed attempt."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,11 @@ class Attempt:
     cost_rao: int | None
     billable_seconds: float | None
     created_at: float
+    executor_hotkey: str | None = None
+    executor_coldkey: str | None = None
+    reserve_key: str | None = None
+    cost_rate_micro_usd_per_tao: int | None = None
+    cost_rate_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -148,13 +166,15 @@ class Store:
 
     def create_job(
         self, *, job_id: str, name: str, workload: str, project: str | None, spec_json: str, spec_path: str,
-        bundle_sha256: str, policy: str, detail: dict | None = None,
+        bundle_sha256: str, policy: str, policy_json: str, detail: dict | None = None,
     ) -> Job:
         now = time.time()
         with self.tx() as db:
             db.execute(
-                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (job_id, name, workload, project, "submitted", spec_json, spec_path, bundle_sha256, policy, None, now, now),
+                "INSERT INTO jobs (id, name, workload, project, state, spec_json, spec_path, bundle_sha256, policy,"
+                " reason, created_at, updated_at, policy_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (job_id, name, workload, project, "submitted", spec_json, spec_path, bundle_sha256, policy, None, now,
+                 now, policy_json),
             )
             self._event(db, job_id, None, "transition", None, "submitted", detail)
         return self.job(job_id)
@@ -207,16 +227,24 @@ class Store:
         self._event(db, job_id, attempt_id, "transition", current, target, _with_reason(detail, reason))
         return True
 
+    def set_plan(self, job_id: str, plan_json: str, *, detail: dict) -> None:
+        """Record the job's plan (and a `planned` event); the job moves to `planned` unless it is there."""
+        with self.tx() as db:
+            db.execute("UPDATE jobs SET plan_json = ?, updated_at = ? WHERE id = ?", (plan_json, time.time(), job_id))
+            if not self._move_job(db, job_id, "planned", detail=detail):
+                self._event(db, job_id, None, "replanned", None, None, detail)
+
     # attempts
 
-    def create_attempt(self, job_id: str, *, backend: str, offer_json: str) -> Attempt:
+    def create_attempt(self, job_id: str, *, backend: str, offer_json: str, reserve_key: str) -> Attempt:
         """A new attempt on an offer; the job moves to `dispatched` in the same transaction."""
         with self.tx() as db:
             n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)).fetchone()[0]
             attempt_id = f"{job_id}.{n}"
             db.execute(
-                "INSERT INTO attempts (id, job_id, n, backend, offer_json, state, created_at) VALUES (?,?,?,?,?,?,?)",
-                (attempt_id, job_id, n, backend, offer_json, "dispatched", time.time()),
+                "INSERT INTO attempts (id, job_id, n, backend, offer_json, state, created_at, reserve_key)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (attempt_id, job_id, n, backend, offer_json, "dispatched", time.time(), reserve_key),
             )
             self._move_job(db, job_id, "dispatched", attempt_id=attempt_id, detail={"backend": backend})
         return self.attempt(attempt_id)
@@ -248,9 +276,22 @@ class Store:
         ).fetchall()
         return [(Attempt(**{k: r[k] for k in r.keys() if k != "workload"}), r["workload"]) for r in rows]
 
+    def next_attempt_number(self, job_id: str) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)).fetchone()[0]
+
     def set_handle(self, attempt_id: str, handle_json: str) -> None:
         with self.tx() as db:
             db.execute("UPDATE attempts SET handle_json = ? WHERE id = ?", (handle_json, attempt_id))
+
+    def set_executor(self, attempt_id: str, *, hotkey: str, coldkey: str | None) -> None:
+        """Who runs an untrusted attempt, recorded once at dispatch: its commitment must be signed by this key."""
+        with self.tx() as db:
+            row = db.execute("SELECT job_id, executor_hotkey FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            if row["executor_hotkey"] is not None:
+                return
+            db.execute("UPDATE attempts SET executor_hotkey = ?, executor_coldkey = ? WHERE id = ?",
+                       (hotkey, coldkey, attempt_id))
+            self._event(db, row["job_id"], attempt_id, "executor", None, None, {"hotkey": hotkey, "coldkey": coldkey})
 
     def move_attempt(
         self, attempt_id: str, target: str, *, job_target: str | None = None, reason: str | None = None,
@@ -275,17 +316,21 @@ class Store:
                 self._move_job(db, job_id, job_target, reason=reason, attempt_id=attempt_id)
             return True
 
-    def record_cost(self, attempt_id: str, *, micro_usd: int, rao: int, billable_seconds: float, basis: str) -> None:
+    def record_cost(self, attempt_id: str, *, micro_usd: int, rao: int, billable_seconds: float, basis: str,
+                    rate_micro_usd_per_tao: int | None = None, rate_at: float | None = None) -> None:
         with self.tx() as db:
             row = db.execute("SELECT job_id, cost_micro_usd FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
             if row["cost_micro_usd"] is not None:
                 return  # recorded once; a resumed settle does not record again
             db.execute(
-                "UPDATE attempts SET cost_micro_usd = ?, cost_rao = ?, billable_seconds = ? WHERE id = ?",
-                (micro_usd, rao, billable_seconds, attempt_id),
+                "UPDATE attempts SET cost_micro_usd = ?, cost_rao = ?, billable_seconds = ?,"
+                " cost_rate_micro_usd_per_tao = ?, cost_rate_at = ? WHERE id = ?",
+                (micro_usd, rao, billable_seconds, rate_micro_usd_per_tao, rate_at, attempt_id),
             )
-            self._event(db, row["job_id"], attempt_id, "cost", None, None,
-                        {"micro_usd": micro_usd, "rao": rao, "billable_seconds": billable_seconds, "basis": basis})
+            detail = {"micro_usd": micro_usd, "rao": rao, "billable_seconds": billable_seconds, "basis": basis}
+            if rao:
+                detail.update(rate_micro_usd_per_tao=rate_micro_usd_per_tao, rate_at=rate_at)
+            self._event(db, row["job_id"], attempt_id, "cost", None, None, detail)
 
     def record_outputs(self, attempt_id: str, files: list[tuple[str, int, str]]) -> None:
         with self.tx() as db:

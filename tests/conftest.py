@@ -17,9 +17,10 @@ def tm_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def broker(tm_home):
-    from trainmaster.broker.service import Broker
+    """A broker on the test's own state, driven synchronously (tests/broker_support.py)."""
+    from broker_support import sync_broker
 
-    b = Broker()
+    b = sync_broker()
     yield b
     b.close()
 

@@ -162,7 +162,12 @@ def test_status_of_a_handle_from_another_process_sees_reused_pids(broker, job_fa
     record = json.loads((workdir / "supervisor.json").read_text())
     record["pid"] = os.getpid()  # alive, but started at another time
     (workdir / "supervisor.json").write_text(json.dumps(record))
-    status = broker.backend("local").status(Handle(backend="local", attempt_id=f"{job.id}.1", data={"workdir": str(workdir)}))
+    import asyncio
+
+    from trainmaster.broker.policy import load_policy
+
+    local = broker.backend("local", load_policy())
+    status = asyncio.run(local.status(Handle(backend="local", attempt_id=f"{job.id}.1", data={"workdir": str(workdir)})))
     assert status.phase.value == "failed" and "died" in status.reason
 
 

@@ -50,7 +50,10 @@ class Attempt:
     ``expected_weights``: the tensors of W0 (``name -> (dtype, shape)``) that the final and segment
     weights must have. ``signature``: the commitment signature; read from ``commitment.sig`` in the
     outputs if None. ``openings``: where the audit gets the challenged segments (default: the
-    ``checkpoints/`` directory in the outputs). ``recipe_run``: what the audit re-executes (default:
+    ``checkpoints/`` directory in the outputs). ``open_segments``: asked, with the challenged segment
+    indices once they are drawn, for the executor's openings of them (a remote executor). ``outputs_hashed``:
+    the recorded hashes were computed while fetching just now, so integrity checks only that each file is
+    still there with its size. ``recipe_run``: what the audit re-executes (default:
     from the spec's entrypoint). ``exact_replay``: the executor is one of our own deterministic
     backends, so the audit requires bitwise-identical states (r = 0).
     """
@@ -70,6 +73,8 @@ class Attempt:
     code_dir: Path | None = None
     previous_metrics: Mapping[str, float] | None = None
     openings: Openings | None = None
+    open_segments: Callable[[list[int]], Openings] | None = None
+    outputs_hashed: bool = False
     recipe_run: RecipeRun | None = None
     exact_replay: bool = False
 
@@ -167,7 +172,9 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     outputs = Path(run.attempt.outputs)
     if not outputs.is_dir():
         raise VerificationError(f"the outputs directory {outputs} does not exist", kind="cannot_verify")
-    evidence: dict[str, Any] = {"outputs_checked": _check_recorded(outputs, run.attempt.recorded_outputs)}
+    evidence: dict[str, Any] = {
+        "outputs_checked": _check_recorded(outputs, run.attempt.recorded_outputs, rehash=not run.attempt.outputs_hashed)
+    }
     path = outputs / COMMITMENT_FILE
     if not path.is_file():
         if replay:
@@ -190,8 +197,9 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     return evidence
 
 
-def _check_recorded(outputs: Path, recorded: tuple[tuple[str, int, str], ...]) -> int:
-    """Every file recorded at fetch time is still there with its size and sha256."""
+def _check_recorded(outputs: Path, recorded: tuple[tuple[str, int, str], ...], *, rehash: bool = True) -> int:
+    """Every file recorded at fetch time is still there with its size (and, unless it was hashed just
+    now while being fetched, its sha256)."""
     from trainmaster.jobs.files import sha256_file
 
     bad = []
@@ -199,7 +207,7 @@ def _check_recorded(outputs: Path, recorded: tuple[tuple[str, int, str], ...]) -
         path = outputs / relative
         if not path.is_file() or path.is_symlink():
             bad.append(f"output {relative} is missing")
-        elif path.stat().st_size != size or sha256_file(path) != sha256:
+        elif path.stat().st_size != size or (rehash and sha256_file(path) != sha256):
             bad.append(f"output {relative} does not match the size and sha256 recorded when it was fetched")
     if bad:
         raise VerificationError("; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else ""))
@@ -358,7 +366,7 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
     challenge = Challenge.for_commitment(run.stored, _secret(run), q=attempt.spec.verification.challenge_segments)
     report = (audit or _run_audit())(
         commitment=run.stored.commitment,
-        openings=attempt.openings or _local_openings(attempt),
+        openings=_openings(attempt, challenge.segments),
         segments=list(challenge.segments),
         recipe=job.recipe,
         config=job.config,
@@ -381,6 +389,16 @@ def _secret(run: _Run) -> bytes:
         return secrets.secret_for(run.attempt.job_id, run.attempt.attempt_id)
     finally:
         secrets.close()
+
+
+def _openings(attempt: Attempt, segments) -> Openings:
+    """Where the challenged segments are read from: given openings, the executor (asked now, after the
+    commitment is stored), or the outputs' own checkpoints."""
+    if attempt.openings is not None:
+        return attempt.openings
+    if attempt.open_segments is not None:
+        return attempt.open_segments(list(segments))
+    return _local_openings(attempt)
 
 
 def _local_openings(attempt: Attempt) -> Openings:

@@ -1,39 +1,41 @@
 """The local backend: runs a bundle on this machine under torchrun (gloo on CPU, NCCL on GPUs).
 
 Each attempt gets a fresh work dir (the bundle extracted into `code/`, plus `outputs/`,
-`checkpoints/` and `job.log`) and a detached supervisor process (`local_supervisor`) that owns
+`checkpoints/` and `job.log`) and a detached supervisor process (`supervisor.py`) that owns
 the job's process group. Everything a later process needs to find the attempt again is in the
-work dir, so the handle is just its path. Cost is wall time × the power model.
+work dir, so the handle is just its path, and a second `submit` of the same attempt finds the
+first run instead of starting another. Cost is wall time × the power model.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
+import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from trainmaster.backends import local_supervisor as sup
+from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, Offer, OfferSet, OutputFile, Phase,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase,
+    Progress,
 )
 from trainmaster.backends.features import SupportsMultiGpu, needed, unsupported
 from trainmaster.backends.hardware import Machine, this_machine
-from trainmaster.backends.power import PowerModel
+from trainmaster.backends.local import supervisor as sup
+from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import job_environment
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
 CANCEL_GRACE_S = 10.0
-COPY_CHUNK = 4 * 2**20
+SUPERVISOR_START_S = 30.0
+LOG_CHUNK = 2**20
+SPAWNED = "spawned"  # created (exclusively) just before the supervisor is started: never start two
 
 
 class LocalBackend(SupportsMultiGpu, Backend):
@@ -45,10 +47,23 @@ class LocalBackend(SupportsMultiGpu, Backend):
         "remote_data": "reads local paths only; copy s3://, gs:// or az:// data down first",
     }
 
-    def __init__(self, power: PowerModel | None = None, machine: Machine | None = None, envs_dir: Path | None = None):
-        self.power = power or PowerModel()
+    config_model = LocalConfig
+    exact_replay = True
+    config: LocalConfig
+
+    def __init__(self, config: LocalConfig | None = None, machine: Machine | None = None):
+        super().__init__(config)
         self._machine = machine
-        self.envs_dir = envs_dir
+
+    @classmethod
+    def check(cls, config: LocalConfig) -> list[str]:
+        import importlib.util
+
+        return [] if importlib.util.find_spec("torch") else ["torch is not installed (pip install torch)"]
+
+    @property
+    def power(self):
+        return self.config.power
 
     @property
     def machine(self) -> Machine:
@@ -107,25 +122,31 @@ class LocalBackend(SupportsMultiGpu, Backend):
 
     # running
 
-    def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
+    async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
         workdir = Path(ctx.workdir)
-        if (workdir / sup.SUPERVISOR).exists():
-            return self.handle(ctx)  # already started (a resumed dispatch): never start twice
         workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(workdir / SPAWNED, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:  # started before (a resumed dispatch): find that run, never start a second
+            await self._wait_for_supervisor(workdir)
+            return self.handle(ctx)
+        await asyncio.to_thread(self._prepare, bundle, spec, offer, ctx, workdir)
+        with open(workdir / "supervisor.err", "ab") as err:
+            subprocess.Popen(
+                [sys.executable, "-m", "trainmaster.backends.local.supervisor", str(workdir)],
+                cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                start_new_session=True, close_fds=True,
+            )
+        await self._wait_for_supervisor(workdir)
+        return self.handle(ctx)
+
+    def _prepare(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext, workdir: Path) -> None:
         code = workdir / "code"
         if not code.exists():
             bundles.extract_bundle(bundle, code, expected_sha256=ctx.bundle_sha256)
         for sub in ("outputs", "checkpoints"):
             (workdir / sub).mkdir(parents=True, exist_ok=True)
-        launch = self._launch(spec, offer, ctx, workdir)
-        sup.write_json_atomic(workdir / sup.LAUNCH, launch)
-        subprocess.Popen(
-            [sys.executable, "-m", "trainmaster.backends.local_supervisor", str(workdir)],
-            cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(workdir / "supervisor.err", "ab"),
-            start_new_session=True, close_fds=True,
-        )
-        self._wait_for_supervisor(workdir)
-        return self.handle(ctx)
+        sup.write_json_atomic(workdir / sup.LAUNCH, self._launch(spec, offer, ctx, workdir))
 
     def handle(self, ctx: AttemptContext) -> Handle:
         return Handle(backend=self.name, attempt_id=ctx.attempt_id, data={"workdir": ctx.workdir})
@@ -156,58 +177,35 @@ class LocalBackend(SupportsMultiGpu, Backend):
             "max_seconds": spec.limits.max_hours * 3600 if spec.limits.max_hours else None,
             "requirements": str(workdir / "code" / spec.environment.requirements)
             if spec.environment.python == "requirements" else None,
-            "envs_dir": str(self.envs_dir or workdir.parent / "envs"),
+            "envs_dir": self.config.envs_dir or str(workdir.parent / "envs"),
         }
 
     @staticmethod
-    def _wait_for_supervisor(workdir: Path, timeout: float = 30.0) -> None:
+    async def _wait_for_supervisor(workdir: Path, timeout: float = SUPERVISOR_START_S) -> None:
         deadline = time.time() + timeout
         while not (workdir / sup.SUPERVISOR).exists():
             if time.time() > deadline:
-                err = (workdir / "supervisor.err").read_text(errors="replace")[-2000:]
+                err = (workdir / "supervisor.err").read_text(errors="replace")[-2000:] if (workdir / "supervisor.err").exists() else ""
                 raise BackendError(f"the local supervisor did not start within {timeout:.0f} s: {err}")
-            time.sleep(0.005)
+            await asyncio.sleep(0.005)
 
-    def status(self, handle: Handle) -> AttemptStatus:
+    async def status(self, handle: Handle) -> AttemptStatus:
+        return _status(Path(handle.data["workdir"]))
+
+    async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
         workdir = Path(handle.data["workdir"])
-        ended = _read_json(workdir / sup.EXIT)
-        started = _read_json(workdir / sup.SUPERVISOR)
-        if ended is not None:
-            if ended["cancelled"]:
-                phase = Phase.cancelled
-            else:
-                phase = Phase.succeeded if ended["exit_code"] == 0 else Phase.failed
-            reason = ended["reason"] or (None if phase is Phase.succeeded else f"exited with code {ended['exit_code']}")
-            return AttemptStatus(phase=phase, reason=reason, exit_code=ended["exit_code"],
-                                 started_at=ended["started_at"], ended_at=ended["ended_at"])
-        if started is None:
-            return AttemptStatus(phase=Phase.pending)
-        if _alive(started["pid"], started["create_time"]):
-            return AttemptStatus(phase=Phase.running, started_at=started["started_at"])
-        ended = _read_json(workdir / sup.EXIT)  # it may have finished between the two reads
-        if ended is not None:
-            return self.status(handle)
-        return AttemptStatus(phase=Phase.failed, reason="the process died without finishing (killed or crashed)",
-                             started_at=started["started_at"], ended_at=_mtime(workdir / sup.LOG))
+        done = _status(workdir).phase.done  # read before the log, so nothing written after it is missed
+        try:
+            with open(workdir / sup.LOG, "rb") as f:
+                f.seek(offset)
+                data = f.read(LOG_CHUNK)
+                more = bool(f.read(1))
+        except FileNotFoundError:
+            data, more = b"", False
+        text = data.decode(errors="replace")
+        return LogChunk(text=text, offset=offset, next_offset=offset + len(data), complete=done and not more)
 
-    def logs(self, handle: Handle, *, follow: bool = False) -> Iterator[str]:
-        path = Path(handle.data["workdir"]) / sup.LOG
-        while not path.exists():
-            if not follow or self.status(handle).phase.done:
-                return
-            time.sleep(0.1)
-        with open(path, errors="replace") as f:
-            while True:
-                line = f.readline()
-                if line:
-                    yield line
-                    continue
-                if not follow or self.status(handle).phase.done:
-                    yield from f  # whatever arrived after the last read
-                    return
-                time.sleep(0.2)
-
-    def cancel(self, handle: Handle) -> None:
+    async def cancel(self, handle: Handle) -> None:
         workdir = Path(handle.data["workdir"])
         started = _read_json(workdir / sup.SUPERVISOR)
         if started is None or not _alive(started["pid"], started["create_time"]):
@@ -216,32 +214,15 @@ class LocalBackend(SupportsMultiGpu, Backend):
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.time() + CANCEL_GRACE_S
         while time.time() < deadline and _alive(started["pid"], started["create_time"]):
-            time.sleep(0.1)
+            await asyncio.sleep(0.1)
         _signal_group(pgid, signal.SIGKILL)
 
-    def fetch(self, handle: Handle, dest: Path) -> list[OutputFile]:
-        """Copy the outputs to `dest` atomically (a temp sibling, then rename); idempotent."""
-        source = Path(handle.data["workdir"]) / "outputs"
-        if dest.exists():
-            return list_outputs(dest)
-        tmp = dest.with_name(f".{dest.name}.partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            files = _copy_tree(source, tmp)
-            os.replace(tmp, dest)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                need = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
-                raise BackendError(
-                    f"no space left while copying outputs to {dest.parent} (needs {need / 1e6:.1f} MB); "
-                    "free some space and run `trainmaster status` to fetch them again"
-                ) from None
-            raise BackendError(f"cannot copy outputs to {dest}: {exc}") from None
-        return files
+    async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
+        """Copy the outputs to `dest` atomically, each file hashed as it is copied; idempotent."""
+        return await transfer.copy_tree(Path(handle.data["workdir"]) / "outputs", dest, progress)
 
-    def cost(self, handle: Handle, offer: Offer) -> Cost:
-        st = self.status(handle)
+    async def cost(self, handle: Handle, offer: Offer) -> Cost:
+        st = _status(Path(handle.data["workdir"]))
         if st.started_at is None:
             return Cost(micro_usd=0, billable_seconds=0, basis="never started")
         seconds = max(0.0, (st.ended_at or time.time()) - st.started_at)
@@ -264,37 +245,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _copy_tree(source: Path, dest: Path) -> list[OutputFile]:
-    dest.mkdir(parents=True)
-    files = []
-    for path in sorted(source.rglob("*")):
-        rel = path.relative_to(source)
-        target = dest / rel
-        if path.is_symlink():
-            continue  # outputs are files; a link could point anywhere
-        if path.is_dir():
-            target.mkdir(exist_ok=True)
-            continue
-        digest = hashlib.sha256()
-        with open(path, "rb") as src, open(target, "wb") as out:
-            while chunk := src.read(COPY_CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        files.append(OutputFile(path=rel.as_posix(), size=path.stat().st_size, sha256=digest.hexdigest()))
-    return files
-
-
-def list_outputs(root: Path) -> list[OutputFile]:
-    files = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(COPY_CHUNK):
-                digest.update(chunk)
-        files.append(OutputFile(path=path.relative_to(root).as_posix(), size=path.stat().st_size, sha256=digest.hexdigest()))
-    return files
+def _status(workdir: Path) -> AttemptStatus:
+    ended = _read_json(workdir / sup.EXIT)
+    started = _read_json(workdir / sup.SUPERVISOR)
+    if ended is not None:
+        if ended["cancelled"]:
+            phase = Phase.cancelled
+        else:
+            phase = Phase.succeeded if ended["exit_code"] == 0 else Phase.failed
+        reason = ended["reason"] or (None if phase is Phase.succeeded else f"exited with code {ended['exit_code']}")
+        return AttemptStatus(phase=phase, reason=reason, exit_code=ended["exit_code"],
+                             started_at=ended["started_at"], ended_at=ended["ended_at"])
+    if started is None:
+        return AttemptStatus(phase=Phase.pending)
+    if _alive(started["pid"], started["create_time"]):
+        return AttemptStatus(phase=Phase.running, started_at=started["started_at"])
+    if (workdir / sup.EXIT).exists():  # it finished between the two reads
+        return _status(workdir)
+    return AttemptStatus(phase=Phase.failed, reason="the process died without finishing (killed or crashed)",
+                         started_at=started["started_at"], ended_at=_mtime(workdir / sup.LOG))
 
 
 def _alive(pid: int, create_time: float) -> bool:

@@ -1,0 +1,147 @@
+"""Moving an attempt's files into the broker: the one helper every backend uses.
+
+Whatever the source (a local folder, an HTTP stream, a cloud bucket), each file is hashed as it
+arrives, a partial download resumes from the bytes already on disk, a file whose size or sha256
+differs from what was announced is refused, and a folder appears whole or not at all (built in a
+temporary sibling, then renamed). Progress is reported through a callback so the CLI can draw a
+bar without backends knowing about terminals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from trainmaster.backends.base import BackendError, OutputFile, Progress, TransientBackendError
+
+CHUNK = 4 * 2**20
+PARTIAL = ".partial"
+
+
+async def copy_tree(source: Path, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
+    """Copy the files under `source` to `dest` atomically, hashing each; links and special files are
+    skipped (outputs are plain files; a link could point anywhere). Idempotent: an existing `dest`
+    is listed, not copied again."""
+    return await asyncio.to_thread(_copy_tree, source, dest, progress)
+
+
+def _copy_tree(source: Path, dest: Path, progress: Progress | None) -> list[OutputFile]:
+    if dest.exists():
+        return list_files(dest)
+    tmp = dest.with_name(f".{dest.name}{PARTIAL}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    files = _plain_files(source)
+    total, done = sum(size for _, size in files), 0
+    try:
+        tmp.mkdir(parents=True)
+        out = []
+        for path, _ in files:
+            rel = path.relative_to(source)
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            digest, size = hashlib.sha256(), 0
+            with open(path, "rb") as src, open(target, "wb") as sink:
+                while chunk := src.read(CHUNK):
+                    digest.update(chunk)
+                    sink.write(chunk)
+                    size += len(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+                sink.flush()
+                os.fsync(sink.fileno())
+            out.append(OutputFile(path=rel.as_posix(), size=size, sha256=digest.hexdigest()))
+        os.replace(tmp, dest)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _disk_error(exc, dest, total) from None
+    return out
+
+
+def _plain_files(root: Path) -> list[tuple[Path, int]]:
+    if not root.is_dir():
+        return []
+    return [(p, p.stat().st_size) for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
+
+
+def list_files(root: Path) -> list[OutputFile]:
+    """Every plain file under `root` with its size and sha256 (for a folder fetched earlier)."""
+    from trainmaster.jobs.files import sha256_file
+
+    return [OutputFile(path=p.relative_to(root).as_posix(), size=size, sha256=sha256_file(p))
+            for p, size in _plain_files(root)]
+
+
+async def download(
+    read: Callable[[int], AsyncIterator[bytes]],
+    dest: Path,
+    *,
+    size: int,
+    sha256: str,
+    progress: Progress | None = None,
+) -> OutputFile:
+    """Stream one file into `dest`: `read(offset)` yields its bytes from `offset` on.
+
+    Bytes already in `dest`'s partial file are kept and the stream resumes after them (their hash
+    is recomputed, not trusted). More bytes than announced, or a different sha256 at the end, and
+    the partial file is deleted and the transfer refused: the sender is at fault, not the network.
+    """
+    if dest.is_file() and dest.stat().st_size == size and await asyncio.to_thread(_sha256, dest) == sha256:
+        return OutputFile(path=dest.name, size=size, sha256=sha256)
+    part = dest.with_name(dest.name + PARTIAL)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest, have = await asyncio.to_thread(_resume_state, part, size)
+    try:
+        with open(part, "ab") as sink:
+            async for chunk in read(have):
+                have += len(chunk)
+                if have > size:
+                    raise BackendError(f"{dest.name}: the sender sent more than the {size} bytes it announced")
+                digest.update(chunk)
+                sink.write(chunk)
+                if progress:
+                    progress(have, size)
+            sink.flush()
+            os.fsync(sink.fileno())
+    except OSError as exc:
+        raise _disk_error(exc, dest, size) from None
+    if have < size:
+        raise TransientBackendError(f"{dest.name}: the transfer stopped at {have} of {size} bytes; it resumes on retry")
+    if digest.hexdigest() != sha256:
+        part.unlink(missing_ok=True)
+        raise BackendError(f"{dest.name}: sha256 {digest.hexdigest()} differs from the announced {sha256}")
+    os.replace(part, dest)
+    return OutputFile(path=dest.name, size=size, sha256=sha256)
+
+
+def _resume_state(part: Path, size: int):
+    digest, have = hashlib.sha256(), 0
+    if part.is_file():
+        if part.stat().st_size > size:
+            part.unlink()
+        else:
+            with open(part, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    digest.update(chunk)
+                    have += len(chunk)
+    return digest, have
+
+
+def _sha256(path: Path) -> str:
+    from trainmaster.jobs.files import sha256_file
+
+    return sha256_file(path)
+
+
+def _disk_error(exc: OSError, dest: Path, need: int) -> BackendError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return BackendError(
+            f"no space left while writing to {dest.parent} (needs {need / 1e6:.1f} MB); "
+            "free some space and run `trainmaster status` to fetch again"
+        )
+    return BackendError(f"cannot write {dest}: {exc}")
