@@ -24,7 +24,7 @@ class BackendEntry:
     extra: str | None
     """The pip extra that installs its SDK (`pip install 'trainmaster[aws]'`)."""
     sdk: tuple[str, ...]
-    """The SDK's top-level import names, looked up (not imported) to tell whether the extra is installed."""
+    """The SDK's modules, looked up (not imported) to tell whether the extra is installed."""
     config: str
     """"module:Class" of its BackendConfig model (its section of backends.yaml)."""
     checks: str

@@ -1,0 +1,42 @@
+"""The backend registry is the one list of names: the policy, configs and classes agree with it."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from trainmaster.backends.base import BackendConfig
+from trainmaster.backends.registry import BACKENDS, REGISTRY, UnknownBackend, backend_class
+from trainmaster.broker.policy import parse_step
+
+
+def test_policy_names_are_the_registry_names():
+    for name in REGISTRY:
+        assert parse_step(name).backend == name
+    with pytest.raises(ValueError, match="unknown backend 'awz'; did you mean 'aws'"):
+        parse_step("awz")
+
+
+def test_every_entry_resolves():
+    for entry in REGISTRY.values():
+        assert issubclass(entry.config_model(), BackendConfig)
+        entry.config_model()()  # every field has a default: a missing backends.yaml is valid
+        module = importlib.import_module(entry.checks)
+        assert callable(module.found) and (entry.implemented or callable(module.check))
+
+
+def test_implemented_backends_agree_with_their_class():
+    assert list(BACKENDS) == [n for n, e in REGISTRY.items() if e.implemented] == ["local"]
+    for name in BACKENDS:
+        cls = backend_class(name)
+        assert cls.name == name
+        assert cls.config_model is REGISTRY[name].config_model()
+        assert cls.extra == REGISTRY[name].extra
+
+
+def test_planned_and_unknown_backends_have_no_class():
+    with pytest.raises(UnknownBackend, match="dispatch is not available"):
+        backend_class("aws")
+    with pytest.raises(UnknownBackend, match="known: local, bittensor, aws, gcp, azure"):
+        backend_class("nope")
