@@ -7,6 +7,7 @@ checkpoint, its commitment and the final return. `./dev demo --steps N` shortens
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import sys
@@ -38,13 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     spec = example_job(args.steps)
+    try:
+        return asyncio.run(run(console, spec))
+    finally:
+        shutil.rmtree(spec.parent, ignore_errors=True)
+
+
+async def run(console: Console, spec: Path) -> int:
     broker = Broker()
     try:
-        job = broker.submit(spec)
+        job = await broker.submit(spec)
         console.print(f"submitted [bold]{job.id}[/bold] (DQN on CartPole-v1, local backend); its log:", highlight=False)
-        for line in broker.logs(job.id, follow=True):
-            sys.stdout.write(line)
-        job = broker.wait(job.id)
+        async for text in broker.logs(job.id, follow=True):
+            sys.stdout.write(text)
+        job = await broker.wait(job.id)
         render.print_job(console, broker, job)
         if job.state == "accepted":
             summarize(console, paths.job_dir(job.id) / "outputs")
@@ -52,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if job.state == "accepted" else 1
     finally:
         broker.close()
-        shutil.rmtree(spec.parent, ignore_errors=True)
 
 
 def summarize(console: Console, outputs: Path) -> None:

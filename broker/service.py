@@ -67,6 +67,7 @@ class Broker:
         self._backends: dict[tuple[str, str], Backend] = {}
         self._policies: dict[str, Policy] = {}
         self._ledgers: dict[str, Ledger] = {}
+        self._backend_configs: dict | None = None
         self.offer_rounds = 0
         """How many times offers were gathered from the backends (one per plan)."""
 
@@ -95,11 +96,19 @@ class Broker:
         from trainmaster.backends.registry import backend_class
 
         cls = backend_class(name)
-        config = _configured(cls, name, policy)
+        config = _configured(self._configs()[name], policy)
         key = (name, config.model_dump_json())
         if key not in self._backends:
             self._backends[key] = cls(config)
         return self._backends[key]
+
+    def _configs(self) -> dict:
+        """backends.yaml from the user's config dir, read once per broker (FileError when invalid)."""
+        if self._backend_configs is None:
+            from trainmaster.backends.config import load_configs
+
+            self._backend_configs = load_configs(paths.config_dir())
+        return self._backend_configs
 
     def _enabled(self, spec: JobSpec, policy: Policy) -> dict[str, Backend]:
         from trainmaster.backends.registry import BACKENDS
@@ -497,10 +506,9 @@ class _SegmentOpener:
         return LocalOpenings(directory)
 
 
-def _configured(cls: type[Backend], name: str, policy: Policy):
-    """The backend's config from backends.yaml, with the policy's own settings laid over it (a
-    policy's power model prices the local backend for the jobs submitted under it)."""
-    config = cls.config_model()
+def _configured(config, policy: Policy):
+    """A backend's config from backends.yaml with the policy's own settings laid over it (a policy's
+    power model prices the local backend for the jobs submitted under it)."""
     fields = set(type(config).model_fields)
     overrides = {field: getattr(policy, field) for field in policy.model_fields_set & fields}
     if "envs_dir" in fields and config.envs_dir is None:  # job environments are cached across jobs, in the home

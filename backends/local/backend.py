@@ -30,6 +30,7 @@ from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import job_environment
+from trainmaster.jobs.files import write_json_atomic
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
 CANCEL_GRACE_S = 10.0
@@ -146,7 +147,7 @@ class LocalBackend(SupportsMultiGpu, Backend):
             bundles.extract_bundle(bundle, code, expected_sha256=ctx.bundle_sha256)
         for sub in ("outputs", "checkpoints"):
             (workdir / sub).mkdir(parents=True, exist_ok=True)
-        sup.write_json_atomic(workdir / sup.LAUNCH, self._launch(spec, offer, ctx, workdir))
+        write_json_atomic(workdir / sup.LAUNCH, self._launch(spec, offer, ctx, workdir))
 
     def handle(self, ctx: AttemptContext) -> Handle:
         return Handle(backend=self.name, attempt_id=ctx.attempt_id, data={"workdir": ctx.workdir})

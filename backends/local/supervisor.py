@@ -6,7 +6,7 @@ process can tell it from a reused pid) and, when the job ends for any reason it 
 `exit.json` atomically. If it is killed outright there is no `exit.json`, and the backend
 reports the attempt as failed: "the process died without finishing".
 
-Kept to the standard library plus psutil so it starts in milliseconds.
+Kept to the standard library, psutil and `jobs.files` so it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -21,19 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from trainmaster.jobs.files import write_json_atomic
+
 LAUNCH = "launch.json"
 SUPERVISOR = "supervisor.json"
 EXIT = "exit.json"
 LOG = "job.log"
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def process_start_time(pid: int) -> float:

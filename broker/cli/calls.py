@@ -1,7 +1,7 @@
 """Every call the job commands make on the Broker, one function per command.
 
-Each function opens the Broker, makes all of its command's calls, and returns the broker (the
-renderers read its store) with what the command prints; output that must appear while the calls
+Each function opens the Broker, makes all of its command's calls, and returns what the command
+prints (with the broker, whose store the renderers read); output that must appear while the calls
 run (a streamed log) goes through a callback. So when the Broker's methods become coroutines,
 only this module changes. Exceptions are left to `exits.guarded`, which the commands wrap around
 these functions.
@@ -13,56 +13,87 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def _broker():
+def _broker(progress=None):
     from trainmaster.broker.service import Broker
 
-    return Broker()
+    return Broker(progress=progress)
+
+
+def _run(main):
+    """The one event loop of a command: the broker's coroutines run inside it, and nothing below creates another."""
+    import asyncio
+
+    return asyncio.run(main())
 
 
 def dry_run(spec: Path, policy: str):
     """`submit --dry-run`: check, bundle in memory and plan; nothing is recorded."""
-    broker = _broker()
-    return broker, broker.prepare(spec, policy)
+    return _run(lambda: _broker().prepare(spec, policy))
 
 
 def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_log: Callable[[str], None] | None):
-    """`submit`: start the job; with `wait`, stream its log to `on_log` (when given) and wait for its end.
-    `on_submitted(job)` runs as soon as the job is recorded (it may exit)."""
+    """`submit`: bring unfinished jobs up to date, start the job; with `wait`, stream its log to `on_log`
+    (when given) and wait for its end. `on_submitted(job)` runs as soon as the job is recorded (it may exit)."""
     broker = _broker()
-    job = broker.submit(spec, policy)
-    on_submitted(job)
-    if wait:
-        if on_log is not None:
-            for line in broker.logs(job.id, follow=True):
-                on_log(line)
-        job = broker.wait(job.id)
-    return broker, job
+
+    async def main():
+        await broker.refresh()
+        job = await broker.submit(spec, policy)
+        on_submitted(job)
+        if wait:
+            if on_log is not None:
+                async for text in broker.logs(job.id, follow=True):
+                    on_log(text)
+            job = await broker.wait(job.id)
+        return broker, job
+
+    return _run(main)
 
 
 def status(job_ref: str):
-    """`status`: the job (id or unique prefix), advanced to what its attempts say now."""
+    """`status`: bring unfinished jobs up to date, then show this one."""
     broker = _broker()
-    job = broker.store.find_job(job_ref)
-    return broker, broker.advance(job.id)
+
+    async def main():
+        job = broker.store.find_job(job_ref)
+        await broker.refresh()
+        return broker, await broker.advance(job.id)
+
+    return _run(main)
 
 
 def list_jobs(states: set[str] | None, limit: int):
     """`ls`: refresh every unfinished job, then list them, newest first."""
     broker = _broker()
-    broker.refresh()
-    return broker, broker.store.jobs(states_in=states, limit=limit)
+
+    async def main():
+        await broker.refresh()
+        return broker, broker.store.jobs(states_in=states, limit=limit)
+
+    return _run(main)
 
 
 def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None]) -> None:
-    """`logs`: the latest attempt's log to `on_log`; when following, record the job's end afterwards."""
+    """`logs`: bring unfinished jobs up to date, then the latest attempt's log to `on_log`; when following,
+    until the job ends (its end recorded)."""
     broker = _broker()
-    for line in broker.logs(job_ref, follow=follow):
-        on_log(line)
-    if follow:
-        broker.advance(broker.store.find_job(job_ref).id)
+
+    async def main():
+        job = broker.store.find_job(job_ref)
+        await broker.refresh()
+        async for text in broker.logs(job.id, follow=follow):
+            on_log(text)
+
+    _run(main)
 
 
 def cancel(job_ref: str):
-    """`cancel`: stop the job and record its cost so far."""
+    """`cancel`: bring unfinished jobs up to date, stop the job and record its cost so far."""
     broker = _broker()
-    return broker, broker.cancel(job_ref)
+
+    async def main():
+        job = broker.store.find_job(job_ref)
+        await broker.refresh()
+        return broker, await broker.cancel(job.id)
+
+    return _run(main)

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, escape, fail, load
+
 SPEND_GROUPS = ("backend", "class", "job", "project", "month")
 
 
@@ -67,7 +68,10 @@ def _offer_sets(spec, policy) -> tuple[list, list[str]]:
     from trainmaster.broker.planner import gather_offers
     from trainmaster.broker.service import _configured
 
+    from trainmaster.backends.config import load_configs
+
     cls = policy.for_class(spec.workload)
+    configs = load(lambda: load_configs(paths.config_dir()))
     live, sets = {}, []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -75,7 +79,7 @@ def _offer_sets(spec, policy) -> tuple[list, list[str]]:
             entry = REGISTRY[name]
             if entry.implemented:
                 backend = entry.backend_class()
-                live[name] = backend(load(lambda: _configured(backend, name, policy)))
+                live[name] = backend(_configured(configs[name], policy))
             elif entry.catalog:
                 sets.append(load(lambda: catalog_offers(
                     name, spec, spot_allowed=cls.constraints.spot_allowed, override_dir=paths.config_dir() / "catalogs",
