@@ -1,0 +1,121 @@
+"""The untrusted path end to end: a real local run behind an executor we do not trust (tests/untrusted_backend.py),
+signed with a real sr25519 key, audited by replay, and paid in TAO only when accepted."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import textwrap
+
+import pytest
+
+from broker_support import SyncBroker
+from trainmaster.broker import paths
+from untrusted_backend import RAO_PER_TAO, USD_PER_TAO_MICRO, LazyExecutor, UntrustedExecutor
+
+pytest.importorskip("bittensor")
+pytestmark = pytest.mark.slow
+
+# 100 AdamW steps of a small transformer, k = 25: 4 segments, all audited (q = 8 > n − 2)
+JOB = """\
+name: lm
+entrypoint: python -m trainmaster.jobs.recipes.tiny_lm --steps 100 --d-model 32 --layers 1 --seq-len 16 --batch-size 8 --warmup 10
+seed: 3
+checkpoint:
+  segment_steps: 25
+"""
+POLICY = """\
+name: untrusted
+default:
+  primary: bittensor
+verification:
+  tau: 0.01
+"""
+
+
+@pytest.fixture
+def job(tmp_path):
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "untrusted.yaml").write_text(POLICY)
+    return tmp_path
+
+
+def _ledger_rows(job_id):
+    from trainmaster.wallet.ledger import Ledger
+
+    with Ledger(paths.state_db()) as ledger:
+        return [e for e in ledger.entries() if e.job_id == job_id]
+
+
+def _secret(job_id, attempt_id) -> bytes:
+    from trainmaster.verify.records import SecretStore
+
+    store = SecretStore(paths.state_db())
+    try:
+        return store.reveal(job_id, attempt_id)
+    finally:
+        store.close()
+
+
+def test_an_honest_untrusted_attempt_is_audited_accepted_and_paid_in_tao(tm_home, job):
+    executor = UntrustedExecutor()
+    from trainmaster.broker.service import Broker
+
+    broker = SyncBroker(Broker(backends={"bittensor": executor}))
+    done = broker.wait(broker.submit(job / "job.yaml", str(job / "untrusted.yaml")).id, timeout_s=240)
+    assert done.state == "accepted", done.reason
+    [attempt] = broker.store.attempts(done.id)
+    # dispatch recorded who runs it and published the challenge secret's digest
+    assert attempt.executor_hotkey == executor.keypair.ss58_address
+    assert executor.published[attempt.id] == hashlib.sha256(_secret(done.id, attempt.id)).hexdigest()
+    # the audit asked the executor to open the challenged segments, after it committed
+    verdict = json.loads((paths.job_dir(done.id) / "verdict.json").read_text())
+    assert verdict["checks"] == ["integrity", "safety", "replay", "outcome"]
+    assert verdict["evidence"]["integrity"]["signature"] == f"valid for {executor.keypair.ss58_address}"
+    assert executor.opened == [[0, 1, 2, 3]]
+    # paid once, in rao, with the exchange rate it was priced at
+    rows = _ledger_rows(done.id)
+    assert [r.kind for r in rows] == ["reserve", "charge"]
+    charge = rows[1]
+    assert charge.rao == attempt.cost_rao > 0
+    assert charge.rate_micro_usd_per_tao == attempt.cost_rate_micro_usd_per_tao == USD_PER_TAO_MICRO
+    assert charge.micro_usd == attempt.cost_micro_usd == attempt.cost_rao * USD_PER_TAO_MICRO // RAO_PER_TAO
+    assert attempt.cost_rate_at is not None and attempt.cost_rate_at >= attempt.created_at
+    broker.close()
+
+
+def test_a_lazy_executor_is_rejected_by_the_audit_and_not_paid(tm_home, job):
+    executor = LazyExecutor()
+    from trainmaster.broker.service import Broker
+
+    broker = SyncBroker(Broker(backends={"bittensor": executor}))
+    done = broker.wait(broker.submit(job / "job.yaml", str(job / "untrusted.yaml")).id, timeout_s=240)
+    assert done.state == "failed"
+    [attempt] = broker.store.attempts(done.id)
+    assert attempt.state == "rejected" and "replay audit failed" in attempt.reason, attempt.reason
+    assert attempt.cost_rao > 0  # the work was priced …
+    assert [r.kind for r in _ledger_rows(done.id)] == ["reserve", "release"]  # … and not paid
+    assert "blocked after a failed attempt" in done.reason  # the only offer is blocked: nothing left to try
+    broker.close()
+
+
+def test_through_the_cli_the_honest_executor_is_accepted(tm_home, job, monkeypatch):
+    """`trainmaster submit --wait --json` with the registry's bittensor entry pointing at the harness."""
+    from typer.testing import CliRunner
+
+    from trainmaster.backends import registry
+    from trainmaster.broker.cli import app
+
+    harness = "untrusted_backend:UntrustedExecutor"
+    monkeypatch.setitem(registry.REGISTRY, "bittensor", dataclasses.replace(registry.REGISTRY["bittensor"], target=harness))
+    monkeypatch.setitem(registry.BACKENDS, "bittensor", harness)
+    result = CliRunner().invoke(app, ["submit", str(job / "job.yaml"), "--policy", str(job / "untrusted.yaml"),
+                                      "--wait", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output[result.output.index("{"):])
+    assert shown["state"] == "accepted"
+    [attempt] = shown["attempts"]
+    assert attempt["backend"] == "bittensor"
+    status = CliRunner().invoke(app, ["status", shown["id"], "--json"])
+    assert status.exit_code == 0 and json.loads(status.output)["state"] == "accepted"

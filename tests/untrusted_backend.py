@@ -1,0 +1,133 @@
+"""An untrusted executor for tests: a real LocalBackend run behind a wrapper that behaves like a
+rented miner. It quotes in TAO, signs its commitment with a real bittensor sr25519 keypair, keeps
+the challenge digest the broker published at dispatch, and opens challenged segments from its own
+checkpoint folder through the shared transfer helper (announced size and sha256, streamed).
+
+It lives in tests only: it is the harness the Bittensor backend replaces. `LazyExecutor` cheats
+the way a real one would, training with a learning rate other than the spec's and committing
+honestly to what it computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from pathlib import Path
+
+from trainmaster.backends import transfer
+from trainmaster.backends.base import (
+    AttemptContext, AttemptStatus, Backend, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Progress,
+)
+from trainmaster.backends.features import ExecutorIdentity, RunsUntrusted, SignedCommitment
+from trainmaster.backends.local import LocalBackend
+from trainmaster.jobs.checkpoint import MANIFEST, segment_dir, segment_indices
+from trainmaster.jobs.spec import JobSpec
+
+RAO_PER_TAO = 10**9
+USD_PER_TAO_MICRO = 400_000_000  # $400 per TAO
+RAO_PER_HOUR = 2 * RAO_PER_TAO  # 2 TAO an hour
+URI = "//Alice"
+
+
+class UntrustedExecutor(RunsUntrusted, Backend):
+    name = "bittensor"
+    trusted = False
+
+    def __init__(self, config=None, *, uri: str = URI):
+        super().__init__(None)
+        from bittensor.sp_core import Keypair
+
+        self.keypair = Keypair.create_from_uri(uri)
+        self.local = LocalBackend()
+        self.published: dict[str, str | None] = {}
+        """attempt id -> the challenge digest the broker published at dispatch."""
+        self.opened: list[list[int]] = []
+        """Every set of segment indices the broker asked to open, in order."""
+
+    def _inner(self, handle: Handle) -> Handle:
+        return Handle(backend="local", attempt_id=handle.attempt_id, data=handle.data)
+
+    async def offers(self, spec: JobSpec) -> OfferSet:
+        found = await self.local.offers(spec)
+        micro = RAO_PER_HOUR * USD_PER_TAO_MICRO // RAO_PER_TAO
+        return OfferSet(backend=self.name, reasons=found.reasons, offers=[
+            Offer(**{**o.model_dump(), "backend": self.name, "instance": self.keypair.ss58_address, "region": "subnet",
+                     "trusted": False, "price_per_hour_rao": RAO_PER_HOUR, "price_per_hour_micro_usd": micro})
+            for o in found.offers
+        ])
+
+    def executed(self, spec: JobSpec) -> JobSpec:
+        """The spec this executor actually runs (an honest one runs the spec as given)."""
+        return spec
+
+    async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
+        self.published[ctx.attempt_id] = ctx.challenge_digest
+        handle = await self.local.submit(bundle, self.executed(spec), offer, ctx)
+        return Handle(backend=self.name, attempt_id=handle.attempt_id, data=handle.data)
+
+    async def status(self, handle: Handle) -> AttemptStatus:
+        return await self.local.status(self._inner(handle))
+
+    async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
+        return await self.local.logs(self._inner(handle), offset)
+
+    async def cancel(self, handle: Handle) -> None:
+        await self.local.cancel(self._inner(handle))
+
+    async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
+        return await self.local.fetch(self._inner(handle), dest, progress)
+
+    async def cost(self, handle: Handle, offer: Offer) -> Cost:
+        seconds = (await self.local.cost(self._inner(handle), offer)).billable_seconds
+        rao = math.ceil(seconds * RAO_PER_HOUR / 3600)
+        return Cost(micro_usd=rao * USD_PER_TAO_MICRO // RAO_PER_TAO, rao=rao, rate_micro_usd_per_tao=USD_PER_TAO_MICRO,
+                    rate_at=time.time(), billable_seconds=seconds, basis=f"{seconds:.1f} s × {RAO_PER_HOUR} rao/h")
+
+    # the untrusted path
+
+    async def executor(self, handle: Handle) -> ExecutorIdentity:
+        return ExecutorIdentity(hotkey=self.keypair.ss58_address, coldkey=None)
+
+    async def signed_commitment(self, handle: Handle) -> SignedCommitment:
+        from trainmaster.jobs.commitment import read_commitment
+        from trainmaster.verify.signing import sign_commitment
+
+        path = Path(handle.data["workdir"]) / "outputs" / "commitment.json"
+        return SignedCommitment(commitment=path.read_text(), signature=sign_commitment(read_commitment(path), self.keypair))
+
+    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
+        """Every segment's manifest (its leaf, for the proofs) and the full files of each challenged
+        segment and the state after it, streamed with their announced size and sha256."""
+        self.opened.append(list(indices))
+        source = Path(handle.data["workdir"]) / "checkpoints"
+        wanted = {i for i in indices} | {i + 1 for i in indices}
+        for index in segment_indices(source):
+            here = segment_dir(source, index)
+            for path in sorted(here.iterdir()) if index in wanted else [here / MANIFEST]:
+                target = segment_dir(dest, index) / path.name
+                await transfer.download(_reader(path), target, size=path.stat().st_size, sha256=_sha256(path))
+        return dest
+
+
+class LazyExecutor(UntrustedExecutor):
+    """Trains with 0.9 × the spec's learning rate (saving nothing, but not what was paid for) and
+    commits honestly to the states it computed."""
+
+    def executed(self, spec: JobSpec) -> JobSpec:
+        return spec.model_copy(update={"entrypoint": f"{spec.entrypoint} --lr 0.0027"})
+
+
+def _reader(path: Path):
+    async def read(offset: int):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            while chunk := await asyncio.to_thread(f.read, 1 << 16):
+                yield chunk
+
+    return read
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
