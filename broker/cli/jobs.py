@@ -44,7 +44,7 @@ def submit(
     if not spec.is_file():
         fail(f"{spec}: no such file", USAGE)
     if dry_run:
-        _, prepared = guarded(lambda: calls.dry_run(spec, policy))
+        prepared = guarded(lambda: calls.dry_run(spec, policy))
         if as_json:
             print(json.dumps(render.prepared_json(prepared), indent=2))
         else:
