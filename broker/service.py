@@ -96,7 +96,7 @@ class Broker:
         from trainmaster.backends.registry import backend_class
 
         cls = backend_class(name)
-        config = _configured(self._configs()[name], policy)
+        config = configured(self._configs()[name], policy)
         key = (name, config.model_dump_json())
         if key not in self._backends:
             self._backends[key] = cls(config)
@@ -506,7 +506,7 @@ class _SegmentOpener:
         return LocalOpenings(directory)
 
 
-def _configured(config, policy: Policy):
+def configured(config, policy: Policy):
     """A backend's config from backends.yaml with the policy's own settings laid over it (a policy's
     power model prices the local backend for the jobs submitted under it)."""
     fields = set(type(config).model_fields)

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def _broker(progress=None):
+def _broker():
+    from trainmaster.broker.cli.progress import TransferBar
     from trainmaster.broker.service import Broker
 
-    return Broker(progress=progress)
+    return Broker(progress=TransferBar())
 
 
 def _run(main):

@@ -63,12 +63,11 @@ def _offer_sets(spec, policy) -> tuple[list, list[str]]:
 
     from trainmaster.backends.base import OfferSet
     from trainmaster.backends.catalog import catalog_offers
+    from trainmaster.backends.config import load_configs
     from trainmaster.backends.registry import REGISTRY
     from trainmaster.broker import paths
     from trainmaster.broker.planner import gather_offers
-    from trainmaster.broker.service import _configured
-
-    from trainmaster.backends.config import load_configs
+    from trainmaster.broker.service import configured
 
     cls = policy.for_class(spec.workload)
     configs = load(lambda: load_configs(paths.config_dir()))
@@ -79,7 +78,7 @@ def _offer_sets(spec, policy) -> tuple[list, list[str]]:
             entry = REGISTRY[name]
             if entry.implemented:
                 backend = entry.backend_class()
-                live[name] = backend(_configured(configs[name], policy))
+                live[name] = backend(configured(configs[name], policy))
             elif entry.catalog:
                 sets.append(load(lambda: catalog_offers(
                     name, spec, spot_allowed=cls.constraints.spot_allowed, override_dir=paths.config_dir() / "catalogs",
