@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import struct
 import sys
@@ -29,6 +30,8 @@ if sys.byteorder != "little":  # tensors are written from memory as they are
 
 FORMAT = "trainmaster-canonical-v1"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
+HEADER_DEPTH = 3
+"""A canonical header nests ``{name: {"shape": [...]}}``: deeper is refused before parsing."""
 CHUNK_BYTES = 64 * 1024 * 1024
 
 DTYPES: dict[torch.dtype, str] = {
@@ -160,40 +163,126 @@ def state_sha256(state: Mapping[str, object]) -> str:
 def deserialize(data: bytes | bytearray) -> dict[str, torch.Tensor]:
     """Parse canonical bytes, refusing anything that is not exactly canonical.
 
-    The header is bounded (:data:`MAX_HEADER_BYTES`), parsed strictly, and must be byte-identical
-    to the canonical header of the tensors it describes; the data must be fully indexed.
+    The header is bounded (:data:`MAX_HEADER_BYTES`, nesting depth 3), parsed strictly (integers
+    only, no ``NaN``/``Infinity``), and must be byte-identical to the canonical header of the tensors
+    it describes; the data must be fully indexed. Each tensor is copied out once from a view of
+    ``data``, so parsing needs at most ``len(data)`` more memory. Whatever the bytes, the only
+    exception raised is :class:`CanonicalError`.
     """
     if len(data) < 8:
         raise CanonicalError("truncated: no header length")
     (length,) = struct.unpack_from("<Q", data)
     if length > MAX_HEADER_BYTES or 8 + length > len(data):
         raise CanonicalError(f"header length {length} is out of bounds for {len(data)} bytes")
-    try:
-        header = json.loads(bytes(data[8 : 8 + length]).decode("ascii"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CanonicalError(f"header is not ASCII JSON: {exc}") from exc
+    view = memoryview(data)
+    raw_header = bytes(view[8 : 8 + length])
+    if b"\\" in raw_header:
+        raise CanonicalError("header holds escape sequences: not canonical")
+    header = bounded_json(raw_header, max_depth=HEADER_DEPTH, what="header")
     if not isinstance(header, dict) or header.pop("__metadata__", None) != {"format": FORMAT}:
         raise CanonicalError(f"header does not declare format {FORMAT}")
-    tensors = {name: _entry_tensor(name, entry, data, 8 + length) for name, entry in sorted(header.items())}
-    if header_bytes(tensors) != bytes(data[: 8 + length]):
+    start, available = 8 + length, len(data) - 8 - length
+    layout = {name: _entry_layout(name, entry, available) for name, entry in sorted(header.items())}
+    if header_bytes(_placeholders(layout)) != bytes(view[:start]):
         raise CanonicalError("header is not in canonical form")
-    end = 8 + length + sum(t.numel() * t.element_size() for t in tensors.values())
-    if end != len(data):
-        raise CanonicalError(f"data is {len(data) - 8 - length} bytes, header indexes {end - 8 - length}")
-    return tensors
+    indexed = sum(end - begin for _, _, begin, end in layout.values())
+    if indexed != available:
+        raise CanonicalError(f"data is {available} bytes, header indexes {indexed}")
+    return {name: _tensor(view, start, *entry) for name, entry in layout.items()}
 
 
-def _entry_tensor(name: str, entry: object, data: bytes | bytearray, start: int) -> torch.Tensor:
+def bounded_json(raw: bytes, *, max_depth: int, what: str) -> object:
+    """Strict JSON from ASCII ``raw``: nesting checked to ``max_depth`` before parsing, no ``NaN``/``Infinity``.
+
+    Raises :class:`CanonicalError` (never ``RecursionError``) for anything else.
+    """
     try:
-        dtype = _CODES[entry["dtype"]]  # type: ignore[index]
-        shape = [int(d) for d in entry["shape"]]  # type: ignore[index]
-        begin, end = (int(o) for o in entry["data_offsets"])  # type: ignore[index]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CanonicalError(f"header entry {name!r} is malformed: {entry!r}") from exc
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if min(shape, default=0) < 0 or end - begin != count * torch.empty(0, dtype=dtype).element_size():
+        text = raw.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise CanonicalError(f"{what} is not ASCII JSON: {exc}") from exc
+    if (depth := json_depth(text)) > max_depth:
+        raise CanonicalError(f"{what} nests {depth} levels deep, more than {max_depth}")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except CanonicalError as exc:
+        raise CanonicalError(f"{what} is not strict JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # malformed JSON, an integer of over 4300 digits
+        raise CanonicalError(f"{what} is not JSON: {exc}") from exc
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` outside strings in JSON ``text``, in linear time without recursion.
+
+    Without backslashes a string runs from one quote to the next (vectorised); with escapes the
+    text is walked character by character.
+    """
+    raw = np.frombuffer(text.encode("ascii", "replace"), dtype=np.uint8)
+    if (raw == ord("\\")).any():
+        return _walked_depth(text)
+    quote = raw == ord('"')
+    outside = (np.cumsum(quote) % 2 == 0) & ~quote
+    opens = outside & ((raw == ord("[")) | (raw == ord("{")))
+    closes = outside & ((raw == ord("]")) | (raw == ord("}")))
+    return int(np.cumsum(opens.astype(np.int64) - closes).max(initial=0))
+
+
+def _walked_depth(text: str) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> None:
+    raise CanonicalError(f"{name} is not a JSON number")
+
+
+def _entry_layout(name: str, entry: object, available: int) -> tuple[torch.dtype, list[int], int, int]:
+    """``(dtype, shape, begin, end)`` of a header entry, every number a non-negative int within the data."""
+    if not isinstance(entry, dict) or entry.get("dtype") not in _CODES:
+        raise CanonicalError(f"header entry {name!r} is malformed: {_short(entry)}")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise CanonicalError(f"header entry {name!r} has a shape that is not a list of non-negative integers: {_short(shape)}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        raise CanonicalError(f"header entry {name!r} has malformed data offsets: {_short(offsets)}")
+    dtype, (begin, end) = _CODES[entry["dtype"]], offsets
+    size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()  # python ints: no overflow
+    if end < begin or end - begin != size:
         raise CanonicalError(f"header entry {name!r} has offsets that do not match its shape")
-    if start + end > len(data):
+    if end > available:
         raise CanonicalError(f"tensor {name!r} runs past the end of the data")
-    raw = bytearray(data[start + begin : start + end])
-    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape) if raw else torch.empty(shape, dtype=dtype)
+    return dtype, shape, begin, end
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _placeholders(layout: Mapping[str, tuple[torch.dtype, list[int], int, int]]) -> dict[str, torch.Tensor]:
+    """Data-less tensors of each entry's dtype and shape, for rebuilding the canonical header."""
+    try:
+        return {name: torch.empty(shape, dtype=dtype, device="meta") for name, (dtype, shape, _, _) in layout.items()}
+    except (RuntimeError, ValueError, OverflowError) as exc:  # e.g. more dimensions than torch allows
+        raise CanonicalError(f"a header shape is not a tensor shape: {exc}") from exc
+
+
+def _tensor(view: memoryview, start: int, dtype: torch.dtype, shape: list[int], begin: int, end: int) -> torch.Tensor:
+    if begin == end:
+        return torch.empty(shape, dtype=dtype)
+    raw = bytearray(view[start + begin : start + end])  # the one copy
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)

@@ -34,6 +34,15 @@ class DecisionTraceError(ValueError):
     """A trace that does not fit the code path re-executing it (missing, extra or misshapen decisions)."""
 
 
+ENTRY_HEADER_BYTES = 192
+"""More than one trace entry takes in the file's header (its name, dtype, shape and offsets)."""
+
+
+def entry_bytes(elements: int) -> int:
+    """An upper bound on the bytes one decision of ``elements`` choices adds to a trace file."""
+    return ENTRY_HEADER_BYTES + 8 * elements
+
+
 def trace_name(step: int, name: str) -> str:
     """The tensor name of decision ``name`` at ``step``."""
     return f"step/{step:012d}/{name}"

@@ -31,6 +31,7 @@ from .decisions import DecisionLog, DecisionReport, DecisionTrace, DecisionTrace
 from .execution import StateError, build_trainer, full_state, restore, run_step, state_info
 from .recipe import Recipe
 from .state import TrainState
+from .state_diff import describe, differing
 
 REPORT_FILE = "report.json"
 
@@ -119,12 +120,28 @@ def replay_state(
         raise StateError(f"cannot replay {k} steps from step {info.step} of a {cfg.steps}-step run")
     trainer = build_trainer(resolved, cfg, info.seed)
     restore(trainer, state)
+    _check_loaded_unchanged(state, full_state(trainer, resolved, cfg, info.seed, info.step))
     decisions = DecisionLog(forced=forced_decisions)
     for step in range(info.step, info.step + k):
         run_step(trainer, info.seed, step, decisions)
     decisions.check_complete()
     end = full_state(trainer, resolved, cfg, info.seed, info.step + k)
     return ReplayResult(info.step, info.step + k, end, decisions.trace, decisions.report())
+
+
+def _check_loaded_unchanged(state: TrainState, loaded: TrainState) -> None:
+    """S_i must be exactly what the spec's trainer holds after loading it.
+
+    The trainer is built from the spec's config, so its hyperparameters (the optimizer's param
+    groups among them) are the spec's whatever the state says; an entry the trainer does not
+    read back, a dtype or shape it converts, or a stored hyperparameter that differs from the
+    spec's shows up here as a difference, and the state is refused, naming the entry.
+    """
+    for part, found, expected in (("weights", state.weights, loaded.weights), ("rest", state.rest, loaded.rest)):
+        if names := differing(found, expected):
+            shown = "; ".join(describe(name, found, expected) for name in names[:3])
+            more = f" (and {len(names) - 3} more)" if len(names) > 3 else ""
+            raise StateError(f"the state's {part} are not what the spec's trainer loads from them: {shown}{more}")
 
 
 def _resolve_recipe(recipe: str | Recipe | None, recorded: str) -> Recipe:

@@ -10,15 +10,18 @@ return views of live memory; whoever keeps a state takes a copy (the runtime ser
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .canonical import canonical_tensors
+from .canonical import bounded_json, canonical_tensors
 
 JsonValue = Any
+MAX_JSON_BYTES = 1024 * 1024
+"""The largest JSON state entry read back (configs, optimizer param groups: a few KiB)."""
+MAX_JSON_DEPTH = 16
 
 
 @dataclass
@@ -59,8 +62,27 @@ def json_tensor(value: JsonValue) -> torch.Tensor:
 
 
 def tensor_json(tensor: torch.Tensor) -> JsonValue:
-    """Inverse of :func:`json_tensor`."""
-    return json.loads(bytes(tensor.tolist()).decode("ascii"))
+    """Inverse of :func:`json_tensor`, for state entries only it wrote.
+
+    States come from executors, so the tensor must be 1-D uint8 of at most :data:`MAX_JSON_BYTES`,
+    nest at most :data:`MAX_JSON_DEPTH` levels (checked before parsing), and be exactly the canonical
+    JSON of its value (no padding, no other spelling). Anything else raises :class:`ValueError`.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
+        raise ValueError(f"a JSON entry must be a 1-D uint8 tensor, not {_describe(tensor)}")
+    if tensor.numel() > MAX_JSON_BYTES:
+        raise ValueError(f"a JSON entry of {tensor.numel()} bytes is over the limit of {MAX_JSON_BYTES}")
+    raw = tensor.contiguous().numpy().tobytes()
+    value = bounded_json(raw, max_depth=MAX_JSON_DEPTH, what="a JSON entry")
+    if json_tensor(value).numpy().tobytes() != raw:
+        raise ValueError("a JSON entry is not in canonical form (sorted keys, no spaces)")
+    return value
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {list(value.shape)}"
+    return type(value).__name__
 
 
 def scalar(value: int | float | bool) -> torch.Tensor:
@@ -95,8 +117,30 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]
     return tensors
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Load :func:`optimizer_state` output back into ``optimizer``."""
+def optimizer_rules(prefix: str) -> dict[str, str]:
+    """The audit's field rules (:class:`trainmaster.jobs.recipe.StateRules`) for an
+    :func:`optimizer_state` stored under ``prefix``: step counts and JSON exact, moments like the weights."""
+    moments = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
+    return {
+        f"{prefix}/state/*/step": "exact",
+        **{f"{prefix}/state/*/{moment}": "tolerance" for moment in moments},
+        f"{prefix}/state_extra.json": "exact",
+        f"{prefix}/param_groups.json": "exact",
+    }
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor], *, scheduled: Collection[str] = ()
+) -> None:
+    """Load :func:`optimizer_state` output back into ``optimizer``, keeping its hyperparameters.
+
+    ``optimizer`` was built from the job's config, so its param groups (lr, betas, eps, weight
+    decay, maximize, ...) are the spec's: they are kept, never taken from the stored
+    ``param_groups.json``, except the keys in ``scheduled``, which the trainer itself sets from the
+    config before every step (a learning-rate schedule's ``lr``). A state whose stored values
+    differ therefore does not survive a load and re-capture unchanged, which is how a verifier
+    refuses it (:func:`trainmaster.jobs.replay.replay_state`).
+    """
     state: dict[int, dict[str, Any]] = {}
     for name, tensor in section("state", tensors).items():
         param_id, key = name.split("/", 1)
@@ -104,9 +148,16 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: Mapping[str,
     for name, value in tensor_json(tensors["state_extra.json"]).items():
         param_id, key = name.split("/", 1)
         state.setdefault(int(param_id), {})[key] = value
-    groups = tensor_json(tensors["param_groups.json"])
-    for group, current in zip(groups, optimizer.param_groups, strict=True):
-        for key, value in group.items():  # JSON turned tuples (Adam's betas) into lists
-            if isinstance(current.get(key), tuple):
-                group[key] = tuple(value)
+    stored = tensor_json(tensors["param_groups.json"])
+    if not isinstance(stored, list) or len(stored) != len(optimizer.param_groups):
+        raise ValueError(f"param_groups.json holds {_count(stored)} groups, the optimizer has {len(optimizer.param_groups)}")
+    groups = [dict(group) for group in optimizer.state_dict()["param_groups"]]
+    for group, saved in zip(groups, stored, strict=True):
+        for key in scheduled:
+            if isinstance(saved, dict) and key in saved:
+                group[key] = saved[key]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _count(value: object) -> str:
+    return str(len(value)) if isinstance(value, list) else f"not a list of ({type(value).__name__})"

@@ -161,7 +161,10 @@ def test_magnitude_gaming_is_caught_by_the_uniform_draw(tmp_path, calibration):
 
 
 def test_a_manipulated_optimizer_state_fails_the_update_norm_check(honest_run, tmp_path, calibration):
-    """S_3 with Adam's second moments inflated 1e12×: the re-execution barely moves, and so does the executor."""
+    """S_3 with Adam's second moments inflated 1e12×: the re-execution barely moves, and so does the executor.
+
+    Segment 2, which committed that S_3, is caught by the comparison of S_3's moments; segments 3
+    and 5, which honestly train on from it, by the update-norm floor."""
     states = list(honest_run.states[:4])
     rest = {name: t * 1e12 if name.endswith("/exp_avg_sq") else t for name, t in states[3].rest.items()}
     states[3] = with_weights(states[3], states[3].weights, 3 * K)
@@ -172,10 +175,16 @@ def test_a_manipulated_optimizer_state_fails_the_update_norm_check(honest_run, t
         run.states.append(executed.state)
         run.traces.append(executed.trace)
     report = audit(run, tmp_path, [0, 2, 3, 5], calibration)
-    assert rejected(report) == [3, 5]
+    assert rejected(report) == [2, 3, 5]
+    assert report.segments[1].reasons == [
+        f"S_3's optimizer/state/*/exp_avg_sq is not what these k steps produce: r = "
+        f"{report.segments[1].fields['optimizer/state/*/exp_avg_sq'].r:.3g} exceeds its tolerance "
+        f"{report.segments[1].fields['optimizer/state/*/exp_avg_sq'].tolerance:.3g} (most in "
+        f"{report.segments[1].fields['optimizer/state/*/exp_avg_sq'].worst})"
+    ]
     segment = report.segments[2]
     assert segment.r < calibration.tau(K) and segment.update_per_lr < segment.update_floor
-    assert "implausibly small" in report.reasons[0]
+    assert "implausibly small" in segment.reasons[0]
 
 
 def test_malformed_states_are_rejected_not_crashed_on(honest_run, tmp_path, calibration):
@@ -187,7 +196,7 @@ def test_malformed_states_are_rejected_not_crashed_on(honest_run, tmp_path, cali
     run.states[4] = TrainState(weights=run.states[4].weights, rest=no_optimizer)
     report = audit(run, tmp_path, [2, 4, 5], calibration)
     assert rejected(report) == [2, 4]
-    assert "not the tensors" in report.reasons[0] and "cannot be loaded" in report.reasons[1]
+    assert "not the 19952 bytes of the spec model's tensors" in report.reasons[0] and "cannot be loaded" in report.reasons[1]
 
 
 def test_the_report_carries_the_evidence(honest_run, tmp_path, calibration):
@@ -197,7 +206,9 @@ def test_the_report_carries_the_evidence(honest_run, tmp_path, calibration):
     for e in report.segments:
         assert e.r is not None and 0 <= e.r <= e.tau and e.update_norm > 0 and e.update_per_lr > e.update_floor
         assert e.hashes.replay_weights_sha256 == e.hashes.next_weights_sha256
-        assert e.decisions.compared == 0 and e.exact_compared is None
+        assert e.decisions.compared == 0 and e.exact_compared > 0 and e.exact_mismatches == []
+        assert set(e.fields) == {"optimizer/state/*/exp_avg", "optimizer/state/*/exp_avg_sq", "recent_losses"}
+        assert all(f.r <= f.tolerance for f in e.fields.values())
     assert '"index":0' in report.model_dump_json()
 
 

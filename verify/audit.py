@@ -19,16 +19,20 @@ API::
 
 Per challenged segment i (docs/protocol.md §4, §6; docs/audit.md):
 
-1. open S_i, trace_i, W_{i+1} and sha256(rest_{i+1}); check them against the root;
+1. open S_i, trace_i, W_{i+1} and sha256(rest_{i+1}), each no larger than the job's layout allows;
+   check them against the root;
 2. S_i must be of this job (recipe, config, seed, step i·k), and S_0 must be the broker's own S_0;
 3. re-execute k steps from S_i here (:func:`trainmaster.jobs.replay.replay_state`, the in-memory
    half of :func:`trainmaster.jobs.replay.replay_segment`) with the executor's decisions forced,
-   counting disagreements and their margins;
+   counting disagreements and their margins. The trainer is built from the spec, and S_i must be
+   exactly what it holds after loading S_i: hyperparameters come from the spec, never the state;
 4. ``r_i = ‖W_exec − W_re‖ / ‖W_re − W_i‖``; reject when ``r_i > τ(k)``, when the update per lr is
    under the calibrated floor, or when a decision margin is over the tolerance;
-5. RL recipes: open the rest of S_{i+1} and require its environment and data parts to be bit-exact.
+5. open the rest of S_{i+1} (exactly as large as the re-execution's) and compare every entry under
+   the recipe's field rules (:mod:`trainmaster.verify.state_rules`); an entry no rule covers is refused.
 
-Rejections never raise: they are reasons in the report. Exceptions are for a caller's mistake
+Rejections never raise: they are reasons in the report, and whatever the executor's bytes make the
+parser or the recipe's loading code raise is a rejection too. Exceptions are for a caller's mistake
 (ValueError) and for an audit that cannot run (:class:`UncalibratedError`).
 """
 
@@ -53,11 +57,21 @@ from trainmaster.jobs.state import TrainState
 from .calibration import Calibration, UncalibratedError, job_class
 from .distance import weight_distance
 from .errors import VerificationError
-from .evidence import AuditReport, SegmentEvidence, SegmentHashes
-from .learner import DEFAULT_MARGIN_TOL, DecisionEvidence, exact_mismatches, has_exact_rest
-from .openings import CheckedOpening, Openings, OpeningError, open_checked, open_next_state_checked
+from .evidence import AuditReport, FieldEvidence, SegmentEvidence, SegmentHashes
+from .learner import DEFAULT_MARGIN_TOL, DecisionEvidence
+from .openings import (
+    CheckedOpening,
+    OpeningError,
+    OpeningLimits,
+    Openings,
+    canonical_size,
+    open_checked,
+    open_next_state_checked,
+)
 from .recipe_run import RecipeRun
+from .state_rules import compare_rest, non_finite_entries
 from .update_norm import update_per_lr
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -66,6 +80,19 @@ class Thresholds:
     margin_tol: float
     update_floor: float | None
     exact: bool
+    field_tolerances: Mapping[str, float] | None = None
+    """Per ``tolerance``/``close`` pattern, from the calibration; None: τ bounds every group (explicit τ)."""
+
+    def field_tolerance(self, pattern: str) -> float:
+        if self.exact:
+            return 0.0
+        if self.field_tolerances is None:
+            return self.tau
+        if pattern not in self.field_tolerances:
+            raise UncalibratedError(
+                f"the calibration has no tolerance for the state entries {pattern!r}: recalibrate the job class"
+            )
+        return self.field_tolerances[pattern]
 
 
 @dataclass(frozen=True)
@@ -74,6 +101,8 @@ class AuditedJob(RecipeRun):
 
     initial: TrainState
     """S_0 as the broker builds it from the spec."""
+    limits: OpeningLimits
+    """How large each opened file may be, from S_0's layout."""
 
 
 def run_audit(
@@ -136,7 +165,12 @@ def _thresholds(
     if point is None:
         return Thresholds(float(tau), "explicit", margin_tol if margin_tol is not None else DEFAULT_MARGIN_TOL, None, False)
     return Thresholds(
-        point.tau, "calibration", margin_tol if margin_tol is not None else point.margin_tol, point.update_floor, False
+        point.tau,
+        "calibration",
+        margin_tol if margin_tol is not None else point.margin_tol,
+        point.update_floor,
+        False,
+        point.field_tolerance,
     )
 
 
@@ -146,7 +180,7 @@ def _job(recipe: str | Recipe, config: Mapping[str, Any] | RecipeConfig, seed: i
     resolved = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
     cfg = resolved.config(config.model_dump(mode="json") if isinstance(config, RecipeConfig) else dict(config))
     initial = full_state(build_trainer(resolved, cfg, seed), resolved, cfg, seed, 0).snapshot()
-    return AuditedJob(resolved, cfg.model_dump(mode="json"), seed, k, initial)
+    return AuditedJob(resolved, cfg.model_dump(mode="json"), seed, k, initial, OpeningLimits.for_job(resolved, cfg, initial, k))
 
 
 def _audit_segment(
@@ -154,17 +188,21 @@ def _audit_segment(
 ) -> SegmentEvidence:
     evidence = SegmentEvidence(index=index, tau=limits.tau, update_floor=limits.update_floor)
     try:
-        opening = open_checked(openings, commitment, index)
+        opening = open_checked(openings, commitment, index, job.limits)
     except OpeningError as exc:
+        if exc.hashes is not None:
+            evidence.hashes = SegmentHashes.of(exc.hashes)
         return evidence.reject(exc.reason)
     evidence.hashes = SegmentHashes.of(opening.hashes)
     if problems := _identity_problems(opening.state, job, index):
         return evidence.reject(*problems)
+    if bad := non_finite_entries(job.recipe.rules, opening.state.rest):
+        return evidence.reject(f"S_{index} holds NaN or Inf in {', '.join(bad[:3])}")
     started = time.perf_counter()
     try:
         replay = _replay(job, opening)
     except (StateError, DecisionTraceError) as exc:
-        return evidence.reject(f"the segment cannot be re-executed as committed: {exc}")
+        return evidence.reject(f"S_{index} and its trace cannot be re-executed as committed: {exc}")
     except Exception as exc:  # S_i is executor data: whatever it makes the recipe's own code raise, it is refused
         return evidence.reject(f"S_{index} cannot be loaded and re-executed ({type(exc).__name__}: {exc})")
     finally:
@@ -172,8 +210,7 @@ def _audit_segment(
     evidence.hashes.replay_weights_sha256 = replay.weights_sha256
     _compare_weights(evidence, opening, replay, limits)
     _check_decisions(evidence, replay, limits)
-    if has_exact_rest(job.recipe.name):
-        _check_exact_rest(evidence, job, openings, opening, replay)
+    _check_rest(evidence, job, openings, opening, replay, limits)
     return evidence
 
 
@@ -182,7 +219,9 @@ def _identity_problems(state: TrainState, job: AuditedJob, index: int) -> list[s
     try:
         info = state_info(state)
     except StateError as exc:
-        return [str(exc)]
+        return [f"S_{index}: {exc}"]
+    except Exception as exc:  # noqa: BLE001 — the runtime's entries are executor data: unreadable is refused
+        return [f"S_{index}'s runtime entries cannot be read ({type(exc).__name__}: {exc})"]
     problems = []
     if info.recipe != job.recipe.name:
         problems.append(f"S_{index} was trained by recipe {info.recipe!r}, the spec says {job.recipe.name!r}")
@@ -230,7 +269,7 @@ def _compare_weights(evidence: SegmentEvidence, opening: CheckedOpening, replay:
         if replay.weights_sha256 != opening.hashes.next_weights_sha256:
             evidence.reject(f"a trusted deterministic executor must reproduce S_{opening.index + 1} exactly; r = {distance.r:.3g}")
         return
-    if distance.r > limits.tau:
+    if not distance.r <= limits.tau:  # NaN (a state that blows the re-execution up) rejects too
         evidence.reject(f"r = {distance.r:.3g} exceeds τ = {limits.tau:.3g}: the committed S_{opening.index + 1} is not what these k steps produce")
     if distance.update == 0:
         return  # no update is scheduled in this segment (e.g. before learning starts); r demanded equality
@@ -254,21 +293,40 @@ def _check_decisions(evidence: SegmentEvidence, replay: ReplayResult, limits: Th
         )
 
 
-def _check_exact_rest(
-    evidence: SegmentEvidence, job: AuditedJob, openings: Openings, opening: CheckedOpening, replay: ReplayResult
+def _check_rest(
+    evidence: SegmentEvidence,
+    job: AuditedJob,
+    openings: Openings,
+    opening: CheckedOpening,
+    replay: ReplayResult,
+    limits: Thresholds,
 ) -> None:
+    """Open the rest of S_{i+1} and compare every entry with the re-execution's under the recipe's rules."""
+    following = opening.index + 1
     try:
-        rest = open_next_state_checked(openings, opening)
+        rest = open_next_state_checked(
+            openings, opening, max_rest_bytes=canonical_size(replay.state.rest), max_trace_bytes=job.limits.trace_bytes
+        )
     except OpeningError as exc:
         evidence.reject(exc.reason)
         return
-    compared, differ = exact_mismatches(job.recipe.name, replay.state.rest, rest)
-    evidence.exact_compared, evidence.exact_mismatches = compared, differ
-    if differ:
+    found = compare_rest(job.recipe.rules, opening.state.rest, replay.state.rest, rest)
+    evidence.exact_compared, evidence.exact_mismatches = found.compared, found.exact_mismatches
+    if found.problems:
+        evidence.reject(f"S_{following} is refused: " + "; ".join(found.problems[:3]))
+    if found.exact_mismatches:
         evidence.reject(
-            f"S_{opening.index + 1}'s environment/data state is not what the recorded actions produce "
-            f"({len(differ)} entries differ, e.g. {', '.join(differ[:3])})"
+            f"S_{following} is not what these k steps produce in {len(found.exact_mismatches)} entries compared "
+            f"exactly: " + "; ".join(found.differences)
         )
+    for pattern, group in found.groups.items():
+        tolerance = limits.field_tolerance(pattern)
+        evidence.fields[pattern] = FieldEvidence(rule=group.rule, r=group.r, tolerance=tolerance, worst=group.worst)
+        if not group.r <= tolerance:
+            evidence.reject(
+                f"S_{following}'s {pattern} is not what these k steps produce: r = {group.r:.3g} exceeds its "
+                f"tolerance {tolerance:.3g} (most in {group.worst})"
+            )
 
 
 @contextmanager

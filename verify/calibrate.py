@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -31,6 +31,7 @@ from trainmaster.jobs.state import TrainState
 
 from .calibration import Base, Calibration, CalibrationPoint, job_class
 from .distance import weight_distance
+from .state_rules import compare_rest
 from .update_norm import update_per_lr
 from .variants import HONEST_VARIANTS, MILDEST_CHEAT, Variant, execute
 
@@ -49,6 +50,8 @@ class Measurement:
     r: float
     max_margin: float
     update_per_lr: float
+    fields: dict[str, float]
+    """r of each rest-entry group compared within a tolerance (``verify.state_rules``)."""
 
 
 def calibrate(
@@ -122,7 +125,14 @@ def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Meas
         raise CalibrationError(
             f"the re-execution of steps {info.step}..{info.step + k - 1} updates no weight: warm up past the start of learning"
         )
-    return Measurement(distance.r, replay.decisions.max_margin, update_per_lr(distance, replay.state.rest))
+    rest = compare_rest(recipe.rules, state.rest, replay.state.rest, executed.state.rest)
+    if variant in HONEST_VARIANTS and (rest.problems or rest.exact_mismatches):
+        raise CalibrationError(
+            f"the honest variant {variant.name!r} does not reproduce the recipe's state as its rules demand: "
+            + "; ".join(rest.problems[:3] + rest.differences)
+        )
+    fields = {pattern: group.r for pattern, group in rest.groups.items()}
+    return Measurement(distance.r, replay.decisions.max_margin, update_per_lr(distance, replay.state.rest), fields)
 
 
 def _point(k: int, found: Mapping[str, list[Measurement]]) -> CalibrationPoint:
@@ -133,7 +143,16 @@ def _point(k: int, found: Mapping[str, list[Measurement]]) -> CalibrationPoint:
         cheat_r={MILDEST_CHEAT.name: [m.r for m in found[MILDEST_CHEAT.name]]},
         honest_margins=[m.max_margin for ms in honest.values() for m in ms],
         updates_per_lr=[m.update_per_lr for ms in honest.values() for m in ms],
+        honest_fields=_by_pattern(m.fields for ms in honest.values() for m in ms),
     )
+
+
+def _by_pattern(measured: Iterable[Mapping[str, float]]) -> dict[str, list[float]]:
+    groups: dict[str, list[float]] = {}
+    for fields in measured:
+        for pattern, r in fields.items():
+            groups.setdefault(pattern, []).append(r)
+    return groups
 
 
 def _recipe(recipe: str | Recipe) -> Recipe:

@@ -40,6 +40,12 @@ MARGIN_FACTOR = 10.0
 """The decision-margin tolerance is this many times the largest honest margin (at least the default)."""
 UPDATE_FLOOR_FACTOR = 1e-3
 """An update per unit lr below this fraction of the smallest honest one is implausible (gross manipulation only)."""
+FIELD_FACTOR = 10.0
+"""A rest-entry group (optimizer moments, target network, losses) may diverge this many times its
+largest honest divergence (with 3 bases × 3 variants the 99th percentile is about the maximum), and
+at least as much as the weights (τ): honest moments of RL recipes have heavier tails than the
+weights (DQN's exp_avg: a base 20× over the calibrated maximum), and the tampering a group must
+catch (inflated, zeroed or negated entries) gives r ≫ 1."""
 
 
 class UncalibratedError(VerificationError):
@@ -64,6 +70,12 @@ class CalibrationPoint(BaseModel):
     margin_tol: float = Field(description="decision margins above this reject")
     min_update_per_lr: float = Field(description="smallest honest ‖W_re − W_i‖ / (‖W_i‖ · lr)")
     update_floor: float = Field(description="updates per lr below this reject")
+    honest_fields: dict[str, list[float]] = Field(
+        default_factory=dict, description="per rest-entry pattern of rule tolerance/close: every honest variant's r"
+    )
+    field_tolerance: dict[str, float] = Field(
+        default_factory=dict, description="per pattern: the largest r an audit accepts (FIELD_FACTOR × honest p99, at least τ)"
+    )
 
     @classmethod
     def from_measurements(
@@ -73,6 +85,7 @@ class CalibrationPoint(BaseModel):
         cheat_r: Mapping[str, Sequence[float]],
         honest_margins: Sequence[float],
         updates_per_lr: Sequence[float],
+        honest_fields: Mapping[str, Sequence[float]] | None = None,
     ) -> CalibrationPoint:
         honest = [r for values in honest_r.values() for r in values]
         cheats = [r for values in cheat_r.values() for r in values]
@@ -86,6 +99,9 @@ class CalibrationPoint(BaseModel):
         p99 = max(float(np.percentile(honest, 99)), P99_FLOOR)
         cheat_min = min(cheats)
         min_update = min(updates_per_lr)
+        fields = {pattern: list(values) for pattern, values in (honest_fields or {}).items()}
+        if any(not math.isfinite(r) for values in fields.values() for r in values):
+            raise ValueError(f"k = {k}: an honest variant's state entries diverged infinitely from the re-execution")
         return cls(
             k=k,
             honest_r={name: list(values) for name, values in honest_r.items()},
@@ -98,6 +114,11 @@ class CalibrationPoint(BaseModel):
             margin_tol=max(DEFAULT_MARGIN_TOL, MARGIN_FACTOR * max_margin),
             min_update_per_lr=min_update,
             update_floor=UPDATE_FLOOR_FACTOR * min_update,
+            honest_fields=fields,
+            field_tolerance={
+                pattern: max(FIELD_FACTOR * max(float(np.percentile(values, 99)), P99_FLOOR), math.sqrt(p99 * cheat_min))
+                for pattern, values in fields.items()
+            },
         )
 
 

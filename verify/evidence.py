@@ -33,6 +33,16 @@ class SegmentHashes(BaseModel):
         )
 
 
+class FieldEvidence(BaseModel):
+    """One group of S_{i+1}'s rest entries compared within a tolerance (``verify.state_rules``)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+    rule: Literal["tolerance", "close"]
+    r: float = Field(description="tolerance: ‖X_exec − X_re‖ / ‖X_re − X_i‖; close: ‖X_exec − X_re‖ / ‖X_re‖")
+    tolerance: float
+    worst: str = Field(description="the entry that diverges most")
+
+
 class SegmentEvidence(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
     index: int
@@ -47,8 +57,9 @@ class SegmentEvidence(BaseModel):
     update_floor: float | None = Field(None, description="update_per_lr below this rejects (from the calibration)")
     hashes: SegmentHashes | None = None
     decisions: DecisionEvidence | None = None
-    exact_compared: int | None = Field(None, description="rest entries of S_{i+1} compared bit for bit")
-    exact_mismatches: list[str] = Field(default_factory=list)
+    exact_compared: int | None = Field(None, description="rest entries of S_{i+1} compared under the recipe's rules")
+    exact_mismatches: list[str] = Field(default_factory=list, description="entries of rule 'exact' that differ")
+    fields: dict[str, FieldEvidence] = Field(default_factory=dict, description="per pattern of rule 'tolerance' or 'close'")
     replay_seconds: float = 0.0
 
     def reject(self, *reasons: str) -> SegmentEvidence:

@@ -2,14 +2,15 @@
 
 For segment i the executor opens (docs/protocol.md §3): the full state S_i, the decision trace
 of segment i, the weights of S_{i+1} plus ``sha256(rest_{i+1})``, and Merkle proofs for leaves i and
-i+1. The learner audit of RL jobs (docs/protocol.md §6) also asks for the rest of S_{i+1} in full, with the trace of
-segment i+1 that its committed hash covers, to check the environment and the replay buffer bit for bit.
+i+1. The audit then asks for the rest of S_{i+1} in full, with the trace of segment i+1 that its
+committed hash covers, and compares every entry of it with its own re-execution's (docs/audit.md).
 
 An opening carries the committed *files* (``weights.safetensors``, ``rest.safetensors``,
 ``decisions.safetensors``: canonical safetensors, docs/runtime.md), as bytes. Nothing opened is used
 before :func:`open_checked` / :func:`open_next_state_checked` have tied it to the commitment; the
 hashes are computed here over those bytes (the executor's manifests and declared hashes are never
-trusted)::
+trusted), after each file's size was checked against what the job's layout allows
+(:class:`OpeningLimits`)::
 
     weights_sha256 = sha256(weights file)
     rest_sha256    = sha256(rest file ‖ trace file)                (jobs/checkpoint.py)
@@ -18,8 +19,9 @@ trusted)::
 ``h_i`` must sit at index i under ``root`` (RFC 6962 inclusion proof); for i + 1 = n the opened
 weights must also hash to ``final_sha256``. Then each file is parsed strictly
 (:func:`trainmaster.jobs.canonical.deserialize`: bounded header, nothing unpickled, and only exactly
-canonical bytes, so the parsed tensors are the committed state). Any mismatch raises
-:class:`OpeningError` with the reason.
+canonical bytes, so the parsed tensors are the committed state; parsing copies each tensor once,
+so it needs no more memory than the bytes opened). Any mismatch raises :class:`OpeningError` with
+the reason.
 
 :class:`Openings` is the transport-neutral protocol; :class:`LocalOpenings` reads the runtime's
 checkpoint directory (local and trusted executors, tests). A remote transport implements the same two
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -37,7 +40,7 @@ from typing import Protocol
 
 import torch
 
-from trainmaster.jobs.canonical import CanonicalError, deserialize
+from trainmaster.jobs.canonical import CanonicalError, deserialize, views
 from trainmaster.jobs.checkpoint import (
     DECISIONS,
     MANIFEST,
@@ -50,8 +53,9 @@ from trainmaster.jobs.checkpoint import (
     segment_indices,
 )
 from trainmaster.jobs.commitment import Commitment
-from trainmaster.jobs.decisions import DecisionTrace, DecisionTraceError
+from trainmaster.jobs.decisions import ENTRY_HEADER_BYTES, DecisionTrace, DecisionTraceError
 from trainmaster.jobs.merkle import inclusion_proof
+from trainmaster.jobs.recipe import Recipe, RecipeConfig
 from trainmaster.jobs.state import TrainState
 
 from .errors import VerificationError
@@ -59,7 +63,54 @@ from .signing import HEX64, check_leaf
 
 
 class OpeningError(VerificationError):
-    """An opening that cannot be obtained or does not match the commitment (the executor is blamed)."""
+    """An opening that cannot be obtained or does not match the commitment (the executor is blamed).
+
+    ``hashes``: what the opened bytes hash to when they matched the root but could not be used
+    (evidence that the executor committed them).
+    """
+
+    def __init__(self, reason: str, hashes: OpeningHashes | None = None):
+        super().__init__(reason)
+        self.hashes = hashes
+
+
+@dataclass(frozen=True)
+class OpeningLimits:
+    """How many bytes each opened file may have, from the job's own layout; anything larger is
+    refused before it is hashed or parsed (an executor cannot make the auditor allocate more).
+
+    ``weights_bytes`` is exact: every W_i has the names, dtypes and shapes of W0, hence W0's
+    canonical size. ``rest_bytes`` bounds the rest of S_i: S_0's rest, the optimizer's moments (at
+    most 3× the weights' data, plus their header entries), what the recipe says its buffers may
+    grow by (``StateRules.growth_bytes``), and slack for longer numbers in JSON entries and headers.
+    ``trace_bytes`` bounds a segment's trace: k steps of ``StateRules.decision_bytes``.
+    """
+
+    weights_bytes: int
+    rest_bytes: int
+    trace_bytes: int
+
+    @classmethod
+    def for_job(cls, recipe: Recipe, config: RecipeConfig, initial: TrainState, k: int) -> OpeningLimits:
+        weights_data = sum(t.numel() * t.element_size() for t in initial.weights.values())
+        moments = 3 * weights_data + len(initial.weights) * 4 * (ENTRY_HEADER_BYTES + 8)
+        slack = SLACK_BYTES + DIGITS_SLACK * len(initial.rest)
+        return cls(
+            weights_bytes=canonical_size(initial.weights),
+            rest_bytes=canonical_size(initial.rest) + moments + recipe.rules.growth_bytes(config) + slack,
+            trace_bytes=k * recipe.rules.decision_bytes(config) + SLACK_BYTES,
+        )
+
+
+SLACK_BYTES = 4096
+"""Room for a file's fixed header and JSON entries whose numbers print longer (a scheduled lr)."""
+DIGITS_SLACK = 64
+"""Room per entry for shapes and offsets growing by a few digits as buffers fill."""
+
+
+def canonical_size(tensors: Mapping[str, torch.Tensor]) -> int:
+    """The byte size of ``tensors``' canonical file (header included), without serializing them."""
+    return sum(len(view) for view in views(tensors))
 
 
 @dataclass(frozen=True)
@@ -92,7 +143,7 @@ class Openings(Protocol):
         """S_i, the trace of segment i, the weights of S_{i+1}, sha256(rest_{i+1}), proofs of leaves i, i+1."""
 
     def open_next_state(self, index: int) -> NextStateOpening:
-        """The rest of S_{i+1} and the trace of segment i+1 (for the learner audit)."""
+        """The rest of S_{i+1} and the trace of segment i+1 (compared with the re-execution's, entry by entry)."""
 
 
 @dataclass(frozen=True)
@@ -118,13 +169,24 @@ class CheckedOpening:
     hashes: OpeningHashes
 
 
-def open_checked(openings: Openings, commitment: Commitment, index: int) -> CheckedOpening:
-    """Open segment ``index`` and check S_i, its trace and the weights of S_{i+1} against the root."""
+def open_checked(
+    openings: Openings, commitment: Commitment, index: int, limits: OpeningLimits | None = None
+) -> CheckedOpening:
+    """Open segment ``index`` and check S_i, its trace and the weights of S_{i+1} against the root.
+
+    With ``limits``, files larger than the job's layout allows (weights: other than its exact
+    size) are refused before anything else is done with them.
+    """
     if not 0 <= index < commitment.n:
         raise ValueError(f"segment {index} is outside 0..{commitment.n - 1}")
     opening = openings.open(index)
     if opening.index != index:
         raise OpeningError(f"asked to open segment {index}, got segment {opening.index}")
+    if limits is not None:
+        _check_weights_size(opening.weights, limits, f"S_{index}")
+        _check_weights_size(opening.next_weights, limits, f"S_{index + 1}")
+        _check_size(opening.rest, limits.rest_bytes, f"the rest of S_{index}")
+        _check_size(opening.trace, limits.trace_bytes, f"the trace of segment {index}")
     weights_sha, rest_sha = _sha(opening.weights), _sha(opening.rest, opening.trace)
     leaf = leaf_of(weights_sha, rest_sha)
     _check_leaf(commitment, index, leaf, opening.proof, f"S_{index} (weights, rest and trace of segment {index})")
@@ -134,28 +196,56 @@ def open_checked(openings: Openings, commitment: Commitment, index: int) -> Chec
     _check_leaf(commitment, index + 1, next_leaf, opening.next_proof, f"the weights of S_{index + 1}")
     if index + 1 == commitment.n and next_weights_sha != commitment.final_sha256:
         raise OpeningError(f"the weights of S_{commitment.n} do not hash to the committed final_sha256")
-    weights, next_weights = _parse(opening.weights, f"S_{index} weights"), _parse(opening.next_weights, f"S_{index + 1} weights")
-    _check_finite(weights, f"S_{index}")
-    _check_finite(next_weights, f"S_{index + 1}")
-    return CheckedOpening(
-        index=index,
-        state=TrainState(weights=weights, rest=_parse(opening.rest, f"S_{index} rest")),
-        trace=_trace(_parse(opening.trace, f"the trace of segment {index}"), index),
-        next_weights=next_weights,
-        hashes=OpeningHashes(leaf, next_leaf, weights_sha, rest_sha, next_weights_sha, next_rest_sha),
-    )
+    hashes = OpeningHashes(leaf, next_leaf, weights_sha, rest_sha, next_weights_sha, next_rest_sha)
+    try:
+        weights, next_weights = _parse(opening.weights, f"S_{index} weights"), _parse(opening.next_weights, f"S_{index + 1} weights")
+        _check_finite(weights, f"S_{index}")
+        _check_finite(next_weights, f"S_{index + 1}")
+        return CheckedOpening(
+            index=index,
+            state=TrainState(weights=weights, rest=_parse(opening.rest, f"S_{index} rest")),
+            trace=_trace(_parse(opening.trace, f"the trace of segment {index}"), index),
+            next_weights=next_weights,
+            hashes=hashes,
+        )
+    except OpeningError as exc:
+        raise OpeningError(exc.reason, hashes) from exc
 
 
-def open_next_state_checked(openings: Openings, opening: CheckedOpening) -> dict[str, torch.Tensor]:
-    """The rest of S_{i+1}, checked against the ``sha256(rest_{i+1})`` already tied to the root."""
+def open_next_state_checked(
+    openings: Openings, opening: CheckedOpening, *, max_rest_bytes: int | None = None, max_trace_bytes: int | None = None
+) -> dict[str, torch.Tensor]:
+    """The rest of S_{i+1}, checked against the ``sha256(rest_{i+1})`` already tied to the root.
+
+    A rest over ``max_rest_bytes`` (the audit passes the size of its own re-executed rest, which
+    the executor's must equal) or a trace over ``max_trace_bytes`` is refused before it is parsed.
+    """
     index = opening.index
     opened = openings.open_next_state(index)
     if opened.index != index:
         raise OpeningError(f"asked for the state after segment {index}, got the one after {opened.index}")
+    if max_rest_bytes is not None:
+        _check_size(opened.rest, max_rest_bytes, f"the rest of S_{index + 1}")
+    if max_trace_bytes is not None:
+        _check_size(opened.trace, max_trace_bytes, f"the trace of segment {index + 1}")
     if _sha(opened.rest, opened.trace) != opening.hashes.next_rest_sha256:
         raise OpeningError(f"the opened rest of S_{index + 1} does not match its committed leaf")
-    _parse(opened.trace, f"the trace of segment {index + 1}")
     return _parse(opened.rest, f"S_{index + 1} rest")
+
+
+def _check_size(data: bytes, limit: int, what: str) -> None:
+    if not isinstance(data, bytes | bytearray):
+        raise OpeningError(f"{what} was opened as {type(data).__name__}, not bytes")
+    if len(data) > limit:
+        raise OpeningError(f"{what} is {len(data)} bytes, more than the {limit} this job's layout allows: refused unparsed")
+
+
+def _check_weights_size(data: bytes, limits: OpeningLimits, what: str) -> None:
+    _check_size(data, limits.weights_bytes, f"the weights of {what}")
+    if len(data) != limits.weights_bytes:
+        raise OpeningError(
+            f"the weights of {what} are {len(data)} bytes, not the {limits.weights_bytes} bytes of the spec model's tensors"
+        )
 
 
 def _sha(*files: bytes) -> str:
@@ -170,6 +260,8 @@ def _parse(data: bytes, what: str) -> dict[str, torch.Tensor]:
         return deserialize(data)
     except CanonicalError as exc:
         raise OpeningError(f"{what} is not a canonical safetensors file: {exc}") from exc
+    except (TypeError, ValueError, MemoryError) as exc:  # not bytes at all, or too large for this machine
+        raise OpeningError(f"{what} cannot be parsed ({type(exc).__name__}: {exc})") from exc
 
 
 def _hex64(value: str, what: str) -> str:

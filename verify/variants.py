@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.jobs.decisions import DecisionLog, DecisionTrace
 from trainmaster.jobs.execution import build_trainer, full_state, restore, run_step, state_info
-from trainmaster.jobs.recipe import Recipe
+from trainmaster.jobs.recipe import Recipe, RecipeConfig
 from trainmaster.jobs.state import TrainState
 
 _DTYPES = {"float64": torch.float64}
@@ -87,8 +87,10 @@ def execute(recipe: Recipe, state: TrainState, k: int, variant: Variant = VERIFI
         for step in _steps(info.step, k, variant):
             with _autocast(variant):
                 run_step(trainer, info.seed + variant.data_seed_offset, step, log)
-        end = full_state(trainer, recipe, config, info.seed, info.step + k).snapshot()
-    return Execution(_in_dtypes_of(end, state), log.trace)
+        end = _in_dtypes_of(full_state(trainer, recipe, config, info.seed, info.step + k).snapshot(), state)
+        if variant.compute_dtype:
+            end = _reloaded(recipe, config, info.seed, info.step + k, end)
+    return Execution(end, log.trace)
 
 
 def _other_thread_count(threads: int) -> int:
@@ -151,6 +153,14 @@ def _nudged(state: TrainState) -> TrainState:
         for name, t in state.weights.items()
     }
     return TrainState(weights=weights, rest=state.rest)
+
+
+def _reloaded(recipe: Recipe, config: RecipeConfig, seed: int, step: int, state: TrainState) -> TrainState:
+    """``state`` loaded into the spec's own trainer and captured again: entries S_i did not hold yet
+    (optimizer moments created in the segment) get the dtypes the spec's model gives them."""
+    trainer = build_trainer(recipe, config, seed)
+    restore(trainer, state)
+    return full_state(trainer, recipe, config, seed, step).snapshot()
 
 
 def _in_dtypes_of(state: TrainState, like: TrainState) -> TrainState:

@@ -20,6 +20,9 @@ from ..state import scalar
 
 ENV_ID = "CartPole-v1"
 RECENT = 20  # episodes averaged for the reported mean return
+OBS_DIM = 4  # CartPole-v1's observation: position, velocity, angle, angular velocity
+GROWTH_BYTES = RECENT * 8
+"""How far the state grows past its start: the recent returns (float64), once RECENT episodes ended."""
 
 
 @dataclass(frozen=True)

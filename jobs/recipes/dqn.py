@@ -20,21 +20,22 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from ..decisions import argmax_margin
-from ..recipe import Recipe, RecipeConfig, StepContext
+from ..decisions import argmax_margin, entry_bytes
+from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
 from ..seeding import derive_seed
 from ..state import (
     TrainState,
     load_module_state,
     load_optimizer_state,
     module_state,
+    optimizer_rules,
     optimizer_state,
     prefixed,
     scalar,
     section,
 )
 from . import cli
-from .cartpole import CartPole
+from .cartpole import GROWTH_BYTES, OBS_DIM, CartPole
 from .prioritized_replay import PrioritizedReplay
 
 
@@ -171,7 +172,21 @@ class DQNTrainer:
         }
 
 
-RECIPE = Recipe(name="dqn", config_type=DQNConfig, build=DQNTrainer)
+RULES = StateRules(
+    fields={
+        "target/*": "tolerance",  # Polyak-averaged weights
+        **optimizer_rules("optimizer"),
+        "replay/priority": "close",  # |TD error| of the transitions the segment sampled, from its weights
+        "replay/max_priority": "close",
+        "replay/*": "exact",  # transitions: what the recorded actions produce
+        "env/*": "exact",
+        "last_loss": "close",  # NaN until learning starts
+    },
+    growth_bytes=lambda c: PrioritizedReplay.state_bytes(c.buffer_size, OBS_DIM) + GROWTH_BYTES,
+    decision_bytes=lambda c: entry_bytes(1) + 2 * entry_bytes(c.batch_size),  # action, replay_indices, a_star
+)
+
+RECIPE = Recipe(name="dqn", config_type=DQNConfig, build=DQNTrainer, rules=RULES)
 
 if __name__ == "__main__":
     sys.exit(cli.main(RECIPE, "dqn"))

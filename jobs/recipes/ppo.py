@@ -18,21 +18,22 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from ..decisions import interval_margin
-from ..recipe import Recipe, RecipeConfig, StepContext
+from ..decisions import entry_bytes, interval_margin
+from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
 from ..seeding import derive_seed
 from ..state import (
     TrainState,
     load_module_state,
     load_optimizer_state,
     module_state,
+    optimizer_rules,
     optimizer_state,
     prefixed,
     scalar,
     section,
 )
 from . import cli
-from .cartpole import CartPole
+from .cartpole import GROWTH_BYTES, OBS_DIM, CartPole
 from .running_std import RunningMeanStd
 
 
@@ -218,7 +219,24 @@ class PPOTrainer:
         }
 
 
-RECIPE = Recipe(name="ppo", config_type=PPOConfig, build=PPOTrainer)
+RULES = StateRules(
+    fields={
+        **optimizer_rules("optimizer"),
+        "rollout/logprob": "close",  # the policy's and the critic's outputs at each step
+        "rollout/value": "close",
+        "rollout/*": "exact",  # observations, actions, scaled rewards, dones: what the recorded actions produce
+        "reward_scale/*": "exact",
+        "env/*": "exact",
+        "discounted_return": "exact",
+        "global_step": "exact",
+        "updates": "exact",
+        "last_loss": "close",
+    },
+    growth_bytes=lambda c: c.rollout * (OBS_DIM * 4 + 8 + 4 * 4) + GROWTH_BYTES,
+    decision_bytes=lambda c: entry_bytes(1),  # the sampled action
+)
+
+RECIPE = Recipe(name="ppo", config_type=PPOConfig, build=PPOTrainer, rules=RULES)
 
 if __name__ == "__main__":
     sys.exit(cli.main(RECIPE, "ppo"))

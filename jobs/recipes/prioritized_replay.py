@@ -31,6 +31,11 @@ class PrioritizedReplay:
         self.ptr = 0
         self.max_priority = 1.0
 
+    @staticmethod
+    def state_bytes(capacity: int, obs_dim: int) -> int:
+        """The data bytes of :meth:`state` for a full buffer (obs and next obs, action, reward, terminated, priority)."""
+        return capacity * (2 * obs_dim * 4 + 8 + 4 + 4 + 8)
+
     def add(self, obs: np.ndarray, action: int, reward: float, next_obs: np.ndarray, terminated: bool) -> None:
         """Store a transition with the highest priority seen so far."""
         i = self.ptr

@@ -22,9 +22,18 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from ..recipe import Recipe, RecipeConfig, StepContext
+from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
 from ..seeding import derive_seed, step_rng
-from ..state import TrainState, load_module_state, load_optimizer_state, module_state, optimizer_state, prefixed, section
+from ..state import (
+    TrainState,
+    load_module_state,
+    load_optimizer_state,
+    module_state,
+    optimizer_rules,
+    optimizer_state,
+    prefixed,
+    section,
+)
 from . import cli
 
 RECENT = 20  # steps averaged for the reported final loss
@@ -149,7 +158,7 @@ class TinyLMTrainer:
 
     def load_state(self, state: TrainState) -> None:
         load_module_state(self.model, state.weights)
-        load_optimizer_state(self.optimizer, section("optimizer", state.rest))
+        load_optimizer_state(self.optimizer, section("optimizer", state.rest), scheduled=("lr",))
         self.recent = state.rest["recent_losses"].tolist()
 
     def result(self) -> dict[str, float]:
@@ -160,7 +169,12 @@ class TinyLMTrainer:
         }
 
 
-RECIPE = Recipe(name="tiny-lm", config_type=TinyLMConfig, build=TinyLMTrainer)
+RULES = StateRules(
+    fields={**optimizer_rules("optimizer"), "recent_losses": "close"},
+    growth_bytes=lambda c: RECENT * 8,
+)
+
+RECIPE = Recipe(name="tiny-lm", config_type=TinyLMConfig, build=TinyLMTrainer, rules=RULES)
 
 if __name__ == "__main__":
     sys.exit(cli.main(RECIPE, "tiny_lm"))
