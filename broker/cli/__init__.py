@@ -2,28 +2,40 @@
 
 Exit codes: 0 success; 1 the thing asked about is bad (invalid spec, job failed, no backend can
 run it); 2 usage or environment error (missing file, disk full, unreachable backend).
-Module-level imports in this package stay typer-only so `trainmaster --help` is fast; everything
-else is imported inside the command that needs it. Each module adds its commands with `register`.
+
+Start-up matters (`trainmaster --help` ≤ 0.10 s): importing typer alone costs more than that, so
+`main` answers `trainmaster`, `--help`, `-h` and `--version` from a copy of the top-level help kept
+beside this file (`help.txt`, checked against the app by tests/test_cli_fast_paths.py) and
+imports the app (`commands.py`) only for a real command.
 """
 
 from __future__ import annotations
 
-import typer
+import sys
+from pathlib import Path
 
-from trainmaster.broker.cli import backends, cost, jobs, verify
-
-app = typer.Typer(
-    name="trainmaster",
-    help="Run each training job on the cheapest compute that meets its constraints, and verify what comes back.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # plain help: Rich's help renderer alone costs ~0.15 s of start-up
-)
-
-for _module in (jobs, cost, verify, backends):
-    _module.register(app)
+HELP_FILE = Path(__file__).with_name("help.txt")
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args in ([], ["--help"], ["-h"]):
+        sys.stdout.write(HELP_FILE.read_text())
+        sys.exit(2 if not args else 0)  # no command is a usage error, as the app's own no_args_is_help
+    if args == ["--version"]:
+        from importlib.metadata import version
+
+        print(f"trainmaster {version('trainmaster')}")
+        return
+    from trainmaster.broker.cli.commands import app
+
     app()
+
+
+def __getattr__(name: str):
+    """`from trainmaster.broker.cli import app` still works (tests, embedding), importing typer then."""
+    if name == "app":
+        from trainmaster.broker.cli.commands import app
+
+        return app
+    raise AttributeError(name)

@@ -1,6 +1,6 @@
 """`trainmaster --help` start-up time, median of 10, beside `python -c pass`.
 
-Target ≤ 0.25 s (for comparison: `sky --help` ≈ 1.35 s and `dstack --help` ≈ 0.77 s on a 2-core machine).
+Target ≤ 0.10 s (for comparison: `sky --help` ≈ 1.35 s and `dstack --help` ≈ 0.77 s on a 2-core machine).
 Run: python tests/benchmarks/bench_cli.py
 """
 
@@ -30,4 +30,4 @@ def run(smoke: bool = False) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print_figures("CLI start-up, median of 10", run(), {"trainmaster --help (s)": "≤ 0.25"})
+    print_figures("CLI start-up, median of 10", run(), {"trainmaster --help (s)": "≤ 0.10"})
