@@ -228,7 +228,7 @@ ISOLATED = safeload.check_files_isolated
 def in_process_safety(monkeypatch):
     """Files are checked in this process here (~0.5 s less per test); the child process is tested in
     test_safeload.py, and with the whole pipeline by tests that ask for ``isolated_safety``."""
-    monkeypatch.setattr(safeload, "check_files_isolated", lambda files, *, max_bytes=None: safeload.check_files(files, max_bytes=max_bytes))
+    monkeypatch.setattr(safeload, "check_files_isolated", lambda files, **kwargs: safeload.check_files(files, **kwargs))
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ run in order and stop at the first that fails. A failed check gives ``rejected``
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ MODEL_LIKE_SUFFIXES = {
     ".h5", ".hdf5", ".keras", ".onnx", ".pb", ".gguf", ".msgpack",
 }
 CHECKPOINTS_DIR = "checkpoints"
+STATE_REST_FILES = f"{CHECKPOINTS_DIR}/segments/*/rest.safetensors"
+"""The rest of each checkpointed state (docs/runtime.md, "Checkpoints on disk")."""
 
 
 @dataclass(frozen=True)
@@ -313,7 +316,10 @@ def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str
 def _safety(run: _Run) -> dict[str, Any]:
     """Every returned file: no links, no pickle-capable model formats, every .safetensors checked in full.
 
-    The .safetensors files are checked in one child process under memory and CPU limits.
+    The .safetensors files are checked in one child process under memory and CPU limits. NaN and
+    ±Inf are refused in every one except the rest of a checkpointed state (:data:`STATE_REST_FILES`),
+    where NaN can be a sentinel (DQN's ``last_loss`` before learning starts); the replay audit
+    judges those entries by the recipe's field rules (optimizer moments must be finite).
     """
     from .safeload import SUFFIX, check_files_isolated
 
@@ -331,8 +337,10 @@ def _safety(run: _Run) -> dict[str, Any]:
             tensor_files[path] = attempt.expected_weights if path.name in WEIGHTS_FILES else None
         elif kind := _pickle_content(path):
             problems.append(f"{relative} is {kind}; pickled data is refused")
+    states = [path for path in tensor_files if fnmatch.fnmatchcase(path.relative_to(outputs).as_posix(), STATE_REST_FILES)]
     checked = {}
-    for result in check_files_isolated(tensor_files, max_bytes=attempt.max_file_bytes) if tensor_files else []:
+    results = check_files_isolated(tensor_files, max_bytes=attempt.max_file_bytes, states=states) if tensor_files else []
+    for result in results:
         relative = Path(result.path).relative_to(outputs).as_posix()
         if result.reason:
             problems.append(f"{relative}: {result.reason.removeprefix(Path(result.path).name + ': ')}")

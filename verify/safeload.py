@@ -22,7 +22,7 @@ import math
 import os
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -89,14 +89,22 @@ def inspect(path: Path, *, max_bytes: int | None = None) -> Header:
         return _read_header(handle, Path(path), max_bytes)
 
 
-def check_file(path: Path, *, expected: Expected | None = None, max_bytes: int | None = None) -> Header:
-    """Check everything — header, expected tensors, finiteness of every value — keeping no tensor."""
+def check_file(
+    path: Path, *, expected: Expected | None = None, max_bytes: int | None = None, finite: bool = True
+) -> Header:
+    """Check everything — header, expected tensors, finiteness of every value — keeping no tensor.
+
+    ``finite=False`` leaves float values unchecked (bool bytes are still checked): a training
+    state's rest may hold NaN where it means "none yet" (DQN's ``last_loss`` before learning); the
+    replay audit judges those entries by the recipe's field rules instead.
+    """
     path = Path(path)
     with _open(path) as handle:
         header = _read_header(handle, path, max_bytes)
         _check_expected(header, expected)
-        buffer = bytearray(min(CHUNK_BYTES, header.largest_tensor_bytes + 7))
-        for entry in header.tensors:
+        checked = [entry for entry in header.tensors if finite or entry.dtype == "BOOL"]
+        buffer = bytearray(min(CHUNK_BYTES, max((e.nbytes for e in checked), default=0) + 7))
+        for entry in checked:
             for chunk in _chunks(handle, header, entry, buffer):
                 _check_values(path, entry, chunk)
     return header
@@ -162,10 +170,12 @@ def check_files_isolated(
     files: Mapping[Path, Expected | None],
     *,
     max_bytes: int | None = None,
+    states: Collection[Path] = (),
     memory_bytes: int = ISOLATED_MEMORY_BYTES,
     cpu_seconds: int = ISOLATED_CPU_SECONDS,
 ) -> list[FileCheck]:
-    """:func:`check_file` on each file, in a child process under memory and CPU-time limits.
+    """:func:`check_file` on each file, in a child process under memory and CPU-time limits
+    (``states``: as for :func:`check_files`).
 
     The child imports what it needs, then limits itself to ``memory_bytes`` more address space and
     ``cpu_seconds`` more CPU time, so the limits bound the checking alone. The checks are bounded by
@@ -181,6 +191,7 @@ def check_files_isolated(
         "memory_bytes": memory_bytes,
         "cpu_seconds": cpu_seconds,
         "files": [{"path": str(p), "expected": _expected_json(e)} for p, e in files.items()],
+        "states": [str(p) for p in states],
     }
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run(
@@ -198,12 +209,18 @@ def _expected_json(expected: Expected | None) -> dict | None:
     return None if expected is None else {name: [dtype, list(shape)] for name, (dtype, shape) in expected.items()}
 
 
-def check_files(files: Mapping[Path, Expected | None], *, max_bytes: int | None = None) -> list[FileCheck]:
-    """:func:`check_file` on each file, in this process; what the isolated child runs."""
+def check_files(
+    files: Mapping[Path, Expected | None], *, max_bytes: int | None = None, states: Collection[Path] = ()
+) -> list[FileCheck]:
+    """:func:`check_file` on each file, in this process; what the isolated child runs.
+
+    ``states``: the files among ``files`` that hold a training state's rest (``finite=False``).
+    """
     results = []
+    wanted = {str(p) for p in states}
     for path, expected in files.items():
         try:
-            header = check_file(Path(path), expected=expected, max_bytes=max_bytes)
+            header = check_file(Path(path), expected=expected, max_bytes=max_bytes, finite=str(path) not in wanted)
         except SafeLoadError as exc:
             results.append(FileCheck(str(path), exc.reason))
         except MemoryError:
@@ -224,7 +241,8 @@ def _serve_isolated() -> None:
         Path(item["path"]): None if item["expected"] is None else {n: (d, tuple(s)) for n, (d, s) in item["expected"].items()}
         for item in request["files"]
     }
-    json.dump([dataclasses.asdict(r) for r in check_files(files, max_bytes=request["max_bytes"])], sys.stdout)
+    checked = check_files(files, max_bytes=request["max_bytes"], states=request["states"])
+    json.dump([dataclasses.asdict(r) for r in checked], sys.stdout)
 
 
 def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
@@ -259,12 +277,21 @@ def _open(path: Path) -> BinaryIO:
     return handle
 
 
+def pickle_protocol(prefix: bytes) -> int | None:
+    """The protocol of the pickle ``prefix`` starts with: 2–5 begin with a PROTO opcode; 0 and 1 have
+    no magic bytes and are not recognised."""
+    if len(prefix) >= 2 and prefix[0] == 0x80 and 2 <= prefix[1] <= 5:
+        return prefix[1]
+    return None
+
+
 def pickle_format(prefix: bytes) -> str | None:
-    """The name of a pickle-based format ``prefix`` starts with, if any."""
+    """The name of a pickle-based format ``prefix`` starts with, if any (verify/output_kinds.py looks
+    inside zip archives; here any zip counts, since only safetensors are ever loaded)."""
     if prefix.startswith(b"PK\x03\x04"):
         return "a zip archive, as torch.save and np.savez write, holding pickles"
-    if len(prefix) >= 2 and prefix[0] == 0x80 and 2 <= prefix[1] <= 5:
-        return f"a pickle (protocol {prefix[1]})"
+    if (protocol := pickle_protocol(prefix)) is not None:
+        return f"a pickle (protocol {protocol})"
     if prefix.startswith(b"\x93NUMPY"):
         return "a numpy .npy file, which may hold pickles"
     return None
