@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import secrets
 import statistics
 import time
@@ -117,10 +118,16 @@ class Broker:
         names = [n for n in (cls.constraints.allowed_backends or cls.chain) if n in BACKENDS or n in self._given]
         return {n: self.backend(n, policy) for n in names}
 
-    async def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset()) -> Plan:
-        """Gather offers from every enabled backend (once) and choose by the policy."""
+    async def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset(),
+                   banned: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> Plan:
+        """Gather offers from every enabled backend (once) and choose by the policy; offers of `banned`
+        (hotkeys, coldkeys) are blocked like failed ones."""
         self.offer_rounds += 1
         offer_sets: list[OfferSet] = await gather_offers(spec, self._enabled(spec, policy))
+        hotkeys, coldkeys = banned
+        if hotkeys or coldkeys:
+            blocked = blocked | {o.key for s in offer_sets for o in s.offers
+                                 if o.instance in hotkeys or o.detail.get("coldkey") in coldkeys}
         history, failure_rates = learned(self.store.ended_attempts())
         return plan(spec, policy, offer_sets, blocked=blocked, history=history, failure_rates=failure_rates)
 
@@ -208,9 +215,16 @@ class Broker:
         return frozenset(Offer.model_validate_json(a.offer_json).key for a in self.store.attempts(job.id)
                          if a.state in ("failed", "rejected"))
 
+    def _banned(self, job: Job) -> tuple[frozenset[str], frozenset[str]]:
+        """Hotkeys and coldkeys caught by a rejected attempt: none of their offers runs this job again."""
+        rejected = [a for a in self.store.attempts(job.id) if a.state == "rejected"]
+        return (frozenset(a.executor_hotkey for a in rejected if a.executor_hotkey),
+                frozenset(a.executor_coldkey for a in rejected if a.executor_coldkey))
+
     async def _replan(self, job: Job, after: str | None = None) -> None:
-        """A new plan after a failed attempt (offers gathered again, the failed ones blocked)."""
-        result = await self.plan(self.spec(job), self.policy(job), blocked=self._blocked(job))
+        """A new plan after a failed attempt (offers gathered again, the failed ones and the executors
+        caught cheating blocked)."""
+        result = await self.plan(self.spec(job), self.policy(job), blocked=self._blocked(job), banned=self._banned(job))
         if result.chosen is None:
             reason = result.explain_failure()
             self.store.move_job(job.id, "failed", reason=f"{after}; {reason}" if after else reason)
@@ -231,8 +245,12 @@ class Broker:
         except BudgetExceeded as exc:
             self.store.move_job(job.id, "failed", reason=f"refused by budget: {exc}")
             return
+        seed, nonce = self.spec(job).seed, None
+        if not offer.trusted:  # a fresh S_0 per attempt: another attempt's run never verifies as this one
+            nonce = secrets.token_hex(16)
+            seed = attempt_seed(seed, nonce)
         attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json(),
-                                            reserve_key=key)
+                                            reserve_key=key, seed=seed, detail={"seed_nonce": nonce} if nonce else None)
         await self._start(job, attempt)
 
     def _release_orphans(self, job: Job, ledger: Ledger, *, keep: str) -> None:
@@ -267,8 +285,10 @@ class Broker:
         workdir = paths.attempt_dir(job.id, attempt.n)
         workdir.mkdir(parents=True, exist_ok=True)
         return AttemptContext(
-            job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256, seed=self.spec(job).seed,
-            workdir=str(workdir), resume_from=self._resume_point(job, attempt),
+            job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256,
+            seed=self.spec(job).seed if attempt.seed is None else attempt.seed, workdir=str(workdir),
+            # an untrusted executor starts from its own S_0, never from another executor's states
+            resume_from=self._resume_point(job, attempt) if offer.trusted else None,
             challenge_digest=None if offer.trusted else self._challenge_digest(job, attempt),
         )
 
@@ -374,7 +394,7 @@ class Broker:
             spec=self.spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
             code_dir=paths.attempt_dir(job.id, attempt.n) / "code", exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
-            outputs_hashed=hashed_now,
+            outputs_hashed=hashed_now, seed=attempt.seed,
         )
         return await asyncio.to_thread(
             pipeline.verify_attempt, request,
@@ -531,6 +551,12 @@ def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[st
     history = {w: statistics.median(hours[:HISTORY_RUNS]) for w, hours in runtimes.items()}
     rates = {k: sum(fails) / len(fails) for k, fails in outcomes.items() if len(fails) >= MIN_ATTEMPTS_FOR_RATE}
     return history, rates
+
+
+def attempt_seed(spec_seed: int, nonce: str) -> int:
+    """The seed of an untrusted attempt: the spec's seed mixed with a nonce the broker chose (31 bits)."""
+    digest = hashlib.sha256(f"trainmaster-attempt-seed-v1:{spec_seed}:{nonce}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
 
 
 def _legacy_reserve_key(attempt: Attempt) -> str:

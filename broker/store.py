@@ -82,6 +82,9 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE attempts ADD COLUMN cost_rate_micro_usd_per_tao INTEGER",
         "ALTER TABLE attempts ADD COLUMN cost_rate_at REAL",
     ],
+    [  # 3: each attempt's seed (an untrusted one's is derived from a nonce the broker chose)
+        "ALTER TABLE attempts ADD COLUMN seed INTEGER",
+    ],
 ]
 
 
@@ -126,6 +129,8 @@ class Attempt:
     reserve_key: str | None = None
     cost_rate_micro_usd_per_tao: int | None = None
     cost_rate_at: float | None = None
+    seed: int | None = None
+    """The seed the attempt runs with (the spec's, or for an untrusted executor one derived from a nonce)."""
 
 
 @dataclass(frozen=True)
@@ -236,17 +241,18 @@ class Store:
 
     # attempts
 
-    def create_attempt(self, job_id: str, *, backend: str, offer_json: str, reserve_key: str) -> Attempt:
+    def create_attempt(self, job_id: str, *, backend: str, offer_json: str, reserve_key: str, seed: int,
+                       detail: dict | None = None) -> Attempt:
         """A new attempt on an offer; the job moves to `dispatched` in the same transaction."""
         with self.tx() as db:
             n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)).fetchone()[0]
             attempt_id = f"{job_id}.{n}"
             db.execute(
-                "INSERT INTO attempts (id, job_id, n, backend, offer_json, state, created_at, reserve_key)"
-                " VALUES (?,?,?,?,?,?,?,?)",
-                (attempt_id, job_id, n, backend, offer_json, "dispatched", time.time(), reserve_key),
+                "INSERT INTO attempts (id, job_id, n, backend, offer_json, state, created_at, reserve_key, seed)"
+                " VALUES (?,?,?,?,?,?,?,?,?)",
+                (attempt_id, job_id, n, backend, offer_json, "dispatched", time.time(), reserve_key, seed),
             )
-            self._move_job(db, job_id, "dispatched", attempt_id=attempt_id, detail={"backend": backend})
+            self._move_job(db, job_id, "dispatched", attempt_id=attempt_id, detail={"backend": backend, **(detail or {})})
         return self.attempt(attempt_id)
 
     def attempt(self, attempt_id: str) -> Attempt:

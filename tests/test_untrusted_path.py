@@ -12,7 +12,7 @@ import pytest
 
 from broker_support import SyncBroker
 from trainmaster.broker import paths
-from untrusted_backend import RAO_PER_TAO, USD_PER_TAO_MICRO, LazyExecutor, UntrustedExecutor
+from untrusted_backend import RAO_PER_TAO, USD_PER_TAO_MICRO, LazyExecutor, ReusingExecutor, UntrustedExecutor
 
 pytest.importorskip("bittensor")
 pytestmark = pytest.mark.slow
@@ -82,6 +82,65 @@ def test_an_honest_untrusted_attempt_is_audited_accepted_and_paid_in_tao(tm_home
     assert charge.rate_micro_usd_per_tao == attempt.cost_rate_micro_usd_per_tao == USD_PER_TAO_MICRO
     assert charge.micro_usd == attempt.cost_micro_usd == attempt.cost_rao * USD_PER_TAO_MICRO // RAO_PER_TAO
     assert attempt.cost_rate_at is not None and attempt.cost_rate_at >= attempt.created_at
+    # it ran from a seed the broker derived from a nonce of its own, not the spec's 3
+    from trainmaster.broker.service import attempt_seed
+
+    [nonce] = [e.detail["seed_nonce"] for e in broker.store.events(done.id) if e.detail and "seed_nonce" in e.detail]
+    assert executor.seeds[attempt.id] == attempt.seed == attempt_seed(3, nonce) != 3
+    # … and the audit holds it to that seed: the same run checked as if run from the spec's seed fails at S_0
+    _reverified_with_seed(done, attempt, broker.spec(done), seed=3)
+    broker.close()
+
+
+def _reverified_with_seed(job, attempt, spec, *, seed):
+    from trainmaster.verify import pipeline
+    from trainmaster.verify.openings import LocalOpenings
+
+    request = pipeline.Attempt(
+        job_id=job.id, attempt_id=f"{attempt.id}-again", outputs=paths.job_dir(job.id) / "outputs",
+        bundle_sha256=job.bundle_sha256, spec=spec, trusted=False, hotkey=attempt.executor_hotkey,
+        signature=_signature(job, attempt),
+        openings=LocalOpenings(paths.attempt_dir(job.id, 1) / "checkpoints"), seed=seed,
+    )
+    verdict = pipeline.verify_attempt(request, db_path=paths.home() / "other.db", write_verdict=False,
+                                      audit_settings=pipeline.AuditSettings(tau=0.01))
+    assert verdict.outcome == "rejected" and "segment 0" in " ".join(verdict.reasons), verdict.reasons
+
+
+def _signature(job, attempt) -> str:
+    from bittensor.sp_core import Keypair
+
+    from trainmaster.jobs.commitment import read_commitment
+    from trainmaster.verify.signing import sign_commitment
+
+    return sign_commitment(read_commitment(paths.job_dir(job.id) / "outputs" / "commitment.json"),
+                           Keypair.create_from_uri("//Alice"))
+
+
+def test_the_same_run_signed_again_by_a_new_hotkey_is_refused(tm_home, job):
+    executor = ReusingExecutor(uris=("//Alice", "//Bob"), coldkeys=("cold-a", "cold-b"))
+    from trainmaster.broker.service import Broker
+
+    broker = SyncBroker(Broker(backends={"bittensor": executor}))
+    done = broker.wait(broker.submit(job / "job.yaml", str(job / "untrusted.yaml")).id, timeout_s=240)
+    assert done.state == "failed"
+    first, second = broker.store.attempts(done.id)
+    assert first.state == second.state == "rejected" and first.executor_hotkey != second.executor_hotkey
+    assert "replay audit failed" in first.reason
+    assert "already committed by attempt" in second.reason, second.reason
+    assert [r.kind for r in _ledger_rows(done.id)] == ["reserve", "release", "reserve", "release"]
+    broker.close()
+
+
+def test_an_executor_caught_once_is_banned_with_every_hotkey_of_its_coldkey(tm_home, job):
+    executor = LazyExecutor(uris=("//Alice", "//Bob"), coldkeys=("cold-a", "cold-a"))
+    from trainmaster.broker.service import Broker
+
+    broker = SyncBroker(Broker(backends={"bittensor": executor}))
+    done = broker.wait(broker.submit(job / "job.yaml", str(job / "untrusted.yaml")).id, timeout_s=240)
+    [attempt] = broker.store.attempts(done.id)  # //Bob, the same owner, is never tried
+    assert attempt.state == "rejected" and attempt.executor_coldkey == "cold-a"
+    assert done.state == "failed" and "2 offers: blocked after a failed attempt" in done.reason, done.reason
     broker.close()
 
 

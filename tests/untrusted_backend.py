@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -35,28 +36,36 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     name = "bittensor"
     trusted = False
 
-    def __init__(self, config=None, *, uri: str = URI):
+    def __init__(self, config=None, *, uris: tuple[str, ...] = (URI,), coldkeys: tuple[str | None, ...] | None = None):
         super().__init__(None)
         from bittensor.sp_core import Keypair
 
-        self.keypair = Keypair.create_from_uri(uri)
+        pairs = [Keypair.create_from_uri(uri) for uri in uris]
+        self.keypair = pairs[0]
+        self.keypairs = {pair.ss58_address: pair for pair in pairs}
+        self.coldkeys = dict(zip(self.keypairs, coldkeys or (None,) * len(pairs)))
         self.local = LocalBackend()
         self.published: dict[str, str | None] = {}
         """attempt id -> the challenge digest the broker published at dispatch."""
         self.opened: list[list[int]] = []
         """Every set of segment indices the broker asked to open, in order."""
+        self.seeds: dict[str, int] = {}
+        """attempt id -> the seed the broker gave it."""
 
     def _inner(self, handle: Handle) -> Handle:
         return Handle(backend="local", attempt_id=handle.attempt_id, data=handle.data)
 
     async def offers(self, spec: JobSpec) -> OfferSet:
         found = await self.local.offers(spec)
-        micro = RAO_PER_HOUR * USD_PER_TAO_MICRO // RAO_PER_TAO
-        return OfferSet(backend=self.name, reasons=found.reasons, offers=[
-            Offer(**{**o.model_dump(), "backend": self.name, "instance": self.keypair.ss58_address, "region": "subnet",
-                     "trusted": False, "price_per_hour_rao": RAO_PER_HOUR, "price_per_hour_micro_usd": micro})
-            for o in found.offers
-        ])
+        offers = []
+        for rank, (hotkey, coldkey) in enumerate(self.coldkeys.items()):  # the first key is the cheapest
+            rao = RAO_PER_HOUR + rank * RAO_PER_TAO // 10
+            offers += [Offer(**{**o.model_dump(), "backend": self.name, "instance": hotkey, "region": "subnet",
+                                "trusted": False, "price_per_hour_rao": rao,
+                                "price_per_hour_micro_usd": rao * USD_PER_TAO_MICRO // RAO_PER_TAO,
+                                "detail": {**o.detail, "coldkey": coldkey}})
+                       for o in found.offers]
+        return OfferSet(backend=self.name, reasons=found.reasons, offers=offers)
 
     def executed(self, spec: JobSpec) -> JobSpec:
         """The spec this executor actually runs (an honest one runs the spec as given)."""
@@ -64,8 +73,9 @@ class UntrustedExecutor(RunsUntrusted, Backend):
 
     async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
         self.published[ctx.attempt_id] = ctx.challenge_digest
+        self.seeds[ctx.attempt_id] = ctx.seed
         handle = await self.local.submit(bundle, self.executed(spec), offer, ctx)
-        return Handle(backend=self.name, attempt_id=handle.attempt_id, data=handle.data)
+        return Handle(backend=self.name, attempt_id=handle.attempt_id, data={**handle.data, "hotkey": offer.instance})
 
     async def status(self, handle: Handle) -> AttemptStatus:
         return await self.local.status(self._inner(handle))
@@ -88,14 +98,16 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     # the untrusted path
 
     async def executor(self, handle: Handle) -> ExecutorIdentity:
-        return ExecutorIdentity(hotkey=self.keypair.ss58_address, coldkey=None)
+        hotkey = handle.data["hotkey"]
+        return ExecutorIdentity(hotkey=hotkey, coldkey=self.coldkeys[hotkey])
 
     async def signed_commitment(self, handle: Handle) -> SignedCommitment:
         from trainmaster.jobs.commitment import read_commitment
         from trainmaster.verify.signing import sign_commitment
 
         path = Path(handle.data["workdir"]) / "outputs" / "commitment.json"
-        return SignedCommitment(commitment=path.read_text(), signature=sign_commitment(read_commitment(path), self.keypair))
+        keypair = self.keypairs[handle.data["hotkey"]]
+        return SignedCommitment(commitment=path.read_text(), signature=sign_commitment(read_commitment(path), keypair))
 
     async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
         """Every segment's manifest (its leaf, for the proofs) and the full files of each challenged
@@ -117,6 +129,19 @@ class LazyExecutor(UntrustedExecutor):
 
     def executed(self, spec: JobSpec) -> JobSpec:
         return spec.model_copy(update={"entrypoint": f"{spec.entrypoint} --lr 0.0027"})
+
+
+class ReusingExecutor(LazyExecutor):
+    """Trains lazily once; every later attempt it gets returns that first run again, signed with the
+    hotkey of the new offer, without training (the 'same faked run under a new hotkey' attack)."""
+
+    async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
+        if not self.published:
+            return await super().submit(bundle, spec, offer, ctx)
+        self.published[ctx.attempt_id] = ctx.challenge_digest
+        first = Path(ctx.workdir).parent / "1"
+        await asyncio.to_thread(shutil.copytree, first, ctx.workdir, dirs_exist_ok=True, symlinks=True)
+        return Handle(backend=self.name, attempt_id=ctx.attempt_id, data={"workdir": ctx.workdir, "hotkey": offer.instance})
 
 
 def _reader(path: Path):

@@ -68,7 +68,26 @@ class CommitmentStore:
             commitment, expected_job_id=expected_job_id, expected_bundle_sha256=expected_bundle_sha256,
             expected_k=expected_k, expected_n=expected_n,
         )
+        self._refuse_reuse(commitment, attempt_id)
         return self._insert(commitment, attempt_id, signature, hotkey)
+
+    def _refuse_reuse(self, commitment: Commitment, attempt_id: str) -> None:
+        """Each untrusted attempt trains from its own S_0 (its seed comes from a nonce the broker chose),
+        so a root or a final model another attempt of the job already committed is a reused run —
+        typically a rejected one re-signed by a new hotkey, hoping for a luckier challenge."""
+        rows = self.database.db.execute(
+            "SELECT attempt_id, commitment_json FROM commitments WHERE job_id = ? AND attempt_id != ?",
+            (commitment.job_id, attempt_id),
+        ).fetchall()
+        for row in rows:
+            earlier = Commitment.from_json(row["commitment_json"].encode("ascii"))
+            same = "root" if earlier.root == commitment.root else "final model" if (
+                earlier.final_sha256 == commitment.final_sha256) else None
+            if same:
+                raise VerificationError(
+                    f"this run was already committed by attempt {row['attempt_id']} of the job (the same {same}); "
+                    "a run is never accepted twice, and each attempt trains from its own seed"
+                )
 
     def store_trusted(
         self,

@@ -78,6 +78,8 @@ class Attempt:
     openings: Openings | None = None
     open_segments: Callable[[list[int]], Openings] | None = None
     outputs_hashed: bool = False
+    seed: int | None = None
+    """The seed the attempt ran with, when it is not the spec's (an untrusted attempt's, derived from a nonce)."""
     recipe_run: RecipeRun | None = None
     exact_replay: bool = False
 
@@ -280,9 +282,12 @@ def _recipe_steps(attempt: Attempt) -> int | None:
 
 
 def _recipe_run(attempt: Attempt) -> RecipeRun:
+    import dataclasses
+
     from .recipe_run import recipe_run
 
-    return attempt.recipe_run or recipe_run(attempt.spec)
+    run = attempt.recipe_run or recipe_run(attempt.spec)
+    return run if attempt.seed is None else dataclasses.replace(run, seed=attempt.seed)
 
 
 def _read_signature(path: Path) -> str | None:

@@ -158,7 +158,7 @@ class LocalBackend(SupportsMultiGpu, Backend):
         argv = [python if (i == 0 and a in PYTHON_NAMES) else a for i, a in enumerate(spec.argv)]
         env = {**os.environ, **spec.env, **job_environment(
             job_id=ctx.job_id, output_dir=workdir / "outputs", checkpoint_dir=workdir / "checkpoints",
-            seed=spec.seed, segment_steps=spec.checkpoint.segment_steps, bundle_sha256=ctx.bundle_sha256,
+            seed=ctx.seed, segment_steps=spec.checkpoint.segment_steps, bundle_sha256=ctx.bundle_sha256,
             resume_from=Path(ctx.resume_from) if ctx.resume_from else None,
         ), "PYTHONUNBUFFERED": "1"}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in offer.detail.get("gpu_indices", []))
