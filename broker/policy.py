@@ -122,6 +122,10 @@ class ClassPolicy(Model):
         default_factory=list, description="Tiers tried in order when earlier ones have nothing."
     )
     constraints: Constraints = Field(default_factory=Constraints)
+    retries: int = Field(
+        0, ge=0, le=10, description="Attempts again on the same offer after a crash or preemption, each resuming "
+        "from the last committed segment, before the offer is given up for the next one.",
+    )
 
     @property
     def tiers(self) -> list[tuple[Step, ...]]:

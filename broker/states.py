@@ -3,7 +3,10 @@
 A job walks submitted → planned → dispatched → running → returned → verifying → accepted. An
 attempt (one try on one offer) ends accepted, rejected, failed or cancelled; after a rejected or
 failed attempt the job goes back to `planned` for the next offer, or ends `failed` when none is
-left. Every move is checked here, so a bug or a race cannot skip a step.
+left. An attempt whose checks could not run (a missing package, a full disk: `cannot_verify`) is
+`unverified`: nothing is paid or blocked, and it waits for `trainmaster verify JOB --again`. A
+`failed` or `cancelled` job goes back to `planned` only when the user resumes it. Every move is
+checked here, so a bug or a race cannot skip a step.
 """
 
 from __future__ import annotations
@@ -14,26 +17,31 @@ JOB_TRANSITIONS: dict[str, set[str]] = {
     "dispatched": {"running", "returned", "planned", "failed", "cancelled"},
     "running": {"returned", "planned", "failed", "cancelled"},
     "returned": {"verifying", "planned", "failed", "cancelled"},
-    "verifying": {"accepted", "planned", "failed"},
+    "verifying": {"accepted", "planned", "failed", "unverified"},
+    "unverified": {"verifying", "cancelled"},
     "accepted": set(),
-    "failed": set(),
-    "cancelled": set(),
+    "failed": {"planned"},  # `trainmaster resume`
+    "cancelled": {"planned"},  # `trainmaster resume`
 }
 
 ATTEMPT_TRANSITIONS: dict[str, set[str]] = {
     "dispatched": {"running", "returned", "failed", "cancelled"},
     "running": {"returned", "failed", "cancelled"},
     "returned": {"verifying", "failed", "cancelled"},
-    "verifying": {"accepted", "rejected", "failed"},
+    "verifying": {"accepted", "rejected", "failed", "unverified"},
+    "unverified": {"verifying", "cancelled"},
     "accepted": set(),
     "rejected": set(),
     "failed": set(),
     "cancelled": set(),
 }
 
-JOB_ENDS = frozenset(s for s, nxt in JOB_TRANSITIONS.items() if not nxt)
+JOB_ENDS = frozenset({"accepted", "failed", "cancelled"})
+"""Nothing moves these on its own (a failed or cancelled job moves again only when resumed)."""
 ATTEMPT_ENDS = frozenset(s for s, nxt in ATTEMPT_TRANSITIONS.items() if not nxt)
 ACTIVE_ATTEMPT = frozenset({"dispatched", "running"})
+WAITING = frozenset({"unverified"})
+"""Attempts and jobs that wait for the user (`verify --again`), not for a backend."""
 
 
 class IllegalTransition(RuntimeError):
