@@ -5,7 +5,9 @@ Metrics come from, in order of preference:
 1. an evaluation function (``checkpoint path -> {metric: value}``) passed in by the caller;
 2. the spec's ``verification.evaluator``: a command in the bundle, run on the broker in a
    subprocess with ``TRAINMASTER_EVAL_CHECKPOINT`` set to the final checkpoint, whose last
-   non-empty stdout line is a JSON object of metrics;
+   non-empty stdout line is a JSON object of metrics. It runs in the job's environment: the
+   interpreter the job ran with (its virtualenv first on ``PATH``; ``python`` names it), the spec's
+   ``env``, and its words expanded as the entrypoint's are (``jobs.environment.expand_command``);
 3. the run's own ``result.json`` — self-reported, so only when the executor is trusted.
 
 Each ``verification.thresholds`` entry ``{metric: minimum}`` must hold. With the previous accepted
@@ -18,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -26,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from trainmaster.jobs.environment import expand_command, interpreter_environment
+from trainmaster.jobs.spec import PYTHON_NAMES
 
 from .errors import VerificationError
 
@@ -57,17 +61,21 @@ def check_outcome(
     trust_reported: bool = False,
     previous: Mapping[str, float] | None = None,
     timeout_s: float = 3600.0,
+    python: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> OutcomeResult:
     """Evaluate the final model and compare its metrics with the thresholds and the previous model.
 
     With no thresholds, no evaluator and no evaluation function there is nothing to check, and the
     result passes with source ``none``. Raises :class:`VerificationError` (``cannot_verify``) when
-    metrics are needed but cannot be obtained.
+    metrics are needed but cannot be obtained. ``python``: the interpreter the job ran with (default:
+    the broker's); ``env``: the spec's own variables, for the evaluator.
     """
     if evaluate is not None:
         metrics, source, output = _numbers(evaluate(Path(checkpoint))), "function", ""
     elif evaluator:
-        metrics, output = run_evaluator(evaluator, Path(checkpoint), cwd=code_dir, timeout_s=timeout_s)
+        metrics, output = run_evaluator(evaluator, Path(checkpoint), cwd=code_dir, timeout_s=timeout_s,
+                                        python=python, env=env)
         source = "evaluator"
     elif thresholds:
         metrics, source, output = _reported(outputs, trust_reported), RESULT_FILE, ""
@@ -77,12 +85,14 @@ def check_outcome(
     return OutcomeResult(passed=not failures, source=source, metrics=metrics, failures=failures, output=output)
 
 
-def run_evaluator(command: str, checkpoint: Path, *, cwd: Path | None, timeout_s: float) -> tuple[dict[str, float], str]:
-    """Run the evaluator command; return its metrics and the tail of its output."""
-    argv = shlex.split(command)
-    if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable  # the broker's interpreter, as local runs use
-    env = {**os.environ, CHECKPOINT_ENV: str(Path(checkpoint).absolute())}
+def run_evaluator(command: str, checkpoint: Path, *, cwd: Path | None, timeout_s: float, python: str | None = None,
+                  env: Mapping[str, str] | None = None) -> tuple[dict[str, float], str]:
+    """Run the evaluator command in the job's environment; return its metrics and the tail of its output."""
+    python = python or sys.executable
+    env = interpreter_environment(python, {**os.environ, **(env or {}), CHECKPOINT_ENV: str(Path(checkpoint).absolute())})
+    argv = expand_command(command, env)
+    if argv and argv[0] in PYTHON_NAMES:
+        argv[0] = python
     try:
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

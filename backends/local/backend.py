@@ -5,6 +5,11 @@ Each attempt gets a fresh work dir (the bundle extracted into `code/`, plus `out
 the job's process group. Everything a later process needs to find the attempt again is in the
 work dir, so the handle is just its path, and a second `submit` of the same attempt finds the
 first run instead of starting another. Cost is wall time × the power model.
+
+No orphans: a supervisor found dead without having recorded the end has the rest of its attempt
+stopped (processes.py) and the end recorded here, once, in `exit.json`: when the last process
+was stopped, or the supervisor's last heartbeat when nothing was left, so every later status()
+and cost() agree. `cancel` stops whatever of an attempt still runs, whatever its recorded state.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,10 +32,11 @@ from trainmaster.backends.base import (
 )
 from trainmaster.backends.features import SupportsMultiGpu, needed, unsupported
 from trainmaster.backends.hardware import Machine, this_machine
+from trainmaster.backends.local import processes
 from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
-from trainmaster.jobs.environment import job_environment
+from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
 from trainmaster.jobs.files import write_json_atomic
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
@@ -153,10 +160,10 @@ class LocalBackend(SupportsMultiGpu, Backend):
         return Handle(backend=self.name, attempt_id=ctx.attempt_id, data={"workdir": ctx.workdir})
 
     def _launch(self, spec: JobSpec, offer: Offer, ctx: AttemptContext, workdir: Path) -> dict:
+        """What the supervisor runs. `env` holds only the variables trainmaster sets and the spec's
+        `env`: the inherited environment is merged by the supervisor at run time, never written here."""
         nproc = int(offer.detail.get("nproc", 1))
-        python = sys.executable
-        argv = [python if (i == 0 and a in PYTHON_NAMES) else a for i, a in enumerate(spec.argv)]
-        env = {**os.environ, **spec.env, **job_environment(
+        env = {**spec.env, **job_environment(
             job_id=ctx.job_id, output_dir=workdir / "outputs", checkpoint_dir=workdir / "checkpoints",
             seed=ctx.seed, segment_steps=spec.checkpoint.segment_steps, bundle_sha256=ctx.bundle_sha256,
             resume_from=Path(ctx.resume_from) if ctx.resume_from else None,
@@ -165,14 +172,14 @@ class LocalBackend(SupportsMultiGpu, Backend):
         launcher = spec.launcher
         if launcher == "auto":
             launcher = "torchrun" if nproc > 1 else "direct"
-        if launcher == "torchrun":
-            torchrun = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--no-python"]
-            argv = torchrun + argv
-        else:
+        if launcher == "direct":
             env.update(single_process_env())
         return {
-            "argv": argv,
-            "python": python,
+            "entrypoint": spec.entrypoint,
+            "launcher": launcher,
+            "nproc": nproc,
+            "python": sys.executable,
+            "python_names": sorted(PYTHON_NAMES),
             "cwd": str(workdir / "code"),
             "env": env,
             "max_seconds": spec.limits.max_hours * 3600 if spec.limits.max_hours else None,
@@ -191,11 +198,11 @@ class LocalBackend(SupportsMultiGpu, Backend):
             await asyncio.sleep(0.005)
 
     async def status(self, handle: Handle) -> AttemptStatus:
-        return _status(Path(handle.data["workdir"]))
+        return await asyncio.to_thread(_status, Path(handle.data["workdir"]))
 
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
         workdir = Path(handle.data["workdir"])
-        done = _status(workdir).phase.done  # read before the log, so nothing written after it is missed
+        done = (await asyncio.to_thread(_status, workdir)).phase.done  # before the log, so nothing written after it is missed
         try:
             with open(workdir / sup.LOG, "rb") as f:
                 f.seek(offset)
@@ -206,24 +213,27 @@ class LocalBackend(SupportsMultiGpu, Backend):
         text = data.decode(errors="replace")
         return LogChunk(text=text, offset=offset, next_offset=offset + len(data), complete=done and not more)
 
-    async def cancel(self, handle: Handle) -> None:
+    async def cancel(self, handle: Handle) -> int:
+        """Stop the attempt: SIGTERM to its process group while the supervisor lives (it records the
+        cancel; torchrun stops its workers), up to CANCEL_GRACE_S, then SIGKILL to whatever of the
+        attempt is left, whatever its recorded state. Returns how many processes had to be killed."""
         workdir = Path(handle.data["workdir"])
         started = _read_json(workdir / sup.SUPERVISOR)
-        if started is None or not _alive(started["pid"], started["create_time"]):
-            return
-        pgid = started["pid"]  # the supervisor leads its own session and process group
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.time() + CANCEL_GRACE_S
-        while time.time() < deadline and _alive(started["pid"], started["create_time"]):
-            await asyncio.sleep(0.1)
-        _signal_group(pgid, signal.SIGKILL)
+        if started is None:
+            return 0
+        if _alive(started["pid"], started["create_time"]):
+            _signal_group(started["pid"], signal.SIGTERM)  # the supervisor leads its own session and process group
+            deadline = time.time() + CANCEL_GRACE_S
+            while time.time() < deadline and _alive(started["pid"], started["create_time"]):
+                await asyncio.sleep(0.1)
+        return await asyncio.to_thread(_reap, workdir, started, cancelled=True)
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """Copy the outputs to `dest` atomically, each file hashed as it is copied; idempotent."""
         return await transfer.copy_tree(Path(handle.data["workdir"]) / "outputs", dest, progress)
 
     async def cost(self, handle: Handle, offer: Offer) -> Cost:
-        st = _status(Path(handle.data["workdir"]))
+        st = await asyncio.to_thread(_status, Path(handle.data["workdir"]))
         if st.started_at is None:
             return Cost(micro_usd=0, billable_seconds=0, basis="never started")
         seconds = max(0.0, (st.ended_at or time.time()) - st.started_at)
@@ -261,10 +271,44 @@ def _status(workdir: Path) -> AttemptStatus:
         return AttemptStatus(phase=Phase.pending)
     if _alive(started["pid"], started["create_time"]):
         return AttemptStatus(phase=Phase.running, started_at=started["started_at"])
-    if (workdir / sup.EXIT).exists():  # it finished between the two reads
-        return _status(workdir)
-    return AttemptStatus(phase=Phase.failed, reason="the process died without finishing (killed or crashed)",
-                         started_at=started["started_at"], ended_at=_mtime(workdir / sup.LOG))
+    if not (workdir / sup.EXIT).exists():  # else it finished between the two reads
+        _reap(workdir, started, cancelled=False)
+    return _status(workdir)
+
+
+def _reap(workdir: Path, started: dict, *, cancelled: bool) -> int:
+    """Kill what is left of an attempt (its supervisor dead, or not stopping when cancelled) and, when
+    the supervisor recorded no end, record one: when the last process was stopped, or the last
+    heartbeat when nothing was left. Returns how many processes were killed."""
+    alive = _alive(started["pid"], started["create_time"])
+    beat = max(started["started_at"], _mtime(workdir / sup.HEARTBEAT, default=0.0))
+    marker = (_read_json(workdir / sup.LAUNCH) or {}).get("env", {}).get(OUTPUT_DIR, str(workdir / "outputs"))
+    left = processes.attempt_processes(started["pid"], started["create_time"], marker=marker,
+                                       until=None if alive else beat + 2 * sup.HEARTBEAT_S)
+    ended = processes.stop(left, grace=0) if left else beat
+    if not (workdir / sup.EXIT).exists():
+        reason = "the process died without finishing (killed or crashed)"
+        if left:
+            reason += f"; {len(left)} process(es) it left were stopped"
+        _write_json_once(workdir / sup.EXIT, {"exit_code": None, "reason": "cancelled" if cancelled else reason,
+                                              "cancelled": cancelled, "started_at": started["started_at"],
+                                              "ended_at": ended, "recorded_by": "backend"})
+    return len(left)
+
+
+def _write_json_once(path: Path, obj: dict) -> None:
+    """Create `path` with `obj` unless it exists: the first of concurrent writers wins, atomically."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
 
 
 def _alive(pid: int, create_time: float) -> bool:
@@ -292,8 +336,8 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _mtime(path: Path) -> float:
+def _mtime(path: Path, default: float) -> float:
     try:
         return path.stat().st_mtime
     except FileNotFoundError:
-        return time.time()
+        return default

@@ -2,11 +2,21 @@
 
 The local backend starts it detached (its own session and process group), so the job outlives
 the CLI that submitted it. It writes `supervisor.json` (its pid and start time, so any later
-process can tell it from a reused pid) and, when the job ends for any reason it can see,
-`exit.json` atomically. If it is killed outright there is no `exit.json`, and the backend
-reports the attempt as failed: "the process died without finishing".
+process can tell it from a reused pid), touches `heartbeat` every second while it lives, records
+the interpreter the job runs with (`environment.json`, which the evaluator then uses), and, when
+the job ends for any reason it can see, writes `exit.json` atomically and stops whatever the job
+left running (processes.py).
 
-Kept to the standard library, psutil and `jobs.files` so it starts in milliseconds.
+The job's process dies with it: the child is started with a parent-death signal (Linux prctl
+PR_SET_PDEATHSIG, SIGTERM, so torchrun still takes its workers down). If the supervisor is killed
+outright there is no `exit.json`; the backend then stops what is left of the attempt and records
+the end itself (the last heartbeat, or when it stopped the last process).
+
+`launch.json` holds only what trainmaster decided (the entrypoint as written, the variables it
+sets, the spec's `env`); the inherited environment is merged here, at run time, and is never
+written to disk. The entrypoint is expanded in the job's final environment (`expand_command`).
+
+Kept to the standard library, psutil and small `jobs` modules so it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -14,19 +24,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from trainmaster.backends.local import processes
+from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment, record_python
 from trainmaster.jobs.files import write_json_atomic
 
 LAUNCH = "launch.json"
 SUPERVISOR = "supervisor.json"
 EXIT = "exit.json"
 LOG = "job.log"
+HEARTBEAT = "heartbeat"
+HEARTBEAT_S = 1.0
+LEFTOVER_GRACE_S = 5.0
+ENV_LAYOUT = b"2"  # part of a cached virtualenv's key: bump when what prepare_venv builds changes
+PR_SET_PDEATHSIG = 1
 
 
 def process_start_time(pid: int) -> float:
@@ -38,8 +57,9 @@ def process_start_time(pid: int) -> float:
 def main(workdir: Path) -> int:
     launch = json.loads((workdir / LAUNCH).read_text())
     started = time.time()
-    write_json_atomic(workdir / SUPERVISOR, {"pid": os.getpid(), "create_time": process_start_time(os.getpid()),
-                                             "started_at": started})
+    record = {"pid": os.getpid(), "create_time": process_start_time(os.getpid()), "started_at": started}
+    beat = Heartbeat(workdir / HEARTBEAT)
+    write_json_atomic(workdir / SUPERVISOR, record)
     stopping: dict[str, str] = {}
 
     def on_term(signum, _frame):
@@ -48,76 +68,182 @@ def main(workdir: Path) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     with open(workdir / LOG, "ab", buffering=0) as log:
-        argv = launch["argv"]
+        python, code, reason = launch["python"], 1, "installing the requirements failed; see the log"
         if launch.get("requirements"):
-            python = prepare_venv(Path(launch["requirements"]), Path(launch["envs_dir"]), log)
-            if python is None:
-                return finish(workdir, started, 1, "installing the requirements failed; see the log", stopping)
-            argv = [python if a == launch["python"] else a for a in argv]
-        code = run(argv, launch, log, stopping)
-    reason = stopping.get("reason") or ("time limit reached" if code == "timeout" else None)
-    return finish(workdir, started, 124 if code == "timeout" else code, reason, stopping)
+            python = prepare_venv(Path(launch["requirements"]), Path(launch["envs_dir"]), log, beat)
+        if python is not None:
+            record_python(workdir, python)
+            log.write(f"[trainmaster] python: {python}\n".encode())
+            env = interpreter_environment(python, {**os.environ, **launch["env"]})
+            result = run(*command(launch, python, env), launch, env, log, stopping, beat)
+            code = 124 if result == "timeout" else result
+            reason = stopping.get("reason") or ("time limit reached" if result == "timeout" else None)
+        finish(workdir, started, code, reason, stopping)
+        stop_leftovers(record, launch, log, stopping)
+    return 0
 
 
-def run(argv: list[str], launch: dict, log, stopping: dict) -> int | str:
-    log.write(f"[trainmaster] $ {' '.join(argv)}\n".encode())
+class Heartbeat:
+    """Touches a file at most once a second: its mtime is when the supervisor was last seen alive."""
+
+    def __init__(self, path: Path):
+        self.path, self.last = path, time.time()
+        path.touch()
+
+    def __call__(self) -> None:
+        if time.time() - self.last >= HEARTBEAT_S:
+            self.last = time.time()
+            os.utime(self.path)
+
+
+def command(launch: dict, python: str, env: dict[str, str]) -> tuple[list[str], str]:
+    """The argv to start, and the line the log shows: the entrypoint as written, since its expansion
+    may hold a value from the inherited environment, which is never written to disk."""
+    words = expand_command(launch["entrypoint"], env)
+    if words[0] in launch["python_names"]:
+        words[0] = python
+    prefix = []
+    if launch["launcher"] == "torchrun":
+        prefix = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch['nproc']}", "--no-python"]
+    return prefix + words, " ".join([*map(shlex.quote, prefix), launch["entrypoint"]])
+
+
+def run(argv: list[str], shown: str, launch: dict, env: dict[str, str], log, stopping: dict, beat: Heartbeat) -> int | str:
+    log.write(f"[trainmaster] $ {shown}\n".encode())
     try:
-        child = subprocess.Popen(argv, cwd=launch["cwd"], env=launch["env"], stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
+        child = subprocess.Popen(argv, cwd=launch["cwd"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
     except OSError as exc:
         log.write(f"[trainmaster] cannot start {argv[0]}: {exc}\n".encode())
         return 127
     deadline = time.time() + launch["max_seconds"] if launch.get("max_seconds") else None
+    while (code := wait(child, beat, HEARTBEAT_S)) is None:
+        if deadline and time.time() > deadline and not stopping:
+            log.write(b"[trainmaster] time limit reached; stopping the job\n")
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the signal is for the job, not for us
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+            if wait(child, beat, 30) is None:
+                child.kill()
+                child.wait()
+            return "timeout"
+    return code
+
+
+def wait(proc: subprocess.Popen, beat: Heartbeat, timeout: float) -> int | None:
+    """`proc`'s exit code, or None after `timeout` seconds; the heartbeat goes on meanwhile."""
+    deadline = time.time() + timeout
     while True:
         try:
-            return child.wait(timeout=1.0)
+            return proc.wait(timeout=max(0.0, min(HEARTBEAT_S, deadline - time.time())))
         except subprocess.TimeoutExpired:
-            if deadline and time.time() > deadline and not stopping:
-                log.write(b"[trainmaster] time limit reached; stopping the job\n")
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the signal is for the job, not for us
-                os.killpg(os.getpgid(0), signal.SIGTERM)
-                try:
-                    child.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
-                return "timeout"
+            beat()
+            if time.time() >= deadline:
+                return None
 
 
-def prepare_venv(requirements: Path, envs_dir: Path, log) -> str | None:
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` arming the child's parent-death signal (Linux): it gets SIGTERM when this
+    supervisor dies, however it dies; None where there is no prctl. The supervisor has no threads,
+    so a preexec_fn is safe here."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent, sig = os.getpid(), int(signal.SIGTERM)
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # the supervisor died before the signal was armed
+            os.kill(os.getpid(), sig)
+
+    return arm
+
+
+def call(argv: list[str], log, beat: Heartbeat) -> int:
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=die_with_parent())
+    while (code := wait(proc, beat, HEARTBEAT_S)) is None:
+        pass
+    return code
+
+
+def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> str | None:
     """A virtualenv with the requirements installed on top of this environment, cached by their hash.
 
     The broker's own site-packages are linked in (a .pth file), the way a cloud image carries
-    torch: requirements add to it rather than reinstalling multi-GB frameworks per job.
+    torch: requirements add to it rather than reinstalling multi-GB frameworks per job. Every
+    console script of the base environment gets a wrapper in the virtualenv's `bin` (`pip`,
+    `accelerate`, `torchrun` …), so on `PATH` they run the virtualenv's python, as installing
+    them there would have. Built in place under a lock: a console script names its interpreter
+    by absolute path, so a virtualenv cannot be moved once built.
     """
-    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    import fcntl
+
+    digest = hashlib.sha256(ENV_LAYOUT + b"\0" + requirements.read_bytes()).hexdigest()[:16]
     venv = envs_dir / digest
     python = venv / "bin" / "python"
-    if (venv / ".ready").exists():
-        return str(python)
-    tmp = envs_dir / f".{digest}.{os.getpid()}"
-    log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}\n".encode())
-    if subprocess.call([sys.executable, "-m", "venv", "--without-pip", str(tmp)], stdout=log, stderr=subprocess.STDOUT):
-        return None
-    site = subprocess.check_output([str(tmp / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                   text=True).strip()
-    parent = [p for p in sys.path if p.endswith("site-packages")]
-    Path(site, "_trainmaster_base.pth").write_text("\n".join(parent) + "\n")
-    install = [str(tmp / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
-    if subprocess.call(install, stdout=log, stderr=subprocess.STDOUT) != 0:
-        return None
-    (tmp / ".ready").touch()
-    try:
-        os.rename(tmp, venv)
-    except OSError:  # another job built the same environment first; use that one
-        shutil.rmtree(tmp, ignore_errors=True)
+    envs_dir.mkdir(parents=True, exist_ok=True)
+    with open(envs_dir / f".{digest}.lock", "w") as lock:
+        while True:  # another job may be building the same environment
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                beat()
+                time.sleep(0.2)
+        if (venv / ".ready").exists():
+            return str(python)
+        shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way
+        log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}\n".encode())
+        if call([sys.executable, "-m", "venv", "--without-pip", str(venv)], log, beat):
+            return None
+        site = subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                       text=True).strip()
+        parent = [p for p in sys.path if p.endswith("site-packages")]
+        Path(site, "_trainmaster_base.pth").write_text("\n".join(parent) + "\n")
+        install = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
+        if call(install, log, beat) != 0:
+            return None
+        link_console_scripts(str(python), venv / "bin")
+        (venv / ".ready").touch()
     return str(python)
 
 
-def finish(workdir: Path, started: float, code: int, reason: str | None, stopping: dict) -> int:
+def link_console_scripts(python: str, bindir: Path) -> None:
+    """A wrapper in `bindir` running `python` for each console script of this environment it lacks."""
+    import importlib.metadata
+
+    for ep in importlib.metadata.entry_points(group="console_scripts"):
+        target = bindir / ep.name
+        if "/" in ep.name or ep.name.startswith(".") or not ep.attr or target.exists():
+            continue
+        target.write_text(_script_head(python) + f"import sys\nfrom {ep.module} import {ep.attr.split('.')[0]}\n"
+                          f"if __name__ == '__main__':\n    sys.exit({ep.attr}())\n")
+        target.chmod(0o755)
+
+
+def _script_head(python: str) -> str:
+    """A shebang for `python`; through /bin/sh when the path is too long or odd for the kernel (as pip does)."""
+    if len(python) < 127 and not any(c.isspace() for c in python):
+        return f"#!{python}\n"
+    return f"#!/bin/sh\n'''exec' {shlex.quote(python)} \"$0\" \"$@\"\n' '''\n"
+
+
+def finish(workdir: Path, started: float, code: int, reason: str | None, stopping: dict) -> None:
     write_json_atomic(workdir / EXIT, {"exit_code": code, "reason": reason, "cancelled": stopping.get("reason") == "cancelled",
                                        "started_at": started, "ended_at": time.time()})
-    return 0
+
+
+def stop_leftovers(record: dict, launch: dict, log, stopping: dict) -> None:
+    """Stop what the job left running once it ended (a daemon it forked, workers its launcher lost):
+    SIGTERM, up to LEFTOVER_GRACE_S to exit (cut short by a cancel), then SIGKILL."""
+    left = processes.attempt_processes(record["pid"], record["create_time"], marker=launch["env"][OUTPUT_DIR],
+                                       until=None, exclude={os.getpid()})
+    if left:
+        log.write(f"[trainmaster] the job left {len(left)} process(es) running "
+                  f"(pid {', '.join(str(p.pid) for p in left)}); stopping them\n".encode())
+        processes.stop(left, grace=0 if stopping else LEFTOVER_GRACE_S, interrupted=lambda: bool(stopping))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""Which processes belong to one local attempt, and stopping them: shared by the supervisor (which
+stops what a finished job left running) and the backend (which stops what a dead supervisor left).
+
+A process belongs to the attempt when it started no earlier than the attempt's supervisor and
+
+- carries the attempt's output directory in its environment (`TRAINMASTER_OUTPUT_DIR`): everything
+  the job starts inherits it, torchrun's workers too, which torchrun puts each in a session of its
+  own, out of the supervisor's process group; or
+- sits in the supervisor's process group or session (the supervisor leads both) and started while
+  the supervisor lived (`until`): a process that cleared its environment, or pip building the job's
+  virtualenv. Once the supervisor is dead its pid, and with it the group's number, can be given to
+  another process, so a process started since is never taken for ours by its group alone.
+
+Linux and macOS (psutil); a process of another user is never matched (its environment is unreadable).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+
+import psutil
+
+from trainmaster.jobs.environment import OUTPUT_DIR
+
+KILL_WAIT_S = 5.0
+POLL_S = 0.05
+
+
+def attempt_processes(pid: int, create_time: float, *, marker: str, until: float | None,
+                      exclude: Iterable[int] = ()) -> list[psutil.Process]:
+    """The live processes of the attempt whose supervisor is (or was) `pid` started at `create_time`.
+
+    `marker`: the attempt's output directory. `until`: the latest start time a process found by its
+    group or session alone may have (None while the supervisor is alive).
+    """
+    skip = set(exclude)
+    found = []
+    for proc in psutil.process_iter(["create_time", "status"]):
+        started = proc.info["create_time"]
+        if proc.pid in skip or started is None or started < create_time - 0.01 or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if (until is None or started <= until) and pid in (os.getpgid(proc.pid), os.getsid(proc.pid)):
+                found.append(proc)
+            elif proc.environ().get(OUTPUT_DIR) == marker:
+                found.append(proc)
+        except (OSError, psutil.Error):  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def stop(procs: list[psutil.Process], *, grace: float, interrupted: Callable[[], bool] = lambda: False) -> float:
+    """SIGTERM, up to `grace` seconds to exit (cut short when `interrupted()`), then SIGKILL; returns when
+    the last one was gone (or `KILL_WAIT_S` after the SIGKILL, for a process that cannot die at once)."""
+    if grace > 0:
+        _send(procs, signal.SIGTERM)
+        deadline = time.time() + grace
+        while (procs := _alive(procs)) and time.time() < deadline and not interrupted():
+            time.sleep(POLL_S)
+    _send(procs, signal.SIGKILL)
+    deadline = time.time() + KILL_WAIT_S
+    while _alive(procs) and time.time() < deadline:
+        time.sleep(POLL_S)
+    return time.time()
+
+
+def _send(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)  # checks the pid still names the same process first
+        except psutil.Error:
+            pass
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running; a zombie is dead (its parent, often init in a container, may never reap it)."""
+    out = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
