@@ -377,6 +377,7 @@ class Broker:
                       hashed_now: bool):
         """The verification pipeline (in a worker thread), with the checks the job's policy sets for this
         kind of compute; for an untrusted executor, its signature and its openings of the challenge."""
+        from trainmaster.jobs.environment import recorded_python
         from trainmaster.verify import pipeline
 
         offer = Offer.model_validate_json(attempt.offer_json)
@@ -394,6 +395,7 @@ class Broker:
             spec=self.spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
             code_dir=paths.attempt_dir(job.id, attempt.n) / "code", exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
+            python=recorded_python(paths.attempt_dir(job.id, attempt.n)),  # the evaluator runs with the job's python
             outputs_hashed=hashed_now, seed=attempt.seed,
         )
         return await asyncio.to_thread(
@@ -455,17 +457,39 @@ class Broker:
     # user actions on a job
 
     async def cancel(self, job_id: str) -> Job:
+        """Cancel an unfinished job; and for any job, whatever its recorded state, stop the processes of
+        its attempts that still run (what a crashed run left), each such stop recorded as a `stopped` event."""
         job = self.store.find_job(job_id)
-        if job.state in states.JOB_ENDS:
-            return job
         async with _locked(paths.job_dir(job.id) / ".lock"):
+            job = self.store.job(job.id)
             for attempt in self.store.attempts(job.id):
-                if attempt.state in states.ACTIVE_ATTEMPT and attempt.handle_json:
-                    backend = self.backend(attempt.backend, self.policy(job))
-                    await retried(backend.cancel, Handle.model_validate_json(attempt.handle_json))
+                if not attempt.handle_json:
+                    continue
+                backend = self.backend(attempt.backend, self.policy(job))
+                handle = Handle.model_validate_json(attempt.handle_json)
+                if attempt.state in states.ACTIVE_ATTEMPT and job.state not in states.JOB_ENDS:
+                    await retried(backend.cancel, handle)
                     await self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user")
-            self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
+                else:
+                    await self._stop_leftovers(job, attempt, backend, handle)
+            if job.state not in states.JOB_ENDS:
+                self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
         return self.store.job(job.id)
+
+    async def _stop_leftovers(self, job: Job, attempt: Attempt, backend: Backend, handle: Handle) -> None:
+        """An attempt recorded as ended whose processes still run: the backend's cancel stops them and
+        says how many (a backend that cannot tell says nothing)."""
+        try:
+            stopped = await retried(backend.cancel, handle)
+        except BackendError as exc:
+            self.store.log_event(job.id, "error", {"message": f"stopping what is left of attempt {attempt.n}: {exc}"},
+                                 attempt.id)
+            return
+        if stopped:
+            self.store.log_event(job.id, "stopped", {
+                "processes": stopped,
+                "message": f"attempt {attempt.n} ({attempt.state}) still had {stopped} process(es) running; stopped them",
+            }, attempt.id)
 
     async def logs(self, job_id: str, *, follow: bool = False) -> AsyncIterator[str]:
         """The latest attempt's log from its start; with `follow`, until the job ends (across fallbacks)."""

@@ -82,6 +82,8 @@ class Attempt:
     """The seed the attempt ran with, when it is not the spec's (an untrusted attempt's, derived from a nonce)."""
     recipe_run: RecipeRun | None = None
     exact_replay: bool = False
+    python: str | None = None
+    """The interpreter the job ran with, so its evaluator runs in the job's environment (default: the broker's)."""
 
 
 Audit = Callable[..., "AuditReport"]
@@ -456,6 +458,7 @@ def _outcome(run: _Run, evaluate) -> dict[str, Any]:
     result = check_outcome(
         final, thresholds=thresholds, evaluator=evaluator, code_dir=attempt.code_dir, evaluate=evaluate,
         outputs=Path(attempt.outputs), trust_reported=attempt.trusted, previous=attempt.previous_metrics,
+        python=attempt.python, env=attempt.spec.env if attempt.spec is not None else None,
     )
     run.evidence["outcome"] = result.model_dump()
     if not result.passed:

@@ -106,14 +106,21 @@ def logs(
 
 
 def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."), as_json: bool = JSON_OPT) -> None:
-    """Cancel a job: stop its processes (the whole process group) and record the cost so far."""
+    """Cancel a job: stop its processes (the whole process group) and record the cost so far. On a job that
+    already ended, stop whatever of its attempts still runs, and say so."""
+    import time
+
     from trainmaster.broker.cli import render
 
+    since = time.time()
     broker, job = guarded(lambda: calls.cancel(job_id))
+    stopped = [e.detail["message"] for e in broker.store.events(job.id) if e.kind == "stopped" and e.at >= since]
     if as_json:
-        print(json.dumps(render.job_json(broker, job), indent=2))
+        print(json.dumps({**render.job_json(broker, job), "stopped": stopped}, indent=2))
     else:
         console().print(f"{job.id}: {job.state}", highlight=False)
+        for message in stopped:
+            console().print(f"  {message}", highlight=False)
 
 
 def schema(kind: str = typer.Argument("job", help="job or policy")) -> None:
