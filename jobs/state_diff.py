@@ -31,14 +31,14 @@ def describe(name: str, found: Tensors, expected: Tensors) -> str:
     if name not in found:
         return f"{name}: missing"
     a, b = found[name], expected[name]
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return f"{name}: {a.dtype} {list(a.shape)}, not {b.dtype} {list(b.shape)}"
     if name.endswith(".json"):
         try:
             path, mine, theirs = _json_difference(tensor_json(a), tensor_json(b), "")
         except ValueError as exc:
             return f"{name}: {exc}"
         return f"{name}: {path or 'the value'} is {_short(mine)}, not {_short(theirs)}"
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return f"{name}: {a.dtype} {list(a.shape)}, not {b.dtype} {list(b.shape)}"
     count = int((a.contiguous().reshape(-1).view(torch.uint8) != b.contiguous().reshape(-1).view(torch.uint8)).sum())
     return f"{name}: differs ({count} bytes of {a.numel() * a.element_size()})"
 

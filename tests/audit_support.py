@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainmaster.jobs.checkpoint import write_segment
+from trainmaster.jobs.checkpoint import DECISIONS, REST, WEIGHTS, segment_dir, write_segment, write_segment_bytes
 from trainmaster.jobs.commitment import Commitment, build_commitment
 from trainmaster.jobs.decisions import DecisionTrace
 from trainmaster.jobs.execution import build_trainer, full_state, state_info
@@ -23,7 +23,7 @@ from trainmaster.jobs.state import TrainState, scalar
 from trainmaster.verify.audit import run_audit
 from trainmaster.verify.calibration import Calibration
 from trainmaster.verify.openings import LocalOpenings
-from trainmaster.verify.variants import CHEATS, VERIFIER, Execution, Variant, execute
+from trainmaster.verify.variants import CHEATS, FREEZES, VERIFIER, Execution, Variant, execute
 
 BUNDLE = "ab" * 32
 
@@ -125,8 +125,62 @@ def audit_one(run: Run, j: int, root: Path, calibration: Calibration):
     return report, report.segments[0]
 
 
+def commit_files(run: Run, root: Path, files: Mapping[tuple[int, str], bytes], *, job_id: str = "job-a") -> Commitment:
+    """Commit ``run`` like :func:`commit`, but with some segment files replaced by raw bytes (the executor's own).
+
+    ``files`` maps ``(segment index, file name)`` to the bytes committed instead (hashed as they are).
+    """
+    commit(run, root, job_id=job_id)
+    for i in sorted({i for i, _ in files}):
+        here = segment_dir(root, i)
+        parts = [files.get((i, name)) or (here / name).read_bytes() for name in (WEIGHTS, REST, DECISIONS)]
+        write_segment_bytes(root, i, *([part] for part in parts), job_id=job_id, recipe=run.recipe.name, step=i * run.k, k=run.k)
+    return build_commitment(root, job_id=job_id, bundle_sha256=BUNDLE, n=run.n, k=run.k)
+
+
+def frozen(state: TrainState, factor: float = 1e12) -> TrainState:
+    """``state`` with Adam's second moments multiplied by ``factor``: training on from it barely moves."""
+    rest = {name: t * factor if name.endswith("/exp_avg_sq") else t for name, t in state.rest.items()}
+    return TrainState(weights=dict(state.weights), rest=rest)
+
+
+def walking_to(recipe: Recipe, state: TrainState, k: int, target: Mapping[str, torch.Tensor]) -> TrainState:
+    """``state`` with Adam moments crafted so that k honest steps from it end at ``target`` (deliver chosen weights).
+
+    Second moments of 1e6 drown the gradients, so each step moves every weight by the same multiple
+    of its first moment: one trial run measures that multiple, and the moments are scaled to cover
+    ``target − W``.
+    """
+    names = _optimized_weights(recipe, state)
+    distance = {name: target[name] - state.weights[name] for name in names.values()}
+
+    def crafted(scale: float) -> TrainState:
+        rest = dict(state.rest)
+        for key in list(rest):
+            parts = key.split("/")
+            if parts[-1] in ("exp_avg", "exp_avg_sq") and parts[-2].isdigit() and int(parts[-2]) in names:
+                name = names[int(parts[-2])]
+                rest[key] = torch.full_like(rest[key], 1e6) if parts[-1] == "exp_avg_sq" else -scale * 1e3 * distance[name]
+        return TrainState(weights=dict(state.weights), rest=rest)
+
+    trial = execute(recipe, crafted(1.0), k).state.weights
+    moved = sum(float(((trial[n] - state.weights[n]) * distance[n]).sum()) for n in names.values())
+    return crafted(sum(float(d.square().sum()) for d in distance.values()) / moved)
+
+
+def _optimized_weights(recipe: Recipe, state: TrainState) -> dict[int, str]:
+    """Optimizer parameter index → weight name, from the recipe's own trainer."""
+    info = state_info(state)
+    trainer = build_trainer(recipe, recipe.config(info.config), info.seed)
+    optimizer = next(v for v in vars(trainer).values() if isinstance(v, torch.optim.Optimizer))
+    modules = [v for v in vars(trainer).values() if isinstance(v, torch.nn.Module)]
+    named = {id(p): name for module in modules for name, p in module.named_parameters() if name in state.weights}
+    return {i: named[id(p)] for i, p in enumerate(optimizer.param_groups[0]["params"])}
+
+
 def rl_cheats(recipe: Recipe) -> dict[str, Callable[[TrainState, int], Execution]]:
-    """The cheats every RL recipe's audit must catch: the generic variants, and a half update."""
+    """The cheats every RL recipe's audit must catch: the generic variants, a half update, a freeze
+    through the optimizer's eps, and an S_{i+1} with inflated second moments (training stops there)."""
 
     def variant(cheat: Variant) -> Callable[[TrainState, int], Execution]:
         return lambda state, k: execute(recipe, state, k, cheat)
@@ -137,4 +191,12 @@ def rl_cheats(recipe: Recipe) -> dict[str, Callable[[TrainState, int], Execution
         weights = interpolate(state.weights, honest.state.weights, 0.5)
         return Execution(with_weights(honest.state, weights, state_info(state).step + k), honest.trace)
 
-    return {**{cheat.name: variant(cheat) for cheat in CHEATS}, "half_update": half_update}
+    def frozen_after(state: TrainState, k: int) -> Execution:
+        honest = execute(recipe, state, k)
+        return Execution(frozen(honest.state), honest.trace)
+
+    return {
+        **{cheat.name: variant(cheat) for cheat in (*CHEATS, FREEZES[0])},
+        "half_update": half_update,
+        "frozen_after": frozen_after,
+    }

@@ -12,7 +12,7 @@ import torch
 
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.state import TrainState, json_tensor
-from trainmaster.verify.calibrate import calibrate_states
+from trainmaster.verify.calibrate import calibrate_states, warm_state
 from trainmaster.verify.variants import HONEST_VARIANTS, Execution, execute
 
 from audit_support import Run, audit_one, rl_cheats, train, with_segment
@@ -98,3 +98,43 @@ def test_the_global_step_counter_is_checked_exactly(honest, calibration, tmp_pat
     report, segment = audit_one(with_segment(run, j, executed), j, tmp_path, calibration)
     assert not report.passed and segment.exact_mismatches == ["global_step"]
     assert torch.equal(run.states[j + 1].rest["global_step"], torch.tensor(START + KS[0]))  # the honest count
+
+
+HALF = 32
+"""Segments half a rollout long: every other boundary falls mid-rollout, where S_i holds a partial rollout."""
+
+
+@pytest.fixture(scope="module")
+def half_rollouts() -> tuple[Run, object]:
+    """A run in segments of 32 steps, and a calibration from bases whose 32 steps end mid-rollout after an update."""
+    run = train(PPO, {**CONFIG, "steps": 448}, SEED, HALF)
+    cfg = PPO.config(CONFIG)
+    bases = [warm_state(PPO, cfg, SEED, 240), warm_state(PPO, cfg, SEED, 368)]
+    return run, calibrate_states(PPO, bases, ks=[HALF])
+
+
+def _rollout_changed(name: str, change) -> object:
+    def segment(state: TrainState, k: int) -> Execution:
+        honest = execute(PPO, state, k)
+        rest = {**honest.state.rest, f"rollout/{name}": change(honest.state.rest[f"rollout/{name}"])}
+        return Execution(TrainState(weights=honest.state.weights, rest=rest), honest.trace)
+
+    return segment
+
+
+ROLLOUT_TAMPERING = {
+    "value": _rollout_changed("value", lambda v: v * 1.5),  # inflated baselines: other advantages in the coming update
+    "logprob": _rollout_changed("logprob", lambda p: p - 0.1),  # other importance ratios
+}
+
+
+@pytest.mark.parametrize("field", sorted(ROLLOUT_TAMPERING))
+def test_rigged_rollout_values_and_logprobs_are_refused(field, half_rollouts, tmp_path):
+    run, calibration = half_rollouts
+    j = START // HALF  # 384 → 416: no update yet, the rollout holds the segment's 32 steps
+    honest_report, _ = audit_one(run, j, tmp_path / "honest", calibration)
+    assert honest_report.passed, honest_report.reasons
+    executed = ROLLOUT_TAMPERING[field](run.states[j], HALF)
+    report, segment = audit_one(with_segment(run, j, executed), j, tmp_path / field, calibration)
+    assert not report.passed and f"S_{j + 1}'s rollout/{field} is not what these k steps produce" in segment.reasons[0]
+    assert segment.r == 0  # no update in this segment: the weights are S_i's, as they must be

@@ -19,9 +19,11 @@ from trainmaster.jobs.replay import replay_state
 from trainmaster.jobs.state import TrainState
 from trainmaster.verify.calibrate import calibrate_states
 from trainmaster.verify.distance import weight_distance
-from trainmaster.verify.variants import HONEST_VARIANTS, Execution, execute
+from trainmaster.verify.audit import run_audit
+from trainmaster.verify.openings import LocalOpenings
+from trainmaster.verify.variants import FREEZES, HONEST_VARIANTS, Execution, execute
 
-from audit_support import Run, audit_one, rl_cheats, train, with_segment
+from audit_support import Run, audit_one, commit, rl_cheats, train, variant_segments, walking_to, with_segment
 
 pytestmark = pytest.mark.slow
 
@@ -123,11 +125,45 @@ def _nudged_environment(state: TrainState, k: int) -> Execution:
     return honest
 
 
+def _tampered(change: Callable[[dict[str, torch.Tensor]], None]) -> Callable[[TrainState, int], Execution]:
+    """Honest weights and decisions, but ``change`` applied to the committed rest of S_{i+1}."""
+
+    def segment(state: TrainState, k: int) -> Execution:
+        honest = execute(DQN, state, k)
+        rest = dict(honest.state.rest)
+        change(rest)
+        return Execution(TrainState(weights=honest.state.weights, rest=rest), honest.trace)
+
+    return segment
+
+
+def _rig_priorities(rest: dict[str, torch.Tensor]) -> None:
+    """The first 64 transitions 1000× likelier to be replayed."""
+    priority = rest["replay/priority"].clone()
+    priority[:64] *= 1000
+    rest["replay/priority"] = priority
+
+
+def _scale_target(factor: float) -> Callable[[dict[str, torch.Tensor]], None]:
+    def change(rest: dict[str, torch.Tensor]) -> None:
+        rest.update({n: t * factor for n, t in rest.items() if n.startswith("target/")})
+
+    return change
+
+
+STATE_TAMPERING = {
+    "rigged_priorities": (_tampered(_rig_priorities), "replay/priority"),
+    "zeroed_target": (_tampered(_scale_target(0.0)), "target/*"),
+    "negated_target": (_tampered(_scale_target(-1.0)), "target/*"),
+    "frozen_after": (rl_cheats(DQN)["frozen_after"], "optimizer/state/*/exp_avg_sq"),
+    "eps_1e30": (rl_cheats(DQN)["eps_1e30"], "optimizer/param_groups.json: [0].eps is 1e+30, not 1e-08"),
+}
 RL_CHEATS = {
     **rl_cheats(DQN),
     "no_new_transitions": _patched(_drop_new_transitions),
     "skip_gradient_steps": _patched(_skip_every_2nd_optimizer_step),
     "nudged_environment": _nudged_environment,
+    **{name: segment for name, (segment, _) in STATE_TAMPERING.items()},
 }
 
 
@@ -142,3 +178,38 @@ def test_each_cheat_is_caught_by_the_learner_audit(name, k, honest, calibration,
         assert segment.exact_mismatches == ["env/physics"] and segment.r <= segment.tau
     if name == "no_new_transitions":  # same weights (old indices only), but the buffer and the draws give it away
         assert "replay/obs" in segment.exact_mismatches and segment.decisions.max_margin > segment.decisions.margin_tol
+
+
+@pytest.mark.parametrize("name", sorted(STATE_TAMPERING))
+def test_state_tampering_is_refused_naming_the_entry(name, honest, calibration, tmp_path):
+    """Weights and decisions honest; only a committed entry of S_{i+1} is not what the segment produced."""
+    k = KS[0]
+    run, j = honest[k], START // k
+    segment_fn, entry = STATE_TAMPERING[name]
+    report, segment = audit_one(with_segment(run, j, segment_fn(run.states[j], k)), j, tmp_path, calibration)
+    assert not report.passed and entry in " ".join(segment.reasons), segment.reasons
+    if name != "eps_1e30":  # the one that also trained differently
+        assert segment.r <= segment.tau  # the weights alone would have passed
+
+
+def test_delivering_a_policy_cached_from_another_seed_is_refused(honest, calibration, tmp_path):
+    """Every segment frozen through eps = 1e30, then an S_{n−1} whose Adam moments walk the online network to
+    another seed's trained policy: the always-audited first segment catches the freeze."""
+    k = KS[0]
+    run = train(DQN, CONFIG, SEED, k, variant_segments(DQN, k, FREEZES[0]))
+    target = train(DQN, CONFIG, SEED + 1, k).states[-1].weights
+    last = run.n - 1
+    spec_groups = honest[k].states[last].rest["optimizer/param_groups.json"]
+    unfrozen = TrainState(run.states[last].weights, {**run.states[last].rest, "optimizer/param_groups.json": spec_groups})
+    run.states[last] = walking_to(DQN, unfrozen, k, target)
+    delivered = execute(DQN, run.states[last], k)
+    run.states[-1], run.traces[-1] = delivered.state, delivered.trace
+    gap = sum(float((delivered.state.weights[n] - target[n]).square().sum()) for n in target) ** 0.5
+    start_gap = sum(float((unfrozen.weights[n] - target[n]).square().sum()) for n in target) ** 0.5
+    assert gap < 0.05 * start_gap  # the cached policy is delivered
+    report = run_audit(
+        commitment=commit(run, tmp_path), openings=LocalOpenings(tmp_path), segments=[0, last],
+        recipe="dqn", config=CONFIG, seed=SEED, calibration=calibration,
+    )
+    assert not report.segments[0].passed
+    assert "optimizer/param_groups.json: [0].eps is 1e+30, not 1e-08" in report.segments[0].reasons[0]

@@ -77,7 +77,8 @@ class OpeningError(VerificationError):
 @dataclass(frozen=True)
 class OpeningLimits:
     """How many bytes each opened file may have, from the job's own layout; anything larger is
-    refused before it is hashed or parsed (an executor cannot make the auditor allocate more).
+    refused before it is parsed (an executor cannot make the auditor allocate more than what it sent);
+    its hash is still checked against the root, so the refusal is evidence against the executor.
 
     ``weights_bytes`` is exact: every W_i has the names, dtypes and shapes of W0, hence W0's
     canonical size. ``rest_bytes`` bounds the rest of S_i: S_0's rest, the optimizer's moments (at
@@ -175,18 +176,13 @@ def open_checked(
     """Open segment ``index`` and check S_i, its trace and the weights of S_{i+1} against the root.
 
     With ``limits``, files larger than the job's layout allows (weights: other than its exact
-    size) are refused before anything else is done with them.
+    size) are refused unparsed, once their hashes (the evidence) are checked against the root.
     """
     if not 0 <= index < commitment.n:
         raise ValueError(f"segment {index} is outside 0..{commitment.n - 1}")
     opening = openings.open(index)
     if opening.index != index:
         raise OpeningError(f"asked to open segment {index}, got segment {opening.index}")
-    if limits is not None:
-        _check_weights_size(opening.weights, limits, f"S_{index}")
-        _check_weights_size(opening.next_weights, limits, f"S_{index + 1}")
-        _check_size(opening.rest, limits.rest_bytes, f"the rest of S_{index}")
-        _check_size(opening.trace, limits.trace_bytes, f"the trace of segment {index}")
     weights_sha, rest_sha = _sha(opening.weights), _sha(opening.rest, opening.trace)
     leaf = leaf_of(weights_sha, rest_sha)
     _check_leaf(commitment, index, leaf, opening.proof, f"S_{index} (weights, rest and trace of segment {index})")
@@ -198,6 +194,11 @@ def open_checked(
         raise OpeningError(f"the weights of S_{commitment.n} do not hash to the committed final_sha256")
     hashes = OpeningHashes(leaf, next_leaf, weights_sha, rest_sha, next_weights_sha, next_rest_sha)
     try:
+        if limits is not None:
+            _check_weights_size(opening.weights, limits, f"S_{index}")
+            _check_weights_size(opening.next_weights, limits, f"S_{index + 1}")
+            _check_size(opening.rest, limits.rest_bytes, f"the rest of S_{index}")
+            _check_size(opening.trace, limits.trace_bytes, f"the trace of segment {index}")
         weights, next_weights = _parse(opening.weights, f"S_{index} weights"), _parse(opening.next_weights, f"S_{index + 1} weights")
         _check_finite(weights, f"S_{index}")
         _check_finite(next_weights, f"S_{index + 1}")
@@ -224,18 +225,16 @@ def open_next_state_checked(
     opened = openings.open_next_state(index)
     if opened.index != index:
         raise OpeningError(f"asked for the state after segment {index}, got the one after {opened.index}")
+    if _sha(opened.rest, opened.trace) != opening.hashes.next_rest_sha256:
+        raise OpeningError(f"the opened rest of S_{index + 1} does not match its committed leaf")
     if max_rest_bytes is not None:
         _check_size(opened.rest, max_rest_bytes, f"the rest of S_{index + 1}")
     if max_trace_bytes is not None:
         _check_size(opened.trace, max_trace_bytes, f"the trace of segment {index + 1}")
-    if _sha(opened.rest, opened.trace) != opening.hashes.next_rest_sha256:
-        raise OpeningError(f"the opened rest of S_{index + 1} does not match its committed leaf")
     return _parse(opened.rest, f"S_{index + 1} rest")
 
 
 def _check_size(data: bytes, limit: int, what: str) -> None:
-    if not isinstance(data, bytes | bytearray):
-        raise OpeningError(f"{what} was opened as {type(data).__name__}, not bytes")
     if len(data) > limit:
         raise OpeningError(f"{what} is {len(data)} bytes, more than the {limit} this job's layout allows: refused unparsed")
 
@@ -251,6 +250,8 @@ def _check_weights_size(data: bytes, limits: OpeningLimits, what: str) -> None:
 def _sha(*files: bytes) -> str:
     digest = hashlib.sha256()
     for data in files:
+        if not isinstance(data, bytes | bytearray):
+            raise OpeningError(f"an opened file is a {type(data).__name__}, not bytes")
         digest.update(data)
     return digest.hexdigest()
 

@@ -5,7 +5,8 @@ executor variant produces and what the verifier re-computes. Honest variants emu
 on a CPU (docs/protocol.md §5): another thread count (another reduction order), a one-ulp
 nudge of every weight, a float64 executor. Cheats change what is computed: a lower learning rate
 (the mildest, lr × 0.9), skipped steps, another seed's data, steps in another order, bf16 autocast
-instead of the spec's fp32.
+instead of the spec's fp32; or stop training through the optimizer's hyperparameters (eps = 1e30,
+weight decay 0, maximize, other betas, lr ≈ 0) and let the states record them.
 
 Everything goes through the runtime's public pieces (``Recipe.build``, ``restore``, ``run_step``,
 ``full_state``), so a variant runs the recipe's own training code; only the surroundings change.
@@ -42,6 +43,10 @@ class Variant(BaseModel):
     skip_every: int = Field(0, ge=0, description="skip every n-th step (0: none)")
     data_seed_offset: int = Field(0, description="draw every step's randomness from seed + offset")
     reverse_order: bool = Field(False, description="run the segment's steps last to first")
+    param_groups: dict[str, Any] = Field(
+        default_factory=dict,
+        description="optimizer hyperparameters set after restoring S_i, e.g. eps = 1e30 (its states then record them)",
+    )
 
 
 VERIFIER = Variant(name="verifier")
@@ -51,6 +56,15 @@ HONEST_VARIANTS = (
     Variant(name="float64", compute_dtype="float64"),
 )
 MILDEST_CHEAT = Variant(name="lr_x0.9", lr_scale=0.9)
+FREEZES = (
+    Variant(name="eps_1e30", param_groups={"eps": 1e30}),
+    Variant(name="weight_decay_0", param_groups={"weight_decay": 0.0}),
+    Variant(name="maximize", param_groups={"maximize": True}),
+    Variant(name="betas_0.5", param_groups={"betas": [0.5, 0.5]}),
+    Variant(name="lr_x1e-12", lr_scale=1e-12),
+)
+"""Executors that stop training (or change it) through the optimizer's hyperparameters, which their
+states then record: each must be refused naming the entry (``optimizer/param_groups.json``)."""
 CHEATS = (
     MILDEST_CHEAT,
     Variant(name="skip_half", skip_every=2),
@@ -83,6 +97,7 @@ def execute(recipe: Recipe, state: TrainState, k: int, variant: Variant = VERIFI
         if variant.compute_dtype:
             _cast_modules(trainer, _DTYPES[variant.compute_dtype])
         restore(trainer, _nudged(state) if variant.nudge_ulp else state)
+        _override_param_groups(trainer, variant.param_groups)
         log = DecisionLog()
         for step in _steps(info.step, k, variant):
             with _autocast(variant):
@@ -126,6 +141,18 @@ def _steps(start: int, k: int, variant: Variant) -> list[int]:
     n = variant.skip_every
     steps = [s for j, s in enumerate(range(start, start + k)) if not n or j % n != n - 1]
     return steps[::-1] if variant.reverse_order else steps
+
+
+def _override_param_groups(trainer: object, values: Mapping[str, Any]) -> None:
+    """Set ``values`` in every param group of every optimizer the trainer holds (lists become tuples, as betas are)."""
+    if not values:
+        return
+    optimizers = [value for value in vars(trainer).values() if isinstance(value, torch.optim.Optimizer)]
+    if not optimizers:
+        raise ValueError(f"{type(trainer).__name__} holds no optimizer whose param groups could be changed")
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group.update({key: tuple(v) if isinstance(v, list) else v for key, v in values.items()})
 
 
 def _cast_modules(trainer: object, dtype: torch.dtype) -> None:
