@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 from trainmaster.backends.base import BackendError, OutputFile, Progress, TransientBackendError
@@ -23,14 +24,21 @@ CHUNK = 4 * 2**20
 PARTIAL = ".partial"
 
 
-async def copy_tree(source: Path, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
+async def copy_tree(source: Path, dest: Path, progress: Progress | None = None, *, link: bool = True) -> list[OutputFile]:
     """Copy the files under `source` to `dest` atomically, hashing each; links and special files are
     skipped (outputs are plain files; a link could point anywhere). Idempotent: an existing `dest`
-    is listed, not copied again."""
-    return await asyncio.to_thread(_copy_tree, source, dest, progress)
+    is listed, not copied again.
+
+    With `link` (the default), a file is hard-linked instead of copied where `source` and `dest` are
+    on one filesystem, so outputs are stored once however large; each is still read through once to
+    hash it. A hard link shares the file's inode, so a process still writing to `source` would change
+    the stored output after it was hashed: link only a folder nothing writes to any more (the local
+    backend fetches after the run's whole process group has ended), and pass `link=False` otherwise.
+    """
+    return await asyncio.to_thread(_copy_tree, source, dest, progress, link)
 
 
-def _copy_tree(source: Path, dest: Path, progress: Progress | None) -> list[OutputFile]:
+def _copy_tree(source: Path, dest: Path, progress: Progress | None, link: bool = True) -> list[OutputFile]:
     if dest.exists():
         return list_files(dest)
     tmp = dest.with_name(f".{dest.name}{PARTIAL}")
@@ -39,28 +47,43 @@ def _copy_tree(source: Path, dest: Path, progress: Progress | None) -> list[Outp
     total, done = sum(size for _, size in files), 0
     try:
         tmp.mkdir(parents=True)
+        link = link and files != [] and os.stat(source).st_dev == os.stat(tmp).st_dev
         out = []
         for path, _ in files:
             rel = path.relative_to(source)
             target = tmp / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             digest, size = hashlib.sha256(), 0
-            with open(path, "rb") as src, open(target, "wb") as sink:
+            linked = link and _hard_link(path, target)
+            with open(target if linked else path, "rb") as src, nullcontext() if linked else open(target, "wb") as sink:
                 while chunk := src.read(CHUNK):
                     digest.update(chunk)
-                    sink.write(chunk)
+                    if sink:
+                        sink.write(chunk)
                     size += len(chunk)
                     done += len(chunk)
                     if progress:
                         progress(done, total)
-                sink.flush()
-                os.fsync(sink.fileno())
+                if sink:
+                    sink.flush()
+                os.fsync((sink or src).fileno())  # a linked file's data may still be only in the page cache
             out.append(OutputFile(path=rel.as_posix(), size=size, sha256=digest.hexdigest()))
         os.replace(tmp, dest)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _disk_error(exc, dest, total) from None
     return out
+
+
+def _hard_link(path: Path, target: Path) -> bool:
+    """Hard-link `target` to `path`; False where the filesystem refuses (then the file is copied)."""
+    try:
+        os.link(path, target, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES):
+            return False
+        raise
+    return True
 
 
 def _plain_files(root: Path) -> list[tuple[Path, int]]:

@@ -20,6 +20,7 @@ import asyncio
 import fcntl
 import hashlib
 import secrets
+import shutil
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ from trainmaster.broker.plans import StoredPlan
 from trainmaster.broker.policy import Policy, load_policy
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
+from trainmaster.jobs import outputs as kept_outputs
 from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 
@@ -55,6 +57,8 @@ class Prepared:
     policy: Policy
     plan: Plan
     bundle: bundles.BundleInfo
+    warnings: tuple[str, ...] = ()
+    """What will happen to the run's outputs on the chosen offer, and code lines that may write pickles."""
 
 
 class Broker:
@@ -147,7 +151,12 @@ class Broker:
         loaded, policy, result = await self._planned(spec_path, policy_name)
         info = await asyncio.to_thread(bundles.bundle_digest, loaded.code_dir, loaded.spec.canonical_json(),
                                        max_bytes=_max_bundle(loaded.spec))
-        return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info)
+        from trainmaster.verify.output_kinds import dry_run_warnings
+
+        offer = result.chosen.offer
+        warnings = await asyncio.to_thread(dry_run_warnings, loaded.code_dir, trusted=offer.trusted, where=offer.backend,
+                                           max_bundle_bytes=_max_bundle(loaded.spec))
+        return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info, warnings=tuple(warnings))
 
     async def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
         """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good."""
@@ -227,7 +236,9 @@ class Broker:
         result = await self.plan(self.spec(job), self.policy(job), blocked=self._blocked(job), banned=self._banned(job))
         if result.chosen is None:
             reason = result.explain_failure()
-            self.store.move_job(job.id, "failed", reason=f"{after}; {reason}" if after else reason)
+            if after:  # the attempt's own reason first: that is what the user must fix
+                reason = f"{after}\nno other offer is left to try:\n" + reason.partition("\n")[2]
+            self.store.move_job(job.id, "failed", reason=reason)
             return
         seq = StoredPlan.model_validate_json(job.plan_json).seq + 1 if job.plan_json else 1
         self._record_plan(job.id, result, seq=seq)
@@ -359,15 +370,25 @@ class Broker:
         dest = paths.job_dir(job.id) / "outputs"
         hashed_now = False
         if attempt.state == "returned":
+            if not self.store.outputs(attempt.id):  # an earlier attempt's folder is never judged as this one's
+                await asyncio.to_thread(shutil.rmtree, dest, True)
             # a BackendError (e.g. disk full) leaves the attempt `returned`, to be fetched again later
             files = await retried(backend.fetch, handle, dest, self.progress)
-            self.store.record_outputs(attempt.id, [(f.path, f.size, f.sha256) for f in files])
+            chosen = kept_outputs.select([(f.path, f.size) for f in files], self.spec(job).outputs)
+            await asyncio.to_thread(kept_outputs.remove, dest, chosen.dropped)  # excluded: not kept
+            if chosen.too_big:
+                await self._attempt_failed(job, attempt, chosen.too_big, retry=False)
+                return
+            kept = set(chosen.kept)
+            self.store.record_outputs(attempt.id, [(f.path, f.size, f.sha256) for f in files if f.path in kept])
             await self._record_cost(job, attempt)
             self.store.move_attempt(attempt.id, "verifying", job_target="verifying")
             hashed_now = True
         verdict = await self._verify(job, self.store.attempt(attempt.id), dest, backend, handle, hashed_now)
         if verdict.outcome == "accepted":
-            await self._end_attempt(job, attempt, "accepted", job_target="accepted", detail={"verdict": verdict.outcome})
+            opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
+            await self._end_attempt(job, attempt, "accepted", job_target="accepted",
+                                    detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
         else:
             # rejected (or impossible to verify): nothing is paid, the offer is blocked, the next one tried
             why = f"{verdict.outcome.replace('_', ' ')}: {'; '.join(verdict.reasons)}"

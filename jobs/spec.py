@@ -115,6 +115,31 @@ class Verification(Model):
     thresholds: dict[str, float] = Field(default_factory=dict, description="Metric name -> minimum value.")
 
 
+class Outputs(Model):
+    """Which files of $TRAINMASTER_OUTPUT_DIR are kept (jobs/outputs.py); everything, by default."""
+
+    include: list[str] = Field(
+        default_factory=list,
+        description="Keep only files matching one of these patterns (.trainmasterignore syntax); empty = every file.",
+    )
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="Files matching one of these patterns are not kept, e.g. training_args.bin or 'checkpoint-*/'.",
+    )
+    max_gb: float | None = Field(None, gt=0, description="The kept outputs may total at most this many GB (10^9 bytes).")
+    optional: bool = Field(False, description="Whether a run that writes no outputs may be accepted.")
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern.strip() or pattern.lstrip("!").startswith("#"):
+                raise ValueError(f"{pattern!r} is not a file pattern")
+            if ".." in pattern.split("/"):
+                raise ValueError(f"{pattern!r}: patterns match paths inside the outputs folder; '..' never matches")
+        return value
+
+
 class PythonEnv(Model):
     """How the job's Python environment is prepared."""
 
@@ -140,6 +165,7 @@ class JobSpec(Model):
     seed: int = Field(0, ge=0, lt=2**63)
     precision: Precision = Precision.fp32
     verification: Verification = Field(default_factory=Verification)
+    outputs: Outputs = Field(default_factory=Outputs, description="Which output files are kept.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the job.")
     environment: PythonEnv = Field(default_factory=PythonEnv)
     launcher: Literal["auto", "torchrun", "direct"] = Field(

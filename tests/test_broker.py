@@ -108,6 +108,8 @@ FETCH_WITH_SMALL_DISK = """
 import asyncio, resource, signal, sys
 from trainmaster.backends.base import BackendError
 from trainmaster.broker.service import Broker
+import trainmaster.backends.transfer as transfer
+transfer._hard_link = lambda path, target: False  # copy, so that the small disk fills
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1_500_000, resource.RLIM_INFINITY))
 try:
@@ -194,7 +196,9 @@ def test_a_budget_that_cannot_hold_the_estimate_refuses_the_dispatch(broker, job
     assert broker.store.attempts(job.id) == []
 
 
-def test_a_pickle_among_the_outputs_is_rejected_and_never_loaded(broker, job_factory, tmp_path):
+def test_a_pickle_among_trusted_outputs_is_kept_opaque_and_never_loaded(broker, job_factory, tmp_path):
+    """Local compute is trusted: the pickle is recorded opaque (refused from untrusted compute:
+    tests/test_outputs_judged.py)."""
     marker = tmp_path / "pwned"
     script = f"""
         import os, pathlib, pickle
@@ -204,19 +208,21 @@ def test_a_pickle_among_the_outputs_is_rejected_and_never_loaded(broker, job_fac
         pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "model.pt").write_bytes(pickle.dumps(Bomb()))
     """
     job = broker.wait(broker.submit(job_factory(script)).id, timeout_s=60)
-    assert job.state == "failed"
+    assert job.state == "accepted"
     [attempt] = broker.store.attempts(job.id)
-    assert attempt.state == "rejected" and "model.pt" in attempt.reason
+    assert attempt.state == "accepted" and [p for p, _, _ in broker.store.outputs(attempt.id)] == ["model.pt"]
     assert not marker.exists()
     verdict = json.loads((paths.job_dir(job.id) / "verdict.json").read_text())
-    assert verdict["outcome"] == "rejected"
+    assert verdict["outcome"] == "accepted"
+    assert [o["path"] for o in verdict["evidence"]["safety"]["opaque"]] == ["model.pt"]
 
 
 def test_the_planner_learns_runtimes_and_failure_rates_from_past_attempts(broker, job_factory):
     from trainmaster.broker.service import learned
 
     for _ in range(2):
-        broker.wait(broker.submit(job_factory("import time\ntime.sleep(0.5)\n")).id, timeout_s=60)
+        broker.wait(broker.submit(job_factory("import time\ntime.sleep(0.5)\n", "outputs:\n  optional: true\n")).id,
+                    timeout_s=60)
     history, rates = learned(broker.store.ended_attempts())
     assert 0.5 / 3600 < history["development"] < 30 / 3600
     assert rates == {}  # too few attempts to price risk yet

@@ -89,7 +89,8 @@ def test_directory_with_a_pickle_is_rejected(app, tmp_path):
     marker = tmp_path / "marker"
     torch.save({"w": torch.ones(1), "evil": Payload(marker)}, tmp_path / "model.pt")
     result = invoke(app, str(tmp_path))
-    assert result.exit_code == 1 and "model.pt: .pt files are refused" in result.output
+    assert result.exit_code == 1 and "model.pt is a torch.save archive" in result.output
+    assert "refused from untrusted compute" in result.output
     assert not marker.exists()
 
 

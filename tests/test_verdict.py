@@ -348,7 +348,8 @@ def test_model_like_files_are_refused(outputs, miner, db_path, name):
     (outputs / name).parent.mkdir(exist_ok=True)
     (outputs / name).write_bytes(b"anything")
     verdict = verify_attempt(untrusted(outputs, miner), db_path=db_path, audit_settings=TAU)
-    assert verdict.outcome == "rejected" and f"{name}: {Path(name).suffix} files are refused" in verdict.reasons[0]
+    assert verdict.outcome == "rejected" and f"{name} is a {Path(name).suffix} file" in verdict.reasons[0]
+    assert "refused from untrusted compute" in verdict.reasons[0]
     assert verdict.checks == ["integrity", "safety"]
 
 

@@ -35,10 +35,6 @@ COMMITMENT_FILE = "commitment.json"
 SIGNATURE_FILE = "commitment.sig"
 MODEL_FILE = "model.safetensors"
 WEIGHTS_FILES = {MODEL_FILE, "weights.safetensors"}
-MODEL_LIKE_SUFFIXES = {
-    ".pt", ".pth", ".pkl", ".pickle", ".bin", ".npy", ".npz", ".ckpt", ".joblib", ".dill",
-    ".h5", ".hdf5", ".keras", ".onnx", ".pb", ".gguf", ".msgpack",
-}
 CHECKPOINTS_DIR = "checkpoints"
 STATE_REST_FILES = f"{CHECKPOINTS_DIR}/segments/*/rest.safetensors"
 """The rest of each checkpointed state (docs/runtime.md, "Checkpoints on disk")."""
@@ -84,6 +80,9 @@ class Attempt:
     exact_replay: bool = False
     python: str | None = None
     """The interpreter the job ran with, so its evaluator runs in the job's environment (default: the broker's)."""
+    outputs_trusted: bool | None = None
+    """How pickle-capable outputs are judged: kept opaque (True) or refused (False); default ``trusted``.
+    `trainmaster verify DIR` judges a folder of unknown origin strictly with no executor to check."""
 
 
 Audit = Callable[..., "AuditReport"]
@@ -182,6 +181,7 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     evidence: dict[str, Any] = {
         "outputs_checked": _check_recorded(outputs, run.attempt.recorded_outputs, rehash=not run.attempt.outputs_hashed)
     }
+    _check_not_empty(outputs, run.attempt.spec)
     path = outputs / COMMITMENT_FILE
     if not path.is_file():
         if replay:
@@ -202,6 +202,17 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     check_final(run.commitment, final)
     evidence["final_sha256"] = run.commitment.final_sha256
     return evidence
+
+
+def _check_not_empty(outputs: Path, spec: JobSpec | None) -> None:
+    """A run that wrote nothing to its outputs folder failed, unless its spec says outputs are optional."""
+    if spec is not None and spec.outputs.optional:
+        return
+    if not any(path.is_file() for path in outputs.rglob("*")):
+        raise VerificationError(
+            "the run wrote no outputs: nothing is in its outputs folder ($TRAINMASTER_OUTPUT_DIR), and files written "
+            "anywhere else are not kept; write results there, or set `outputs: {optional: true}` in the job spec"
+        )
 
 
 def _check_recorded(outputs: Path, recorded: tuple[tuple[str, int, str], ...], *, rehash: bool = True) -> int:
@@ -321,29 +332,37 @@ def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str
 
 
 def _safety(run: _Run) -> dict[str, Any]:
-    """Every returned file: no links, no pickle-capable model formats, every .safetensors checked in full.
+    """Every returned file judged by its content (verify/output_kinds.py) and by trust.
 
-    The .safetensors files are checked in one child process under memory and CPU limits. NaN and
-    ±Inf are refused in every one except the rest of a checkpointed state (:data:`STATE_REST_FILES`),
-    where NaN can be a sentinel (DQN's ``last_loss`` before learning starts); the replay audit
-    judges those entries by the recipe's field rules (optimizer moments must be finite).
+    Links are refused and every .safetensors is checked in full (in one child process under memory and
+    CPU limits) whatever the trust. Pickle-capable and unchecked files are kept OPAQUE — never loaded
+    here, listed in the evidence — from trusted compute, and refused from untrusted compute. NaN and
+    ±Inf are refused in every .safetensors except the rest of a checkpointed state
+    (:data:`STATE_REST_FILES`), where NaN can be a sentinel (DQN's ``last_loss`` before learning
+    starts); the replay audit judges those entries by the recipe's field rules.
     """
-    from .safeload import SUFFIX, check_files_isolated
+    from .output_kinds import CONVERT, DATA, SAFETENSORS, classify
+    from .safeload import check_files_isolated
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
-    problems, tensor_files = [], {}
+    trusted = attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
+    problems, refused, tensor_files, opaque = [], [], {}, []
     for path in sorted(outputs.rglob("*")):
         relative = path.relative_to(outputs).as_posix()
         if path.is_symlink():
             problems.append(f"{relative} is a symbolic link")
-        elif not path.is_file():
             continue
-        elif path.suffix.lower() in MODEL_LIKE_SUFFIXES:
-            problems.append(f"{relative}: {path.suffix} files are refused (pickle-capable or unchecked model format); return .safetensors")
-        elif path.suffix == SUFFIX:
+        if not path.is_file():
+            continue
+        found = classify(path)
+        if found.kind == SAFETENSORS:
             tensor_files[path] = attempt.expected_weights if path.name in WEIGHTS_FILES else None
-        elif kind := _pickle_content(path):
-            problems.append(f"{relative} is {kind}; pickled data is refused")
+        elif found.kind == DATA:
+            continue
+        elif trusted:
+            opaque.append({"path": relative, "kind": found.kind, "what": found.what})
+        else:
+            refused.append(f"{relative} is {found.what}")
     states = [path for path in tensor_files if fnmatch.fnmatchcase(path.relative_to(outputs).as_posix(), STATE_REST_FILES)]
     checked = {}
     results = check_files_isolated(tensor_files, max_bytes=attempt.max_file_bytes, states=states) if tensor_files else []
@@ -353,18 +372,15 @@ def _safety(run: _Run) -> dict[str, Any]:
             problems.append(f"{relative}: {result.reason.removeprefix(Path(result.path).name + ': ')}")
         else:
             checked[relative] = {"bytes": result.size, "tensors": result.tensors}
+    if refused:
+        problems.append("refused from untrusted compute, since loading them can run code: " + _few(refused, "; ") + "; " + CONVERT)
     if problems:
-        raise VerificationError("unsafe outputs: " + "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
-    return {"safetensors_checked": checked}
+        raise VerificationError("unsafe outputs: " + _few(problems, "; "))
+    return {"trust": "trusted" if trusted else "untrusted", "safetensors_checked": checked, "opaque": opaque}
 
 
-def _pickle_content(path: Path) -> str | None:
-    """A pickle or numpy file hiding under another name (zip archives are left to their suffix)."""
-    from .safeload import pickle_format
-
-    with open(path, "rb") as handle:
-        kind = pickle_format(handle.read(8))
-    return kind if kind and not kind.startswith("a zip") else None
+def _few(items: list[str], sep: str) -> str:
+    return sep.join(items[:5]) + (f"{sep}and {len(items) - 5} more" if len(items) > 5 else "")
 
 
 # replay audit

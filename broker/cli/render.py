@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.broker import paths
@@ -19,8 +20,26 @@ def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
+def _opaque(job, attempts) -> dict[str, list[dict]]:
+    """attempt id -> the opaque outputs its verdict lists (pickle-capable files kept, never loaded)."""
+    ended = [a for a in attempts if a.state in ("accepted", "rejected")]
+    if not ended:
+        return {}
+    from trainmaster.verify.records import VerdictStore
+
+    store = VerdictStore(paths.state_db())
+    try:
+        verdicts = {a.id: store.latest(job.id, a.id) for a in ended}
+    finally:
+        store.close()
+    return {attempt_id: [{"path": o["path"], "kind": o["kind"], "what": o["what"]}
+                         for o in (v.evidence.get("safety") or {}).get("opaque", [])]
+            for attempt_id, v in verdicts.items() if v is not None}
+
+
 def job_json(broker, job, *, events: bool = False) -> dict:
     attempts = broker.store.attempts(job.id)
+    opaque = _opaque(job, attempts)
     out = {
         "id": job.id, "name": job.name, "workload": job.workload, "project": job.project, "state": job.state,
         "reason": job.reason, "policy": job.policy, "bundle_sha256": job.bundle_sha256, "spec_path": job.spec_path,
@@ -32,7 +51,8 @@ def job_json(broker, job, *, events: bool = False) -> dict:
         "attempts": [
             {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": a.started_at,
              "ended_at": a.ended_at, "cost_micro_usd": a.cost_micro_usd, "billable_seconds": a.billable_seconds,
-             "outputs": [{"path": p, "size": s, "sha256": h} for p, s, h in broker.store.outputs(a.id)]}
+             "outputs": [{"path": p, "size": s, "sha256": h} for p, s, h in broker.store.outputs(a.id)],
+             "opaque": opaque.get(a.id, [])}
             for a in attempts
         ],
     }
@@ -68,6 +88,7 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     for a in data["attempts"]:
         for f in a["outputs"] if a["state"] == "accepted" else []:
             console.print(f"    {f['path']}  ({f['size']:,} bytes, sha256 {f['sha256'][:12]}…)", highlight=False, soft_wrap=True)
+        _print_opaque(console, a["opaque"] if a["state"] == "accepted" else [])
     if events:
         log = Table("time", "attempt", "event", box=None)
         for e in data["events"]:
@@ -75,6 +96,18 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
             reason = (e["detail"] or {}).get("reason")
             log.add_row(_when(e["at"]), e["attempt"] or "", what + (f" ({reason})" if reason else ""))
         console.print(log)
+
+
+def _print_opaque(console: Console, opaque: list[dict]) -> None:
+    if not opaque:
+        return
+    from trainmaster.verify.output_kinds import CONVERT
+
+    console.print("  [yellow]opaque outputs[/yellow]: pickle-capable, kept and hashed but never loaded by trainmaster; "
+                  "load them only if you trust the code that wrote them:", highlight=False, soft_wrap=True)
+    for item in opaque:
+        console.print(f"    {item['path']}: {item['what']}", highlight=False, soft_wrap=True, markup=False)
+    console.print(f"  to return weights trainmaster can check, {CONVERT}", highlight=False, soft_wrap=True, markup=False)
 
 
 def print_jobs(console: Console, broker, jobs) -> None:
@@ -101,6 +134,7 @@ def prepared_json(prepared) -> dict:
             for r in prepared.plan.rows
         ],
         "unavailable": prepared.plan.reasons,
+        "warnings": list(prepared.warnings),
     }
 
 
@@ -112,3 +146,5 @@ def print_prepared(console: Console, prepared) -> None:
     console.print(render_plan(prepared.plan))
     for backend, why in prepared.plan.reasons.items():
         console.print(f"  {backend}: {'; '.join(why)}", highlight=False, soft_wrap=True)
+    for warning in prepared.warnings:
+        console.print(f"  [yellow]![/yellow] {escape(warning)}", highlight=False, soft_wrap=True)

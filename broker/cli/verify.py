@@ -42,15 +42,25 @@ def register(app: typer.Typer) -> None:
 def show(
     target: str = typer.Argument(..., metavar="JOB_ID|DIR", help="A job id (or unique prefix), or a directory of outputs."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    trusted: bool = typer.Option(
+        False, "--trusted",
+        help="For a directory: it came from compute you trust, so pickle-capable files are kept opaque "
+        "(listed, never loaded) instead of refused.",
+    ),
 ) -> None:
     """Print the stored verdict of a job, or check a directory of outputs (integrity, safety, and the
-    outcome when a job.yaml is found next to it). Exit 0 accepted, 1 rejected, 2 cannot verify."""
+    outcome when a job.yaml is found next to it). A directory is of unknown origin, so it is judged as
+    untrusted compute's outputs (pickle-capable files refused) unless --trusted is given. Exit 0
+    accepted, 1 rejected, 2 cannot verify."""
     path = Path(target)
-    verdict = _check_directory(path) if path.is_dir() else _stored_verdict(target)
+    verdict = _check_directory(path, trusted=trusted) if path.is_dir() else _stored_verdict(target)
     if as_json:
         typer.echo(verdict.to_json(), nl=False)
     else:
         _print(verdict)
+        if path.is_dir() and not trusted and "refused from untrusted compute" in " ".join(verdict.reasons):
+            typer.echo("(a folder of unknown origin is judged as untrusted compute's outputs; "
+                       "--trusted keeps pickle-capable files opaque instead)")
     raise typer.Exit(verdict.exit_code)
 
 
@@ -72,8 +82,11 @@ def _stored_verdict(job_ref: str):
     return verdict
 
 
-def _check_directory(outputs: Path):
-    """Integrity and safety of a directory of outputs, plus the outcome check when a job spec is found."""
+def _check_directory(outputs: Path, *, trusted: bool):
+    """Integrity and safety of a directory of outputs, plus the outcome check when a job spec is found.
+
+    There is no executor to check a signature against, so the commitment is checked as a trusted one's;
+    ``trusted`` decides only how pickle-capable files are judged (opaque, or refused)."""
     from trainmaster.jobs.commitment import CommitmentError, read_commitment
     from trainmaster.jobs.spec import load_spec
     from trainmaster.jobs.yamlfile import FileError
@@ -95,6 +108,7 @@ def _check_directory(outputs: Path):
         bundle_sha256=commitment.bundle_sha256 if commitment else "",
         spec=loaded.spec if loaded else None,
         trusted=True,
+        outputs_trusted=trusted,
         code_dir=loaded.code_dir if loaded else None,
     )
     checks = {"integrity", "safety"} | ({"outcome"} if loaded else set())
@@ -117,6 +131,11 @@ def _print(verdict) -> None:
     typer.echo(f"checks: {', '.join(verdict.checks) or 'none'}")
     for reason in verdict.reasons:
         typer.echo(f"  - {reason}")
+    opaque = (verdict.evidence.get("safety") or {}).get("opaque") or []
+    if opaque:
+        typer.echo("opaque (kept, never loaded by trainmaster; load them only if you trust where they came from):")
+        for item in opaque:
+            typer.echo(f"  - {item['path']}: {item['what']}")
 
 
 def _fail(message: str) -> None:

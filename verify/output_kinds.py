@@ -1,0 +1,284 @@
+"""What each returned file is, judged by its content and never by loading it.
+
+Four kinds (docs/verification.md, "Outputs"):
+
+- ``safetensors``: a ``.safetensors`` file, checked in full by verify/safeload.py;
+- ``pickle``: a file that can run code when loaded: a pickle (protocol 2–5, recognised by its first
+  bytes, also zlib/gzip/bz2/xz-compressed as joblib writes it), a zip archive holding one (a
+  ``torch.save`` file — ``<name>/data.pkl`` — whatever it is called, a Stable-Baselines3 model — a
+  ``data`` member with base64 cloudpickle in ``:serialized:`` fields, ``policy.pth`` — or an
+  ``.npz`` with object arrays), a numpy file of Python objects, or a file whose suffix names a
+  pickle format (``.pt``, ``.pth``, ``.pkl``, ``.ckpt``, …: protocol 0 and 1 pickles have no magic
+  bytes, so the name is all there is);
+- ``unchecked``: a model format trainmaster does not inspect (``.onnx``, ``.h5``, ``.keras``,
+  ``.gguf``, …), an archive inside an archive, or an archive too large or too damaged to list;
+- ``data``: anything else (logs, JSON, CSV, numeric numpy arrays).
+
+On trusted compute ``pickle`` and ``unchecked`` files are kept OPAQUE (recorded and hashed, never
+loaded by the broker, listed in the verdict); from untrusted compute they are refused.
+
+Reading is bounded: the first bytes of a file, a zip's central directory (refused unread when its
+end record announces more than ``MAX_MEMBERS`` members or a directory over ``MAX_DIRECTORY_BYTES``),
+the first bytes of each member, and at most ``MAX_JSON_BYTES`` of a JSON member.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import re
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from .safeload import pickle_protocol
+
+SAFETENSORS, PICKLE, UNCHECKED, DATA = "safetensors", "pickle", "unchecked", "data"
+OPAQUE_KINDS = frozenset({PICKLE, UNCHECKED})
+
+PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".dill", ".sav", ".cloudpickle"})
+UNCHECKED_SUFFIXES = frozenset({
+    ".bin", ".npy", ".npz", ".h5", ".hdf5", ".keras", ".onnx", ".pb", ".gguf", ".msgpack", ".tflite", ".mar",
+})
+
+NUMPY_SUFFIXES = frozenset({".npy", ".npz"})
+
+MAX_MEMBERS = 100_000
+MAX_DIRECTORY_BYTES = 64 * 2**20
+MAX_JSON_BYTES = 64 * 2**20
+PREFIX_BYTES = 16
+SB3_SERIALIZED = b'":serialized:"'
+
+CONVERT = (
+    "save weights as safetensors instead: safetensors.torch.save_file(model.state_dict(), \"model.safetensors\") "
+    "(Stable-Baselines3: model.policy.state_dict()), or leave the file out with the spec's outputs.exclude"
+)
+
+
+@dataclass(frozen=True)
+class FileKind:
+    kind: str
+    what: str
+    """What the file was found to be, as a phrase: "a torch.save archive (pickles inside: model/data.pkl)"."""
+
+
+def classify(path: Path) -> FileKind:
+    """The kind of the regular file ``path``, from its content first and its name second."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return FileKind(SAFETENSORS, "a safetensors file")
+    with open(path, "rb") as handle:
+        prefix = handle.read(PREFIX_BYTES)
+    found = _by_prefix(prefix) or (_zip_kind(path) if prefix.startswith(b"PK\x03\x04") else None)
+    if prefix.startswith(b"\x93NUMPY"):
+        with open(path, "rb") as handle:
+            found = _npy_kind(handle)
+    if found is not None and found.kind != DATA:
+        return found
+    if suffix in PICKLE_SUFFIXES:
+        return FileKind(PICKLE, f"a {suffix} file (a pickle-based format by its name)")
+    if found is not None and suffix in NUMPY_SUFFIXES:
+        return found  # numeric arrays, read with allow_pickle=False
+    if suffix in UNCHECKED_SUFFIXES:
+        return FileKind(UNCHECKED, f"a {suffix} file (a model format trainmaster does not check)")
+    return found or FileKind(DATA, "data")
+
+
+def _by_prefix(prefix: bytes) -> FileKind | None:
+    if (protocol := pickle_protocol(prefix)) is not None:
+        return FileKind(PICKLE, f"a pickle (protocol {protocol})")
+    if prefix.startswith(b"\x89HDF\r\n\x1a\n"):
+        return FileKind(UNCHECKED, "an HDF5 file (Keras models in it may hold code)")
+    inner = _decompressed_prefix(prefix)
+    if inner is not None and pickle_protocol(inner) is not None:
+        return FileKind(PICKLE, f"a compressed pickle (protocol {inner[1]}, as joblib writes)")
+    return None
+
+
+def _decompressed_prefix(prefix: bytes) -> bytes | None:
+    """The first bytes a gzip, zlib, bz2 or xz stream starting with ``prefix`` decompresses to."""
+    try:
+        if prefix.startswith(b"\x1f\x8b"):
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(prefix, 2)
+        if len(prefix) >= 2 and prefix[0] == 0x78 and (prefix[0] << 8 | prefix[1]) % 31 == 0:
+            return zlib.decompressobj().decompress(prefix, 2)
+        if prefix.startswith(b"BZh"):
+            return bz2.BZ2Decompressor().decompress(prefix, 2)
+        if prefix.startswith(b"\xfd7zXZ\x00"):
+            return lzma.LZMADecompressor().decompress(prefix, 2)
+    except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError):
+        return None
+    return None
+
+
+def _npy_kind(handle, where: str = "") -> FileKind:
+    """A .npy file (or member) by its header: object arrays are pickled, numeric ones are data."""
+    import numpy as np
+
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    try:
+        version = np.lib.format.read_magic(handle)
+        if version not in readers:
+            return FileKind(UNCHECKED, f"a numpy file{where} of format version {version}, not inspected")
+        shape, _, dtype = readers[version](handle)  # a literal_eval of a header of at most 10,000 bytes
+    except (ValueError, SyntaxError, EOFError, TypeError, OSError) as exc:
+        return FileKind(UNCHECKED, f"a numpy file{where} with a header that cannot be read ({exc})")
+    if dtype.hasobject:
+        return FileKind(PICKLE, f"a numpy array of Python objects{where} (stored as a pickle)")
+    return FileKind(DATA, f"a numpy array{where} ({dtype}, {list(shape)})")
+
+
+# zip archives
+
+
+def _zip_kind(path: Path) -> FileKind:
+    with open(path, "rb") as handle:
+        if too_big := _directory_too_big(handle):
+            return FileKind(UNCHECKED, f"a zip archive not inspected: {too_big}")
+        try:
+            archive = zipfile.ZipFile(handle)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+            return FileKind(UNCHECKED, f"a damaged zip archive ({exc})")
+        with archive:
+            return _members_kind(archive)
+
+
+def _members_kind(archive: zipfile.ZipFile) -> FileKind:
+    pickles, unreadable, arrays, serialized = [], [], 0, False
+    members = [info for info in archive.infolist() if not info.is_dir()]
+    for info in members:
+        name = PurePosixPath(info.filename)
+        if name.suffix.lower() in PICKLE_SUFFIXES:
+            pickles.append(info.filename)
+            continue
+        try:
+            with archive.open(info) as member:
+                prefix = member.read(PREFIX_BYTES)
+                if prefix.startswith(b"\x93NUMPY"):
+                    with archive.open(info) as again:
+                        kind = _npy_kind(again)
+                    if kind.kind == PICKLE:
+                        pickles.append(info.filename)
+                    elif kind.kind == DATA:
+                        arrays += 1
+                    else:
+                        unreadable.append(info.filename)
+                elif pickle_protocol(prefix) is not None:
+                    pickles.append(info.filename)
+                elif prefix.startswith(b"PK\x03\x04"):
+                    unreadable.append(info.filename)  # an archive inside the archive is not opened
+                elif prefix.lstrip()[:1] == b"{" and _holds_serialized(prefix + member.read(MAX_JSON_BYTES)):
+                    serialized = True
+                    pickles.append(info.filename)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, zlib.error,
+                lzma.LZMAError) as exc:  # encrypted, an unknown compression, a corrupt stream
+            unreadable.append(f"{info.filename} ({type(exc).__name__})")
+    if pickles:
+        return FileKind(PICKLE, _archive_phrase(pickles, serialized))
+    if unreadable:
+        return FileKind(UNCHECKED, f"a zip archive with members not inspected: {_few(unreadable)}")
+    if members and arrays == len(members):
+        return FileKind(DATA, f"a numpy .npz archive of {arrays} numeric arrays")
+    return FileKind(DATA, f"a zip archive of {len(members)} files, none pickle-capable")
+
+
+def _holds_serialized(text: bytes) -> bool:
+    """Whether a JSON member carries Stable-Baselines3's base64 cloudpickle fields."""
+    return SB3_SERIALIZED in text
+
+
+def _archive_phrase(pickles: list[str], serialized: bool) -> str:
+    if serialized:
+        return f"a Stable-Baselines3 model archive (cloudpickled fields in its data member; pickles inside: {_few(pickles)})"
+    if any(PurePosixPath(p).name == "data.pkl" and "/" in p for p in pickles):  # torch.save: <name>/data.pkl
+        return f"a torch.save archive (pickles inside: {_few(pickles)})"
+    return f"a zip archive holding pickles ({_few(pickles)})"
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _directory_too_big(handle) -> str | None:
+    """Why the zip's central directory is not read, from its end record; None when it is small enough."""
+    handle.seek(0, 2)
+    size = handle.tell()
+    tail_start = max(0, size - (22 + 65535))
+    handle.seek(tail_start)
+    tail = handle.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return None  # no end record: zipfile says the archive is damaged
+    entries, directory = struct.unpack("<HI", tail[at + 10 : at + 16])
+    if (entries == 0xFFFF or directory == 0xFFFFFFFF) and at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07":
+        (offset,) = struct.unpack("<Q", tail[at - 12 : at - 4])
+        handle.seek(offset)
+        record = handle.read(56)
+        if len(record) == 56 and record[:4] == b"PK\x06\x06":
+            entries, directory = struct.unpack("<QQ", record[32:48])
+    if entries > MAX_MEMBERS:
+        return f"{entries} members, over the limit of {MAX_MEMBERS}"
+    if directory > MAX_DIRECTORY_BYTES:
+        return f"a {directory}-byte directory, over the limit of {MAX_DIRECTORY_BYTES}"
+    return None
+
+
+# the script scan for `submit --dry-run`
+
+SAVE_PATTERNS = (
+    (re.compile(r"\btorch\.save\s*\("), "torch.save( writes a pickle-based file"),
+    (re.compile(r"\b(?:c?pickle|cloudpickle|dill|joblib)\.dumps?\s*\("), "a pickle dump"),
+    (re.compile(r"\bsave_checkpoint\s*\("), "save_checkpoint( (Lightning writes a pickle-based .ckpt)"),
+    (re.compile(r"\b(?:Trainer|TrainingArguments)\s*\("), "a Trainer( (Hugging Face's writes training_args.bin, "
+     "optimizer.pt and rng_state.pth; Lightning's writes .ckpt checkpoints)"),
+    (re.compile(r"(?<!torch)(?<!np)(?<!numpy)\.save\s*\("), "a .save( call (e.g. Stable-Baselines3's model.save "
+     "writes a zip of cloudpickle)"),
+)
+MAX_SCANNED_FILES = 200
+MAX_SCANNED_BYTES = 2 * 2**20
+
+
+def scan_sources(files: dict[str, str]) -> list[str]:
+    """Lines of ``{relative path: text}`` that may write pickle-capable outputs: ``"train.py:42: torch.save( …"``.
+
+    A text scan: it cannot know where the file goes or what a call writes, so it only says "may".
+    """
+    found = []
+    for relative, text in sorted(files.items()):
+        for number, line in enumerate(text.splitlines(), 1):
+            code = line.split("#", 1)[0]
+            for pattern, meaning in SAVE_PATTERNS:
+                if pattern.search(code):
+                    found.append(f"{relative}:{number}: {meaning}: {line.strip()[:80]}")
+                    break
+    return found
+
+
+def output_rule(trusted: bool, where: str) -> str:
+    """What will happen to a run's outputs on ``where``, trusted or not."""
+    if trusted:
+        return (f"outputs on {where} (trusted compute): every file written to $TRAINMASTER_OUTPUT_DIR is kept and "
+                "hashed; pickle-capable files (.pt, .ckpt, .pkl, torch.save or pickle content, zips holding pickles) "
+                "are kept OPAQUE: never loaded by trainmaster, listed in the verdict. Files written elsewhere are not "
+                "kept, and a run that writes none fails unless the spec says outputs.optional: true")
+    return (f"outputs on {where} (untrusted compute): pickle-capable files (.pt, .ckpt, .pkl, torch.save or pickle "
+            f"content, zips holding pickles) are REFUSED and the attempt is rejected, not paid; {CONVERT}")
+
+
+def dry_run_warnings(code_dir: Path, *, trusted: bool, where: str, max_bundle_bytes: int) -> list[str]:
+    """What `submit --dry-run` says about outputs: the rule for the chosen offer's trust, then each line of
+    the bundled Python code that may write a pickle-capable file (outputs do not exist yet: "may")."""
+    from trainmaster.jobs.bundle import collect
+
+    sources = {}
+    for entry in collect(code_dir, max_bytes=max_bundle_bytes):
+        if entry.kind == "file" and entry.path.endswith(".py") and entry.size <= MAX_SCANNED_BYTES:
+            sources[entry.path] = (Path(code_dir) / entry.path).read_text(encoding="utf-8", errors="replace")
+            if len(sources) == MAX_SCANNED_FILES:
+                break
+    consequence = "kept opaque (never loaded)" if trusted else "refused, rejecting the attempt"
+    found = [f"{line} — may write a pickle-capable output, {consequence}" for line in scan_sources(sources)]
+    return [output_rule(trusted, where), *found]
