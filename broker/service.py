@@ -193,7 +193,7 @@ class Broker:
             if job.state == "planned":
                 await self._dispatch(job)
             for attempt in self.store.attempts(job_id):
-                if attempt.state not in states.ATTEMPT_ENDS:
+                if attempt.state not in states.ATTEMPT_ENDS | states.WAITING:
                     await self._watch(self.store.job(job_id), attempt)
         return self.store.job(job_id)
 
@@ -213,7 +213,7 @@ class Broker:
         deadline = time.time() + timeout_s if timeout_s else None
         while True:
             job = await self.advance(job_id)
-            if job.state in states.JOB_ENDS or (deadline and time.time() > deadline):
+            if job.state in states.JOB_ENDS | states.WAITING or (deadline and time.time() > deadline):
                 return job
             await asyncio.sleep(poll_s)
 
@@ -352,15 +352,30 @@ class Broker:
             await self._end_attempt(job, attempt, "cancelled", job_target="cancelled", reason=st.reason or "cancelled",
                                     started_at=st.started_at, ended_at=st.ended_at)
         elif st.phase is Phase.failed:
-            # a script that exits non-zero failed on its own; a process that vanished may succeed elsewhere
-            await self._attempt_failed(job, attempt, st.reason or "failed", retry=st.exit_code is None,
+            # a script that exits non-zero failed on its own; a process that vanished (a crash, a
+            # preemption) is tried again on the same offer as the policy allows, then elsewhere
+            crashed = st.exit_code is None
+            again = crashed and self._retries_left(job, attempt) > 0
+            await self._attempt_failed(job, attempt, st.reason or "failed", retry=crashed, same_offer=again,
                                        started_at=st.started_at, ended_at=st.ended_at)
 
+    def _retries_left(self, job: Job, attempt: Attempt) -> int:
+        """Retries the policy still allows on this attempt's offer after a crash (`retries` per class)."""
+        allowed = self.policy(job).for_class(job.workload).retries
+        key = Offer.model_validate_json(attempt.offer_json).key
+        used = sum(1 for a in self.store.attempts(job.id)
+                   if a.n < attempt.n and a.state == "failed" and Offer.model_validate_json(a.offer_json).key == key)
+        return allowed - used
+
     async def _attempt_failed(self, job: Job, attempt: Attempt, reason: str, *, retry: bool, state: str = "failed",
-                              started_at: float | None = None, ended_at: float | None = None) -> None:
+                              same_offer: bool = False, started_at: float | None = None,
+                              ended_at: float | None = None) -> None:
         await self._end_attempt(job, attempt, state, job_target="planned" if retry else "failed", reason=reason,
                                 started_at=started_at, ended_at=ended_at)
-        if retry:
+        if same_offer:  # the stored plan stands: the next attempt resumes from the last committed segment
+            self.store.log_event(job.id, "retry", {"after": reason, "offer": Offer.model_validate_json(attempt.offer_json).key,
+                                                   "retries_left": self._retries_left(job, attempt) - 1}, attempt.id)
+        elif retry:
             await self._replan(self.store.job(job.id), after=reason)
 
     async def _settle(self, job: Job, attempt: Attempt) -> None:
@@ -389,9 +404,14 @@ class Broker:
             opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
             await self._end_attempt(job, attempt, "accepted", job_target="accepted",
                                     detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
+        elif verdict.outcome == "cannot_verify":
+            # the checks could not run (a missing package, a full disk): nothing is paid or blocked; the
+            # attempt waits for `trainmaster verify JOB --again`
+            why = f"cannot verify: {'; '.join(verdict.reasons)}"
+            self.store.move_attempt(attempt.id, "unverified", job_target="unverified", reason=why)
         else:
-            # rejected (or impossible to verify): nothing is paid, the offer is blocked, the next one tried
-            why = f"{verdict.outcome.replace('_', ' ')}: {'; '.join(verdict.reasons)}"
+            # rejected: nothing is paid, the offer is blocked, the next one tried
+            why = f"rejected: {'; '.join(verdict.reasons)}"
             await self._attempt_failed(job, attempt, why, retry=True, state="rejected")
 
     async def _verify(self, job: Job, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
@@ -477,6 +497,31 @@ class Broker:
 
     # user actions on a job
 
+    async def verify_again(self, job_id: str) -> Job:
+        """Run the checks again on the job's unverified attempt (after the user fixed what stopped them)."""
+        job = self.store.find_job(job_id)
+        async with _locked(paths.job_dir(job.id) / ".lock"):
+            waiting = [a for a in self.store.attempts(job.id) if a.state in states.WAITING]
+            if not waiting:
+                raise NothingToDo(f"{job.id} has no attempt waiting to be verified again (the job is {job.state})")
+            for attempt in waiting:
+                self.store.move_attempt(attempt.id, "verifying", job_target="verifying", reason="verified again")
+                await self._settle(self.store.job(job.id), self.store.attempt(attempt.id))
+        return await self.advance(job.id)
+
+    async def resume(self, job_id: str) -> Job:
+        """Start a failed or cancelled job again on its planned offer, from the last committed segment
+        an earlier attempt left (a trusted backend's; an untrusted executor always starts afresh)."""
+        job = self.store.find_job(job_id)
+        async with _locked(paths.job_dir(job.id) / ".lock"):
+            job = self.store.job(job.id)
+            if job.state not in ("failed", "cancelled"):
+                raise NothingToDo(f"{job.id} is {job.state}; only a failed or cancelled job can be resumed")
+            if not job.plan_json:
+                raise NothingToDo(f"{job.id} was never planned ({job.reason}); submit it again instead")
+            self.store.move_job(job.id, "planned", reason="resumed by the user")
+        return await self.advance(job.id)
+
     async def cancel(self, job_id: str) -> Job:
         """Cancel an unfinished job; and for any job, whatever its recorded state, stop the processes of
         its attempts that still run (what a crashed run left), each such stop recorded as a `stopped` event."""
@@ -488,7 +533,7 @@ class Broker:
                     continue
                 backend = self.backend(attempt.backend, self.policy(job))
                 handle = Handle.model_validate_json(attempt.handle_json)
-                if attempt.state in states.ACTIVE_ATTEMPT and job.state not in states.JOB_ENDS:
+                if attempt.state in states.ACTIVE_ATTEMPT | states.WAITING and job.state not in states.JOB_ENDS:
                     await retried(backend.cancel, handle)
                     await self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user")
                 else:
@@ -519,7 +564,7 @@ class Broker:
         while True:
             attempts = [a for a in self.store.attempts(job.id) if a.handle_json]
             if not attempts:
-                if not follow or self.store.job(job.id).state in states.JOB_ENDS:
+                if not follow or self.store.job(job.id).state in states.JOB_ENDS | states.WAITING:
                     return
                 await asyncio.sleep(LOG_POLL_S)
                 job = await self.advance(job.id)
@@ -538,11 +583,15 @@ class Broker:
             if chunk.complete:
                 job = await self.advance(job.id)
                 newer = [a for a in self.store.attempts(job.id) if a.handle_json and a.n > last.n]
-                if job.state in states.JOB_ENDS and not newer:
+                if job.state in states.JOB_ENDS | states.WAITING and not newer:
                     return
                 if newer:
                     continue
             await asyncio.sleep(LOG_POLL_S)
+
+
+class NothingToDo(RuntimeError):
+    """A user action that does not apply to the job as it is (resume a running job, verify again an accepted one)."""
 
 
 class _SegmentOpener:

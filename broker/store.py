@@ -149,12 +149,25 @@ class NotFound(KeyError):
     pass
 
 
+class StateUnavailable(RuntimeError):
+    """The state database cannot be opened (a bad TRAINMASTER_HOME, a corrupt or foreign file)."""
+
+
 class Store:
     def __init__(self, path: Path):
         self.path = path
-        self.db = statedb.connect(path)
-        with self.tx() as db:
-            statedb.migrate(db, version_table="schema_version", migrations=MIGRATIONS, what=str(path))
+        try:
+            self.db = statedb.connect(path)
+            with self.tx() as db:
+                statedb.migrate(db, version_table="schema_version", migrations=MIGRATIONS, what=str(path))
+        except (sqlite3.Error, OSError, statedb.SchemaTooNew) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            if Path(path).parent.exists() and not Path(path).parent.is_dir():
+                why = f"{Path(path).parent} is a file, not a folder"
+            raise StateUnavailable(
+                f"cannot open the state database {path}: {why} (set TRAINMASTER_HOME to a writable folder, "
+                "or move the file aside to start afresh)"
+            ) from None
 
     def close(self) -> None:
         self.db.close()

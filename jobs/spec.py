@@ -22,6 +22,7 @@ from trainmaster.jobs.yamlfile import FileError, load_model
 
 Usd = Annotated[
     int,
+    Field(ge=0),  # a negative cap or price is a mistake, never a credit
     BeforeValidator(parse_usd),
     PlainSerializer(format_usd, return_type=str),
     WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0}, {"type": "string"}], "description": "US dollars"}),

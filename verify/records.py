@@ -113,15 +113,18 @@ class VerdictStore:
         rows = self.database.db.execute("SELECT verdict_json FROM verdicts WHERE job_id = ? ORDER BY id", (job_id,))
         return [Verdict.model_validate_json(r["verdict_json"]) for r in rows]
 
-    def resolve_job(self, ref: str) -> str | None:
-        """The job id ``ref`` names: an exact id, or a prefix matching exactly one job with a verdict."""
+    def matching_jobs(self, ref: str) -> list[str]:
+        """Jobs with a verdict whose id is ``ref`` or starts with it (at most three; an exact id alone)."""
         rows = self.database.db.execute(
             "SELECT DISTINCT job_id FROM verdicts WHERE job_id = ? OR substr(job_id, 1, ?) = ? LIMIT 3",
             (ref, len(ref), ref),
         ).fetchall()
         ids = [r["job_id"] for r in rows]
-        if ref in ids:
-            return ref
+        return [ref] if ref in ids else ids
+
+    def resolve_job(self, ref: str) -> str | None:
+        """The job id ``ref`` names: an exact id, or a prefix matching exactly one job with a verdict."""
+        ids = self.matching_jobs(ref)
         return ids[0] if len(ids) == 1 else None
 
 

@@ -98,3 +98,33 @@ def cancel(job_ref: str):
         return broker, await broker.cancel(job.id)
 
     return _run(main)
+
+
+def resume(job_ref: str, *, wait: bool, on_log: Callable[[str], None] | None):
+    """`resume`: start a failed or cancelled job again from its last committed segment; with `wait`,
+    stream its log to `on_log` (when given) and wait for its end."""
+    broker = _broker()
+
+    async def main():
+        job = broker.store.find_job(job_ref)
+        await broker.refresh()
+        job = await broker.resume(job.id)
+        if wait:
+            if on_log is not None:
+                async for text in broker.logs(job.id, follow=True):
+                    on_log(text)
+            job = await broker.wait(job.id)
+        return broker, job
+
+    return _run(main)
+
+
+def verify_again(job_ref: str):
+    """`verify JOB --again`: run the checks again on the job's unverified attempt."""
+    broker = _broker()
+
+    async def main():
+        job = broker.store.find_job(job_ref)
+        return broker, await broker.verify_again(job.id)
+
+    return _run(main)

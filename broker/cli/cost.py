@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, escape, fail, load
+from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, escape, fail, guarded, load
 
 SPEND_GROUPS = ("backend", "class", "job", "project", "month")
 
@@ -100,7 +100,7 @@ def spend(
     """What was actually paid (charged on acceptance), from the ledger; not re-priced."""
     if by is not None and by not in SPEND_GROUPS:
         fail(f"cannot group spend by {by!r}; choose one of {', '.join(SPEND_GROUPS)}", USAGE)
-    rows = _spend_rows(by)
+    rows = guarded(lambda: _spend_rows(by))
     if as_json:
         print(json.dumps([_spend_json(r) for r in rows], indent=2))
     else:
@@ -114,10 +114,15 @@ def _spend_rows(by: str | None) -> list:
     from trainmaster.wallet.ledger import Ledger, SpendRow
 
     db = paths.state_db()
-    if not db.exists():
+    if not db.exists() and (not db.parent.exists() or db.parent.is_dir()):
         return [] if by else [SpendRow("total", 0, 0, 0)]
-    with Ledger(db) as ledger:
-        return ledger.spend(by)
+    from trainmaster.broker.store import Store
+
+    store = Store(db)  # an unusable home or database is one clear error (StateUnavailable), as for every command
+    try:
+        return Ledger(store.db).spend(by)
+    finally:
+        store.close()
 
 
 def _spend_json(row) -> dict:

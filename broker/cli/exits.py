@@ -44,7 +44,8 @@ def guarded(fn):
     """Run `fn`, mapping our exceptions to messages and exit codes, once, for every command."""
     from trainmaster.backends.base import BackendError
     from trainmaster.broker.planner import PlanError
-    from trainmaster.broker.store import NotFound
+    from trainmaster.broker.service import NothingToDo
+    from trainmaster.broker.store import NotFound, StateUnavailable
     from trainmaster.jobs.bundle import BundleError
 
     try:
@@ -55,5 +56,9 @@ def guarded(fn):
         fail(f"cannot bundle the code: {exc}", BAD)
     except NotFound as exc:
         fail(str(exc.args[0]), USAGE)
+    except StateUnavailable as exc:
+        fail(str(exc), USAGE)
+    except NothingToDo as exc:
+        fail(str(exc), USAGE)
     except (BackendError, OSError) as exc:
         fail(str(exc), USAGE)

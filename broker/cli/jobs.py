@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
     app.command("ls")(list_jobs)
     app.command()(logs)
     app.command()(cancel)
+    app.command()(resume)
     app.command()(schema)
 
 
@@ -51,21 +52,42 @@ def submit(
             render.print_prepared(console(), prepared)
         return
 
+    started: list = []
+
     def submitted(job) -> None:
+        started.append(job)
         if job.state == "failed" and not as_json:
             fail(f"{job.id} failed before it started: {job.reason}", BAD)
         if not as_json:
             follow = "streaming its logs" if wait else f"follow it with `trainmaster logs -f {job.id}`"
             console().print(f"submitted [bold]{job.id}[/bold] ({job.state}); {follow}", highlight=False)
 
-    broker, job = guarded(lambda: calls.submit(spec, policy, wait=wait, on_submitted=submitted,
-                                               on_log=None if as_json else _write))
+    try:
+        broker, job = guarded(lambda: calls.submit(spec, policy, wait=wait, on_submitted=submitted,
+                                                   on_log=None if as_json else _write))
+    except KeyboardInterrupt:
+        _interrupted(started[0].id if started else None)
     if as_json:
         print(json.dumps(render.job_json(broker, job), indent=2))
     elif wait:
         render.print_job(console(), broker, job)
     if wait:
-        raise typer.Exit(OK if job.state == "accepted" else BAD)
+        raise typer.Exit(wait_exit(job.state))
+
+
+def wait_exit(state: str) -> int:
+    """The exit code of a command that waited for a job: 0 accepted, 2 waiting to be verified again, 1 otherwise."""
+    return OK if state == "accepted" else USAGE if state == "unverified" else BAD
+
+
+def _interrupted(job_id: str | None) -> None:
+    """Ctrl-C while waiting stops the waiting, not the job."""
+    if job_id is None:
+        fail("interrupted before the job was recorded; nothing was submitted", 130)
+    console(stderr=True).print(
+        f"\ninterrupted: {job_id} keeps running. Follow it with `trainmaster logs -f {job_id}`, "
+        f"or stop it with `trainmaster cancel {job_id}`.", highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
 
 
 def status(job_id: str = typer.Argument(..., help="Job id or a unique prefix."), as_json: bool = JSON_OPT) -> None:
@@ -82,7 +104,7 @@ def status(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
 
 def list_jobs(
     all_: bool = typer.Option(False, "--all", "-a", help="Include finished jobs."),
-    limit: int = typer.Option(50, help="At most this many jobs."),
+    limit: int = typer.Option(50, min=0, help="At most this many jobs (0: all of them)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """List jobs, newest first (unfinished ones unless --all)."""
@@ -90,7 +112,7 @@ def list_jobs(
     from trainmaster.broker.cli import render
 
     wanted = None if all_ else set(states.JOB_TRANSITIONS) - states.JOB_ENDS
-    broker, jobs = guarded(lambda: calls.list_jobs(wanted, limit))
+    broker, jobs = guarded(lambda: calls.list_jobs(wanted, limit or -1))  # SQLite: LIMIT -1 is no limit
     if as_json:
         print(json.dumps([render.job_json(broker, j) for j in jobs], indent=2))
     else:
@@ -102,7 +124,10 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
 ) -> None:
     """Print a job's log (its latest attempt)."""
-    guarded(lambda: calls.logs(job_id, follow=follow, on_log=_write))
+    try:
+        guarded(lambda: calls.logs(job_id, follow=follow, on_log=_write))
+    except KeyboardInterrupt:
+        _interrupted(job_id)
 
 
 def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."), as_json: bool = JSON_OPT) -> None:
@@ -121,6 +146,26 @@ def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
         console().print(f"{job.id}: {job.state}", highlight=False)
         for message in stopped:
             console().print(f"  {message}", highlight=False)
+
+
+def resume(
+    job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to finish, streaming its logs."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Start a failed or cancelled job again on its planned offer, from the last committed segment.
+    Exit 0 when started (with --wait: when accepted), 1 when it fails again."""
+    from trainmaster.broker.cli import render
+
+    broker, job = guarded(lambda: calls.resume(job_id, wait=wait, on_log=None if as_json else _write))
+    if as_json:
+        print(json.dumps(render.job_json(broker, job), indent=2))
+    elif wait:
+        render.print_job(console(), broker, job)
+    else:
+        console().print(f"resumed [bold]{job.id}[/bold] ({job.state}); follow it with `trainmaster logs -f {job.id}`",
+                        highlight=False)
+    raise typer.Exit(wait_exit(job.state) if wait else BAD if job.state in ("failed", "cancelled") else OK)
 
 
 def schema(kind: str = typer.Argument("job", help="job or policy")) -> None:

@@ -47,13 +47,22 @@ def show(
         help="For a directory: it came from compute you trust, so pickle-capable files are kept opaque "
         "(listed, never loaded) instead of refused.",
     ),
+    again: bool = typer.Option(
+        False, "--again", help="For a job whose checks could not run (unverified): run them again, then show the verdict.",
+    ),
 ) -> None:
     """Print the stored verdict of a job, or check a directory of outputs (integrity, safety, and the
     outcome when a job.yaml is found next to it). A directory is of unknown origin, so it is judged as
     untrusted compute's outputs (pickle-capable files refused) unless --trusted is given. Exit 0
     accepted, 1 rejected, 2 cannot verify."""
     path = Path(target)
-    verdict = _check_directory(path, trusted=trusted) if path.is_dir() else _stored_verdict(target)
+    if again:
+        from trainmaster.broker.cli import calls
+        from trainmaster.broker.cli.exits import guarded
+
+        _, job = guarded(lambda: calls.verify_again(target))
+        target = job.id
+    verdict = _check_directory(path, trusted=trusted) if path.is_dir() and not again else _stored_verdict(target)
     if as_json:
         typer.echo(verdict.to_json(), nl=False)
     else:
@@ -73,8 +82,10 @@ def _stored_verdict(job_ref: str):
         _fail(f"no verdicts yet: {db} does not exist")
     store = VerdictStore(db)
     try:
-        job_id = store.resolve_job(job_ref)
-        verdict = store.latest(job_id) if job_id else None
+        ids = store.matching_jobs(job_ref)
+        if len(ids) > 1:  # as `trainmaster status` says it
+            _fail(f"{job_ref!r} matches several jobs: {', '.join(ids)}, …")
+        verdict = store.latest(ids[0]) if ids else None
     finally:
         store.close()
     if verdict is None:
