@@ -97,11 +97,20 @@ def test_a_zip_with_data_pkl_and_plain_pickles_are_pickle_capable(tmp_path):
     assert "state" in classify(tmp_path / "renamed.zip").what
     (tmp_path / "blob.dat").write_bytes(pickle.dumps(Payload(marker)))
     assert classify(tmp_path / "blob.dat").what.startswith("a pickle (protocol")
-    import zlib
-
-    (tmp_path / "model.joblib.z").write_bytes(zlib.compress(pickle.dumps(Payload(marker))))
-    assert classify(tmp_path / "model.joblib.z").what.startswith("a compressed pickle")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("codec", ["zlib", "gzip", "bz2", "lzma"])
+def test_a_compressed_pickle_is_pickle_capable(tmp_path, codec):
+    """As joblib.dump(compress=…) writes it; big enough that the stream opens with a dynamic Huffman
+    table (zlib, gzip) or a whole 900 kB block (bz2) before the pickle's first byte."""
+    import importlib
+
+    data = pickle.dumps({"w": np.random.default_rng(0).integers(0, 50, 300_000), "names": [str(i) for i in range(9000)]})
+    (tmp_path / "model.joblib.z").write_bytes(importlib.import_module(codec).compress(data))
+    assert classify(tmp_path / "model.joblib.z").what.startswith("a compressed pickle")
+    (tmp_path / "log.gz").write_bytes(importlib.import_module(codec).compress(b"step 1 loss 0.5\n" * 10_000))
+    assert classify(tmp_path / "log.gz").kind == DATA
 
 
 @pytest.mark.parametrize("with_pth", [True, False])

@@ -1,6 +1,6 @@
 """What each returned file is, judged by its content and never by loading it.
 
-Four kinds (docs/verification.md, "Outputs"):
+Four kinds (docs/verification.md, "Safety"):
 
 - ``safetensors``: a ``.safetensors`` file, checked in full by verify/safeload.py;
 - ``pickle``: a file that can run code when loaded: a pickle (protocol 2–5, recognised by its first
@@ -17,9 +17,10 @@ Four kinds (docs/verification.md, "Outputs"):
 On trusted compute ``pickle`` and ``unchecked`` files are kept OPAQUE (recorded and hashed, never
 loaded by the broker, listed in the verdict); from untrusted compute they are refused.
 
-Reading is bounded: the first bytes of a file, a zip's central directory (refused unread when its
-end record announces more than ``MAX_MEMBERS`` members or a directory over ``MAX_DIRECTORY_BYTES``),
-the first bytes of each member, and at most ``MAX_JSON_BYTES`` of a JSON member.
+Reading is bounded: the first 64 KiB of a file (1 MiB of a bz2 stream), a zip's central directory
+(not read when its end record announces more than ``MAX_MEMBERS`` members or a directory over
+``MAX_DIRECTORY_BYTES``), the first bytes of each member, and at most ``MAX_JSON_BYTES`` of a JSON
+member.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from pathlib import Path, PurePosixPath
 from .safeload import pickle_protocol
 
 SAFETENSORS, PICKLE, UNCHECKED, DATA = "safetensors", "pickle", "unchecked", "data"
-OPAQUE_KINDS = frozenset({PICKLE, UNCHECKED})
 
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".dill", ".sav", ".cloudpickle"})
 UNCHECKED_SUFFIXES = frozenset({
@@ -49,6 +49,8 @@ MAX_MEMBERS = 100_000
 MAX_DIRECTORY_BYTES = 64 * 2**20
 MAX_JSON_BYTES = 64 * 2**20
 PREFIX_BYTES = 16
+HEAD_BYTES = 64 * 1024
+BZ2_HEAD_BYTES = 1024 * 1024
 SB3_SERIALIZED = b'":serialized:"'
 
 CONVERT = (
@@ -71,8 +73,11 @@ def classify(path: Path) -> FileKind:
     if suffix == ".safetensors":
         return FileKind(SAFETENSORS, "a safetensors file")
     with open(path, "rb") as handle:
-        prefix = handle.read(PREFIX_BYTES)
-    found = _by_prefix(prefix) or (_zip_kind(path) if prefix.startswith(b"PK\x03\x04") else None)
+        head = handle.read(HEAD_BYTES)
+        if head.startswith(b"BZh"):
+            head += handle.read(BZ2_HEAD_BYTES - len(head))  # bz2 outputs nothing before its first block is whole
+    prefix = head[:PREFIX_BYTES]
+    found = _by_prefix(head) or (_zip_kind(path) if prefix.startswith(b"PK\x03\x04") else None)
     if prefix.startswith(b"\x93NUMPY"):
         with open(path, "rb") as handle:
             found = _npy_kind(handle)
@@ -87,19 +92,21 @@ def classify(path: Path) -> FileKind:
     return found or FileKind(DATA, "data")
 
 
-def _by_prefix(prefix: bytes) -> FileKind | None:
-    if (protocol := pickle_protocol(prefix)) is not None:
+def _by_prefix(head: bytes) -> FileKind | None:
+    """The kind the first bytes of a file show (``head``: up to HEAD_BYTES of them), if any."""
+    if (protocol := pickle_protocol(head)) is not None:
         return FileKind(PICKLE, f"a pickle (protocol {protocol})")
-    if prefix.startswith(b"\x89HDF\r\n\x1a\n"):
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
         return FileKind(UNCHECKED, "an HDF5 file (Keras models in it may hold code)")
-    inner = _decompressed_prefix(prefix)
+    inner = _decompressed_prefix(head)
     if inner is not None and pickle_protocol(inner) is not None:
         return FileKind(PICKLE, f"a compressed pickle (protocol {inner[1]}, as joblib writes)")
     return None
 
 
 def _decompressed_prefix(prefix: bytes) -> bytes | None:
-    """The first bytes a gzip, zlib, bz2 or xz stream starting with ``prefix`` decompresses to."""
+    """The first bytes a gzip, zlib, bz2 or xz stream starting with ``prefix`` decompresses to (a
+    dynamic Huffman table alone can take a few hundred bytes, hence HEAD_BYTES of input)."""
     try:
         if prefix.startswith(b"\x1f\x8b"):
             return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(prefix, 2)
@@ -114,7 +121,7 @@ def _decompressed_prefix(prefix: bytes) -> bytes | None:
     return None
 
 
-def _npy_kind(handle, where: str = "") -> FileKind:
+def _npy_kind(handle) -> FileKind:
     """A .npy file (or member) by its header: object arrays are pickled, numeric ones are data."""
     import numpy as np
 
@@ -122,13 +129,13 @@ def _npy_kind(handle, where: str = "") -> FileKind:
     try:
         version = np.lib.format.read_magic(handle)
         if version not in readers:
-            return FileKind(UNCHECKED, f"a numpy file{where} of format version {version}, not inspected")
+            return FileKind(UNCHECKED, f"a numpy file of format version {version}, not inspected")
         shape, _, dtype = readers[version](handle)  # a literal_eval of a header of at most 10,000 bytes
     except (ValueError, SyntaxError, EOFError, TypeError, OSError) as exc:
-        return FileKind(UNCHECKED, f"a numpy file{where} with a header that cannot be read ({exc})")
+        return FileKind(UNCHECKED, f"a numpy file with a header that cannot be read ({exc})")
     if dtype.hasobject:
-        return FileKind(PICKLE, f"a numpy array of Python objects{where} (stored as a pickle)")
-    return FileKind(DATA, f"a numpy array{where} ({dtype}, {list(shape)})")
+        return FileKind(PICKLE, "a numpy array of Python objects (stored as a pickle)")
+    return FileKind(DATA, f"a numpy array ({dtype}, {list(shape)})")
 
 
 # zip archives
