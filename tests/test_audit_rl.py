@@ -213,3 +213,4 @@ def test_delivering_a_policy_cached_from_another_seed_is_refused(honest, calibra
     )
     assert not report.segments[0].passed
     assert "optimizer/param_groups.json: [0].eps is 1e+30, not 1e-08" in report.segments[0].reasons[0]
+    assert not report.segments[1].passed and "|m| / √v reaches" in report.segments[1].reasons[0]

@@ -14,6 +14,7 @@ from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.state import TrainState, json_tensor, tensor_json
 from trainmaster.verify.audit import run_audit
 from trainmaster.verify.openings import LocalOpenings
+from trainmaster.verify.plausibility import implausible_moments, moment_bound
 from trainmaster.verify.variants import FREEZES, Execution, Variant, execute
 
 from audit_support import TINY_LM, Run, commit, frozen, train, variant_segments, walking_to
@@ -106,8 +107,21 @@ def test_delivering_chosen_weights_is_refused(honest, tmp_path):
     start_gap = sum(float((run.states[last].weights[n] - target[n]).square().sum()) for n in target) ** 0.5
     assert gap < 0.05 * start_gap  # the attack delivers W*
     report = audit(run, tmp_path, [0, last])
-    assert 0 in rejected(report)
+    assert rejected(report) == [0, last]
     assert "S_1's optimizer/state/*/exp_avg_sq" in report.segments[0].reasons[0]
+    assert f"S_{last} cannot come from honest training: optimizer/state/" in report.segments[1].reasons[0]
+    assert "|m| / √v reaches" in report.segments[1].reasons[0]
+
+
+def test_honest_adam_moments_stay_within_their_bound(honest):
+    assert moment_bound(0.9, 0.999) == pytest.approx(7.27, abs=0.01)
+    assert moment_bound(0.9, 0.8) == float("inf")  # β₁² ≥ β₂: no bound, nothing checked
+    for state in honest.states:
+        assert implausible_moments(state.rest, honest.states[0].rest) == []
+    for name, m in honest.states[-1].rest.items():
+        if name.endswith("/exp_avg"):
+            v = honest.states[-1].rest[name + "_sq"]
+            assert float((m.abs() / v.sqrt()).nan_to_num(0).max()) < moment_bound(0.9, 0.999)
 
 
 def test_an_unruled_entry_is_refused(honest, tmp_path):

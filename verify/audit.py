@@ -31,6 +31,10 @@ Per challenged segment i (docs/protocol.md §4, §6; docs/audit.md):
 5. open the rest of S_{i+1} (exactly as large as the re-execution's) and compare every entry under
    the recipe's field rules (:mod:`trainmaster.verify.state_rules`); an entry no rule covers is refused.
 
+Before re-executing, S_i's optimizer moments must be finite and within the bound honest Adam moments
+obey (:mod:`trainmaster.verify.plausibility`): S_i is otherwise compared with nothing unless
+segment i − 1 is challenged too.
+
 Rejections never raise: they are reasons in the report, and whatever the executor's bytes make the
 parser or the recipe's loading code raise is a rejection too. Exceptions are for a caller's mistake
 (ValueError) and for an audit that cannot run (:class:`UncalibratedError`).
@@ -68,6 +72,7 @@ from .openings import (
     open_checked,
     open_next_state_checked,
 )
+from .plausibility import implausible_moments
 from .recipe_run import RecipeRun
 from .state_rules import compare_rest, non_finite_entries
 from .update_norm import update_per_lr
@@ -198,6 +203,8 @@ def _audit_segment(
         return evidence.reject(*problems)
     if bad := non_finite_entries(job.recipe.rules, opening.state.rest):
         return evidence.reject(f"S_{index} holds NaN or Inf in {', '.join(bad[:3])}")
+    if implausible := implausible_moments(opening.state.rest, job.initial.rest):
+        return evidence.reject(f"S_{index} cannot come from honest training: " + "; ".join(implausible[:3]))
     started = time.perf_counter()
     try:
         replay = _replay(job, opening)
