@@ -59,6 +59,8 @@ class Prepared:
     bundle: bundles.BundleInfo
     warnings: tuple[str, ...] = ()
     """What will happen to the run's outputs on the chosen offer, and code lines that may write pickles."""
+    budget: str | None = None
+    """Why a budget would refuse the dispatch now (submit would fail the job with this reason)."""
 
 
 class Broker:
@@ -122,12 +124,31 @@ class Broker:
         names = [n for n in (cls.constraints.allowed_backends or cls.chain) if n in BACKENDS or n in self._given]
         return {n: self.backend(n, policy) for n in names}
 
+    def _not_dispatched(self, spec: JobSpec, policy: Policy) -> list[OfferSet]:
+        """A reason for each backend the class's chain names that this version cannot dispatch to."""
+        from trainmaster.backends.registry import BACKENDS
+
+        return [OfferSet(backend=n, reasons=["dispatch is not available in this version (`trainmaster offers` shows "
+                                             "its catalog prices for comparison)"])
+                for n in policy.for_class(spec.workload).chain if n not in BACKENDS and n not in self._given]
+
+    def budget_refusal(self, spec: JobSpec, policy: Policy, plan_: Plan) -> str | None:
+        """Why dispatching the plan's choice would be refused by a budget now (what `submit` would say)."""
+        if plan_.chosen is None:
+            return None
+        offer = plan_.chosen.offer
+        with Ledger(self.store.db, budgets=policy.budgets) as ledger:
+            refused = ledger.refusal(backend=offer.backend, workload=spec.workload, project=spec.project,
+                                     micro_usd=plan_.chosen.expected_micro_usd)
+        return f"refused by budget: {refused}" if refused else None
+
     async def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset(),
                    banned: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> Plan:
         """Gather offers from every enabled backend (once) and choose by the policy; offers of `banned`
         (hotkeys, coldkeys) are blocked like failed ones."""
         self.offer_rounds += 1
         offer_sets: list[OfferSet] = await gather_offers(spec, self._enabled(spec, policy))
+        offer_sets += self._not_dispatched(spec, policy)
         hotkeys, coldkeys = banned
         if hotkeys or coldkeys:
             blocked = blocked | {o.key for s in offer_sets for o in s.offers
@@ -156,7 +177,8 @@ class Broker:
         offer = result.chosen.offer
         warnings = await asyncio.to_thread(dry_run_warnings, loaded.code_dir, trusted=offer.trusted, where=offer.backend,
                                            max_bundle_bytes=_max_bundle(loaded.spec))
-        return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info, warnings=tuple(warnings))
+        return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info, warnings=tuple(warnings),
+                        budget=self.budget_refusal(loaded.spec, policy, result))
 
     async def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
         """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good."""

@@ -68,28 +68,36 @@ def test_policy_show(cli):
     assert missing.exit_code == 2 and "no policy named 'nope'" in missing.stderr
 
 
-def test_offers_cloud_only_uses_catalog_prices(cli, training_job):
+def test_offers_shows_what_submit_would_do_and_clouds_only_for_comparison(cli, training_job):
+    """No cloud is dispatched in this version: submit could not run this job, and offers says so (exit 1),
+    while the catalogs' prices are shown as comparison rows that are never chosen."""
+    from trainmaster.broker.cli.cost import COMPARED_BEST, COMPARISON
+
     result = cli("offers", str(training_job), "--policy", "cloud-only", "--json")
-    assert result.exit_code == 0, result.stderr
+    assert result.exit_code == 1, result.stderr
     data = json.loads(result.stdout)
-    chosen = next(r for r in data["considered"] if r["verdict"] == "chosen")
-    assert chosen["key"] == data["chosen"]
-    assert chosen["offer"]["spot"] and chosen["offer"]["gpu_count"] == 8
-    assert chosen["offer"]["detail"]["price_source"] == "catalog"
-    # cheapest of all 8×A100 spot offers in the three catalogs
-    spot = [r for r in data["considered"] if r["offer"]["spot"] and r["verdict"] != "chosen"]
-    assert all(r["expected_micro_usd"] >= chosen["expected_micro_usd"] for r in spot)
+    assert data["chosen"] is None and all(r["verdict"] != "chosen" for r in data["considered"])
+    assert all(why == ["dispatch is not available in this version (`trainmaster offers` shows its catalog prices "
+                       "for comparison)"] for why in data["unavailable"].values())
+    best = next(r for r in data["considered"] if r["verdict"] == COMPARED_BEST)
+    assert best["offer"]["spot"] and best["offer"]["gpu_count"] == 8
+    assert best["offer"]["detail"]["price_source"] == "catalog"
+    # the cheapest of all 8×A100 spot offers in the three catalogs
+    spot = [r for r in data["considered"] if r["offer"]["spot"] and COMPARISON in r["verdict"]]
+    assert all(r["expected_micro_usd"] >= best["expected_micro_usd"] for r in spot)
 
 
 def test_offers_table_marks_catalog_prices_and_bittensor_has_a_reason(cli, training_job):
     result = cli("offers", str(training_job), "--policy", "hybrid")
-    assert result.exit_code == 0, result.stderr
-    assert "✔ chosen" in result.stdout and "p4d.24xlarge" in result.stdout
+    assert result.exit_code == 1, result.stderr
+    assert "best catalog comparison" in result.stdout and "p4d.24xlarge" in result.stdout
     assert "catalog list price (dated 2025-07-01), not a live quote" in result.stdout
-    assert "bittensor: bittensor prices are live quotes that `trainmaster offers` does not gather yet" in result.stdout
+    assert "bittensor: dispatch is not available in this version" in result.stdout
 
 
 def test_offers_prefers_the_users_override(cli, training_job, tm_home):
+    from trainmaster.broker.cli.cost import COMPARED_BEST
+
     catalogs = tm_home / "config" / "catalogs"
     catalogs.mkdir(parents=True)
     (catalogs / "aws.csv").write_text(
@@ -98,10 +106,27 @@ def test_offers_prefers_the_users_override(cli, training_job, tm_home):
         "aws,p4d.24xlarge,us-east-1,A100,8,40,96,1152,20,1.50\n"
     )
     data = json.loads(cli("offers", str(training_job), "--policy", "hybrid", "--json").stdout)
-    assert data["chosen"] == "aws/us-east-1/p4d.24xlarge/spot"
-    chosen = data["considered"][0]
-    assert chosen["offer"]["price_per_hour_micro_usd"] == 1_500_000
-    assert chosen["offer"]["detail"]["catalog_date"] == "2026-11-01"
+    best = next(r for r in data["considered"] if r["verdict"] == COMPARED_BEST)
+    assert best["key"] == "aws/us-east-1/p4d.24xlarge/spot"
+    assert best["offer"]["price_per_hour_micro_usd"] == 1_500_000
+    assert best["offer"]["detail"]["catalog_date"] == "2026-11-01"
+
+
+def test_offers_and_dry_run_check_budgets_as_submit_does(cli, job_factory, tmp_path):
+    from typer.testing import CliRunner
+
+    from trainmaster.broker.cli import app
+
+    policy = tmp_path / "tight.yaml"
+    policy.write_text("name: tight\ndefault:\n  primary: local\nbudgets:\n  - name: tiny\n    period: total\n    cap: 0.01\n")
+    spec = job_factory("print()\n", "limits:\n  max_hours: 10\n")  # 10 h on this machine: over $0.01
+    shown = cli("offers", str(spec), "--policy", str(policy), "--json")
+    assert shown.exit_code == 1 and json.loads(shown.stdout)["chosen"] is not None
+    assert "refused by budget" in json.loads(shown.stdout)["budget"] and "tiny" in json.loads(shown.stdout)["budget"]
+    dry = CliRunner().invoke(app, ["submit", str(spec), "--policy", str(policy), "--dry-run"], env=ENV)
+    assert dry.exit_code == 1 and "submit would fail the job: refused by budget" in dry.output
+    real = CliRunner().invoke(app, ["submit", str(spec), "--policy", str(policy), "--json"], env=ENV)
+    assert json.loads(real.output)["state"] == "failed"  # what the preview said
 
 
 def test_offers_bad_override_is_an_environment_error(cli, training_job, tm_home):

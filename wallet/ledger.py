@@ -297,6 +297,17 @@ class Ledger:
         """What counts against `budget` now: charges this period plus open reservations."""
         return _usage(self.db, budget, self._clock())
 
+    def refusal(self, *, backend: str, workload: str, project: str | None, micro_usd: int) -> BudgetExceeded | None:
+        """Why `reserve` would refuse this amount now (the first hard budget it would overshoot), or None.
+        A preview only: the reservation itself checks again, in its own transaction."""
+        now = self._clock()
+        for budget in self.budgets:
+            if budget.hard and budget.matches(backend=backend, workload=workload, project=project):
+                usage = _usage(self.db, budget, now)
+                if usage.used_micro_usd + micro_usd > budget.cap:
+                    return BudgetExceeded(budget, usage, micro_usd)
+        return None
+
     def spend(self, by: str | None = None, *, since: float | None = None, until: float | None = None) -> list[SpendRow]:
         """Actual spend (charges only), grouped by backend, class, job, project or month."""
         if by is not None and by not in GROUPS:

@@ -128,3 +128,14 @@ def verify_again(job_ref: str):
         return broker, await broker.verify_again(job.id)
 
     return _run(main)
+
+
+def offers(spec, policy):
+    """`offers`: what `submit` would plan for the spec under the policy, and whether a budget would refuse it."""
+    broker = _broker()
+
+    async def main():
+        result = await broker.plan(spec, policy)
+        return result, broker.budget_refusal(spec, policy, result)
+
+    return _run(main)

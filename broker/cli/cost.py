@@ -7,6 +7,7 @@ offer can run the job), 2 usage or environment error (missing file, unreadable o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -33,63 +34,63 @@ def offers(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     limit: int = typer.Option(15, "--limit", min=1, help="Rows shown in the table (the rest are summarised)."),
 ) -> None:
-    """Show the offers the planner would consider for a job, and its choice, without submitting."""
-    from trainmaster.broker.planner import plan, render_plan
+    """Show the offers `submit` would consider for a job and its choice (budgets checked), plus catalog
+    prices of the clouds this version cannot dispatch to yet, for comparison. Submits nothing.
+    Exit 0 when submit would start the job, 1 when it would not."""
+    from trainmaster.broker.cli import calls
+    from trainmaster.broker.planner import render_plan
     from trainmaster.jobs.spec import load_spec
 
     spec = load(lambda: load_spec(job)).spec
     chosen_policy = _load_policy(policy)
-    offer_sets, warnings_seen = _offer_sets(spec, chosen_policy)
-    result = plan(spec, chosen_policy, offer_sets)
+    result, budget = guarded(lambda: calls.offers(spec, chosen_policy))
+    comparison, warnings_seen = _catalog_comparison(spec, chosen_policy)
+    shown = dataclasses.replace(result, rows=result.rows + comparison)
     if as_json:
-        print(json.dumps({"policy": chosen_policy.name, "warnings": warnings_seen, **result.as_dict()}, indent=2))
+        print(json.dumps({"policy": chosen_policy.name, "warnings": warnings_seen, "budget": budget,
+                          **shown.as_dict()}, indent=2))
     else:
         out = console()
         for line in warnings_seen:
             console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
-        out.print(render_plan(result, limit=limit))
+        out.print(render_plan(shown, limit=limit))
         for backend, why in result.reasons.items():
             out.print(f"  {backend}: {escape('; '.join(why))}", highlight=False)
         if result.chosen is None:
             out.print(escape(result.explain_failure()), highlight=False)
-    raise typer.Exit(OK if result.chosen else BAD)
+        if budget:
+            out.print(f"[red]✘[/red] submit would fail the job: {escape(budget)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(OK if result.chosen and not budget else BAD)
 
 
-def _offer_sets(spec, policy) -> tuple[list, list[str]]:
-    """Offers from every backend in the class's chain: live ones from the backends this version
-    dispatches to (this machine), catalog prices for the clouds, and a reason for any other."""
-    import asyncio
+def _catalog_comparison(spec, policy) -> tuple[list, list[str]]:
+    """Rows for the clouds of the class's chain that this version cannot dispatch to: their catalog
+    prices, planned under the same policy, each marked as a comparison that submit will not choose."""
     import warnings
 
-    from trainmaster.backends.base import OfferSet
     from trainmaster.backends.catalog import catalog_offers
-    from trainmaster.backends.config import load_configs
     from trainmaster.backends.registry import REGISTRY
     from trainmaster.broker import paths
-    from trainmaster.broker.planner import gather_offers
-    from trainmaster.broker.service import configured
+    from trainmaster.broker.planner import CHOSEN, plan
 
     cls = policy.for_class(spec.workload)
-    configs = load(lambda: load_configs(paths.config_dir()))
-    live, sets = {}, []
+    sets = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for name in cls.chain:
             entry = REGISTRY[name]
-            if entry.implemented:
-                backend = entry.backend_class()
-                live[name] = backend(configured(configs[name], policy))
-            elif entry.catalog:
+            if not entry.implemented and entry.catalog:
                 sets.append(load(lambda: catalog_offers(
                     name, spec, spot_allowed=cls.constraints.spot_allowed, override_dir=paths.config_dir() / "catalogs",
                     max_age_days=policy.catalog.max_age_days,
                 ), usage_on_error=True))
-            else:
-                sets.append(OfferSet(backend=name, reasons=[
-                    f"{name} prices are live quotes that `trainmaster offers` does not gather yet"
-                ]))
-        sets += asyncio.run(gather_offers(spec, live))
-    return sets, list(dict.fromkeys(str(w.message) for w in caught))
+    rows = plan(spec, policy, sets).rows if sets else []
+    marked = [r._replace(verdict=COMPARED_BEST if r.verdict == CHOSEN else f"{r.verdict} ({COMPARISON})") for r in rows]
+    return marked, list(dict.fromkeys(str(w.message) for w in caught))
+
+
+COMPARISON = "catalog comparison; not dispatched in this version"
+COMPARED_BEST = f"best {COMPARISON}"
 
 
 def spend(

@@ -50,7 +50,7 @@ def submit(
             print(json.dumps(render.prepared_json(prepared), indent=2))
         else:
             render.print_prepared(console(), prepared)
-        return
+        raise typer.Exit(BAD if prepared.budget else OK)
 
     started: list = []
 

@@ -135,6 +135,7 @@ def prepared_json(prepared) -> dict:
         ],
         "unavailable": prepared.plan.reasons,
         "warnings": list(prepared.warnings),
+        "budget": prepared.budget,
     }
 
 
@@ -148,3 +149,6 @@ def print_prepared(console: Console, prepared) -> None:
         console.print(f"  {backend}: {'; '.join(why)}", highlight=False, soft_wrap=True)
     for warning in prepared.warnings:
         console.print(f"  [yellow]![/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+    if prepared.budget:
+        console.print(f"  [red]✘[/red] submit would fail the job: {escape(prepared.budget)}", highlight=False,
+                      soft_wrap=True)
