@@ -41,7 +41,17 @@ class SignedCommitment(Frozen):
     signature: str
 
 
-class RunsUntrusted:
+class KeepsSegments:
+    """Keeps the committed segments of a runtime job where the replay audit can have them opened
+    (docs/runtime.md: a checkpoint directory of `segments/<i>/`)."""
+
+    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
+        """Segments `indices` (each with the state after it) and every segment's manifest, laid out as
+        the runtime's checkpoint directory; returns that directory (`dest`, or where they already are)."""
+        raise NotImplementedError
+
+
+class RunsUntrusted(KeepsSegments):
     """Runs on compute we do not control. Its work is paid only after the replay audit accepts it, so
     the backend gives the broker what the audit needs: who ran it, the signed commitment, and, only
     after the commitment is stored, the segments the challenge names (docs/verification.md)."""
@@ -50,11 +60,6 @@ class RunsUntrusted:
         raise NotImplementedError
 
     async def signed_commitment(self, handle: Handle) -> SignedCommitment:
-        raise NotImplementedError
-
-    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
-        """Have the executor open segments `indices` (each with the state after it) into `dest`, laid
-        out as the runtime's checkpoint directory (docs/runtime.md); returns that directory."""
         raise NotImplementedError
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from trainmaster.backends.base import (
     AttemptContext, Backend, BackendError, Handle, Offer, OfferSet, Phase, Progress, TransientBackendError,
 )
-from trainmaster.backends.features import RunsUntrusted
+from trainmaster.backends.features import KeepsSegments, RunsUntrusted
 from trainmaster.backends.retry import retried
 from trainmaster.broker import paths, states
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
@@ -444,13 +444,14 @@ class Broker:
         from trainmaster.verify import pipeline
 
         offer = Offer.model_validate_json(attempt.offer_json)
-        settings = self.policy(job).verification
+        checks = self._checks(job, offer)
         signature, open_segments = None, None
         if not offer.trusted and isinstance(backend, RunsUntrusted):
             try:
                 signature = (await retried(backend.signed_commitment, handle)).signature
             except BackendError as exc:  # the executor sent none: the pipeline rejects an unsigned commitment
                 self.store.log_event(job.id, "error", {"message": f"no signed commitment: {exc}"}, attempt.id)
+        if "replay" in checks and isinstance(backend, KeepsSegments):
             open_segments = _SegmentOpener(asyncio.get_running_loop(), backend, handle,
                                            paths.attempt_dir(job.id, attempt.n) / "openings")
         request = pipeline.Attempt(
@@ -461,12 +462,26 @@ class Broker:
             python=recorded_python(paths.attempt_dir(job.id, attempt.n)),  # the evaluator runs with the job's python
             outputs_hashed=hashed_now, seed=attempt.seed,
         )
+        settings = self.policy(job).verification
         return await asyncio.to_thread(
             pipeline.verify_attempt, request,
-            checks=settings.trusted if offer.trusted else settings.untrusted,
+            checks=checks,
             db_path=self.store.path,
             audit_settings=pipeline.AuditSettings(calibration_dir=paths.home() / "calibration", tau=settings.tau),
         )
+
+    def _checks(self, job: Job, offer: Offer) -> list[str]:
+        """The checks an attempt gets: the policy's for its kind of compute, with the replay audit added
+        for a trusted run when the spec says `replay_audit: always`, or dropped when it says `never`
+        (an untrusted executor is always audited: its work is paid for only through the audit)."""
+        settings = self.policy(job).verification
+        checks = list(settings.trusted if offer.trusted else settings.untrusted)
+        wanted = self.spec(job).verification.replay_audit
+        if offer.trusted and wanted == "always" and "replay" not in checks:
+            checks.append("replay")  # the pipeline runs its checks in its own order
+        elif offer.trusted and wanted == "never" and "replay" in checks:
+            checks.remove("replay")
+        return checks
 
     async def _end_attempt(self, job: Job, attempt: Attempt, target: str, *, job_target: str | None,
                            reason: str | None = None, detail: dict | None = None,

@@ -30,7 +30,7 @@ from trainmaster.backends.base import (
     AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase,
     Progress,
 )
-from trainmaster.backends.features import SupportsMultiGpu, needed, unsupported
+from trainmaster.backends.features import KeepsSegments, SupportsMultiGpu, needed, unsupported
 from trainmaster.backends.hardware import Machine, this_machine
 from trainmaster.backends.local import processes
 from trainmaster.backends.local import supervisor as sup
@@ -46,7 +46,7 @@ LOG_CHUNK = 2**20
 SPAWNED = "spawned"  # created (exclusively) just before the supervisor is started: never start two
 
 
-class LocalBackend(SupportsMultiGpu, Backend):
+class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
     name = "local"
     trusted = True
     unsupported = {
@@ -227,6 +227,10 @@ class LocalBackend(SupportsMultiGpu, Backend):
             while time.time() < deadline and _alive(started["pid"], started["create_time"]):
                 await asyncio.sleep(0.1)
         return await asyncio.to_thread(_reap, workdir, started, cancelled=True)
+
+    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
+        """The attempt's checkpoint directory itself: nothing to transfer on this machine."""
+        return Path(handle.data["workdir"]) / "checkpoints"
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """Copy the outputs to `dest` atomically, each file hashed as it is copied; idempotent."""
