@@ -106,11 +106,17 @@ def run(smoke: bool = False) -> dict[str, float]:
     baseline = os.environ.get("TRAINMASTER_BENCH_BASELINE")
     with tempfile.TemporaryDirectory() as tmp:
         figures["offer gatherings per dispatched job"] = offer_rounds_per_dispatch(Path(tmp))
-        for launcher in ("auto", "torchrun") if not smoke else ("auto",):
-            _overheads(figures, launcher, [one_run(Path(tmp), launcher) for _ in range(repeat if launcher == "auto" else 3)])
-        if baseline and not smoke:
-            path = _baseline_path(Path(baseline), Path(tmp))
-            _overheads(figures, "baseline auto", [one_run(Path(tmp), "auto", path) for _ in range(repeat)])
+        path = _baseline_path(Path(baseline), Path(tmp)) if baseline and not smoke else None
+        ours, theirs = [], []
+        for _ in range(repeat):  # interleaved with the baseline, so a busy moment hits both alike
+            ours.append(one_run(Path(tmp), "auto"))
+            if path:
+                theirs.append(one_run(Path(tmp), "auto", path))
+        _overheads(figures, "auto", ours)
+        if theirs:
+            _overheads(figures, "baseline auto", theirs)
+        if not smoke:
+            _overheads(figures, "torchrun", [one_run(Path(tmp), "torchrun") for _ in range(3)])
     if not smoke:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import torch.distributed.run"], check=True)
