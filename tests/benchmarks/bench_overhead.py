@@ -44,7 +44,7 @@ def one_run(root: Path, launcher: str, pythonpath: str | None = None) -> tuple[f
     code.mkdir()
     (code / "train.py").write_text(SCRIPT)
     (code / "job.yaml").write_text(f"name: overhead\nentrypoint: python train.py\nlauncher: {launcher}\n")
-    env = {**os.environ, "TRAINMASTER_HOME": str(root / "home")}
+    env = {**os.environ, "TRAINMASTER_HOME": str(root / ("home-baseline" if pythonpath else "home"))}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     t0 = time.time()
