@@ -10,6 +10,7 @@ these functions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 
@@ -32,9 +33,19 @@ def dry_run(spec: Path, policy: str):
     return _run(lambda: _broker().prepare(spec, policy))
 
 
-def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_log: Callable[[str], None] | None):
+async def _follow(broker, job_id: str, on_log: Callable[[str], None], shown: Callable | None) -> None:
+    """The job's log to `on_log` until the job ends; inside `shown(broker, job_id)` (a terminal's status
+    line, broker/cli/live.py) when given."""
+    async with shown(broker, job_id) if shown else nullcontext():
+        async for text in broker.logs(job_id, follow=True):
+            on_log(text)
+
+
+def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_log: Callable[[str], None] | None,
+           shown: Callable | None = None):
     """`submit`: bring unfinished jobs up to date, start the job; with `wait`, stream its log to `on_log`
-    (when given) and wait for its end. `on_submitted(job)` runs as soon as the job is recorded (it may exit)."""
+    (when given; inside `shown`, see `_follow`) and wait for its end. `on_submitted(job)` runs as soon as
+    the job is recorded (it may exit)."""
     broker = _broker()
 
     async def main():
@@ -43,8 +54,7 @@ def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_lo
         on_submitted(job)
         if wait:
             if on_log is not None:
-                async for text in broker.logs(job.id, follow=True):
-                    on_log(text)
+                await _follow(broker, job.id, on_log, shown)
             job = await broker.wait(job.id)
         return broker, job
 
@@ -74,15 +84,18 @@ def list_jobs(states: set[str] | None, limit: int):
     return _run(main)
 
 
-def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None]) -> None:
+def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None], shown: Callable | None = None) -> None:
     """`logs`: bring unfinished jobs up to date, then the latest attempt's log to `on_log`; when following,
-    until the job ends (its end recorded)."""
+    until the job ends (its end recorded), inside `shown` when given (see `_follow`)."""
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
         await broker.refresh()
-        async for text in broker.logs(job.id, follow=follow):
+        if follow:
+            await _follow(broker, job.id, on_log, shown)
+            return
+        async for text in broker.logs(job.id):
             on_log(text)
 
     _run(main)
@@ -100,9 +113,9 @@ def cancel(job_ref: str):
     return _run(main)
 
 
-def resume(job_ref: str, *, wait: bool, on_log: Callable[[str], None] | None):
+def resume(job_ref: str, *, wait: bool, on_log: Callable[[str], None] | None, shown: Callable | None = None):
     """`resume`: start a failed or cancelled job again from its last committed segment; with `wait`,
-    stream its log to `on_log` (when given) and wait for its end."""
+    stream its log to `on_log` (when given; inside `shown`, see `_follow`) and wait for its end."""
     broker = _broker()
 
     async def main():
@@ -111,8 +124,7 @@ def resume(job_ref: str, *, wait: bool, on_log: Callable[[str], None] | None):
         job = await broker.resume(job.id)
         if wait:
             if on_log is not None:
-                async for text in broker.logs(job.id, follow=True):
-                    on_log(text)
+                await _follow(broker, job.id, on_log, shown)
             job = await broker.wait(job.id)
         return broker, job
 

@@ -32,6 +32,17 @@ def _write(line: str) -> None:
     sys.stdout.flush()
 
 
+def _streamed(as_json: bool):
+    """(on_log, shown) for a followed log: nowhere with --json; on a terminal, line by line above a live
+    status line (broker/cli/live.py); otherwise written as it comes, with no status line."""
+    if as_json:
+        return None, None
+    from trainmaster.broker.cli import live
+
+    line = live.for_terminal()
+    return (_write, None) if line is None else (line.write, line.shown)
+
+
 def submit(
     spec: Path = typer.Argument(..., help="The job file (job.yaml)."),
     policy: str = typer.Option("default", "--policy", "-p", help="Policy name or file."),
@@ -62,9 +73,10 @@ def submit(
             follow = "streaming its logs" if wait else f"follow it with `trainmaster logs -f {job.id}`"
             console().print(f"submitted [bold]{job.id}[/bold] ({job.state}); {follow}", highlight=False)
 
+    on_log, shown = _streamed(as_json)
     try:
         broker, job = guarded(lambda: calls.submit(spec, policy, wait=wait, on_submitted=submitted,
-                                                   on_log=None if as_json else _write))
+                                                   on_log=on_log, shown=shown))
     except KeyboardInterrupt:
         _interrupted(started[0].id if started else None)
     if as_json:
@@ -123,9 +135,13 @@ def logs(
     job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
 ) -> None:
-    """Print a job's log (its latest attempt)."""
+    """Print a job's log (its latest attempt).
+
+    Followed on a terminal, a live status line under it shows the state, step/T, steps/s, elapsed time,
+    cost so far and ETA."""
+    on_log, shown = _streamed(False) if follow else (_write, None)
     try:
-        guarded(lambda: calls.logs(job_id, follow=follow, on_log=_write))
+        guarded(lambda: calls.logs(job_id, follow=follow, on_log=on_log, shown=shown))
     except KeyboardInterrupt:
         _interrupted(job_id)
 
@@ -157,7 +173,8 @@ def resume(
     Exit 0 when started (with --wait: when accepted), 1 when it fails again."""
     from trainmaster.broker.cli import render
 
-    broker, job = guarded(lambda: calls.resume(job_id, wait=wait, on_log=None if as_json else _write))
+    on_log, shown = _streamed(as_json)
+    broker, job = guarded(lambda: calls.resume(job_id, wait=wait, on_log=on_log, shown=shown))
     if as_json:
         print(json.dumps(render.job_json(broker, job), indent=2))
     elif wait:

@@ -1,0 +1,332 @@
+"""Progress while waiting: the status a terminal shows under a followed log (broker/progress.py computes
+it, broker/cli/live.py draws it), and no status line when stdout is not a terminal or with --json."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainmaster.backends.base import Offer
+from trainmaster.broker import paths
+from trainmaster.broker.progress import ProgressWatch, StepSample, attempt_cost, last_step, progress_of, total_steps
+from trainmaster.broker.store import Attempt, Job
+from trainmaster.jobs.spec import JobSpec
+
+PRICE = 3_600_000  # micro-USD per hour: 1,000 micro-USD per second
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+STATUS_LINE = re.compile(r"\b(?:dispatched|running|returned|verifying|accepted) · (?:step \d|elapsed )")
+
+
+def _attempt(n: int = 1, *, state: str = "running", started_at: float | None = 1000.0, ended_at: float | None = None,
+             cost: int | None = None, price: int = PRICE) -> Attempt:
+    offer = Offer(backend="local", instance="cpu", price_per_hour_micro_usd=price, trusted=True)
+    return Attempt(id=f"j.{n}", job_id="j", n=n, backend="local", offer_json=offer.model_dump_json(),
+                   handle_json='{"backend":"local","attempt_id":"j.1","data":{}}', state=state, reason=None,
+                   started_at=started_at, ended_at=ended_at, cost_micro_usd=cost, cost_rao=None,
+                   billable_seconds=None, created_at=999.0)
+
+
+class _Store:
+    """What ProgressWatch reads of a store: a job and its attempts."""
+
+    def __init__(self, entrypoint: str, attempts: list[Attempt], state: str = "running"):
+        spec_json = JobSpec.model_validate({"name": "j", "entrypoint": entrypoint}).model_dump_json()
+        self.job_row = Job(id="j", name="j", workload="development", project=None, state=state, spec_json=spec_json,
+                           spec_path="job.yaml", bundle_sha256="0" * 64, policy="default", reason=None,
+                           created_at=998.0, updated_at=998.0)
+        self.rows = attempts
+
+    def job(self, job_id):
+        return self.job_row
+
+    def attempts(self, job_id):
+        return self.rows
+
+
+class _Broker:
+    def __init__(self, store):
+        self.store = store
+
+
+def _metrics(n: int, steps: range, at: float) -> Path:
+    """The attempt's metrics.jsonl as the runtime writes it, its modification time set to `at`."""
+    path = paths.attempt_dir("j", n) / "outputs" / "metrics.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"loss": 1.0 / s, "step": s}, sort_keys=True) + "\n" for s in steps))
+    os.utime(path, (at, at))
+    return path
+
+
+# the status computation
+
+def test_step_rate_eta_elapsed_and_cost_from_metrics(tm_home):
+    clock = [1005.0]
+    earlier = _attempt(1, state="failed", ended_at=1001.0, cost=1_234)
+    live = _attempt(2, started_at=1000.0)
+    watch = ProgressWatch(_Broker(_Store("python -m trainmaster.jobs.recipes.tiny_lm --steps 100", [earlier, live])),
+                          "j", clock=lambda: clock[0])
+    first = watch.sample()  # no metrics yet: the state, time and cost are known, the step is not
+    assert (first.state, first.step, first.total, first.steps_per_s, first.eta_s) == ("running", None, 100, None, None)
+    assert first.elapsed_s == 5.0
+    assert first.cost_micro_usd == 1_234 + 5_000  # the recorded cost, plus 5 s at 1,000 micro-USD/s
+
+    _metrics(2, range(1, 21), at=1002.0)
+    one = watch.sample()
+    assert (one.step, one.steps_per_s, one.eta_s) == (20, None, None)  # a rate needs two steps seen
+
+    _metrics(2, range(1, 61), at=1004.0)
+    clock[0] = 1006.5
+    two = watch.sample()
+    assert (two.step, two.total) == (60, 100)
+    assert two.steps_per_s == pytest.approx(20.0)  # 40 steps between the file's two modification times
+    assert two.eta_s == pytest.approx(2.0)  # 40 steps left at 20 steps/s
+    assert two.elapsed_s == 6.5
+    assert two.cost_micro_usd == 1_234 + 6_500 and isinstance(two.cost_micro_usd, int)
+
+
+def test_a_new_attempt_counts_its_own_steps(tm_home):
+    store = _Store("python train.py --steps=50", [_attempt(1)])
+    watch = ProgressWatch(_Broker(store), "j", clock=lambda: 1010.0)
+    _metrics(1, range(1, 41), at=1002.0)
+    watch.sample()
+    _metrics(1, range(1, 46), at=1003.0)
+    assert watch.sample().steps_per_s == pytest.approx(5.0)
+    store.rows = [_attempt(1, state="failed", ended_at=1003.0, cost=0), _attempt(2, started_at=1004.0)]
+    _metrics(2, range(1, 11), at=1005.0)
+    fresh = watch.sample()
+    assert (fresh.step, fresh.total, fresh.steps_per_s, fresh.eta_s) == (10, 50, None, None)
+
+
+def test_an_ended_attempt_has_no_eta_and_its_time_stops(tm_home):
+    ended = _attempt(1, state="verifying", started_at=1000.0, ended_at=1030.0, cost=30_000)
+    samples = [StepSample(10, 1010.0), StepSample(100, 1028.0)]
+    p = progress_of("verifying", [ended], samples, 100, now=5000.0)
+    assert (p.step, p.steps_per_s, p.eta_s, p.elapsed_s, p.cost_micro_usd) == (100, 5.0, None, 30.0, 30_000)
+
+
+def test_remote_attempt_shows_state_elapsed_and_cost_only(tm_home):
+    """A remote backend's metrics are not readable here: no file in the attempt dir, so no step, rate or ETA."""
+    remote = _attempt(1, started_at=None)  # not yet seen running: timed from its dispatch (created_at)
+    watch = ProgressWatch(_Broker(_Store("python train.py --steps 10", [remote])), "j", clock=lambda: 1009.0)
+    p = watch.sample()
+    assert (p.step, p.steps_per_s, p.eta_s, p.total) == (None, None, None, 10)
+    assert p.elapsed_s == 10.0 and p.cost_micro_usd == 10_000
+
+
+def test_cost_is_integer_micro_usd_rounded_up_as_the_local_backend_charges():
+    cheap = _attempt(1, started_at=1000.0, price=1)  # 1 micro-USD per hour
+    assert attempt_cost(cheap, 1001.0) == 1
+    assert attempt_cost(_attempt(1, started_at=1000.0, price=7_200_000), 1000.25) == 500
+    assert attempt_cost(_attempt(1, cost=42), 9999.0) == 42  # a recorded cost is the cost
+    never = Attempt(**{**_attempt(1).__dict__, "handle_json": None})
+    assert attempt_cost(never, 9999.0) == 0
+
+
+def test_total_steps_from_the_entrypoint():
+    assert total_steps("python -m trainmaster.jobs.recipes.tiny_lm --steps 400 --d-model 32", {}) == 400
+    assert total_steps("python train.py --steps=250", {}) == 250
+    assert total_steps("python train.py --steps $STEPS", {"STEPS": "30"}) == 30
+    assert total_steps("python train.py --epochs 3", {}) is None
+    assert total_steps("python train.py --steps lots", {}) is None
+    assert total_steps("python train.py --steps", {}) is None
+
+
+def test_last_step_skips_a_torn_line_and_junk(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"loss": 0.5, "step": 7}\n{"step": 8}\n[1, 2]\n{"step": true}\nnot json\n{"step": 9, "lo')
+    os.utime(path, (1234.0, 1234.0))
+    assert last_step(path) == StepSample(8, 1234.0)
+    assert last_step(tmp_path / "missing.jsonl") is None
+    path.write_bytes(b"")
+    assert last_step(path) is None
+
+
+def test_a_huge_metrics_file_is_read_by_its_tail_only(tmp_path):
+    """8 GiB of metrics (sparse, so the test is cheap): the last step comes back after reading a few KB."""
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "wb") as f:
+        f.truncate(8 * 2**30)
+        f.seek(0, io.SEEK_END)
+        f.write(b"".join(b'{"loss": 0.1, "step": %d}\n' % s for s in range(999_900, 1_000_001)))
+    io_stats = Path("/proc/self/io")
+    before = _bytes_read(io_stats)
+    started = time.perf_counter()
+    assert last_step(path).step == 1_000_000
+    took = time.perf_counter() - started
+    assert took < 0.05, f"{took:.3f} s"
+    if before is not None:
+        assert _bytes_read(io_stats) - before < 64 * 1024  # the tail (4 KB) and the /proc read itself
+
+
+def _bytes_read(io_stats: Path) -> int | None:
+    try:
+        return int(re.search(r"^rchar: (\d+)$", io_stats.read_text(), re.M)[1])
+    except (OSError, TypeError):
+        return None
+
+
+def test_status_line_text():
+    from trainmaster.broker.cli.live import render
+    from trainmaster.broker.progress import JobProgress
+
+    full = render(JobProgress("running", 1_200, 10_000, 41.5, 31.0, 412, 212.0)).plain
+    assert full == "running · step 1,200/10,000 · 41.5 steps/s · elapsed 0:31 · cost $0.000412 · ETA 3:32"
+    assert render(JobProgress("running", elapsed_s=3_700.0, cost_micro_usd=1_500_000)).plain == \
+        "running · elapsed 1:01:40 · cost $1.50"
+    assert render(JobProgress("returned"), (58_700_000, 209_700_000)).plain == \
+        "returned · cost $0.00 · fetching 58.7/209.7 MB"
+
+
+def test_shown_draws_the_line_takes_the_transfers_and_gives_them_back(tm_home, monkeypatch):
+    """While shown: the log above, the line redrawn, the job advanced, a fetch's progress drawn on the line
+    (not as a second live display); after: the last line left, a torn last log line printed, the
+    broker's own progress callback back."""
+    import asyncio
+
+    from rich.console import Console
+
+    from trainmaster.broker.cli import live
+
+    store = _Store("python train.py --steps 40", [_attempt(1, started_at=time.time())])
+    _metrics(1, range(1, 11), at=time.time())
+    advanced: list[str] = []
+
+    class Broker(_Broker):
+        progress = staticmethod(lambda done, total: None)
+
+        async def advance(self, job_id):
+            advanced.append(job_id)
+
+    broker, own = Broker(store), Broker.progress
+    out = io.StringIO()
+    line = live.StatusLine(Console(file=out, force_terminal=True, width=200))
+
+    async def follow():
+        async with line.shown(broker, "j"):
+            line.write("epoch 1\nepoch 2 (no newline yet)")
+            broker.progress(5_000_000, 10_000_000)
+            await asyncio.sleep(0.5)
+            assert line._transfer == (5_000_000, 10_000_000)
+            broker.progress(10_000_000, 10_000_000)
+
+    monkeypatch.setattr(live, "ADVANCE_S", 0.3)
+    monkeypatch.setattr(live, "REDRAW_S", 0.1)
+    asyncio.run(follow())
+    shown = ANSI.sub("", out.getvalue())
+    assert "epoch 1\n" in shown and "epoch 2 (no newline yet)" in shown
+    assert "running · step 10/40 · elapsed 0:0" in shown and "fetching 5.0/10.0 MB" in shown
+    last = re.split(r"[\r\n]", shown.rstrip("\n"))[-1]
+    assert last.startswith("running · step 10/40 · ") and "fetching" not in last  # the fetch done
+    assert advanced and broker.progress is own
+
+
+def test_log_lines_above_the_status_line_are_printed_as_written():
+    from rich.console import Console
+
+    from trainmaster.broker.cli.live import StatusLine
+
+    out = io.StringIO()
+    line = StatusLine(Console(file=out, width=200))
+    line.write("loss [red]0.5[/red] at step")
+    assert out.getvalue() == ""  # a line still being written waits for its end
+    line.write(" 3\r\n10%\r100%\ndone\n")
+    assert out.getvalue() == "loss [red]0.5[/red] at step 3\n100%\ndone\n"  # never markup; \r as a terminal shows it
+
+
+# end to end: the CLI under a pseudo-terminal, and not on one
+
+TINY_LM = ("python -m trainmaster.jobs.recipes.tiny_lm --steps 100 --d-model 32 --layers 1 --seq-len 16 "
+           "--batch-size 8 --warmup 10")
+METRICS_SCRIPT = """
+import json, os, pathlib, time
+out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
+with open(out / "metrics.jsonl", "w") as f:
+    for step in range(1, 41):
+        f.write(json.dumps({"loss": 1 / step, "step": step}, sort_keys=True) + "\\n")
+        f.flush()
+        time.sleep(0.05)
+print("trained", flush=True)
+"""
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE")}
+    return {**env, "TRAINMASTER_HOME": str(home), "COLUMNS": "200", "TERM": "xterm-256color"}
+
+
+def _on_terminal(*args: str, home: Path, timeout: float = 240.0) -> tuple[int, str]:
+    """`trainmaster ARGS` with a pseudo-terminal as stdin, stdout and stderr: its exit code and what it drew."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: exec at once, never back into pytest
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "trainmaster.broker.cli", *args], _env(home))
+        finally:
+            os._exit(127)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([fd], [], [], 1.0)[0]:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not data:
+                    break
+                out += data
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), ANSI.sub("", out.decode(errors="replace")).replace("\r", "\n")
+
+
+def _tm(*args: str, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
+                          env=_env(home), timeout=240)
+
+
+@pytest.mark.slow
+def test_submit_wait_on_a_terminal_shows_the_status_line(job_factory, tmp_path):
+    spec = job_factory("", "checkpoint:\n  segment_steps: 10\n", name="lm", entrypoint=TINY_LM)
+    code, shown = _on_terminal("submit", str(spec), "--wait", home=tmp_path / "home")
+    assert code == 0, shown
+    assert re.search(r"running · step \d+/100 · ", shown), shown  # state and step/T while it trains
+    assert re.search(r"accepted · step 100/100 · [\d.]+ steps/s · elapsed \d+:\d\d · cost \$", shown), shown
+    assert "final_loss" in shown  # the log streamed above it
+
+
+@pytest.mark.slow
+def test_logs_follow_on_a_terminal_shows_the_status_line(job_factory, tmp_path):
+    home = tmp_path / "home"
+    spec = job_factory(METRICS_SCRIPT)
+    job = json.loads(_tm("submit", str(spec), "--json", home=home).stdout)
+    code, shown = _on_terminal("logs", "-f", job["id"], home=home)
+    assert code == 0, shown
+    assert "trained" in shown
+    assert re.search(r"(?:running|verifying|accepted) · step \d+ · ", shown), shown  # no --steps: no T
+
+
+@pytest.mark.slow
+def test_no_status_line_off_a_terminal_or_with_json(job_factory, tmp_path):
+    home = tmp_path / "home"
+    spec = job_factory(METRICS_SCRIPT, entrypoint="python train.py --steps 40")
+    piped = _tm("submit", str(spec), "--wait", home=home)
+    assert piped.returncode == 0, piped.stderr
+    assert "trained" in piped.stdout
+    assert not STATUS_LINE.search(piped.stdout + piped.stderr) and "steps/s" not in piped.stdout
+    code, shown = _on_terminal("submit", str(spec), "--wait", "--json", home=home)
+    assert code == 0, shown
+    assert not STATUS_LINE.search(shown) and "steps/s" not in shown
+    assert json.loads(shown)["state"] == "accepted"
