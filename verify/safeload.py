@@ -37,6 +37,8 @@ SUFFIX = ".safetensors"
 
 ITEM_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 NUMPY_FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
+FLOATS = {*NUMPY_FLOATS, "BF16"}
+"""The dtypes whose values can be NaN or ±Inf (integers have no invalid values; bools are checked apart)."""
 ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
 
 Expected = Mapping[str, tuple[str, tuple[int, ...]]]
@@ -102,7 +104,7 @@ def check_file(
     with _open(path) as handle:
         header = _read_header(handle, path, max_bytes)
         _check_expected(header, expected)
-        checked = [entry for entry in header.tensors if finite or entry.dtype == "BOOL"]
+        checked = [entry for entry in header.tensors if entry.dtype == "BOOL" or (finite and entry.dtype in FLOATS)]
         buffer = bytearray(min(CHUNK_BYTES, max((e.nbytes for e in checked), default=0) + 7))
         for entry in checked:
             for chunk in _chunks(handle, header, entry, buffer):
@@ -352,29 +354,33 @@ def _metadata(path: Path, value: object) -> dict[str, str]:
 
 
 def _entry(path: Path, name: str, value: object) -> TensorEntry:
-    where = f"{path.name}: tensor {name!r}"
+    """One header entry, checked (the reason names the file and the tensor; built only on failure:
+    a checkpoint directory's headers hold tens of thousands of entries)."""
+
+    def refuse(problem: str) -> SafeLoadError:
+        return SafeLoadError(f"{path.name}: tensor {name!r}: {problem}")
+
     if not isinstance(value, dict) or value.keys() != ENTRY_KEYS:
-        raise SafeLoadError(f"{where}: entry must have exactly the keys dtype, shape, data_offsets")
+        raise refuse("entry must have exactly the keys dtype, shape, data_offsets")
     dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
     if dtype not in ITEM_SIZES:
-        raise SafeLoadError(f"{where}: unsupported dtype {dtype!r} (allowed: {', '.join(ITEM_SIZES)})")
-    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-        raise SafeLoadError(f"{where}: shape {shape!r} is not a list of non-negative integers")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(o) for o in offsets):
-        raise SafeLoadError(f"{where}: data_offsets {offsets!r} is not a pair of non-negative integers")
+        raise refuse(f"unsupported dtype {dtype!r} (allowed: {', '.join(ITEM_SIZES)})")
+    if type(shape) is not list or not _are_counts(shape):
+        raise refuse(f"shape {shape!r} is not a list of non-negative integers")
+    if type(offsets) is not list or len(offsets) != 2 or not _are_counts(offsets):
+        raise refuse(f"data_offsets {offsets!r} is not a pair of non-negative integers")
     begin, end = offsets
     if end < begin:
-        raise SafeLoadError(f"{where}: data_offsets {offsets} end before they begin")
+        raise refuse(f"data_offsets {offsets} end before they begin")
     expected = math.prod(shape) * ITEM_SIZES[dtype]
     if end - begin != expected:
-        raise SafeLoadError(
-            f"{where}: {end - begin} bytes of data, but shape {shape} of {dtype} needs {expected}"
-        )
+        raise refuse(f"{end - begin} bytes of data, but shape {shape} of {dtype} needs {expected}")
     return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _are_counts(values: list) -> bool:
+    """Every value a non-negative int (not a bool, not a float)."""
+    return all(type(v) is int for v in values) and min(values, default=0) >= 0
 
 
 def _check_tiling(path: Path, entries: list[TensorEntry], buffer_bytes: int) -> None:
