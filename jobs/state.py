@@ -22,6 +22,7 @@ JsonValue = Any
 MAX_JSON_BYTES = 1024 * 1024
 """The largest JSON state entry read back (configs, optimizer param groups: a few KiB)."""
 MAX_JSON_DEPTH = 16
+"""The deepest nesting a JSON state entry may have (param groups nest 3 levels; checked before parsing)."""
 
 
 @dataclass
@@ -160,4 +161,4 @@ def load_optimizer_state(
 
 
 def _count(value: object) -> str:
-    return str(len(value)) if isinstance(value, list) else f"not a list of ({type(value).__name__})"
+    return str(len(value)) if isinstance(value, list) else f"no list of (a {type(value).__name__})"

@@ -130,7 +130,7 @@ def test_parsing_copies_each_tensor_once():
     assert len(tensors) == 16 and peak <= 1.05 * len(data), peak / len(data)
 
 
-def test_json_entries_are_parsed_without_a_python_list():
+def test_json_entries_are_bounded_and_round_trip():
     value = {"lr": 0.003, "betas": [0.9, 0.999]}
     assert tensor_json(json_tensor(value)) == value
     with pytest.raises(ValueError, match="over the limit"):
