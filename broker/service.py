@@ -165,6 +165,12 @@ class Broker:
         result = await self.plan(loaded.spec, policy)
         if result.chosen is None:
             raise PlanError(result)
+        if "replay" in checks_for(policy, loaded.spec, result.chosen.offer):
+            from trainmaster.jobs.yamlfile import FileError
+            from trainmaster.verify.recipe_run import processes_refusal
+
+            if refusal := processes_refusal(loaded.spec):  # never dispatch a run its audit could not replay
+                raise FileError(loaded.path, [f"{loaded.path}: resources.processes: {refusal}"])
         return loaded, policy, result
 
     async def prepare(self, spec_path: Path, policy_name: str = "default") -> Prepared:
@@ -457,7 +463,8 @@ class Broker:
         request = pipeline.Attempt(
             job_id=job.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=job.bundle_sha256,
             spec=self.spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
-            code_dir=paths.attempt_dir(job.id, attempt.n) / "code", exact_replay=offer.trusted and backend.exact_replay,
+            code_dir=paths.attempt_dir(job.id, attempt.n) / "code", bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar",
+            exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
             python=recorded_python(paths.attempt_dir(job.id, attempt.n)),  # the evaluator runs with the job's python
             outputs_hashed=hashed_now, seed=attempt.seed,
@@ -471,17 +478,7 @@ class Broker:
         )
 
     def _checks(self, job: Job, offer: Offer) -> list[str]:
-        """The checks an attempt gets: the policy's for its kind of compute, with the replay audit added
-        for a trusted run when the spec says `replay_audit: always`, or dropped when it says `never`
-        (an untrusted executor is always audited: its work is paid for only through the audit)."""
-        settings = self.policy(job).verification
-        checks = list(settings.trusted if offer.trusted else settings.untrusted)
-        wanted = self.spec(job).verification.replay_audit
-        if offer.trusted and wanted == "always" and "replay" not in checks:
-            checks.append("replay")  # the pipeline runs its checks in its own order
-        elif offer.trusted and wanted == "never" and "replay" in checks:
-            checks.remove("replay")
-        return checks
+        return checks_for(self.policy(job), self.spec(job), offer)
 
     async def _end_attempt(self, job: Job, attempt: Attempt, target: str, *, job_target: str | None,
                            reason: str | None = None, detail: dict | None = None,
@@ -655,6 +652,20 @@ class _SegmentOpener:
         except BackendError as exc:
             raise VerificationError(f"the executor did not open the challenged segments {indices}: {exc}") from exc
         return LocalOpenings(directory)
+
+
+def checks_for(policy: Policy, spec: JobSpec, offer: Offer) -> list[str]:
+    """The checks an attempt gets: the policy's for its kind of compute, with the replay audit added
+    for a trusted run when the spec says `replay_audit: always`, or dropped when it says `never`
+    (an untrusted executor is always audited: its work is paid for only through the audit)."""
+    settings = policy.verification
+    checks = list(settings.trusted if offer.trusted else settings.untrusted)
+    wanted = spec.verification.replay_audit
+    if offer.trusted and wanted == "always" and "replay" not in checks:
+        checks.append("replay")  # the pipeline runs its checks in its own order
+    elif offer.trusted and wanted == "never" and "replay" in checks:
+        checks.remove("replay")
+    return checks
 
 
 def configured(config, policy: Policy):

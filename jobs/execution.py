@@ -1,8 +1,10 @@
 """Running steps and assembling full states: shared by the training runtime and segment replay.
 
 The runtime adds its own entries to ``rest`` under ``runtime/``: the step counter, the seed, the
-recipe name and config (canonical JSON as uint8), and the global RNG states. With those a state
-file is self-describing: a verifier can rebuild the trainer and re-execute from it alone.
+recipe name and config (canonical JSON as uint8), the global RNG states, and the number of training
+processes when it is not 1 (``world_size``; absent means one). With those a state file is
+self-describing: a verifier can rebuild the trainer and re-execute from it alone — with one process
+(a state of more processes is refused, by name, rather than replayed wrongly).
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ class StateInfo:
     config: dict[str, Any]
     seed: int
     step: int
+    world_size: int = 1
 
 
-def full_state(trainer: Trainer, recipe: Recipe, config: RecipeConfig, seed: int, step: int) -> TrainState:
+def full_state(
+    trainer: Trainer, recipe: Recipe, config: RecipeConfig, seed: int, step: int, world_size: int = 1
+) -> TrainState:
     """The trainer's state plus the runtime's entries, ready to serialize."""
     state = trainer.state()
     if clash := [name for name in state.rest if name.startswith(RUNTIME + "/")]:
@@ -47,21 +52,31 @@ def full_state(trainer: Trainer, recipe: Recipe, config: RecipeConfig, seed: int
         "recipe.json": json_tensor(recipe.name),
         "config.json": json_tensor(config.model_dump(mode="json")),
         **prefixed("rng", capture_global_rng()),
+        **({"world_size": scalar(world_size)} if world_size != 1 else {}),
     }
     return TrainState(weights=dict(state.weights), rest={**state.rest, **prefixed(RUNTIME, own)})
 
 
-def state_info(state: TrainState) -> StateInfo:
+def state_info(state: TrainState, world_size: int | None = 1) -> StateInfo:
+    """The runtime's entries of ``state``. It must have been trained by ``world_size`` processes (None:
+    any): a replay runs one process, so a state of more is refused here, naming why."""
     own = section(RUNTIME, state.rest)
     try:
-        return StateInfo(
+        info = StateInfo(
             recipe=tensor_json(own["recipe.json"]),
             config=tensor_json(own["config.json"]),
             seed=int(own["seed"]),
             step=int(own["step"]),
+            world_size=int(own["world_size"]) if "world_size" in own else 1,
         )
     except (KeyError, ValueError) as exc:
         raise StateError(f"state lacks the runtime's entries: {exc}") from exc
+    if world_size is not None and info.world_size != world_size:
+        raise StateError(
+            f"the state was trained by {info.world_size} processes (WORLD_SIZE), not {world_size}: a replay "
+            "re-executes with one process, so a run of more than one cannot be replayed or audited"
+        )
+    return info
 
 
 def restore(trainer: Trainer, state: TrainState) -> None:

@@ -9,7 +9,13 @@ a ``build(config, seed) -> Trainer``) and calls :func:`run`. The runtime then
 * every k steps captures the full state S_i and writes it (rank 0, on a background thread),
 * records each segment's decision trace, which fixes the segment's leaf h_i,
 * appends metrics to ``metrics.jsonl``,
+* replays its last segment in a fresh process and fails unless it reproduces
+  (:mod:`trainmaster.jobs.selfcheck`: ``state()`` must capture everything the next steps read),
 * at the end writes ``commitment.json``, ``model.safetensors`` (= weights_n) and ``result.json``.
+
+A run of N > 1 processes (``WORLD_SIZE``) records N in its states (``runtime/world_size``); a replay
+re-executes one process, so such states are refused by the replay and the audit, and the self-check
+does not run.
 
 Formats: docs/runtime.md. Re-executing one segment: :mod:`trainmaster.jobs.replay`.
 """
@@ -21,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +50,7 @@ from .execution import StateError, build_trainer, full_state, restore, run_step,
 from .metrics import FILENAME as METRICS_FILE
 from .metrics import MetricsLog
 from .recipe import Recipe, RecipeConfig, StepContext, Trainer
+from .selfcheck import IMPORT_ONLY, TIMEOUT_FLOOR_S, TIMEOUT_SEGMENTS, SelfCheck
 from .settings import RuntimeSettings, SettingsError
 from .state import TrainState
 from .writer import SegmentWriter
@@ -74,6 +82,11 @@ class RunResult:
 
 def run(recipe: Recipe, config: RecipeConfig, settings: RuntimeSettings | None = None) -> RunResult:
     """Train ``recipe`` with ``config`` under the job environment (or ``settings``) to the end."""
+    if os.environ.get(IMPORT_ONLY):
+        raise SettingsError(
+            "run() was called while a recipe was being imported to replay it: start training only under "
+            "`if __name__ == \"__main__\":`"
+        )
     settings = settings or RuntimeSettings.from_env()
     k = settings.segment_steps
     if config.steps % k:
@@ -88,7 +101,14 @@ def run(recipe: Recipe, config: RecipeConfig, settings: RuntimeSettings | None =
         for step in range(start, config.steps):
             run_step(trainer, settings.seed, step, DecisionLog())
         return RunResult(None, trainer.result(), settings.output_dir)
-    return _train(trainer, recipe, config, settings, resumed, start)
+    check = SelfCheck.start(recipe) if settings.selfcheck and settings.world_size == 1 else None
+    if settings.selfcheck and check is None:
+        log.warning("self-check skipped: a run of %d processes cannot be replayed by one", settings.world_size)
+    try:
+        return _train(trainer, recipe, config, settings, resumed, start, check)
+    finally:
+        if check is not None:
+            check.close()
 
 
 def _train(
@@ -98,15 +118,18 @@ def _train(
     settings: RuntimeSettings,
     resumed: LoadedSegment | None,
     start: int,
+    check: SelfCheck | None = None,
 ) -> RunResult:
     k, seed, n = settings.segment_steps, settings.seed, config.steps // settings.segment_steps
+    world = settings.world_size
     if resumed is not None:
         _adopt_earlier_segments(resumed, settings.checkpoint_dir)
     _prepare_checkpoint_dir(settings.checkpoint_dir, resumed)
     metrics = MetricsLog(settings.output_dir / METRICS_FILE, resume_step=start if resumed else None)
     writer = SegmentWriter(settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k)
     # S_i is written with the trace of the segment it starts, so it is held until that segment ends.
-    held = None if resumed else writer.capture(full_state(trainer, recipe, config, seed, 0))
+    held = None if resumed else writer.capture(full_state(trainer, recipe, config, seed, 0, world))
+    segment_started, segment_seconds = time.perf_counter(), 0.0  # the last segment's time bounds the check's
     try:
         decisions = DecisionLog()
         for step in range(start, config.steps):
@@ -115,13 +138,14 @@ def _train(
                 metrics.append(step + 1, produced)
             if (step + 1) % k == 0:
                 try:  # capture S_index before waking the writer, whose Python work would stall it on the GIL
-                    reached = writer.capture(full_state(trainer, recipe, config, seed, step + 1))
+                    reached = writer.capture(full_state(trainer, recipe, config, seed, step + 1, world))
                 finally:  # the finished segment is queued even when S_index cannot be captured
                     if held is not None:  # None right after a resume: that segment is already on disk
                         writer.write((step + 1) // k - 1, held, decisions.trace)
                 held = reached
                 metrics.flush()
                 decisions = DecisionLog()
+                segment_seconds, segment_started = time.perf_counter() - segment_started, time.perf_counter()
         if held is not None:
             writer.write(n, held, DecisionTrace())
     except BaseException:
@@ -131,6 +155,9 @@ def _train(
     finally:
         metrics.close()
     writer.close()
+    if check is not None:  # before the commitment: a run that does not reproduce commits to nothing
+        waited = check.check(settings.checkpoint_dir, n - 1, k, TIMEOUT_FLOOR_S + TIMEOUT_SEGMENTS * segment_seconds)
+        log.info("self-check: segment %d reproduced in a fresh process (%.2f s at the end of the run)", n - 1, waited)
     return _finish(trainer, recipe, config, settings, n)
 
 
@@ -170,11 +197,13 @@ def _resume_point(settings: RuntimeSettings, recipe: Recipe, config: RecipeConfi
             raise CheckpointError(f"nothing to resume from: {path} holds no complete segment")
         path = segment_dir(path, indices[-1])
     loaded = read_segment(path)
-    info = state_info(loaded.state)
-    expected = (recipe.name, config.model_dump(mode="json"), settings.seed, settings.segment_steps)
-    found = (info.recipe, info.config, info.seed, loaded.manifest.k)
+    info = state_info(loaded.state, world_size=None)
+    expected = (recipe.name, config.model_dump(mode="json"), settings.seed, settings.segment_steps, settings.world_size)
+    found = (info.recipe, info.config, info.seed, loaded.manifest.k, info.world_size)
     if found != expected:
-        raise StateError(f"cannot resume from {path}: it was trained as (recipe, config, seed, k) = {found}, not {expected}")
+        raise StateError(
+            f"cannot resume from {path}: it was trained as (recipe, config, seed, k, processes) = {found}, not {expected}"
+        )
     if info.step != loaded.manifest.step or info.step % settings.segment_steps:
         raise StateError(f"cannot resume from {path}: its step {info.step} is not its segment boundary")
     return loaded

@@ -2,6 +2,11 @@
 
 When a variable is absent (a script run by hand) a sane default applies: output ``./outputs``,
 checkpoints ``<output>/checkpoints``, seed 0, k 25, job id ``local``, no bundle (64 zeros).
+
+``selfcheck``: whether the run ends by replaying its last segment in a fresh process
+(:mod:`trainmaster.jobs.selfcheck`). Settings read from the environment — every job — have it on
+unless the script asks ``RuntimeSettings.from_env(selfcheck=False)``; settings built by hand (tests,
+benchmarks, embedding the runtime) have it off unless they say ``selfcheck=True``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class RuntimeSettings:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    selfcheck: bool = False
 
     @property
     def is_writer(self) -> bool:
@@ -42,7 +48,7 @@ class RuntimeSettings:
         return self.rank == 0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
+    def from_env(cls, env: Mapping[str, str] | None = None, *, selfcheck: bool = True) -> RuntimeSettings:
         env = os.environ if env is None else env
         output = Path(env.get(environment.OUTPUT_DIR) or "outputs")
         bundle = (env.get(environment.BUNDLE_SHA256) or NO_BUNDLE).lower()
@@ -59,6 +65,7 @@ class RuntimeSettings:
             rank=_int(env, "RANK", 0),
             world_size=_int(env, "WORLD_SIZE", 1),
             local_rank=_int(env, "LOCAL_RANK", 0),
+            selfcheck=selfcheck,
         )
         if settings.segment_steps < 1:
             raise SettingsError(f"{environment.SEGMENT_STEPS} must be a positive integer")

@@ -32,6 +32,9 @@ Usd = Annotated[
 DATA_URI = re.compile(r"^(s3|gs|az)://[^/\s]+(/\S*)?$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 PYTHON_NAMES = {"python", "python3"}
+RECIPE_TARGET = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):([A-Za-z_][A-Za-z0-9_]*)$")
+SHIPPED_RECIPES = "trainmaster.jobs.recipes."
+"""A `recipe:` module under this package is one of trainmaster's own; any other is a module of the bundle."""
 
 
 class Model(BaseModel):
@@ -156,6 +159,12 @@ class JobSpec(Model):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$", description="Lowercase name; becomes part of the job id.")
     workload: Workload = Field(Workload.development, description="The class the cost policy plans by.")
     entrypoint: str = Field(min_length=1, description="Command run inside the bundle, e.g. `python train.py`.")
+    recipe: str | None = Field(
+        None,
+        description="The job's Recipe, `module:attr`: a module of the bundle's code (e.g. `myrecipe:RECIPE`) or a "
+        "shipped one (`trainmaster.jobs.recipes.dqn:RECIPE`). The replay audit re-executes it; its config is the "
+        "entrypoint's `--option value` flags (docs/runtime.md).",
+    )
     code: str = Field(".", description="Directory bundled with the job, relative to the spec file.")
     project: str | None = Field(None, description="Budget and reporting group.")
     data: list[DataSource] = Field(default_factory=list)
@@ -186,6 +195,21 @@ class JobSpec(Model):
             raise ValueError("the command is empty")
         return value
 
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        found = RECIPE_TARGET.match(value)
+        if not found:
+            raise ValueError("must be `module:attr`, e.g. `myrecipe:RECIPE` (a module of the bundle's code)")
+        module = found[1]
+        if module.split(".")[0] == "trainmaster" and not (
+            module.startswith(SHIPPED_RECIPES) and module.count(".") == SHIPPED_RECIPES.count(".")
+        ):
+            raise ValueError(f"a trainmaster module must be a shipped recipe, {SHIPPED_RECIPES}<name>")
+        return value
+
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
@@ -199,6 +223,13 @@ class JobSpec(Model):
     @property
     def argv(self) -> list[str]:
         return shlex.split(self.entrypoint)
+
+    @property
+    def bundle_recipe(self) -> str | None:
+        """The module of `recipe:` when it is the job's own code (in the bundle), not a shipped recipe."""
+        if self.recipe is None or self.recipe.startswith(SHIPPED_RECIPES):
+            return None
+        return self.recipe.partition(":")[0]
 
     def canonical_json(self) -> bytes:
         """The spec as canonical JSON: what the bundle carries and what its hash covers."""
@@ -234,6 +265,10 @@ def _check_paths(path: Path, spec: JobSpec, code_dir: Path) -> list[str]:
     script = entry_script(spec.argv)
     if script is not None and not (code_dir / script).is_file():
         problems.append(f"{path}: entrypoint: {script} not found in the code directory {code_dir}")
+    if (module := spec.bundle_recipe) is not None:
+        base = code_dir.joinpath(*module.split("."))
+        if not (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()):
+            problems.append(f"{path}: recipe: module {module} not found in the code directory {code_dir}")
     if spec.environment.python == "requirements" and not (code_dir / spec.environment.requirements).is_file():
         problems.append(f"{path}: environment.requirements: {spec.environment.requirements} not found in {code_dir}")
     for i, item in enumerate(spec.data):

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .audit import AuditReport
     from .commitments import StoredCommitment
     from .openings import Openings
-    from .recipe_run import RecipeRun
+    from .recipe_run import RecipeRun, UserRecipeRun
 
 CHECKS = ("integrity", "safety", "replay", "outcome")
 TRUSTED_CHECKS = frozenset({"integrity", "safety", "outcome"})
@@ -54,7 +54,10 @@ class Attempt:
     the recorded hashes were computed while fetching just now, so integrity checks only that each file is
     still there with its size. ``recipe_run``: what the audit re-executes (default:
     from the spec's entrypoint). ``exact_replay``: the executor is one of our own deterministic
-    backends, so the audit requires bitwise-identical states (r = 0).
+    backends, so the audit requires bitwise-identical states (r = 0). A spec whose ``recipe:`` is a
+    module of the bundle is audited in a child process (``verify/recipe_audit.py``) importing it from
+    ``code_dir`` — the attempt's extracted bundle, or ``bundle`` (the stored tar) extracted afresh
+    when there is none — with ``python``.
     """
 
     job_id: str
@@ -70,6 +73,8 @@ class Attempt:
     expected_weights: Mapping[str, tuple[str, tuple[int, ...]]] | None = None
     max_file_bytes: int | None = None
     code_dir: Path | None = None
+    bundle: Path | None = None
+    """The stored bundle tar, for a job's own recipe when ``code_dir`` does not exist here."""
     previous_metrics: Mapping[str, float] | None = None
     openings: Openings | None = None
     open_segments: Callable[[list[int]], Openings] | None = None
@@ -271,7 +276,7 @@ def _expected_fields(attempt: Attempt, commitment, replay: bool) -> dict[str, An
     k = attempt.spec.checkpoint.segment_steps
     total = attempt.total_steps or _recipe_steps(attempt)
     if total is None:
-        if replay and not attempt.trusted:
+        if replay and not attempt.trusted and not _own_recipe(attempt):  # a job's own recipe: its audit checks n
             raise VerificationError(
                 "the total steps T are unknown, so n = T/k cannot be checked for an untrusted executor",
                 kind="cannot_verify",
@@ -285,13 +290,30 @@ def _expected_fields(attempt: Attempt, commitment, replay: bool) -> dict[str, An
 
 
 def _recipe_steps(attempt: Attempt) -> int | None:
-    """T from the recipe config, when the spec runs a recipe."""
+    """T from the recipe config, when the spec runs a shipped recipe (a job's own is never imported here)."""
     from .recipe_run import NotReplayable
 
     try:
         return int(_recipe_run(attempt).config["steps"])
     except NotReplayable:
         return None
+
+
+def _own_recipe(attempt: Attempt) -> bool:
+    """Whether the audit re-executes the job's own recipe (the spec names one in its bundle)."""
+    return attempt.recipe_run is None and attempt.spec is not None and attempt.spec.bundle_recipe is not None
+
+
+def _user_recipe(attempt: Attempt) -> UserRecipeRun | None:
+    """The job's own recipe run (NotReplayable when it cannot be re-executed), or None for a shipped one."""
+    import dataclasses
+
+    from .recipe_run import user_recipe
+
+    if not _own_recipe(attempt):
+        return None
+    run = user_recipe(attempt.spec)
+    return run if attempt.seed is None else dataclasses.replace(run, seed=attempt.seed)
 
 
 def _recipe_run(attempt: Attempt) -> RecipeRun:
@@ -393,23 +415,66 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
     attempt = run.attempt
     if run.stored is None:
         raise VerificationError("the replay audit needs a verified, stored commitment", kind="cannot_verify")
-    job = _recipe_run(attempt)
+    own = _user_recipe(attempt)
+    job = _recipe_run(attempt) if own is None else None
     challenge = Challenge.for_commitment(run.stored, _secret(run), q=attempt.spec.verification.challenge_segments)
-    report = (audit or _run_audit())(
-        commitment=run.stored.commitment,
-        openings=_openings(attempt, challenge.segments),
-        segments=list(challenge.segments),
-        recipe=job.recipe,
-        config=job.config,
-        seed=job.seed,
-        tau=settings.tau,
-        calibration=None if attempt.exact_replay else _calibration(settings, job),
-        trusted_exact=attempt.exact_replay,
-    )
+    if own is not None:
+        report = _audit_own_recipe(run, own, challenge.segments, settings)
+    else:
+        report = (audit or _run_audit())(
+            commitment=run.stored.commitment,
+            openings=_openings(attempt, challenge.segments),
+            segments=list(challenge.segments),
+            recipe=job.recipe,
+            config=job.config,
+            seed=job.seed,
+            tau=settings.tau,
+            calibration=None if attempt.exact_replay else _calibration(settings, job),
+            trusted_exact=attempt.exact_replay,
+        )
     run.evidence["replay"] = {"challenge": challenge.message(), **report.model_dump(mode="json")}
     if not report.passed:
         raise VerificationError("the replay audit failed: " + "; ".join(report.reasons[:5]))
     return run.evidence["replay"]
+
+
+def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSettings) -> AuditReport:
+    """The audit of the job's own recipe, in a child process importing it from the verified bundle."""
+    import tempfile
+
+    from .openings import LocalOpenings
+    from .recipe_audit import audit_user_recipe
+
+    attempt = run.attempt
+    openings = _openings(attempt, segments)
+    if not isinstance(openings, LocalOpenings):
+        raise VerificationError(
+            "the job's own recipe is audited in a child process, which reads the openings from a directory",
+            kind="cannot_verify",
+        )
+    with tempfile.TemporaryDirectory(prefix="trainmaster-bundle-") as tmp:
+        return audit_user_recipe(
+            own, commitment=run.stored.commitment, openings_dir=openings.checkpoint_dir, segments=segments,
+            code_dir=_code_dir(attempt, Path(tmp) / "code"), tau=settings.tau,
+            calibration_dir=settings.calibration_dir, trusted_exact=attempt.exact_replay,
+            python=attempt.python, env=attempt.spec.env,
+        )
+
+
+def _code_dir(attempt: Attempt, scratch: Path) -> Path:
+    """The attempt's extracted bundle, or the stored bundle extracted into ``scratch`` (its hash checked)."""
+    if attempt.code_dir is not None and Path(attempt.code_dir).is_dir():
+        return Path(attempt.code_dir)
+    if attempt.bundle is None or not Path(attempt.bundle).is_file():
+        raise VerificationError("the job's own recipe cannot be audited: no extracted bundle and no stored bundle",
+                                kind="cannot_verify")
+    from trainmaster.jobs.bundle import BundleError, extract_bundle
+
+    try:
+        extract_bundle(attempt.bundle, scratch, expected_sha256=attempt.bundle_sha256)
+    except BundleError as exc:
+        raise VerificationError(f"the job's bundle cannot be extracted for its audit: {exc}", kind="cannot_verify") from exc
+    return scratch
 
 
 def _secret(run: _Run) -> bytes:

@@ -1,26 +1,34 @@
 """From a job spec to the run an audit re-executes: recipe, hyperparameters, seed and k.
 
-A replay audit needs the runtime: the spec's entrypoint must run a shipped recipe,
-``python -m trainmaster.jobs.recipes.<module> [--option value ...]``, whose options are the
-recipe's config fields (as its command line parses them). Anything else cannot be re-executed
-(only the safety and outcome checks apply to it).
+A replay audit needs the runtime. The spec names the recipe either in ``recipe: module:attr`` —
+a module of the bundle's own code (:class:`UserRecipeRun`: never imported in the broker's process;
+``verify/recipe_audit.py`` audits it in a child process) or a shipped one,
+``trainmaster.jobs.recipes.<module>:RECIPE`` — or, without ``recipe:``, by an entrypoint that runs a
+shipped recipe, ``python -m trainmaster.jobs.recipes.<module>``. Either way the recipe's config is
+the entrypoint's options after the script or module (``python train.py --lr 0.05``), parsed as the
+recipe's own command line parses them (``jobs/recipes/cli.py``: one ``--option`` per config field,
+the config type's defaults for the rest), with the spec's ``env`` expanded as the job's command is:
+the config comes from the spec, never from the executor. Anything else cannot be re-executed (only
+the safety and outcome checks apply to it), and neither can a run of more than one process.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from trainmaster.jobs.recipe import Recipe
-from trainmaster.jobs.spec import JobSpec, LoadedSpec
+from trainmaster.jobs.environment import expand_command
+from trainmaster.jobs.spec import PYTHON_NAMES, SHIPPED_RECIPES, JobSpec, LoadedSpec
 
-from .calibration import job_class
 from .errors import VerificationError
 
-RECIPES_PACKAGE = "trainmaster.jobs.recipes."
+if TYPE_CHECKING:
+    from trainmaster.jobs.recipe import Recipe
+
+RECIPES_PACKAGE = SHIPPED_RECIPES
 PRECISIONS = {"fp32", "tf32"}  # what the recipes compute in (TF32 does not exist on CPU; on GPU it is calibrated)
 
 
@@ -42,32 +50,108 @@ class RecipeRun:
     @property
     def job_class(self) -> str:
         """The calibration class (:func:`trainmaster.verify.calibration.job_class`)."""
+        from .calibration import job_class  # torch-heavy: the broker asks this module about specs at submit
+
         return job_class(self.recipe.name, self.config)
 
 
+@dataclass(frozen=True)
+class UserRecipeRun:
+    """A recipe of the job's own bundle: where it is and what the spec says about it, nothing imported."""
+
+    target: str
+    """``module:attr`` inside the bundle's code directory."""
+    options: tuple[str, ...]
+    """The entrypoint's options: the recipe's config, parsed by its own command line in the audit's child."""
+    seed: int
+    k: int
+
+
+def user_recipe(spec: LoadedSpec | JobSpec) -> UserRecipeRun | None:
+    """The spec's own recipe (``recipe:`` naming a module of the bundle), or None when it names none or a
+    shipped one; :class:`NotReplayable` when it cannot be re-executed."""
+    job = spec.spec if isinstance(spec, LoadedSpec) else spec
+    if job.bundle_recipe is None:
+        return None
+    options = _replayable(job)
+    return UserRecipeRun(job.recipe, tuple(options), job.seed, job.checkpoint.segment_steps)
+
+
 def recipe_run(spec: LoadedSpec | JobSpec) -> RecipeRun:
-    """The recipe run a spec describes; :class:`NotReplayable` when it is not one."""
+    """The run of a shipped recipe a spec describes; :class:`NotReplayable` when it is not one."""
     from trainmaster.jobs.recipes import MODULES, get_recipe
-    from trainmaster.jobs.recipes.cli import parser_for
 
     job = spec.spec if isinstance(spec, LoadedSpec) else spec
-    argv = job.argv
-    if len(argv) < 3 or argv[1] != "-m" or not argv[2].startswith(RECIPES_PACKAGE):
-        raise NotReplayable(f"entrypoint {job.entrypoint!r} does not run a recipe (python -m {RECIPES_PACKAGE}<name>)")
-    module = argv[2][len(RECIPES_PACKAGE) :]
+    if job.bundle_recipe is not None:
+        raise NotReplayable(f"recipe {job.recipe} is the job's own: it is audited in a child process, from the bundle")
+    argv = _argv(job)
+    if job.recipe is not None:
+        module = job.recipe.partition(":")[0][len(RECIPES_PACKAGE) :]
+    elif len(argv) >= 3 and argv[1] == "-m" and argv[2].startswith(RECIPES_PACKAGE):
+        module = argv[2][len(RECIPES_PACKAGE) :]
+    else:
+        raise NotReplayable(
+            f"entrypoint {job.entrypoint!r} does not run a recipe (python -m {RECIPES_PACKAGE}<name>, or a script with "
+            "the spec's `recipe: module:attr`)"
+        )
     names = {mod: name for name, mod in MODULES.items()}
     if module not in names:
-        raise NotReplayable(f"{argv[2]} is not a known recipe module ({', '.join(sorted(names))})")
-    if job.precision not in PRECISIONS:
-        raise NotReplayable(f"precision {job.precision} is not supported by the replay audit (recipes run in fp32)")
+        raise NotReplayable(f"{RECIPES_PACKAGE}{module} is not a known recipe module ({', '.join(sorted(names))})")
+    if job.recipe is not None and job.recipe.partition(":")[2] != "RECIPE":
+        raise NotReplayable(f"recipe {job.recipe}: a shipped recipe module holds its recipe as RECIPE")
+    options = _replayable(job)
     recipe = get_recipe(names[module])
+    config = parse_config(recipe, options, module)
+    return RecipeRun(recipe, config, job.seed, job.checkpoint.segment_steps)
+
+
+def parse_config(recipe: Recipe, options: list[str], module: str | None = None) -> dict[str, Any]:
+    """The recipe config (JSON form) that ``options`` give on the recipe's command line; NotReplayable if invalid."""
+    from trainmaster.jobs.recipes.cli import parser_for
+
     parser = parser_for(recipe, module)
     parser.exit_on_error = False
     try:
-        args, unknown = parser.parse_known_args(argv[3:])
+        args, unknown = parser.parse_known_args(list(options))
         if unknown:
             raise NotReplayable(f"the entrypoint passes options the {recipe.name} recipe does not take: {unknown}")
         config = recipe.config({key: value for key, value in vars(args).items() if value is not None})
     except (argparse.ArgumentError, ValidationError) as exc:
         raise NotReplayable(f"the entrypoint's recipe options are invalid: {exc}") from exc
-    return RecipeRun(recipe, config.model_dump(mode="json"), job.seed, job.checkpoint.segment_steps)
+    return config.model_dump(mode="json")
+
+
+def processes_refusal(job: JobSpec) -> str | None:
+    """Why a runtime recipe run by this many processes cannot be replayed, or None when it can."""
+    processes = job.resources.nproc * job.resources.nodes
+    if processes == 1 or (job.recipe is None and not _runs_shipped_module(job)):
+        return None
+    return (
+        f"a runtime recipe run by {processes} processes cannot be replay-audited: the audit re-executes segments "
+        "with one process (resources.processes: 1, or a trusted backend with verification.replay_audit: never)"
+    )
+
+
+def _replayable(job: JobSpec) -> list[str]:
+    """The entrypoint's recipe options, once the run is known to be replayable."""
+    if refusal := processes_refusal(job):
+        raise NotReplayable(refusal)
+    if job.precision not in PRECISIONS:
+        raise NotReplayable(f"precision {job.precision} is not supported by the replay audit (recipes run in fp32)")
+    argv = _argv(job)
+    if argv[0] not in PYTHON_NAMES or len(argv) < 2 or (argv[1] == "-m" and len(argv) < 3):
+        raise NotReplayable(
+            f"entrypoint {job.entrypoint!r}: the audit reads the recipe's config from `python SCRIPT --option value …` "
+            "or `python -m MODULE --option value …`"
+        )
+    return argv[3:] if argv[1] == "-m" else argv[2:]
+
+
+def _argv(job: JobSpec) -> list[str]:
+    """The entrypoint's words with the spec's own env expanded (never the executor's environment)."""
+    return expand_command(job.entrypoint, job.env)
+
+
+def _runs_shipped_module(job: JobSpec) -> bool:
+    argv = job.argv
+    return len(argv) >= 3 and argv[1] == "-m" and argv[2].startswith(RECIPES_PACKAGE)

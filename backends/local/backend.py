@@ -268,7 +268,7 @@ def _status(workdir: Path) -> AttemptStatus:
             phase = Phase.cancelled
         else:
             phase = Phase.succeeded if ended["exit_code"] == 0 else Phase.failed
-        reason = ended["reason"] or (None if phase is Phase.succeeded else f"exited with code {ended['exit_code']}")
+        reason = ended["reason"] or (None if phase is Phase.succeeded else _exit_reason(workdir, ended["exit_code"]))
         return AttemptStatus(phase=phase, reason=reason, exit_code=ended["exit_code"],
                              started_at=ended["started_at"], ended_at=ended["ended_at"])
     if started is None:
@@ -331,6 +331,17 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+def _exit_reason(workdir: Path, code: int) -> str:
+    """`exited with code N`, and the last line the job printed (an error's message, e.g. a traceback's last line)."""
+    try:
+        with open(workdir / sup.LOG, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return f"exited with code {code}" + (f": {lines[-1][-500:]}" if lines else "")
 
 
 def _read_json(path: Path) -> dict | None:

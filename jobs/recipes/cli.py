@@ -1,9 +1,14 @@
-"""The command line every recipe module shares: one ``--option`` per config field, then :func:`run`."""
+"""The command line every recipe shares: one ``--option`` per config field, then :func:`run`.
+
+Shipped recipes call ``main(RECIPE, "<module>")``; a job's own recipe calls ``main(RECIPE)`` from its
+script, so the entrypoint's options are its config, as the replay audit reads them (docs/runtime.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -26,9 +31,10 @@ def _flag(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def parser_for(recipe: Recipe, module: str) -> argparse.ArgumentParser:
+def parser_for(recipe: Recipe, module: str | None = None) -> argparse.ArgumentParser:
+    """The recipe's options; ``module``: a shipped recipe's module (None: the script being run)."""
     parser = argparse.ArgumentParser(
-        prog=f"python -m trainmaster.jobs.recipes.{module}",
+        prog=f"python -m trainmaster.jobs.recipes.{module}" if module else os.path.basename(sys.argv[0]),
         description=f"Train the {recipe.name} recipe. Settings come from the TRAINMASTER_* environment.",
     )
     for name, field in recipe.config_type.model_fields.items():
@@ -40,7 +46,7 @@ def parser_for(recipe: Recipe, module: str) -> argparse.ArgumentParser:
     return parser
 
 
-def main(recipe: Recipe, module: str, argv: Sequence[str] | None = None) -> int:
+def main(recipe: Recipe, module: str | None = None, argv: Sequence[str] | None = None) -> int:
     parser = parser_for(recipe, module)
     args = parser.parse_args(argv)
     try:

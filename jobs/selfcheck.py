@@ -1,0 +1,250 @@
+"""The end-of-run self-check: does ``state()`` capture everything the next steps read?
+
+A replay audit re-executes a segment from the committed S_i alone, in another process. A trainer
+that keeps something its ``state()`` does not return — a shuffled DataLoader's iterator, a cursor
+in a Python attribute, a module-level generator — trains "fine" and then fails every audit of its
+honest run. So, before the run commits, the runtime replays its **last segment** (S_{n-1} → S_n,
+the one furthest from the start, where such hidden state has drifted most; the first segment
+cannot show it, as a freshly built trainer starts where the run did) in a **fresh process**,
+following the segment's recorded decisions, and compares the full state it reaches with the
+committed S_n bit for bit. On any difference the job fails with::
+
+    state() does not capture everything the next steps read: <the entries that differ>
+
+The process is started with the run (:meth:`SelfCheck.start`), so importing torch and the recipe
+overlaps training; at the end it is handed the segment and costs about one segment of steps plus
+building the trainer. It imports the recipe the way the audit does — by module and attribute, found
+where the running process got it — with the training process's import path, and with
+:data:`IMPORT_ONLY` set, under which :func:`trainmaster.jobs.runtime.run` refuses to start a second
+training (a script that trains at import, without ``if __name__ == "__main__":``).
+
+Child command line (internal)::
+
+    python -m trainmaster.jobs.selfcheck (--module NAME | --script PATH) --attr ATTR --result FILE
+
+It reads one JSON line ``{"checkpoint_dir": …, "segment": i, "k": k}`` from stdin (end of input: it
+exits quietly) and writes ``{"differ": [...]}`` or ``{"error": "..."}`` to ``FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .execution import StateError
+from .recipe import Recipe
+
+IMPORT_ONLY = "TRAINMASTER_IMPORT_ONLY"
+"""Set in processes that import a recipe to replay it: training must not start there."""
+MESSAGE = "state() does not capture everything the next steps read"
+SHOWN = 5
+"""Entries named in the message; the rest are counted."""
+TIMEOUT_FLOOR_S = 120.0
+TIMEOUT_SEGMENTS = 20
+"""The check may take this many times the last segment's training time, plus the floor."""
+MODULE = "trainmaster.jobs.selfcheck"
+_SCRIPT_MODULE = "__trainmaster_recipe__"
+
+
+class SelfCheckError(StateError):
+    """The run's last segment does not reproduce from its committed state in a fresh process."""
+
+
+@dataclass(frozen=True)
+class RecipeLocation:
+    """Where a fresh process finds a recipe: a module by name, or the script being run, and the attribute."""
+
+    attr: str
+    module: str | None = None
+    script: str | None = None
+
+    def argv(self) -> list[str]:
+        where = ["--module", self.module] if self.module else ["--script", str(self.script)]
+        return [*where, "--attr", self.attr]
+
+
+def locate(recipe: Recipe) -> RecipeLocation | None:
+    """The module attribute that holds ``recipe`` in this process, or None (built in a function, say)."""
+    preferred = getattr(recipe.build, "__module__", None)
+    names = [preferred, *(name for name in list(sys.modules) if name != preferred)]
+    main_module, main = sys.modules.get("__main__"), None
+    for name in names:
+        module = sys.modules.get(name) if name else None
+        try:
+            attrs = [attr for attr, value in vars(module).items() if value is recipe] if module is not None else []
+        except TypeError:
+            continue
+        if not attrs:
+            continue
+        if module is not main_module:  # (also under an alias such as multiprocessing's __mp_main__)
+            return RecipeLocation(attr=attrs[0], module=name)
+        main = (module, attrs[0])
+    if main is None:
+        return None
+    module, attr = main
+    spec = getattr(module, "__spec__", None)
+    if spec is not None and spec.name not in (None, "__main__"):
+        return RecipeLocation(attr=attr, module=spec.name)  # python -m package.train
+    path = getattr(module, "__file__", None)
+    return RecipeLocation(attr=attr, script=str(Path(path).resolve())) if path else None
+
+
+class SelfCheck:
+    """The fresh process of one run's self-check (parent side)."""
+
+    def __init__(self, process: subprocess.Popen | None, workdir: tempfile.TemporaryDirectory, problem: str | None):
+        self._process, self._workdir, self._problem = process, workdir, problem
+
+    @classmethod
+    def start(cls, recipe: Recipe) -> SelfCheck:
+        """Start the process now, so its imports overlap training."""
+        workdir = tempfile.TemporaryDirectory(prefix="trainmaster-selfcheck-")
+        location = locate(recipe)
+        if location is None:
+            problem = (
+                f"recipe {recipe.name!r} is not an attribute of a module a fresh process can import (define it at "
+                "module level, as the spec's `recipe: module:attr` names it)"
+            )
+            return cls(None, workdir, problem)
+        root = Path(workdir.name)
+        path = [os.path.abspath(entry or os.curdir) for entry in sys.path if isinstance(entry, str)]
+        env = {**os.environ, IMPORT_ONLY: "1", "PYTHONPATH": os.pathsep.join(path)}
+        with open(root / "log", "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", MODULE, *location.argv(), "--result", str(root / "result.json")],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, close_fds=True,
+            )
+        return cls(process, workdir, None)
+
+    def check(self, checkpoint_dir: Path, segment: int, k: int, timeout_s: float) -> float:
+        """Replay ``segment`` there and compare; raise :class:`SelfCheckError` unless it reproduces.
+        Returns the seconds the parent waited."""
+        if self._problem is not None:
+            raise SelfCheckError(f"the self-check cannot run: {self._problem}")
+        started = time.perf_counter()
+        request = json.dumps({"checkpoint_dir": str(Path(checkpoint_dir).resolve()), "segment": segment, "k": k})
+        with contextlib.suppress(BrokenPipeError):  # it ended already: its result (an import error) says why
+            self._process.stdin.write(request.encode() + b"\n")
+            self._process.stdin.close()
+        try:
+            code = self._process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+            raise SelfCheckError(f"the self-check did not finish within {timeout_s:.0f} s") from None
+        found = self._result()
+        if found is None:
+            raise SelfCheckError(f"the self-check process ended with code {code} and no result: {self._log_tail()}")
+        if "error" in found:
+            raise SelfCheckError(f"the self-check failed: {found['error']}")
+        if differ := found.get("differ"):
+            more = f" and {len(differ) - SHOWN} more" if len(differ) > SHOWN else ""
+            raise SelfCheckError(f"{MESSAGE}: {', '.join(differ[:SHOWN])}{more}")
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        """Stop the process if it still runs (the run failed before the check) and drop its files."""
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                self._process.stdin.close()  # end of input: it exits once its imports are done
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._workdir.cleanup()
+
+    def _result(self) -> dict | None:
+        try:
+            found = json.loads((Path(self._workdir.name) / "result.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    def _log_tail(self) -> str:
+        try:
+            lines = (Path(self._workdir.name) / "log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no output"
+        return lines[-1][-500:] if lines else "no output"
+
+
+# the fresh process
+
+
+def replayed_differences(recipe: Recipe, checkpoint_dir: Path, segment: int, k: int) -> list[str]:
+    """Replay ``segment`` from its committed S_i with its recorded decisions; the entries of the full
+    state reached that differ from the committed S_{i+1} (weights by name, then the rest), plus
+    ``decision <name>`` for decisions this replay would have taken otherwise."""
+    from .checkpoint import segment_dir
+    from .replay import load_state, replay_segment
+    from .state_diff import differing
+
+    here = segment_dir(checkpoint_dir, segment)
+    replayed = replay_segment(recipe, here, k, forced_decisions=here)
+    committed = load_state(segment_dir(checkpoint_dir, segment + 1))
+    differ = differing(replayed.state.weights, committed.weights) + differing(replayed.state.rest, committed.rest)
+    return differ + [f"decision {name}" for name, count in sorted(replayed.decisions.by_name.items()) if count]
+
+
+def _import_recipe(args: argparse.Namespace) -> Recipe:
+    if args.module:
+        module = importlib.import_module(args.module)
+    else:
+        spec = importlib.util.spec_from_file_location(_SCRIPT_MODULE, args.script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_SCRIPT_MODULE] = module
+        spec.loader.exec_module(module)
+    recipe = getattr(module, args.attr)
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"{args.attr} is a {type(recipe).__name__}, not a Recipe")
+    return recipe
+
+
+def _write(path: Path, found: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(found))
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--module")
+    where.add_argument("--script")
+    parser.add_argument("--attr", required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        recipe = _import_recipe(args)
+    except BaseException as exc:  # noqa: BLE001 — user code at import: whatever it raises is reported
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        _write(args.result, {"error": f"importing the recipe in a fresh process raised {last}"})
+        return 1
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # the run ended before its check (it failed or was stopped)
+    request = json.loads(line)
+    try:
+        differ = replayed_differences(recipe, Path(request["checkpoint_dir"]), request["segment"], request["k"])
+    except Exception as exc:  # noqa: BLE001 — the recipe's own code, or a state it cannot load back
+        _write(args.result, {"error": f"replaying segment {request['segment']} raised {type(exc).__name__}: {exc}"})
+        return 1
+    _write(args.result, {"differ": differ})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
