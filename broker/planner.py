@@ -15,17 +15,23 @@ with the reason. Among the rest, the first tier of the class's chain that has an
 the objective picks within it. Every offer ends in the plan's rows with what happened to it
 (chosen, or why it lost), so `trainmaster offers` and `submit --dry-run` explain the choice.
 
-The hot loop works on plain attributes and per-plan caches (no pydantic per offer): 10,000
-offers plan in well under 50 ms (tests/benchmarks/bench_planner.py).
+Planning is linear in the offers (targets: 10,000 in ≤ 20 ms, 100,000 in ≤ 200 ms; measured by
+tests/benchmarks/bench_planner.py): the hot loop reads each offer's fields from its `__dict__` and
+everything else from per-backend locals and per-plan caches, and the cyclic garbage collector is
+paused while the plan's rows are built (see `plan`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import islice
+from math import gcd
+from operator import itemgetter
 from typing import NamedTuple
 
 from trainmaster.backends.base import Backend, Offer, OfferSet
@@ -44,7 +50,7 @@ CHOSEN = "chosen"
 
 
 class Considered(NamedTuple):
-    """One offer as the planner saw it (a named tuple: 10,000 of these must be cheap to build)."""
+    """One offer as the planner saw it (a named tuple: 100,000 of these must be cheap to build)."""
 
     offer: Offer
     hours: float
@@ -150,10 +156,34 @@ def plan(
         reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons},
         workload=getattr(spec.workload, "value", spec.workload), objective=cls.objective, tiers=[tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
     )
-    candidates, filtered = [], []
-    for offer_set in offer_sets:
-        ctx.evaluate(offer_set, candidates, filtered)
-    result.rows = _rank(ctx, candidates) + filtered
+    # A plan allocates a row per offer (a tuple holding the Offer, so tracked by the cyclic GC) and
+    # keeps them all. With the collector on, the young collections this sets off keep promoting rows,
+    # and at 100,000 offers about one full collection per plan follows, walking the whole heap, the
+    # offers included: 0.33 s of a 0.76 s plan on the benchmark machine, and the part that grew faster
+    # than the offers (at 10,000 a plan stays under the full-collection threshold). Nothing here makes
+    # reference cycles, so the collector is paused while the rows are built. Resumed as is, it would
+    # first walk every new row in one young collection (~70 ms at 100,000) only to promote them all;
+    # for a big plan, gc.freeze() + gc.unfreeze() instead moves every tracked object into the oldest
+    # generation without walking any (documented behaviour, O(1)), which is where the rows would end
+    # up. Not when someone else holds objects frozen (unfreeze would undo their freeze), nor for small
+    # plans, where the walk is cheap. The collector is given back as it was, also when planning raises.
+    rows: list[Considered] = []
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        by_tier: list[list[tuple]] = [[] for _ in ctx.tiers]  # the candidates, one list per tier of the chain
+        filtered: list[Considered] = []
+        for offer_set in offer_sets:
+            ctx.evaluate(offer_set, by_tier, filtered)
+        rows = _rank(ctx, by_tier)
+        rows += filtered
+    finally:
+        if collecting:
+            if len(rows) >= 1_000 and not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
+            gc.enable()
+    result.rows = rows
     result.notes += ctx.late_notes()
     return result
 
@@ -186,8 +216,9 @@ class _Context:
         self.data_bytes = data_bytes
         if any(name not in data_bytes for name, _ in self.remote):
             self.notes.append("transfer: sizes of some remote data sources are unknown, so their egress is not priced")
-        self._regions = _Cache(self._region_reason)
-        self._gpus = _Cache(self._gpu)
+        # per-plan caches, filled as offers come (plain dicts: the hot loop's lookups specialise on them)
+        self._regions: dict[str, str | None] = {}
+        self._gpus: dict[str | None, tuple] = {}
         self._unknown_gpus: set[str] = set()
         # reason strings, built once
         self.r_blocked = "blocked after a failed attempt"
@@ -279,14 +310,15 @@ class _Context:
     # per region and GPU type (cached)
 
     def _region_reason(self, region: str) -> str | None:
-        """Why a region is refused (None when allowed); cached by `_regions`."""
+        """Why a region is refused (None when allowed); cached in `_regions`."""
         constraints = self.cls.constraints
         if constraints.region_allowed(region):
             return None
         return f"region {region} is not among the allowed {', '.join(constraints.regions or ())}"
 
-    def _gpu(self, gpu_type: str | None) -> tuple[str | None, int]:
-        """(reason the GPU type is refused or None, runtime in seconds on it); cached by `_gpus`."""
+    def _gpu(self, gpu_type: str | None) -> tuple[str | None, int, float, int, int, int]:
+        """(reason the GPU type is refused or None, runtime in seconds on it, the same in hours, and
+        a, b - 1, b with a/b = seconds/3600 in lowest terms, for the compute cost); cached in `_gpus`."""
         wanted = self.spec.resources.gpu_types
         reason = None
         if self.need_gpus and not gpu_matches(gpu_type, self.gpu_types):
@@ -298,60 +330,108 @@ class _Context:
             speed = throughput(gpu_type) or 1.0
             if throughput(gpu_type) is None:
                 self._unknown_gpus.add(canonical_gpu(gpu_type))
-        return reason, -int(-self.base_s // speed)
+        seconds = -int(-self.base_s // speed)
+        a, b = _reduced(seconds, 3600)
+        return reason, seconds, seconds / 3600, a, b - 1, b
 
-    def evaluate(self, offer_set: OfferSet, candidates: list, filtered: list) -> None:
-        """Append each offer of one backend to `candidates` (sort key, row) or `filtered` (row)."""
+    # The fields the hot loop reads for every offer, in one C call on the offer's __dict__: pydantic's
+    # BaseModel defines __getattr__, which keeps CPython from specialising attribute loads on Offer,
+    # so nine attribute reads cost about twice this. (gpu_memory_mb and memory_mb are read only
+    # when the job sets a minimum.)
+    _fields = itemgetter("spot", "region", "gpu_count", "cpus", "nodes", "gpu_type", "price_per_hour_micro_usd",
+                         "trusted", "expected_start_s")
+
+    def evaluate(self, offer_set: OfferSet, by_tier: list[list[tuple]], filtered: list[Considered]) -> None:
+        """Each offer of one backend becomes a candidate of its tier, appended to `by_tier[tier]` as
+        (sort key, sort key, sequence number, row parts), or a finished row appended to `filtered`.
+
+        This loop is the planner's cost: it runs once per offer, 100,000 times for a large subnet,
+        so everything that does not depend on the offer is looked up once per backend here or once
+        per region and GPU type in the plan's caches, and the loop body is kept to plain locals.
+        """
         if not offer_set.offers:
             return
         backend = offer_set.backend
         refused = self._backend_reason(backend)
-        tiers = (self._tier_of(backend, False), self._tier_of(backend, True))  # indexed by offer.spot
-        tier_reasons = tuple(None if tiers[spot] is not None else self._tier_reason(backend, spot) for spot in (0, 1))
-        ppm = (self._rate_ppm(backend, False), self._rate_ppm(backend, True))
         transfer = self._transfer(backend)
-        audit_all, audit_untrusted = self.audit == "always", self.audit == "auto"
-        num, den, rates = self.audit_num, self.audit_den, self.rates
-        blocked, keyed_rates = self.blocked, self.keyed_rates
+        # Each cost part is a ceiling of x·p/q, computed as (x·p' + q' - 1) // q' with p'/q' = p/q in
+        # lowest terms: exact, and on smaller integers than x·p (10 % is 1/10, not 100,000/1,000,000).
+        by_spot = []  # on-demand, spot: (reason the backend refuses it or None, tier, risk p', q' - 1, q', append)
+        for spot in (False, True):
+            tier = self._tier_of(backend, spot)
+            reason = refused or (None if tier is not None else self._tier_reason(backend, spot))
+            rate_n, rate_d = _reduced(self._rate_ppm(backend, spot), PPM)
+            by_spot.append((reason, tier, rate_n, rate_d - 1, rate_d, by_tier[tier].append if tier is not None else None))
+        on_demand, spot_capacity = by_spot
+        audit_n, audit_d = _reduced(self.audit_num, self.audit_den)
+        audit_d1 = audit_d - 1
+        # the audit's p' for a trusted and for an untrusted offer (0: not audited)
+        audit_trusted = audit_n if self.audit == "always" else 0
+        audit_untrusted = audit_n if self.audit in ("always", "auto") else 0
+        rates, blocked, keyed_rates = self.rates, self.blocked, self.keyed_rates
+        any_blocked = bool(blocked)
         # without an estimate the runtime *is* max_hours (an upper bound), which it cannot exceed
         cap, max_hours_s = self.hourly_cap, (self.max_hours * 3600 if self.max_hours and self.scaled else None)
         max_usd, deadline_s = self.max_usd, self.deadline_s
-        no_spot, check_regions, regions = not self.spot_allowed, self.check_regions, self._regions
+        any_limit = cap is not None or max_hours_s is not None or max_usd is not None or deadline_s is not None
+        no_spot, check_regions, regions, gpus = not self.spot_allowed, self.check_regions, self._regions, self._gpus
         need_gpus, need_vram, need_cpus = self.need_gpus, self.need_vram_mb, self.need_cpus
         need_memory, need_nodes = self.need_memory_mb, self.need_nodes
+        check_vram, check_memory = bool(need_vram), bool(need_memory)
         objective_fast = self.cls.objective == "fastest"
-        append_candidate, append_filtered, new_row = candidates.append, filtered.append, tuple.__new__
-        gpus = self._gpus
+        append_filtered, new_row, fields = filtered.append, tuple.__new__, self._fields
+        seq = sum(map(len, by_tier))  # unique and increasing within a tier: ties keep the offers' order
         for offer in offer_set.offers:
-            spot = offer.spot
-            reason = refused or tier_reasons[spot]
+            spot, region, gpu_count, cpus, nodes, gpu_type, price, trusted, start = fields(offer.__dict__)
+            reason, tier, rate_n, rate_d1, rate_d, append = spot_capacity if spot else on_demand
+            try:  # a miss (once per GPU type, and per region, in a plan) fills the cache
+                gpu_reason, seconds, hours, a, b1, b = gpus[gpu_type]
+            except KeyError:
+                gpu_reason, seconds, hours, a, b1, b = gpus[gpu_type] = self._gpu(gpu_type)
+            try:
+                region_reason = regions[region]
+            except KeyError:
+                region_reason = regions[region] = self._region_reason(region) if check_regions else None
             if reason is None:  # the offer's own fit, cheapest checks first
-                if blocked and offer.key in blocked:
+                if any_blocked and offer.key in blocked:
                     reason = self.r_blocked
                 elif spot and no_spot:
                     reason = self.r_spot
-                elif check_regions and regions[offer.region] is not None:
-                    reason = regions[offer.region]
-                elif offer.gpu_count < need_gpus:
+                elif region_reason is not None:
+                    reason = region_reason
+                elif gpu_count < need_gpus:
                     reason = self.r_gpus
-                elif need_vram and (offer.gpu_memory_mb or 0) < need_vram:
+                elif check_vram and (offer.gpu_memory_mb or 0) < need_vram:
                     reason = self.r_vram
-                elif offer.cpus < need_cpus:
+                elif cpus < need_cpus:
                     reason = self.r_cpus
-                elif need_memory and (offer.memory_mb or 0) < need_memory:
+                elif check_memory and (offer.memory_mb or 0) < need_memory:
                     reason = self.r_memory
-                elif offer.nodes < need_nodes:
+                elif nodes < need_nodes:
                     reason = self.r_nodes
-            gpu_reason, seconds = gpus[offer.gpu_type]
-            reason = reason or gpu_reason
-            hourly = offer.price_per_hour_micro_usd * offer.nodes
-            compute = -(-hourly * seconds // 3600)
-            verification = -(-compute * num // den) if (audit_all or (audit_untrusted and not offer.trusted)) else 0
-            rate = _ppm(rates[offer.key]) if keyed_rates and offer.key in rates else ppm[spot]
-            risk = -(-compute * rate // PPM)
-            total = compute + transfer + verification + risk
-            finish = offer.expected_start_s + seconds
-            if reason is None:
+                else:
+                    reason = gpu_reason
+            # the expected cost (every row shows it, so filtered offers are costed too); zero parts
+            # are skipped, not added: each integer operation allocates
+            hourly = price if nodes == 1 else price * nodes
+            compute = hourly * a if b == 1 else (hourly * a + b1) // b  # ⌈hourly × seconds / 3600⌉
+            total = compute + transfer
+            audit = audit_trusted if trusted else audit_untrusted
+            if audit:
+                verification = (compute * audit + audit_d1) // audit_d  # ⌈compute × (q+2)·k/T⌉
+                total += verification
+            else:
+                verification = 0
+            if keyed_rates and offer.key in rates:
+                rate_n, rate_d = _reduced(_ppm(rates[offer.key]), PPM)
+                rate_d1 = rate_d - 1
+            if rate_n:
+                risk = (compute * rate_n + rate_d1) // rate_d  # ⌈compute × failure rate⌉
+                total += risk
+            else:
+                risk = 0
+            finish = start + seconds
+            if reason is None and any_limit:
                 if cap is not None and hourly > cap:
                     reason = self.r_cap
                 elif max_hours_s is not None and seconds > max_hours_s:
@@ -360,25 +440,15 @@ class _Context:
                     reason = self.r_usd
                 elif deadline_s is not None and finish > deadline_s:
                     reason = self.r_deadline
-            tier = tiers[spot]
             if reason is None:
-                parts = (offer, seconds / 3600, total, tier, compute, transfer, verification, risk, finish)
-                append_candidate((tier, (finish, total) if objective_fast else (total, finish), len(candidates), parts))
+                seq += 1
+                if objective_fast:
+                    append((finish, total, seq, offer, hours, total, compute, transfer, verification, risk, finish))
+                else:
+                    append((total, finish, seq, offer, hours, total, compute, transfer, verification, risk, finish))
             else:
-                append_filtered(new_row(Considered, (offer, seconds / 3600, total, reason, tier, compute, transfer,
+                append_filtered(new_row(Considered, (offer, hours, total, reason, tier, compute, transfer,
                                                      verification, risk, finish)))
-
-
-class _Cache(dict):
-    """A dict that fills a missing key from a function: plain dict speed on every hit."""
-
-    def __init__(self, compute):
-        super().__init__()
-        self.compute = compute
-
-    def __missing__(self, key):
-        value = self[key] = self.compute(key)
-        return value
 
 
 def _ppm(rate: float) -> int:
@@ -387,36 +457,49 @@ def _ppm(rate: float) -> int:
     return round(rate * PPM)
 
 
-def _rank(ctx: _Context, candidates: list) -> list[Considered]:
-    """Candidates best first: the chosen one, then why each other lost against it."""
-    if not candidates:
-        return []
-    candidates.sort(key=lambda c: (c[0], c[1], c[2]))
-    best_tier, best_key, _, best = candidates[0]
-    rows = [_row(best, CHOSEN)]
+def _reduced(p: int, q: int) -> tuple[int, int]:
+    """p/q in lowest terms (q > 0): the same ceilings, on smaller integers."""
+    g = gcd(p, q)
+    return p // g, q // g
+
+
+def _rank(ctx: _Context, by_tier: list[list[tuple]]) -> list[Considered]:
+    """Candidates best first: the chosen one, then why each other lost against it.
+
+    Tier by tier (the lists are already in the chain's order), each sorted on its own by the
+    objective's key: (cost, finish) or (finish, cost), then the sequence number, so ties keep the
+    offers' order and the comparison never reaches the offer. Flat tuples of ints compare in C;
+    a key function, or nested key tuples, cost several times as much per comparison.
+    """
     fast = ctx.cls.objective == "fastest"
-    later_tier = {}
-    for tier, key, _, parts in candidates[1:]:
-        if tier != best_tier:
-            verdict = later_tier.get(tier)
-            if verdict is None:
-                verdict = later_tier[tier] = (
-                    f"fallback {tier_name(ctx.tiers[tier])} is not needed while "
-                    f"{tier_name(ctx.tiers[best_tier])} has an offer"
-                )
-        elif key[0] != best_key[0]:
-            verdict = "finishes later than the chosen offer" if fast else "costlier than the chosen offer"
-        elif key[1] != best_key[1]:
-            verdict = "costlier at the same finish time" if fast else "same cost, finishes later"
+    rows: list[Considered] = []
+    append, new_row = rows.append, tuple.__new__
+    best_tier = None
+    for tier, candidates in enumerate(by_tier):
+        if not candidates:
+            continue
+        candidates.sort()
+        if best_tier is None:
+            best_tier = tier
+            first = candidates[0]
+            best0, best1 = first[0], first[1]
+            worse = "finishes later than the chosen offer" if fast else "costlier than the chosen offer"
+            later = "costlier at the same finish time" if fast else "same cost, finishes later"
+            tie = "tie: the chosen offer came first"
+            _, _, _, offer, hours, total, compute, transfer, verification, risk, finish = first
+            append(new_row(Considered, (offer, hours, total, CHOSEN, tier, compute, transfer, verification, risk,
+                                        finish)))
+            for k0, k1, _, offer, hours, total, compute, transfer, verification, risk, finish in islice(candidates, 1, None):
+                verdict = worse if k0 != best0 else later if k1 != best1 else tie
+                append(new_row(Considered, (offer, hours, total, verdict, tier, compute, transfer, verification, risk,
+                                            finish)))
         else:
-            verdict = "tie: the chosen offer came first"
-        rows.append(_row(parts, verdict))
+            verdict = (f"fallback {tier_name(ctx.tiers[tier])} is not needed while "
+                       f"{tier_name(ctx.tiers[best_tier])} has an offer")
+            for _, _, _, offer, hours, total, compute, transfer, verification, risk, finish in candidates:
+                append(new_row(Considered, (offer, hours, total, verdict, tier, compute, transfer, verification, risk,
+                                            finish)))
     return rows
-
-
-def _row(parts: tuple, verdict: str) -> Considered:
-    offer, hours, total, tier, compute, transfer, verification, risk, finish = parts
-    return Considered(offer, hours, total, verdict, tier, compute, transfer, verification, risk, finish)
 
 
 def render_plan(plan: Plan, *, limit: int = 15):

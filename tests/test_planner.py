@@ -7,6 +7,8 @@ The property tests compare the planner with a brute force written from the docum
 from __future__ import annotations
 
 import asyncio
+import gc
+import random
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from math import ceil
@@ -18,7 +20,7 @@ from rich.console import Console
 
 from trainmaster.backends.base import Backend, Offer, OfferSet
 from trainmaster.broker.planner import PlanError, gather_offers, plan, reference_hours, render_plan
-from trainmaster.broker.policy import Policy
+from trainmaster.broker.policy import Policy, tier_name
 from trainmaster.jobs.spec import JobSpec
 
 BACKENDS = ["local", "bittensor", "aws", "gcp", "azure"]
@@ -215,6 +217,92 @@ def test_fallbacks_are_tried_in_order_down_to_the_last_offer(offers, cls, hours)
     assert final.chosen is None
     with pytest.raises(PlanError):
         raise PlanError(final)
+
+
+def reference_rows(offer_sets: list[OfferSet], p: Policy, s: JobSpec, rates: dict[str, float]) -> list[tuple[str, str]]:
+    """(offer key, verdict) of every row, the straightforward way: each feasible offer costed on its own
+    and sorted on (tier, objective's key, order given), then every infeasible one in the order given."""
+    cls = p.for_class(s.workload)
+    flat = [o for offer_set in offer_sets for o in offer_set.offers]
+    ranked = []
+    for i, o in enumerate(flat):
+        if acceptable(o, p, s, rates):
+            cost, finish = expected(o, s, rates), o.expected_start_s + runtime_s(o, s)
+            ranked.append((tier_of(o, p, s), (finish, cost) if cls.objective == "fastest" else (cost, finish), i, o))
+    ranked.sort(key=lambda r: r[:3])
+    rows = []
+    for tier, key, _, o in ranked:
+        if not rows:
+            best_tier, best_key, verdict = tier, key, "chosen"
+        elif tier != best_tier:
+            verdict = f"fallback {tier_name(cls.tiers[tier])} is not needed while {tier_name(cls.tiers[best_tier])} has an offer"
+        elif key[0] != best_key[0]:
+            verdict = "finishes later than the chosen offer" if cls.objective == "fastest" else "costlier than the chosen offer"
+        elif key[1] != best_key[1]:
+            verdict = "costlier at the same finish time" if cls.objective == "fastest" else "same cost, finishes later"
+        else:
+            verdict = "tie: the chosen offer came first"
+        rows.append((o.key, verdict))
+    return rows + [(o.key, None) for o in flat if not acceptable(o, p, s, rates)]
+
+
+@pytest.mark.parametrize("objective", ["cheapest", "fastest"])
+def test_ranking_of_thousands_of_offers_is_the_straightforward_sort(objective):
+    """The planner's hot loop and sort (tuned for 100,000 offers) against `reference_rows`, on 4,000
+    seeded offers with few distinct prices and start times, so costs and finish times tie often."""
+    rng = random.Random(2024)
+    offers = []
+    for i in range(4000):
+        backend = rng.choice(BACKENDS)
+        offers.append(offer(
+            backend, rng.choice([900_000, 1_000_000, 1_500_000, 2_000_000, 4_000_000]), instance=f"i{i}",
+            spot=backend != "local" and rng.random() < 0.5,
+            region="local" if backend == "local" else rng.choice(["us-east-1", "us-west-2", "eu-west-1"]),
+            gpu=rng.choice(sorted(SPEED)), gpus=rng.choice([1, 2, 4]), start=rng.choice([0, 0, 60, 600]),
+            nodes=rng.choice([1, 1, 2]), cpus=rng.choice([2, 8]),
+        ))
+    p = policy(objective=objective, primary=["bittensor", "local"], fallbacks=[["aws:spot", "gcp:spot"], "azure"],
+               constraints={"regions": ["us-*", "local"], "gpu_types": ["A100", "H100"], "max_usd_per_hour": 7})
+    s = spec(resources={"gpus": 2, "cpus": 4}, estimated_hours=3, limits={"max_usd": 30})
+    rates = {"bittensor": 0.1, "aws:spot": 0.05, "gcp": 0.08}
+    offer_sets = sets(*offers)
+    result = plan(s, p, offer_sets, failure_rates=rates)
+    expected_rows = reference_rows(offer_sets, p, s, rates)
+    feasible = sum(verdict is not None for _, verdict in expected_rows)
+    assert 100 < feasible < 4000 - 100  # both parts are exercised
+    got = [(r.offer.key, r.verdict) for r in result.rows]
+    assert got[:feasible] == expected_rows[:feasible]
+    assert [key for key, _ in got[feasible:]] == [key for key, _ in expected_rows[feasible:]]
+    assert not {verdict for _, verdict in got[feasible:]} & {v for _, v in expected_rows[:feasible]}
+    assert {v for _, v in got[:feasible]} >= {"chosen", "tie: the chosen offer came first"}
+    for row in result.rows:
+        assert row.expected_micro_usd == expected(row.offer, s, rates)
+        assert row.finish_s == row.offer.expected_start_s + runtime_s(row.offer, s)
+
+
+def test_plan_pauses_the_cyclic_gc_and_gives_it_back_as_it_was():
+    s, p = spec(estimated_hours=1), policy(primary="aws")
+    small, big = sets(offer("aws")), sets(*[offer("aws", 1_000_000 + i, instance=f"i{i}") for i in range(1500)])
+    assert gc.isenabled()
+    for offers in (small, big):  # a big plan also moves its rows to the oldest generation (freeze + unfreeze)
+        assert plan(s, p, offers).chosen is not None
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        with pytest.raises(ValueError):
+            plan(s, p, offers, failure_rates={"aws": 2.0})
+        assert gc.isenabled()
+    gc.disable()  # the caller's choice stands
+    try:
+        plan(s, p, big)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    gc.freeze()  # and so do objects someone else froze
+    try:
+        frozen = gc.get_freeze_count()
+        plan(s, p, big)
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()
 
 
 # --- examples --------------------------------------------------------------------------------------
