@@ -165,8 +165,10 @@ def plan(
     # first walk every new row in one young collection (~70 ms at 100,000) only to promote them all;
     # for a big plan, gc.freeze() + gc.unfreeze() instead moves every tracked object into the oldest
     # generation without walking any (documented behaviour, O(1)), which is where the rows would end
-    # up. Not when someone else holds objects frozen (unfreeze would undo their freeze), nor for small
-    # plans, where the walk is cheap. The collector is given back as it was, also when planning raises.
+    # up; other young objects of the process go along, so a garbage cycle among them waits for the
+    # next full collection. Not when someone else holds objects frozen (unfreeze would undo their
+    # freeze), nor for small plans, where the walk is cheap. The collector is given back as it was,
+    # also when planning raises.
     rows: list[Considered] = []
     collecting = gc.isenabled()
     gc.disable()
