@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from trainmaster.backends.base import Backend, Offer, OfferSet
-from trainmaster.broker.planner import PlanError, gather_offers, plan, reference_hours, render_plan
+from trainmaster.broker.cli.plan_table import render_plan
+from trainmaster.broker.planner import PlanError, gather_offers, plan, reference_hours
 from trainmaster.broker.policy import Policy, tier_name
 from trainmaster.jobs.spec import JobSpec
 

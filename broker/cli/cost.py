@@ -38,7 +38,7 @@ def offers(
     prices of the clouds this version cannot dispatch to yet, for comparison. Submits nothing.
     Exit 0 when submit would start the job, 1 when it would not."""
     from trainmaster.broker.cli import calls
-    from trainmaster.broker.planner import render_plan
+    from trainmaster.broker.cli.plan_table import render_plan
     from trainmaster.jobs.spec import load_spec
 
     spec = load(lambda: load_spec(job)).spec

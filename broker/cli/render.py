@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.broker import paths
-from trainmaster.broker.planner import render_plan
+from trainmaster.broker.cli.plan_table import render_plan
 from trainmaster.jobs.money import display_usd, format_usd
 
 STATE_STYLE = {"accepted": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
