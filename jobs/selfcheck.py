@@ -11,9 +11,10 @@ committed S_n bit for bit. On any difference the job fails with::
 
     state() does not capture everything the next steps read: <the entries that differ>
 
-The process is started with the run (:meth:`SelfCheck.start`), so importing torch and the recipe
-overlaps training; at the end it is handed the segment and costs about one segment of steps plus
-building the trainer. It imports the recipe the way the audit does — by module and attribute, found
+The process is started with the run (:meth:`SelfCheck.start`) at nice +10, so importing torch, the
+recipe and torch's compiler stack (which the first optimizer built would otherwise import, seconds)
+overlaps training on CPU time it leaves idle; at the end it is handed the segment and costs about
+one segment of steps plus building the trainer (DQN: 0.3 s). It imports the recipe the way the audit does — by module and attribute, found
 where the running process got it — with the training process's import path, and with
 :data:`IMPORT_ONLY` set, under which :func:`trainmaster.jobs.runtime.run` refuses to start a second
 training (a script that trains at import, without ``if __name__ == "__main__":``).
@@ -51,6 +52,7 @@ IMPORT_ONLY = "TRAINMASTER_IMPORT_ONLY"
 MESSAGE = "state() does not capture everything the next steps read"
 SHOWN = 5
 """Entries named in the message; the rest are counted."""
+NICE = 10
 TIMEOUT_FLOOR_S = 120.0
 TIMEOUT_SEGMENTS = 20
 """The check may take this many times the last segment's training time, plus the floor."""
@@ -126,6 +128,8 @@ class SelfCheck:
                 [sys.executable, "-m", MODULE, *location.argv(), "--result", str(root / "result.json")],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, close_fds=True,
             )
+        with contextlib.suppress(OSError, AttributeError):  # as the writer's threads: CPU training leaves idle
+            os.setpriority(os.PRIO_PROCESS, process.pid, NICE)
         return cls(process, workdir, None)
 
     def check(self, checkpoint_dir: Path, segment: int, k: int, timeout_s: float) -> float:
@@ -233,6 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         _write(args.result, {"error": f"importing the recipe in a fresh process raised {last}"})
         return 1
+    with contextlib.suppress(Exception):  # torch imports its compiler stack on the first optimizer built
+        importlib.import_module("torch._dynamo")  # (seconds): here, while the run trains, not at its end
     line = sys.stdin.readline()
     if not line:
         return 0  # the run ended before its check (it failed or was stopped)

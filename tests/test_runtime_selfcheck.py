@@ -100,3 +100,54 @@ def test_the_audit_refuses_states_of_two_processes_with_the_reason(tmp_path):
                        config=CountConfig().model_dump(mode="json"), seed=0, trusted_exact=True)
     assert not report.passed
     assert all("trained by 2 processes" in reason for reason in report.reasons), report.reasons
+
+
+SCRIPT = '''\
+import sys
+import torch
+from trainmaster.jobs.recipe import Recipe, RecipeConfig
+from trainmaster.jobs.runtime import run
+from trainmaster.jobs.state import TrainState
+
+
+class Trainer:
+    def __init__(self, config, seed):
+        self.w = torch.zeros(2)
+
+    def step(self, ctx):
+        self.w += torch.randn(2, generator=ctx.generator("data"))
+
+    def state(self):
+        return TrainState(weights={"w": self.w}, rest={})
+
+    def load_state(self, state):
+        self.w = state.weights["w"].clone()
+
+    def result(self):
+        return {}
+
+
+RECIPE = Recipe(name="inline", config_type=RecipeConfig, build=Trainer)
+{start}
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_recipe_defined_in_the_script_is_checked_from_the_script(tmp_path, guarded):
+    """`python train.py` whose RECIPE lives in train.py: the fresh process imports the script under another
+    name; a script that trains at import is refused there, saying how to fix it."""
+    import os
+    import subprocess
+    import sys
+
+    start = "run(RECIPE, RecipeConfig(steps=4))"
+    (tmp_path / "train.py").write_text(SCRIPT.replace("{start}", f'if __name__ == "__main__":\n    {start}' if guarded else start))
+    env = {**os.environ, "TRAINMASTER_OUTPUT_DIR": str(tmp_path / "out"), "TRAINMASTER_SEGMENT_STEPS": "2"}
+    done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    if guarded:
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "out" / "commitment.json").exists()
+    else:
+        assert done.returncode != 0
+        assert "run() was called while a recipe was being imported to replay it" in done.stderr, done.stderr

@@ -19,8 +19,6 @@ from trainmaster.broker import paths
 from trainmaster.broker.cli import app
 from untrusted_backend import UntrustedExecutor
 
-pytestmark = pytest.mark.slow
-
 RECIPE = '''\
 """A job's own recipe: linear regression, SGD with momentum, batches from (seed, step)."""
 import os
@@ -147,6 +145,7 @@ def _marker_lines(root) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.slow
 def test_an_own_recipe_is_audited_in_a_child_process_and_accepted(tm_home, tmp_path):
     out, job = _submit(_job(tmp_path), "--wait")
     assert out.exit_code == 0, out.output
@@ -165,6 +164,7 @@ def test_an_own_recipe_is_audited_in_a_child_process_and_accepted(tm_home, tmp_p
     assert any("recipe_audit" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_a_code_directory_changed_after_the_run_is_not_imported(tm_home, tmp_path):
     out, job = _submit(_job(tmp_path))  # not waiting: the run is changed under the broker before it is checked
     assert out.exit_code == 0, out.output
@@ -183,6 +183,7 @@ def test_a_code_directory_changed_after_the_run_is_not_imported(tm_home, tmp_pat
     assert not any("TAMPERED" in line for line in _marker_lines(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_state_that_misses_a_hidden_iterator_fails_the_self_check(tm_home, tmp_path):
     out, job = _submit(_job(tmp_path, attr="HIDDEN"), "--wait")
     assert out.exit_code == 1, out.output
@@ -193,6 +194,7 @@ def test_a_state_that_misses_a_hidden_iterator_fails_the_self_check(tm_home, tmp
     assert not (paths.attempt_dir(job["id"], 1) / "outputs" / "commitment.json").exists()  # it committed to nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["UntrustedExecutor", "LazyOwnRecipeExecutor"])
 def test_an_own_recipe_on_untrusted_compute_is_audited_and_a_cheat_rejected(tm_home, tmp_path, monkeypatch, executor):
     pytest.importorskip("bittensor")
@@ -223,6 +225,7 @@ class LazyOwnRecipeExecutor(UntrustedExecutor):
         return spec.model_copy(update={"entrypoint": f"{spec.entrypoint} --lr 0.045"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("audit", ["always", "never"])
 def test_a_two_process_runtime_job_is_refused_up_front_when_it_would_be_audited(tm_home, tmp_path, audit):
     spec = _job(tmp_path, extra="resources:\n  processes: 2\n")
@@ -237,3 +240,96 @@ def test_a_two_process_runtime_job_is_refused_up_front_when_it_would_be_audited(
     assert submitted.exit_code == 1 and "cannot be replay-audited" in " ".join(submitted.output.split())
     listed = CliRunner().invoke(app, ["ls", "--all", "--json"])
     assert json.loads(listed.output) == []  # nothing was recorded
+
+
+# the pieces, without a run
+
+
+@pytest.mark.parametrize(
+    ("recipe", "match"),
+    [
+        ("myrecipe", "must be `module:attr`"),
+        ("my-recipe:RECIPE", "must be `module:attr`"),
+        ("trainmaster.verify.audit:run_audit", "must be a shipped recipe"),
+        ("missing:RECIPE", "module missing not found in the code directory"),
+    ],
+)
+def test_the_spec_names_a_recipe_as_module_attr_inside_the_code(tmp_path, recipe, match):
+    from trainmaster.jobs.spec import load_spec
+    from trainmaster.jobs.yamlfile import FileError
+
+    spec = _job(tmp_path)
+    spec.write_text(spec.read_text().replace("myrecipe:RECIPE", recipe))
+    with pytest.raises(FileError, match=match) as caught:
+        load_spec(spec)
+    assert "recipe" in str(caught.value)
+
+
+def test_an_own_recipe_is_described_from_the_spec_without_importing_it(tmp_path):
+    from trainmaster.jobs.spec import load_spec
+    from trainmaster.verify.recipe_run import NotReplayable, processes_refusal, recipe_run, user_recipe
+
+    spec = _job(tmp_path)
+    spec.write_text(spec.read_text().replace("--lr 0.05", "--lr ${LR}").replace("env:\n", "env:\n  LR: '0.07'\n"))
+    loaded = load_spec(spec)
+    run = user_recipe(loaded)
+    assert (run.target, run.options, run.seed, run.k) == ("myrecipe:RECIPE", ("--steps", "100", "--lr", "0.07"), 2, 25)
+    assert "myrecipe" not in sys.modules
+    with pytest.raises(NotReplayable, match="audited in a child process"):
+        recipe_run(loaded)
+    shipped = loaded.spec.model_copy(update={"recipe": "trainmaster.jobs.recipes.dqn:RECIPE",
+                                             "entrypoint": "python train.py --steps 50 --learning-starts 10"})
+    assert user_recipe(shipped) is None and recipe_run(shipped).config["learning_starts"] == 10
+    two = loaded.spec.model_copy(update={"resources": loaded.spec.resources.model_copy(update={"processes": 2})})
+    assert "run by 2 processes" in processes_refusal(two)
+    with pytest.raises(NotReplayable, match="run by 2 processes"):
+        user_recipe(two)
+
+
+@pytest.mark.slow
+def test_a_recipe_that_cannot_be_imported_from_its_verified_bundle_cannot_verify(tmp_path):
+    from trainmaster.jobs.bundle import build_bundle, extract_bundle
+    from trainmaster.jobs.commitment import Commitment
+    from trainmaster.verify.errors import VerificationError
+    from trainmaster.verify.recipe_audit import audit_user_recipe
+    from trainmaster.verify.recipe_run import UserRecipeRun
+
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "broken.py").write_text("WHY = 1 / 0\n")
+    bundle = build_bundle(source, b"{}", tmp_path / "bundles")
+    extract_bundle(bundle.path, tmp_path / "code", expected_sha256=bundle.sha256)
+    commitment = Commitment(bundle_sha256=bundle.sha256, final_sha256="00" * 32, job_id="j", k=25, n=4, root="11" * 32)
+    with pytest.raises(VerificationError) as caught:
+        audit_user_recipe(UserRecipeRun("broken:RECIPE", (), 0, 25), commitment=commitment, openings_dir=tmp_path,
+                          segments=[0], code_dir=tmp_path / "code", tau=0.01)
+    assert caught.value.kind == "cannot_verify"
+    assert caught.value.reason == (
+        "the job's recipe broken:RECIPE cannot be imported from its verified bundle: ZeroDivisionError: division by zero"
+    )
+
+
+@pytest.mark.parametrize(
+    ("phase", "code", "kind"),
+    [("executor", -9, "rejected"), ("executor", 1, "rejected"), ("import", -9, "cannot_verify"), (None, 1, "cannot_verify")],
+)
+def test_a_child_that_dies_is_blamed_on_the_executor_only_while_replaying_its_states(tmp_path, phase, code, kind):
+    from trainmaster.verify.errors import VerificationError
+    from trainmaster.verify.recipe_audit import _outcome
+
+    if phase:
+        (tmp_path / "phase").write_text(phase)
+    (tmp_path / "log").write_text("Traceback …\nMemoryError\n")
+    with pytest.raises(VerificationError) as caught:
+        _outcome(tmp_path, code, "myrecipe:RECIPE")
+    assert caught.value.kind == kind and caught.value.reason.endswith("MemoryError")
+
+
+def test_an_unreadable_result_cannot_verify(tmp_path):
+    from trainmaster.verify.errors import VerificationError
+    from trainmaster.verify.recipe_audit import _outcome
+
+    (tmp_path / "result.json").write_text('{"kind": "report", "report": {"passed": true}}')
+    with pytest.raises(VerificationError, match="unreadable result") as caught:
+        _outcome(tmp_path, 0, "myrecipe:RECIPE")
+    assert caught.value.kind == "cannot_verify"

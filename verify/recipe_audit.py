@@ -20,7 +20,7 @@ Whose fault a failure is (the verification's ``kind``):
 |---|---|
 | the code directory differs from the committed bundle, or cannot be read | ``cannot_verify`` |
 | the recipe cannot be imported from the verified bundle, is not a ``Recipe``, or fails to build from the spec's config | ``cannot_verify`` (the job owner's code), with the traceback's last line |
-| the entrypoint's options are not a valid config of the recipe | ``cannot_verify`` |
+| the entrypoint's options are not a valid config of the recipe, or its T is not a multiple of k | ``cannot_verify`` |
 | the commitment's n is not the config's T / k | ``rejected`` |
 | an exception in the recipe while re-executing the executor's states | ``rejected`` (``run_audit`` names the segment) |
 | the child dies (a signal, an exit without a result) while re-executing the executor's states | ``rejected`` |
@@ -238,11 +238,12 @@ def _config(recipe, request: AuditRequest, commitment: Commitment) -> dict:
     except NotReplayable as exc:
         raise _Refused("cannot_verify", exc.reason) from exc
     steps = config["steps"]
-    if steps % request.k or commitment.n != steps // request.k:
+    if steps % request.k:
+        raise _Refused("cannot_verify", f"the spec's T = {steps} is not a multiple of k = {request.k}")
+    if commitment.n != steps // request.k:
         raise _Refused(
-            "rejected",
-            f"the commitment has n = {commitment.n} segments; the spec's config runs T = {steps} steps, T / k = "
-            f"{steps / request.k:g}",
+            "rejected", f"the commitment has n = {commitment.n} segments; the spec's T / k = {steps} / {request.k} "
+            f"is {steps // request.k}",
         )
     try:  # the recipe on the spec's own data first: a failure here is the job owner's, not the executor's
         cfg = recipe.config(config)

@@ -26,6 +26,11 @@ Figures:
 * The per-segment cost taken apart, measured alternately in one process: the training thread's
   checkpoint work per segment, and the CPU of writing it (all threads), each as a percentage of
   the 25 steps the segment holds (after 1500 steps, so the replay buffer is full-ish).
+* The end-of-run self-check (jobs/selfcheck.py; the lockstep runs above have it off, as settings
+  built by hand do): whole DQN runs of 3000 steps with it and without, alternately (median of 3
+  each; whole runs are noisy here, see above), the time the run waits for it at its end (the
+  replay of the last segment in the process started with the run), and that process's CPU time
+  (interpreter, torch and recipe imports while the run trains, then the segment).
 
 Run: python tests/benchmarks/bench_runtime.py
 """
@@ -33,7 +38,9 @@ Run: python tests/benchmarks/bench_runtime.py
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -67,6 +74,7 @@ def run(smoke: bool = False) -> dict[str, float]:
     figures = _checkpoint_figures(params=1_000_000 if smoke else 100_000_000, repeats=1 if smoke else 3)
     figures.update(_overhead_figures(steps=100 if smoke else 3000, runs=1 if smoke else 3))
     figures.update(_segment_cost_figures(warmup=100 if smoke else 1500, segments=2 if smoke else 40))
+    figures.update(_selfcheck_figures(steps=100 if smoke else 3000, runs=1 if smoke else 3))
     return figures
 
 
@@ -243,6 +251,52 @@ def _segment_cost_figures(warmup: int, segments: int) -> dict[str, float]:
     return {
         "DQN segment: training-thread checkpoint work (% of 25 steps)": 100.0 * capture_s / steps_s,
         "DQN segment: writing CPU, all threads (% of 25 steps)": 100.0 * writer_cpu_s / steps_s,
+    }
+
+
+class _Waits(logging.Handler):
+    """The seconds the runtime reports waiting for its self-check (its INFO line)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.seconds: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("self-check:"):
+            self.seconds.append(float(record.args[-1]))
+
+
+def _selfcheck_figures(steps: int, runs: int) -> dict[str, float]:
+    dqn = get_recipe("dqn")
+    config = dqn.config(_dqn_config(steps))
+    waits, logger = _Waits(), logging.getLogger("trainmaster.jobs")
+    level, logger.level = logger.level, logging.INFO
+    logger.addHandler(waits)
+    wall: dict[bool, list[float]] = {True: [], False: []}
+    child_cpu = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
+            for i in range(runs):
+                for on in (False, True) if i % 2 else (True, False):
+                    root = Path(tmp) / f"{i}-{on}"
+                    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+                    run_job(dqn, config, RuntimeSettings(output_dir=root / "out", checkpoint_dir=root / "ckpt",
+                                                         segment_steps=25, selfcheck=on))
+                    wall[on].append(time.perf_counter() - start)
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    if on:
+                        child_cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    finally:
+        logger.removeHandler(waits)
+        logger.level = level
+    with_check, without = statistics.median(wall[True]), statistics.median(wall[False])
+    return {
+        "DQN whole run, no self-check (s)": without,
+        "DQN whole run, with self-check (s)": with_check,
+        "self-check: whole-run difference (%)": 100.0 * (with_check / without - 1.0),
+        "self-check: wait at the end of the run (s)": statistics.median(waits.seconds),
+        "self-check: wait at the end (% of the run without it)": 100.0 * statistics.median(waits.seconds) / without,
+        "self-check: its process's CPU (s)": statistics.median(child_cpu),
     }
 
 
