@@ -13,7 +13,8 @@ from trainmaster.broker.store import MIGRATIONS, NotFound, Store
 
 def new_job(store: Store, job_id: str = "j-1"):
     return store.create_job(job_id=job_id, name="j", workload="development", project=None, spec_json="{}",
-                            spec_path="/x/job.yaml", bundle_sha256="0" * 64, policy="default")
+                            spec_path="/x/job.yaml", bundle_sha256="0" * 64, policy="default",
+                            policy_json="{}")
 
 
 def test_wal_mode_and_schema_version(tmp_path):
@@ -55,7 +56,7 @@ def test_attempt_and_job_move_together(tmp_path):
     store = Store(tmp_path / "state.db")
     new_job(store)
     store.move_job("j-1", "planned")
-    attempt = store.create_attempt("j-1", backend="local", offer_json="{}")
+    attempt = store.create_attempt("j-1", backend="local", offer_json="{}", reserve_key="reserve:j-1.1.p1", seed=0)
     assert (attempt.id, attempt.state, store.job("j-1").state) == ("j-1.1", "dispatched", "dispatched")
     store.move_attempt(attempt.id, "running", job_target="running", started_at=5.0)
     assert store.attempt(attempt.id).started_at == 5.0 and store.job("j-1").state == "running"
@@ -69,7 +70,7 @@ def test_cost_is_recorded_once(tmp_path):
     store = Store(tmp_path / "state.db")
     new_job(store)
     store.move_job("j-1", "planned")
-    a = store.create_attempt("j-1", backend="local", offer_json="{}")
+    a = store.create_attempt("j-1", backend="local", offer_json="{}", reserve_key="reserve:j-1.1.p1", seed=0)
     store.record_cost(a.id, micro_usd=10, rao=0, billable_seconds=1.0, basis="t")
     store.record_cost(a.id, micro_usd=99, rao=0, billable_seconds=9.0, basis="t")
     assert store.attempt(a.id).cost_micro_usd == 10
@@ -106,3 +107,21 @@ def test_two_processes_racing_one_move_one_wins(tmp_path):
     wins = sorted(results.get(timeout=5) for _ in procs)
     assert wins == [False, False, False, True]
     assert [e.to_state for e in Store(path).events("j-1")].count("planned") == 1
+
+
+def test_a_database_of_the_first_schema_upgrades_in_place_and_its_jobs_still_read(tmp_path):
+    """A state.db written by the previous version (schema 1: no plan, policy snapshot, seeds) is migrated."""
+    from trainmaster.broker.store import MIGRATIONS
+    from trainmaster.jobs import statedb
+
+    path = tmp_path / "state.db"
+    db = statedb.connect(path)
+    with statedb.immediate(db):
+        statedb.migrate(db, version_table="schema_version", migrations=MIGRATIONS[:1], what="v1")
+        db.execute("INSERT INTO jobs VALUES ('old-1','old','development',NULL,'planned','{}','/x/job.yaml',?,"
+                   "'default',NULL,0,0)", ("0" * 64,))
+    db.close()
+    store = Store(path)
+    assert store.schema_version == len(MIGRATIONS) == 3
+    job = store.job("old-1")
+    assert (job.state, job.policy_json, job.plan_json) == ("planned", None, None)  # re-planned and snapshotted on advance
