@@ -105,11 +105,16 @@ def _numpy_to_tensor(name: str, array: np.ndarray) -> torch.Tensor:
 
 def header_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
     """The length prefix and padded JSON header for tensors already in canonical order."""
+    return _header((name, tensor.dtype, list(tensor.shape)) for name, tensor in tensors.items())
+
+
+def _header(entries: Iterable[tuple[str, torch.dtype, list[int]]]) -> bytes:
+    """:func:`header_bytes` from each tensor's name, dtype and shape alone."""
     header: dict[str, object] = {"__metadata__": {"format": FORMAT}}
     offset = 0
-    for name, tensor in tensors.items():
-        size = tensor.numel() * tensor.element_size()
-        header[name] = {"data_offsets": [offset, offset + size], "dtype": DTYPES[tensor.dtype], "shape": list(tensor.shape)}
+    for name, dtype, shape in entries:
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {"data_offsets": [offset, offset + size], "dtype": DTYPES[dtype], "shape": shape}
         offset += size
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     text += b" " * (-len(text) % 8)
@@ -183,7 +188,7 @@ def deserialize(data: bytes | bytearray) -> dict[str, torch.Tensor]:
         raise CanonicalError(f"header does not declare format {FORMAT}")
     start, available = 8 + length, len(data) - 8 - length
     layout = {name: _entry_layout(name, entry, available) for name, entry in sorted(header.items())}
-    if header_bytes(_placeholders(layout)) != bytes(view[:start]):
+    if _header((name, dtype, shape) for name, (dtype, shape, _, _) in layout.items()) != bytes(view[:start]):
         raise CanonicalError("header is not in canonical form")
     indexed = sum(end - begin for _, _, begin, end in layout.values())
     if indexed != available:
@@ -256,7 +261,7 @@ def _entry_layout(name: str, entry: object, available: int) -> tuple[torch.dtype
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
         raise CanonicalError(f"header entry {name!r} has malformed data offsets: {_short(offsets)}")
     dtype, (begin, end) = _CODES[entry["dtype"]], offsets
-    size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()  # python ints: no overflow
+    size = math.prod(shape) * dtype.itemsize  # python ints: no overflow
     if end < begin or end - begin != size:
         raise CanonicalError(f"header entry {name!r} has offsets that do not match its shape")
     if end > available:
@@ -273,16 +278,11 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _placeholders(layout: Mapping[str, tuple[torch.dtype, list[int], int, int]]) -> dict[str, torch.Tensor]:
-    """Data-less tensors of each entry's dtype and shape, for rebuilding the canonical header."""
-    try:
-        return {name: torch.empty(shape, dtype=dtype, device="meta") for name, (dtype, shape, _, _) in layout.items()}
-    except (RuntimeError, ValueError, OverflowError) as exc:  # e.g. more dimensions than torch allows
-        raise CanonicalError(f"a header shape is not a tensor shape: {exc}") from exc
-
-
 def _tensor(view: memoryview, start: int, dtype: torch.dtype, shape: list[int], begin: int, end: int) -> torch.Tensor:
-    if begin == end:
-        return torch.empty(shape, dtype=dtype)
-    raw = bytearray(view[start + begin : start + end])  # the one copy
-    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+    try:
+        if begin == end:
+            return torch.empty(shape, dtype=dtype)
+        raw = bytearray(view[start + begin : start + end])  # the one copy
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+    except (RuntimeError, ValueError, OverflowError) as exc:  # e.g. more dimensions than torch allows
+        raise CanonicalError(f"shape {_short(shape)} is not a tensor shape: {exc}") from exc
