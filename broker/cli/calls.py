@@ -41,6 +41,15 @@ async def _follow(broker, job_id: str, on_log: Callable[[str], None], shown: Cal
             on_log(text)
 
 
+async def _waited(broker, job, wait: bool, on_log: Callable[[str], None] | None, shown: Callable | None):
+    """The job as it is now, or with `wait` as it ends (its log streamed to `on_log` when given)."""
+    if not wait:
+        return job
+    if on_log is not None:
+        await _follow(broker, job.id, on_log, shown)
+    return await broker.wait(job.id)
+
+
 def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_log: Callable[[str], None] | None,
            shown: Callable | None = None):
     """`submit`: bring unfinished jobs up to date, start the job; with `wait`, stream its log to `on_log`
@@ -52,11 +61,7 @@ def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_lo
         await broker.refresh()
         job = await broker.submit(spec, policy)
         on_submitted(job)
-        if wait:
-            if on_log is not None:
-                await _follow(broker, job.id, on_log, shown)
-            job = await broker.wait(job.id)
-        return broker, job
+        return broker, await _waited(broker, job, wait, on_log, shown)
 
     return _run(main)
 
@@ -121,12 +126,7 @@ def resume(job_ref: str, *, wait: bool, on_log: Callable[[str], None] | None, sh
     async def main():
         job = broker.store.find_job(job_ref)
         await broker.refresh()
-        job = await broker.resume(job.id)
-        if wait:
-            if on_log is not None:
-                await _follow(broker, job.id, on_log, shown)
-            job = await broker.wait(job.id)
-        return broker, job
+        return broker, await _waited(broker, await broker.resume(job.id), wait, on_log, shown)
 
     return _run(main)
 
