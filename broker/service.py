@@ -149,10 +149,8 @@ class Broker:
         self.offer_rounds += 1
         offer_sets: list[OfferSet] = await gather_offers(spec, self._enabled(spec, policy))
         offer_sets += self._not_dispatched(spec, policy)
-        hotkeys, coldkeys = banned
-        if hotkeys or coldkeys:
-            blocked = blocked | {o.key for s in offer_sets for o in s.offers
-                                 if o.instance in hotkeys or o.detail.get("coldkey") in coldkeys}
+        if banned[0] or banned[1]:
+            blocked = blocked | banned_offers(offer_sets, *banned)
         history, failure_rates = learned(self.store.ended_attempts())
         return plan(spec, policy, offer_sets, blocked=blocked, history=history, failure_rates=failure_rates)
 
@@ -693,6 +691,16 @@ def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[st
     history = {w: statistics.median(hours[:HISTORY_RUNS]) for w, hours in runtimes.items()}
     rates = {k: sum(fails) / len(fails) for k, fails in outcomes.items() if len(fails) >= MIN_ATTEMPTS_FOR_RATE}
     return history, rates
+
+
+def banned_offers(offer_sets: list[OfferSet], hotkeys: frozenset[str], coldkeys: frozenset[str]) -> set[str]:
+    """Keys of the offers made by a banned hotkey or a banned coldkey's hotkeys. An offer's `detail` is
+    what the executor quoted: a coldkey that is not a string matches nothing (and breaks nothing)."""
+    def owner(offer: Offer) -> str | None:
+        coldkey = offer.detail.get("coldkey")
+        return coldkey if isinstance(coldkey, str) else None
+
+    return {o.key for s in offer_sets for o in s.offers if o.instance in hotkeys or owner(o) in coldkeys}
 
 
 def attempt_seed(spec_seed: int, nonce: str) -> int:

@@ -151,3 +151,18 @@ def test_6_every_job_command_brings_unfinished_jobs_up_to_date(broker, job_facto
     assert result.exit_code in (0, 1), result.output
     assert broker.store.job(finished.id).state == "accepted"
     broker.cancel(other.id)
+
+
+def test_bans_match_hotkeys_and_string_coldkeys_and_survive_odd_quotes():
+    """An offer's detail is the executor's quote: a coldkey that is a list or a number must not break planning."""
+    from trainmaster.backends.base import Offer, OfferSet
+    from trainmaster.broker.service import banned_offers
+
+    def offer(hotkey, coldkey):
+        return Offer(backend="bittensor", instance=hotkey, region="subnet", price_per_hour_micro_usd=1, trusted=False,
+                     detail={"coldkey": coldkey})
+
+    sets = [OfferSet(backend="bittensor", offers=[offer("hk-a", "ck-1"), offer("hk-b", "ck-1"), offer("hk-c", ["ck-1"]),
+                                                  offer("hk-d", 7), offer("hk-e", "ck-2")])]
+    keys = banned_offers(sets, frozenset({"hk-e"}), frozenset({"ck-1"}))
+    assert keys == {"bittensor/subnet/hk-a/on-demand", "bittensor/subnet/hk-b/on-demand", "bittensor/subnet/hk-e/on-demand"}
