@@ -164,3 +164,25 @@ def test_missing_files_and_bad_indices(copy_of):
     with pytest.raises(ValueError, match="outside"):
         open_checked(LocalOpenings(directory), commitment, commitment.n)
     assert issubclass(OpeningError, VerificationError)
+
+
+@pytest.mark.slow
+def test_opening_a_segment_peaks_at_the_bytes_opened_plus_its_largest_file(tmp_path):
+    """Each file's bytes are let go once parsed (issue #10: no more than 2× the opened bytes); before,
+    every file's bytes and its parsed copy were held together, 2× the bytes opened and more."""
+    import tracemalloc
+
+    recipe = get_recipe("tiny-lm")
+    config = recipe.config({"steps": 2, "d_model": 128, "heads": 4, "layers": 1, "seq_len": 8, "batch_size": 2, "warmup": 1})
+    run(recipe, config, RuntimeSettings(job_id="m", output_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", seed=0, segment_steps=1))
+    commitment = read_commitment(tmp_path / "commitment.json")
+    here, after = segment_dir(tmp_path / "ckpt", 1), segment_dir(tmp_path / "ckpt", 2)
+    sizes = [path.stat().st_size for path in (here / WEIGHTS, here / REST, here / DECISIONS, after / WEIGHTS)]
+    tracemalloc.start()  # the opened bytes and the parsed copies are python allocations, so it sees both
+    try:
+        opening = open_checked(LocalOpenings(tmp_path / "ckpt"), commitment, 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert opening.state.rest and sum(sizes) > 3_000_000
+    assert peak <= sum(sizes) + max(sizes) + 0.1 * sum(sizes), (peak, sizes)  # the old way: 2.02 × sum(sizes)

@@ -20,7 +20,8 @@ trusted), after each file's size was checked against what the job's layout allow
 weights must also hash to ``final_sha256``. Then each file is parsed strictly
 (:func:`trainmaster.jobs.canonical.deserialize`: bounded header, nothing unpickled, and only exactly
 canonical bytes, so the parsed tensors are the committed state; parsing copies each tensor once,
-so it needs no more memory than the bytes opened). Any mismatch raises :class:`OpeningError` with
+and each file's bytes are let go once it is parsed, so opening a segment peaks at the bytes opened
+plus its largest file). Any mismatch raises :class:`OpeningError` with
 the reason.
 
 :class:`Openings` is the transport-neutral protocol; :class:`LocalOpenings` reads the runtime's
@@ -199,13 +200,18 @@ def open_checked(
             _check_weights_size(opening.next_weights, limits, f"S_{index + 1}")
             _check_size(opening.rest, limits.rest_bytes, f"the rest of S_{index}")
             _check_size(opening.trace, limits.trace_bytes, f"the trace of segment {index}")
-        weights, next_weights = _parse(opening.weights, f"S_{index} weights"), _parse(opening.next_weights, f"S_{index + 1} weights")
+        # Each file's bytes are dropped as soon as it is parsed (popped, and the opening let go), so
+        # the peak is the bytes opened plus the largest file, not twice the bytes opened.
+        files = {"weights": opening.weights, "next_weights": opening.next_weights, "rest": opening.rest, "trace": opening.trace}
+        del opening
+        weights = _parse(files.pop("weights"), f"S_{index} weights")
         _check_finite(weights, f"S_{index}")
+        next_weights = _parse(files.pop("next_weights"), f"S_{index + 1} weights")
         _check_finite(next_weights, f"S_{index + 1}")
         return CheckedOpening(
             index=index,
-            state=TrainState(weights=weights, rest=_parse(opening.rest, f"S_{index} rest")),
-            trace=_trace(_parse(opening.trace, f"the trace of segment {index}"), index),
+            state=TrainState(weights=weights, rest=_parse(files.pop("rest"), f"S_{index} rest")),
+            trace=_trace(_parse(files.pop("trace"), f"the trace of segment {index}"), index),
             next_weights=next_weights,
             hashes=hashes,
         )
