@@ -9,7 +9,8 @@ run in order and stop at the first that fails. A failed check gives ``rejected``
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Collection, Mapping
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,8 @@ SIGNATURE_FILE = "commitment.sig"
 MODEL_FILE = "model.safetensors"
 WEIGHTS_FILES = {MODEL_FILE, "weights.safetensors"}
 CHECKPOINTS_DIR = "checkpoints"
-STATE_REST_FILES = f"{CHECKPOINTS_DIR}/segments/*/rest.safetensors"
-"""The rest of each checkpointed state (docs/runtime.md, "Checkpoints on disk")."""
+SEGMENT_FILES = f"{CHECKPOINTS_DIR}/segments/*"
+"""Every file under the checkpoint segments (docs/runtime.md, "Checkpoints on disk"; ``*`` spans folders)."""
 
 
 @dataclass(frozen=True)
@@ -356,40 +357,47 @@ def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str
 def _safety(run: _Run) -> dict[str, Any]:
     """Every returned file judged by its content (verify/output_kinds.py) and by trust.
 
-    Links are refused and every .safetensors is checked in full (in one child process under memory and
-    CPU limits) whatever the trust. Pickle-capable and unchecked files are kept OPAQUE — never loaded
-    here, listed in the evidence — from trusted compute, and refused from untrusted compute. NaN and
-    ±Inf are refused in every .safetensors except the rest of a checkpointed state
-    (:data:`STATE_REST_FILES`), where NaN can be a sentinel (DQN's ``last_loss`` before learning
-    starts); the replay audit judges those entries by the recipe's field rules.
+    Links are refused and every .safetensors is checked (in one child process under memory and CPU
+    limits) whatever the trust. Pickle-capable and unchecked files are kept OPAQUE — never loaded
+    here, listed in the evidence — from trusted compute, and refused from untrusted compute.
+    NaN and ±Inf (and bool bytes other than 0 and 1) are refused in every .safetensors except the
+    checkpoint segments' (:data:`SEGMENT_FILES`), whose headers alone are checked: each segment is
+    committed by the signed Merkle root, the replay audit opens the challenged ones and parses them
+    strictly (verify/openings.py: non-finite weights refused, the rest judged by the recipe's field
+    rules, where NaN can be a sentinel such as DQN's ``last_loss`` before learning starts), and an
+    unchallenged one is never loaded. Reading every segment's values cost a whole checkpoint
+    directory's bytes (docs/audit.md, "Measured").
     """
     from .output_kinds import CONVERT, DATA, SAFETENSORS, classify
     from .safeload import check_files_isolated
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
     trusted = attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
-    problems, refused, tensor_files, opaque = [], [], {}, []
-    for path in sorted(outputs.rglob("*")):
-        relative = path.relative_to(outputs).as_posix()
-        if path.is_symlink():
+    problems, refused, tensor_files, relatives, opaque = [], [], {}, {}, []
+    for relative, entry in _walk(outputs):
+        if entry.is_symlink():
             problems.append(f"{relative} is a symbolic link")
             continue
-        if not path.is_file():
+        if not entry.is_file(follow_symlinks=False):
             continue
+        path = Path(entry.path)
         found = classify(path)
         if found.kind == SAFETENSORS:
-            tensor_files[path] = attempt.expected_weights if path.name in WEIGHTS_FILES else None
+            tensor_files[path] = attempt.expected_weights if entry.name in WEIGHTS_FILES else None
+            relatives[str(path)] = relative
         elif found.kind == DATA:
             continue
         elif trusted:
             opaque.append({"path": relative, "kind": found.kind, "what": found.what})
         else:
             refused.append(f"{relative} is {found.what}")
-    states = [path for path in tensor_files if fnmatch.fnmatchcase(path.relative_to(outputs).as_posix(), STATE_REST_FILES)]
+    segments = [path for path in tensor_files if fnmatch.fnmatchcase(relatives[str(path)], SEGMENT_FILES)]
     checked = {}
-    results = check_files_isolated(tensor_files, max_bytes=attempt.max_file_bytes, states=states) if tensor_files else []
+    results = (
+        check_files_isolated(tensor_files, max_bytes=attempt.max_file_bytes, headers_only=segments) if tensor_files else []
+    )
     for result in results:
-        relative = Path(result.path).relative_to(outputs).as_posix()
+        relative = relatives[result.path]
         if result.reason:
             problems.append(f"{relative}: {result.reason.removeprefix(Path(result.path).name + ': ')}")
         else:
@@ -398,7 +406,23 @@ def _safety(run: _Run) -> dict[str, Any]:
         problems.append("refused from untrusted compute, since loading them can run code: " + _few(refused, "; ") + "; " + CONVERT)
     if problems:
         raise VerificationError("unsafe outputs: " + _few(problems, "; "))
-    return {"trust": "trusted" if trusted else "untrusted", "safetensors_checked": checked, "opaque": opaque}
+    return {
+        "trust": "trusted" if trusted else "untrusted", "safetensors_checked": checked,
+        "headers_only": len(segments), "opaque": opaque,
+    }
+
+
+def _walk(folder: Path, prefix: str = "") -> Iterator[tuple[str, os.DirEntry]]:
+    """Every entry under ``folder``, links not followed, depth first in name order, as ``(relative
+    posix path, entry)``; an entry's type comes from the directory listing (no stat per file: a
+    checkpoint directory holds thousands)."""
+    with os.scandir(folder) as listing:
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        relative = prefix + entry.name
+        yield relative, entry
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path), relative + "/")
 
 
 def _few(items: list[str], sep: str) -> str:

@@ -49,7 +49,7 @@ class SafeLoadError(VerificationError):
     """A file that is refused; the reason names the file and what is wrong with it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorEntry:
     name: str
     dtype: str
@@ -92,19 +92,19 @@ def inspect(path: Path, *, max_bytes: int | None = None) -> Header:
 
 
 def check_file(
-    path: Path, *, expected: Expected | None = None, max_bytes: int | None = None, finite: bool = True
+    path: Path, *, expected: Expected | None = None, max_bytes: int | None = None, values: bool = True
 ) -> Header:
     """Check everything — header, expected tensors, finiteness of every value — keeping no tensor.
 
-    ``finite=False`` leaves float values unchecked (bool bytes are still checked): a training
-    state's rest may hold NaN where it means "none yet" (DQN's ``last_loss`` before learning); the
-    replay audit judges those entries by the recipe's field rules instead.
+    ``values=False`` checks the header and the expected tensors only, reading no tensor data: for
+    files nobody here loads unless they are opened and parsed strictly elsewhere (a checkpoint
+    segment: the replay audit opens the challenged ones, verify/openings.py).
     """
     path = Path(path)
     with _open(path) as handle:
         header = _read_header(handle, path, max_bytes)
         _check_expected(header, expected)
-        checked = [entry for entry in header.tensors if entry.dtype == "BOOL" or (finite and entry.dtype in FLOATS)]
+        checked = [entry for entry in header.tensors if values and (entry.dtype == "BOOL" or entry.dtype in FLOATS)]
         buffer = bytearray(min(CHUNK_BYTES, max((e.nbytes for e in checked), default=0) + 7))
         for entry in checked:
             for chunk in _chunks(handle, header, entry, buffer):
@@ -172,12 +172,12 @@ def check_files_isolated(
     files: Mapping[Path, Expected | None],
     *,
     max_bytes: int | None = None,
-    states: Collection[Path] = (),
+    headers_only: Collection[Path] = (),
     memory_bytes: int = ISOLATED_MEMORY_BYTES,
     cpu_seconds: int = ISOLATED_CPU_SECONDS,
 ) -> list[FileCheck]:
     """:func:`check_file` on each file, in a child process under memory and CPU-time limits
-    (``states``: as for :func:`check_files`).
+    (``headers_only``: as for :func:`check_files`).
 
     The child imports what it needs, then limits itself to ``memory_bytes`` more address space and
     ``cpu_seconds`` more CPU time, so the limits bound the checking alone. The checks are bounded by
@@ -193,7 +193,7 @@ def check_files_isolated(
         "memory_bytes": memory_bytes,
         "cpu_seconds": cpu_seconds,
         "files": [{"path": str(p), "expected": _expected_json(e)} for p, e in files.items()],
-        "states": [str(p) for p in states],
+        "headers_only": [str(p) for p in headers_only],
     }
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run(
@@ -212,17 +212,17 @@ def _expected_json(expected: Expected | None) -> dict | None:
 
 
 def check_files(
-    files: Mapping[Path, Expected | None], *, max_bytes: int | None = None, states: Collection[Path] = ()
+    files: Mapping[Path, Expected | None], *, max_bytes: int | None = None, headers_only: Collection[Path] = ()
 ) -> list[FileCheck]:
     """:func:`check_file` on each file, in this process; what the isolated child runs.
 
-    ``states``: the files among ``files`` that hold a training state's rest (``finite=False``).
+    ``headers_only``: the files among ``files`` whose tensor data is not read (``values=False``).
     """
     results = []
-    wanted = {str(p) for p in states}
+    unread = {str(p) for p in headers_only}
     for path, expected in files.items():
         try:
-            header = check_file(Path(path), expected=expected, max_bytes=max_bytes, finite=str(path) not in wanted)
+            header = check_file(Path(path), expected=expected, max_bytes=max_bytes, values=str(path) not in unread)
         except SafeLoadError as exc:
             results.append(FileCheck(str(path), exc.reason))
         except MemoryError:
@@ -243,7 +243,7 @@ def _serve_isolated() -> None:
         Path(item["path"]): None if item["expected"] is None else {n: (d, tuple(s)) for n, (d, s) in item["expected"].items()}
         for item in request["files"]
     }
-    checked = check_files(files, max_bytes=request["max_bytes"], states=request["states"])
+    checked = check_files(files, max_bytes=request["max_bytes"], headers_only=request["headers_only"])
     json.dump([dataclasses.asdict(r) for r in checked], sys.stdout)
 
 
@@ -360,10 +360,10 @@ def _entry(path: Path, name: str, value: object) -> TensorEntry:
     def refuse(problem: str) -> SafeLoadError:
         return SafeLoadError(f"{path.name}: tensor {name!r}: {problem}")
 
-    if not isinstance(value, dict) or value.keys() != ENTRY_KEYS:
+    if type(value) is not dict or value.keys() != ENTRY_KEYS:
         raise refuse("entry must have exactly the keys dtype, shape, data_offsets")
     dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
-    if dtype not in ITEM_SIZES:
+    if type(dtype) is not str or dtype not in ITEM_SIZES:
         raise refuse(f"unsupported dtype {dtype!r} (allowed: {', '.join(ITEM_SIZES)})")
     if type(shape) is not list or not _are_counts(shape):
         raise refuse(f"shape {shape!r} is not a list of non-negative integers")
@@ -379,8 +379,12 @@ def _entry(path: Path, name: str, value: object) -> TensorEntry:
 
 
 def _are_counts(values: list) -> bool:
-    """Every value a non-negative int (not a bool, not a float)."""
-    return all(type(v) is int for v in values) and min(values, default=0) >= 0
+    """Every value a non-negative int (not a bool, not a float); a plain loop, the fastest for a
+    shape's few values (a checkpoint directory's headers hold tens of thousands of entries)."""
+    for value in values:
+        if type(value) is not int or value < 0:
+            return False
+    return True
 
 
 def _check_tiling(path: Path, entries: list[TensorEntry], buffer_bytes: int) -> None:
