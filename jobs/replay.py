@@ -32,6 +32,7 @@ from .execution import StateError, build_trainer, full_state, restore, run_step,
 from .recipe import Recipe
 from .state import TrainState
 from .state_diff import describe, differing
+from .step_rates import recording_step_rates
 
 REPORT_FILE = "report.json"
 
@@ -45,6 +46,8 @@ class ReplayResult:
     state: TrainState
     trace: DecisionTrace
     decisions: DecisionReport
+    peak_lr: float | None = None
+    """The largest learning rate any optimizer step of the re-execution used (None: no torch optimizer stepped)."""
 
     @property
     def weights(self) -> dict:
@@ -122,11 +125,12 @@ def replay_state(
     restore(trainer, state)
     _check_loaded_unchanged(state, full_state(trainer, resolved, cfg, info.seed, info.step))
     decisions = DecisionLog(forced=forced_decisions)
-    for step in range(info.step, info.step + k):
-        run_step(trainer, info.seed, step, decisions)
+    with recording_step_rates() as rates:
+        for step in range(info.step, info.step + k):
+            run_step(trainer, info.seed, step, decisions)
     decisions.check_complete()
     end = full_state(trainer, resolved, cfg, info.seed, info.step + k)
-    return ReplayResult(info.step, info.step + k, end, decisions.trace, decisions.report())
+    return ReplayResult(info.step, info.step + k, end, decisions.trace, decisions.report(), rates.peak)
 
 
 def _check_loaded_unchanged(state: TrainState, loaded: TrainState) -> None:

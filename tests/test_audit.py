@@ -187,6 +187,30 @@ def test_a_manipulated_optimizer_state_fails_the_update_norm_check(honest_run, t
     assert "implausibly small" in segment.reasons[0]
 
 
+def test_an_update_above_the_calibrated_ceiling_is_rejected(honest_run, tmp_path, calibration):
+    """The ceiling is checked on every replayed segment: here a calibration whose ceiling sits below this
+    honest run's updates stands in for moments crafted to move the weights further than any honest run."""
+    point = calibration.point(K)
+    assert point.update_ceiling == pytest.approx(10 * point.max_update_per_lr)
+    report = audit(honest_run, tmp_path, [2], calibration)
+    assert report.passed and report.segments[0].update_per_lr < report.segments[0].update_ceiling
+    low = point.model_copy(update={"update_ceiling": report.segments[0].update_per_lr / 2})
+    report = audit(honest_run, tmp_path, [2], calibration.model_copy(update={"points": [low]}))
+    assert rejected(report) == [2] and "implausibly large" in report.reasons[0] and "calibrated ceiling" in report.reasons[0]
+
+
+@pytest.mark.parametrize(("factor", "passes"), [(1.05, True), (1.5, False)])
+def test_a_reported_loss_is_held_to_a_fixed_bound(honest_run, tmp_path, calibration, factor, passes):
+    """``recent_losses`` is reported, never read back: within 10 % of the re-execution's it passes, beyond it not."""
+    states = list(honest_run.states)
+    rest = {**states[3].rest, "recent_losses": states[3].rest["recent_losses"] * factor}
+    states[3] = TrainState(weights=states[3].weights, rest=rest)
+    report = audit(Run(LM, SEED, K, states, honest_run.traces), tmp_path, [2], calibration)
+    field = report.segments[0].fields["recent_losses"]
+    assert (field.rule, field.tolerance, report.passed) == ("reported", 0.1, passes), report.reasons
+    assert field.r == pytest.approx(factor - 1, rel=1e-6)
+
+
 def test_malformed_states_are_rejected_not_crashed_on(honest_run, tmp_path, calibration):
     """Committed, so past the openings check, but not states this recipe can load."""
     run = Run(LM, SEED, K, list(honest_run.states), list(honest_run.traces))

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from trainmaster.broker.cli import calibrate as calibrate_cli
 from trainmaster.jobs.spec import load_spec
-from trainmaster.verify.calibrate import CalibrationError, calibrate
+from trainmaster.jobs.recipes import get_recipe
+from trainmaster.verify.calibrate import CalibrationError, calibrate, calibrate_states, warm_state
 from trainmaster.verify.calibration import (
     Base,
     Calibration,
@@ -23,7 +24,7 @@ from trainmaster.verify.calibration import (
 )
 from trainmaster.verify.recipe_run import NotReplayable, recipe_run
 
-from audit_support import TINY_LM
+from audit_support import TINY_LM, train
 
 
 def point(k: int, honest: float, cheat: float, margin: float = 0.0) -> CalibrationPoint:
@@ -47,6 +48,19 @@ def test_tau_is_the_geometric_mean_and_r_the_separation():
     assert p.update_floor == pytest.approx(5e-3) and p.margin_tol == 1e-4
     assert point(25, 1e-4, 0.1, margin=3e-5).margin_tol == pytest.approx(3e-4)
     assert point(25, honest=0.0, cheat=0.1).tau > 0  # an all-exact measurement still leaves a τ
+
+
+def test_field_tolerances_sit_between_honest_and_the_mildest_cheat():
+    p = CalibrationPoint.from_measurements(
+        25, {"ulp": [1e-6]}, {"lr_x0.9": [0.1]}, [], [5.0],
+        honest_fields={"moments": [1e-5, 4e-5], "target": [1e-4], "priority": [1e-9]},
+        cheat_fields={"moments": [0.2, 0.1], "target": [1e-3]},
+    )
+    assert p.tau == pytest.approx(math.sqrt(1e-6 * 0.1))
+    assert p.field_tolerance["moments"] == pytest.approx(math.sqrt(4e-5 * 0.1))  # the geometric mean
+    assert p.field_tolerance["target"] == pytest.approx(1e-3)  # 10 × the honest maximum
+    assert p.field_tolerance["priority"] == pytest.approx(p.tau)  # no cheat measured: at least τ
+    assert p.update_ceiling == pytest.approx(50.0) and p.update_floor == pytest.approx(5e-3)
 
 
 def test_broken_measurements_are_refused():
@@ -85,21 +99,44 @@ def test_the_job_class_ignores_only_the_run_length():
 
 
 def test_calibrating_tiny_lm_measures_every_variant():
-    cal = calibrate("tiny-lm", TINY_LM, ks=[5, 10], seeds=[0, 1], warmup=20)
+    cal = calibrate("tiny-lm", TINY_LM, ks=[5, 10], seeds=[0, 1], bases=1, warmup=20)
     assert [p.k for p in cal.points] == [5, 10] and [b.model_dump() for b in cal.bases] == [
         {"seed": 0, "step": 20}, {"seed": 1, "step": 20}
     ]
     for p in cal.points:
         assert set(p.honest_r) == {"threads", "ulp", "float64"} and all(len(v) == 2 for v in p.honest_r.values())
-        assert p.separation >= 10 and p.min_update_per_lr > 0
+        assert p.separation >= 10 and 0 < p.min_update_per_lr <= p.max_update_per_lr
+        assert p.update_ceiling == pytest.approx(10 * p.max_update_per_lr)
+        assert "recent_losses" not in p.field_tolerance  # reported, within a fixed bound
     assert cal.job_class == job_class("tiny-lm", cal.config) and cal.environment["torch"]
+
+
+def test_bases_span_the_run_from_where_learning_starts():
+    dqn = {"steps": 120, "learning_starts": 45, "buffer_size": 200, "batch_size": 16}
+    cal = calibrate("dqn", dqn, ks=[10], seeds=[0, 1], bases=3)
+    # the first boundary on the 10-step grid whose steps update the weights, then spread to T − k = 110
+    assert [(b.seed, b.step) for b in cal.bases] == [(0, 40), (0, 75), (0, 110), (1, 40), (1, 75), (1, 110)]
+    (p,) = cal.points
+    assert all(len(v) == 6 for v in p.honest_r.values())
+    assert p.max_update_per_lr > p.min_update_per_lr and p.field_tolerance["optimizer/state/*/exp_avg"] >= p.tau
+
+
+def test_bases_without_an_update_are_left_out_for_that_k():
+    dqn = {"steps": 120, "learning_starts": 45, "buffer_size": 200, "batch_size": 16}
+    run = train("dqn", dqn, 0, 10)
+    cal = calibrate_states("dqn", [run.states[2], run.states[6]], ks=[10])  # steps 20..29 learn nothing
+    assert all(len(v) == 1 for v in cal.points[0].honest_r.values())
 
 
 def test_calibration_refuses_what_cannot_be_measured():
     with pytest.raises(CalibrationError, match="exceeds"):
         calibrate("tiny-lm", TINY_LM, ks=[50], seeds=[0], warmup=20)
-    with pytest.raises(CalibrationError, match="updates no weight"):  # before DQN's learning starts
-        calibrate("dqn", {"steps": 100, "learning_starts": 90}, ks=[10], seeds=[0], warmup=10)
+    with pytest.raises(CalibrationError, match="no weight moves between step 10 and step 100"):
+        calibrate("dqn", {"steps": 100, "learning_starts": 100}, ks=[10], seeds=[0], warmup=10)
+    dqn = get_recipe("dqn")
+    before_learning = warm_state(dqn, dqn.config({"steps": 100, "learning_starts": 90}), 0, 10)
+    with pytest.raises(CalibrationError, match="updates no weight"):  # the only base is before learning starts
+        calibrate_states(dqn, [before_learning], ks=[10])
 
 
 def _spec(tmp_path, entrypoint: str, extra: str = ""):
@@ -142,7 +179,7 @@ def _app() -> typer.Typer:
 def test_cli_calibrates_and_stores(tmp_path, tm_home):
     options = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TINY_LM.items())
     spec = _spec(tmp_path, f"python -m trainmaster.jobs.recipes.tiny_lm {options}")
-    result = CliRunner().invoke(_app(), ["calibrate", str(spec), "--k", "10", "--seeds", "2", "--warmup", "20", "--json"])
+    result = CliRunner().invoke(_app(), ["calibrate", str(spec), "--k", "10", "--seeds", "2", "--bases", "2", "--warmup", "20", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     stored = tm_home / "calibration" / f"{payload['calibration']['job_class']}.json"

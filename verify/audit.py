@@ -27,7 +27,7 @@ Per challenged segment i (docs/protocol.md §4, §6; docs/audit.md):
    counting disagreements and their margins. The trainer is built from the spec, and S_i must be
    exactly what it holds after loading S_i: hyperparameters come from the spec, never the state;
 4. ``r_i = ‖W_exec − W_re‖ / ‖W_re − W_i‖``; reject when ``r_i > τ(k)``, when the update per lr is
-   under the calibrated floor, or when a decision margin is over the tolerance;
+   outside the calibrated floor and ceiling, or when a decision margin is over the tolerance;
 5. open the rest of S_{i+1} (exactly as large as the re-execution's) and compare every entry under
    the recipe's field rules (:mod:`trainmaster.verify.state_rules`); an entry no rule covers is refused.
 
@@ -54,7 +54,7 @@ from trainmaster.jobs.canonical import state_sha256
 from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.decisions import DecisionTraceError
 from trainmaster.jobs.execution import StateError, build_trainer, full_state, state_info
-from trainmaster.jobs.recipe import Recipe, RecipeConfig
+from trainmaster.jobs.recipe import FieldRule, Recipe, RecipeConfig
 from trainmaster.jobs.replay import ReplayResult, replay_state
 from trainmaster.jobs.state import TrainState
 
@@ -74,7 +74,7 @@ from .openings import (
 )
 from .plausibility import implausible_moments
 from .recipe_run import RecipeRun
-from .state_rules import compare_rest, non_finite_entries
+from .state_rules import REPORTED_TOLERANCE, compare_rest, non_finite_entries
 from .update_norm import update_per_lr
 
 
@@ -87,10 +87,13 @@ class Thresholds:
     exact: bool
     field_tolerances: Mapping[str, float] | None = None
     """Per ``tolerance``/``close`` pattern, from the calibration; None: τ bounds every group (explicit τ)."""
+    update_ceiling: float | None = None
 
-    def field_tolerance(self, pattern: str) -> float:
+    def field_tolerance(self, pattern: str, rule: FieldRule) -> float:
         if self.exact:
             return 0.0
+        if rule == "reported":
+            return REPORTED_TOLERANCE
         if self.field_tolerances is None:
             return self.tau
         if pattern not in self.field_tolerances:
@@ -176,6 +179,7 @@ def _thresholds(
         point.update_floor,
         False,
         point.field_tolerance,
+        point.update_ceiling,
     )
 
 
@@ -191,7 +195,9 @@ def _job(recipe: str | Recipe, config: Mapping[str, Any] | RecipeConfig, seed: i
 def _audit_segment(
     index: int, job: AuditedJob, commitment: Commitment, openings: Openings, limits: Thresholds
 ) -> SegmentEvidence:
-    evidence = SegmentEvidence(index=index, tau=limits.tau, update_floor=limits.update_floor)
+    evidence = SegmentEvidence(
+        index=index, tau=limits.tau, update_floor=limits.update_floor, update_ceiling=limits.update_ceiling
+    )
     try:
         opening = open_checked(openings, commitment, index, job.limits)
     except OpeningError as exc:
@@ -280,11 +286,16 @@ def _compare_weights(evidence: SegmentEvidence, opening: CheckedOpening, replay:
         evidence.reject(f"r = {distance.r:.3g} exceeds τ = {limits.tau:.3g}: the committed S_{opening.index + 1} is not what these k steps produce")
     if distance.update == 0:
         return  # no update is scheduled in this segment (e.g. before learning starts); r demanded equality
-    evidence.update_per_lr = update_per_lr(distance, replay.state.rest)
+    evidence.update_per_lr = update_per_lr(distance, replay)
     if limits.update_floor is not None and evidence.update_per_lr < limits.update_floor:
         evidence.reject(
             f"the re-executed update is implausibly small ({evidence.update_per_lr:.3g} per unit lr, "
             f"calibrated floor {limits.update_floor:.3g}): a manipulated optimizer state?"
+        )
+    if limits.update_ceiling is not None and not evidence.update_per_lr <= limits.update_ceiling:
+        evidence.reject(
+            f"the re-executed update is implausibly large ({evidence.update_per_lr:.3g} per unit lr, "
+            f"calibrated ceiling {limits.update_ceiling:.3g}): optimizer moments crafted to move the weights?"
         )
 
 
@@ -327,7 +338,7 @@ def _check_rest(
             f"exactly: " + "; ".join(found.differences)
         )
     for pattern, group in found.groups.items():
-        tolerance = limits.field_tolerance(pattern)
+        tolerance = limits.field_tolerance(pattern, group.rule)
         evidence.fields[pattern] = FieldEvidence(rule=group.rule, r=group.r, tolerance=tolerance, worst=group.worst)
         if not group.r <= tolerance:
             evidence.reject(

@@ -1,12 +1,17 @@
 """Calibrating a job class: measure honest and cheating r at each segment length k, derive τ(k).
 
-For each seed the recipe is trained ``warmup`` steps from scratch (so segments are mid-training),
-giving a base state S. For every k and every executor variant (:mod:`trainmaster.verify.variants`:
-other thread count, one-ulp nudge, float64; and the mildest cheat, lr × 0.9) the variant runs k
-steps from S as an executor would, and the verifier re-executes them exactly as an audit does
-(:func:`trainmaster.jobs.replay.replay_state`, the variant's decisions forced).
-The distances r, the honest decision margins and the honest update sizes make the
-:class:`~trainmaster.verify.calibration.Calibration` (τ, R, margin tolerance, update floor).
+For each seed the recipe is trained once from scratch, and base states are taken across the whole
+run: the first boundary (a multiple of the smallest k, from ``warmup`` on) after which the weights
+move — early learning, where updates are largest — and the rest evenly spaced up to the last step a
+segment of the largest k can start from. For every k and every executor variant
+(:mod:`trainmaster.verify.variants`: other thread count, one-ulp nudge, float64; and the mildest
+cheat, lr × 0.9) the variant runs k steps from each base as an executor would, and the verifier
+re-executes them exactly as an audit does (:func:`trainmaster.jobs.replay.replay_state`, the
+variant's decisions forced). A base whose k steps update no weight (DQN before ``learning_starts``,
+PPO between rollout ends) says nothing about r and is left out for that k. The distances r, the
+honest decision margins, the honest update sizes and each state-entry group's honest divergence make
+the :class:`~trainmaster.verify.calibration.Calibration` (τ, R, margin tolerance, update floor and
+ceiling, field tolerances).
 
 These honest variants are CPU proxies for other hardware; calibrate on the real executor/verifier
 GPU pair before trusting τ in production (docs/protocol.md §5).
@@ -24,7 +29,7 @@ from typing import Any
 import torch
 
 from trainmaster.jobs.decisions import DecisionLog
-from trainmaster.jobs.execution import build_trainer, full_state, run_step, state_info
+from trainmaster.jobs.execution import build_trainer, full_state, restore, run_step, state_info
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
 from trainmaster.jobs.replay import replay_state
 from trainmaster.jobs.state import TrainState
@@ -36,11 +41,17 @@ from .update_norm import update_per_lr
 from .variants import HONEST_VARIANTS, MILDEST_CHEAT, Variant, execute
 
 DEFAULT_KS = (10, 25, 50, 100)
+DEFAULT_BASES = 4
+"""Base states per seed: where learning starts, and three more spread over the rest of the run."""
 Progress = Callable[[str], None]
 
 
 class CalibrationError(ValueError):
     """The calibration cannot be measured as asked (bad k or warm-up for this run length, no updates)."""
+
+
+class NoUpdate(CalibrationError):
+    """A base state's k steps update no weight, so r cannot be measured from it."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,7 @@ class Measurement:
     max_margin: float
     update_per_lr: float
     fields: dict[str, float]
-    """r of each rest-entry group compared within a tolerance (``verify.state_rules``)."""
+    """r of each rest-entry group compared within a calibrated tolerance (``verify.state_rules``)."""
 
 
 def calibrate(
@@ -60,32 +71,66 @@ def calibrate(
     *,
     ks: Sequence[int] = DEFAULT_KS,
     seeds: Sequence[int] = (0, 1, 2),
-    warmup: int | None = None,
+    bases: int = DEFAULT_BASES,
+    warmup: int = 0,
     progress: Progress | None = None,
 ) -> Calibration:
-    """Warm up one base state per seed, then :func:`calibrate_states` from them."""
+    """Train one run per seed, keep ``bases`` states across it (:func:`run_bases`), then :func:`calibrate_states`."""
     resolved = _recipe(recipe)
     cfg = config if isinstance(config, RecipeConfig) else resolved.config(config)
-    warmup = default_warmup(cfg, ks) if warmup is None else warmup
+    if bases < 1:
+        raise CalibrationError(f"at least one base state per seed is needed, not {bases}")
     if warmup + max(ks) > cfg.steps:
         raise CalibrationError(f"warm-up {warmup} + k {max(ks)} exceeds the run's {cfg.steps} steps")
-    bases = []
+    states = []
     for seed in seeds:
-        _say(progress, f"seed {seed}: training {warmup} warm-up steps")
-        bases.append(warm_state(resolved, cfg, seed, warmup))
-    return calibrate_states(resolved, bases, ks=ks, progress=progress)
+        _say(progress, f"seed {seed}: training up to step {cfg.steps - max(ks)}, keeping {bases} base states")
+        states.extend(run_bases(resolved, cfg, seed, bases=bases, first=warmup, last=cfg.steps - max(ks), grid=min(ks)))
+    return calibrate_states(resolved, states, ks=ks, progress=progress)
 
 
-def default_warmup(config: RecipeConfig, ks: Sequence[int]) -> int:
-    """A quarter of the run, so segments are mid-training, leaving room for the longest k."""
-    return max(0, min(config.steps // 4, config.steps - max(ks)))
+def run_bases(
+    recipe: Recipe, config: RecipeConfig, seed: int, *, bases: int, first: int, last: int, grid: int
+) -> list[TrainState]:
+    """One run's base states: the first boundary ≥ ``first`` (on a ``grid``) whose next ``grid`` steps move
+    the weights, then up to ``bases − 1`` more evenly spaced after it, the last at step ``last``."""
+    trainer = build_trainer(recipe, config, seed)
+    _train(trainer, seed, 0, first)
+    start = first
+    while True:
+        if start > last:
+            raise CalibrationError(f"seed {seed}: no weight moves between step {first} and step {last + grid}")
+        early = full_state(trainer, recipe, config, seed, start).snapshot()
+        _train(trainer, seed, start, start + grid)
+        if _weights_moved(early, full_state(trainer, recipe, config, seed, start + grid)):
+            break
+        start += grid
+    spread = sorted({round(start + j * (last - start) / (bases - 1)) for j in range(1, bases)} - {start}) if bases > 1 else []
+    step = start + grid
+    if spread and spread[0] < step:  # the search stepped past a base: go back to where learning starts
+        trainer, step = build_trainer(recipe, config, seed), start
+        restore(trainer, early)
+    found = [early]
+    for target in spread:
+        _train(trainer, seed, step, target)
+        step = target
+        found.append(full_state(trainer, recipe, config, seed, step).snapshot())
+    return found
+
+
+def _train(trainer, seed: int, start: int, end: int) -> None:
+    for step in range(start, end):
+        run_step(trainer, seed, step, DecisionLog())
+
+
+def _weights_moved(before: TrainState, after: TrainState) -> bool:
+    return any(not torch.equal(tensor, after.weights[name]) for name, tensor in before.weights.items())
 
 
 def warm_state(recipe: Recipe, config: RecipeConfig, seed: int, steps: int) -> TrainState:
     """The full state after training ``steps`` steps from scratch (as the runtime would)."""
     trainer = build_trainer(recipe, config, seed)
-    for step in range(steps):
-        run_step(trainer, seed, step, DecisionLog())
+    _train(trainer, seed, 0, steps)
     return full_state(trainer, recipe, config, seed, steps).snapshot()
 
 
@@ -102,8 +147,17 @@ def calibrate_states(
     for state, info in zip(states, infos, strict=True):
         for k in ks:
             _say(progress, f"seed {info.seed}, step {info.step}: k = {k}")
-            for variant in variants:
-                found[k][variant.name].append(measure(resolved, state, k, variant))
+            try:
+                measured = {variant.name: measure(resolved, state, k, variant) for variant in variants}
+            except NoUpdate as exc:
+                if len(states) == 1:
+                    raise
+                _say(progress, f"  left out: {exc}")
+                continue
+            for name, measurement in measured.items():
+                found[k][name].append(measurement)
+    if empty := [k for k in ks if not found[k][MILDEST_CHEAT.name]]:
+        raise CalibrationError(f"no base state's segment of k = {empty[0]} steps updates a weight: warm up past the start of learning")
     return Calibration(
         job_class=job_class(resolved.name, infos[0].config),
         recipe=resolved.name,
@@ -122,7 +176,7 @@ def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Meas
     replay = replay_state(recipe, state, k, executed.trace, info.config)
     distance = weight_distance(state.weights, replay.weights, executed.state.weights)
     if distance.update == 0:
-        raise CalibrationError(
+        raise NoUpdate(
             f"the re-execution of steps {info.step}..{info.step + k - 1} updates no weight: warm up past the start of learning"
         )
     rest = compare_rest(recipe.rules, state.rest, replay.state.rest, executed.state.rest)
@@ -131,8 +185,8 @@ def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Meas
             f"the honest variant {variant.name!r} does not reproduce the recipe's state as its rules demand: "
             + "; ".join(rest.problems[:3] + rest.differences)
         )
-    fields = {pattern: group.r for pattern, group in rest.groups.items()}
-    return Measurement(distance.r, replay.decisions.max_margin, update_per_lr(distance, replay.state.rest), fields)
+    fields = {pattern: group.r for pattern, group in rest.groups.items() if group.rule != "reported"}
+    return Measurement(distance.r, replay.decisions.max_margin, update_per_lr(distance, replay), fields)
 
 
 def _point(k: int, found: Mapping[str, list[Measurement]]) -> CalibrationPoint:
@@ -144,6 +198,7 @@ def _point(k: int, found: Mapping[str, list[Measurement]]) -> CalibrationPoint:
         honest_margins=[m.max_margin for ms in honest.values() for m in ms],
         updates_per_lr=[m.update_per_lr for ms in honest.values() for m in ms],
         honest_fields=_by_pattern(m.fields for ms in honest.values() for m in ms),
+        cheat_fields=_by_pattern(m.fields for m in found[MILDEST_CHEAT.name]),
     )
 
 

@@ -9,7 +9,8 @@ passes ``$TRAINMASTER_HOME/calibration``), read by every audit of that class. Pe
     R(k)   = r_min_cheat / p99_honest                 separation; want ≥ 10
     τ(k)   = sqrt(p99_honest · r_min_cheat)           a margin of sqrt(R) on both sides
 
-plus the learner audit's decision-margin tolerance and the update-norm floor. Format: docs/audit.md.
+plus the learner audit's decision-margin tolerance, the update-norm floor and ceiling, and a
+tolerance per group of state entries. Format: docs/audit.md.
 """
 
 from __future__ import annotations
@@ -40,12 +41,18 @@ MARGIN_FACTOR = 10.0
 """The decision-margin tolerance is this many times the largest honest margin (at least the default)."""
 UPDATE_FLOOR_FACTOR = 1e-3
 """An update per unit lr below this fraction of the smallest honest one is implausible (gross manipulation only)."""
+UPDATE_CEILING_FACTOR = 10.0
+"""An update per unit lr above this multiple of the largest honest one is implausible: Adam moves each
+weight by at most about lr · C(β) a step (verify/plausibility.py), and the calibration's bases span
+the whole run, the large first updates after learning starts included."""
 FIELD_FACTOR = 10.0
-"""A rest-entry group (optimizer moments, target network, losses) may diverge this many times its
-largest honest divergence (with 3 bases × 3 variants the 99th percentile is about the maximum), and
-at least as much as the weights (τ): honest moments of RL recipes have heavier tails than the
-weights (DQN's exp_avg: a base 20× over the calibrated maximum), and the tampering a group must
-catch (inflated, zeroed or negated entries) gives r ≫ 1."""
+"""A rest-entry group (optimizer moments, target network, priorities) may diverge this many times its
+largest honest divergence over every base and variant, as much as the geometric mean of that and
+the mildest cheat's smallest divergence in the group (τ's construction, per group), and at least as
+much as the weights (τ). Honest moments of RL recipes have heavier tails than the weights (a ReLU
+that flips under another reduction order changes a gradient by one sample's share: DQN's exp_avg
+reached 14× the largest of 36 calibrated measurements in 1 of 336 audits), while the tampering a
+group must catch (inflated, zeroed or negated entries, a walk to chosen weights) gives r ≳ 1."""
 
 
 class UncalibratedError(VerificationError):
@@ -70,11 +77,18 @@ class CalibrationPoint(BaseModel):
     margin_tol: float = Field(description="decision margins above this reject")
     min_update_per_lr: float = Field(description="smallest honest ‖W_re − W_i‖ / (‖W_i‖ · lr)")
     update_floor: float = Field(description="updates per lr below this reject")
+    max_update_per_lr: float | None = Field(None, description="largest honest ‖W_re − W_i‖ / (‖W_i‖ · lr)")
+    update_ceiling: float | None = Field(None, description="updates per lr above this reject (None: not calibrated)")
     honest_fields: dict[str, list[float]] = Field(
         default_factory=dict, description="per rest-entry pattern of rule tolerance/close: every honest variant's r"
     )
+    cheat_fields: dict[str, list[float]] = Field(
+        default_factory=dict, description="per rest-entry pattern of rule tolerance/close: the mildest cheat's r"
+    )
     field_tolerance: dict[str, float] = Field(
-        default_factory=dict, description="per pattern: the largest r an audit accepts (FIELD_FACTOR × honest p99, at least τ)"
+        default_factory=dict,
+        description="per pattern: the largest r an audit accepts (FIELD_FACTOR × honest maximum, or sqrt(honest maximum × "
+        "cheat minimum), at least τ)",
     )
 
     @classmethod
@@ -86,6 +100,7 @@ class CalibrationPoint(BaseModel):
         honest_margins: Sequence[float],
         updates_per_lr: Sequence[float],
         honest_fields: Mapping[str, Sequence[float]] | None = None,
+        cheat_fields: Mapping[str, Sequence[float]] | None = None,
     ) -> CalibrationPoint:
         honest = [r for values in honest_r.values() for r in values]
         cheats = [r for values in cheat_r.values() for r in values]
@@ -100,6 +115,7 @@ class CalibrationPoint(BaseModel):
         cheat_min = min(cheats)
         min_update = min(updates_per_lr)
         fields = {pattern: list(values) for pattern, values in (honest_fields or {}).items()}
+        cheat_fields = {pattern: list(values) for pattern, values in (cheat_fields or {}).items()}
         if any(not math.isfinite(r) for values in fields.values() for r in values):
             raise ValueError(f"k = {k}: an honest variant's state entries diverged infinitely from the re-execution")
         return cls(
@@ -114,12 +130,23 @@ class CalibrationPoint(BaseModel):
             margin_tol=max(DEFAULT_MARGIN_TOL, MARGIN_FACTOR * max_margin),
             min_update_per_lr=min_update,
             update_floor=UPDATE_FLOOR_FACTOR * min_update,
+            max_update_per_lr=max(updates_per_lr),
+            update_ceiling=UPDATE_CEILING_FACTOR * max(updates_per_lr),
             honest_fields=fields,
+            cheat_fields=cheat_fields,
             field_tolerance={
-                pattern: max(FIELD_FACTOR * max(float(np.percentile(values, 99)), P99_FLOOR), math.sqrt(p99 * cheat_min))
+                pattern: _field_tolerance(values, cheat_fields.get(pattern, []), math.sqrt(p99 * cheat_min))
                 for pattern, values in fields.items()
             },
         )
+
+
+def _field_tolerance(honest: Sequence[float], cheat: Sequence[float], tau: float) -> float:
+    """See :data:`FIELD_FACTOR`; a cheat divergence that is not finite, or none, adds nothing."""
+    honest_max = max(max(honest), P99_FLOOR)
+    finite = [r for r in cheat if math.isfinite(r)]
+    between = math.sqrt(honest_max * min(finite)) if finite else 0.0
+    return max(FIELD_FACTOR * honest_max, between, tau)
 
 
 class Base(BaseModel):

@@ -37,7 +37,7 @@ class FieldEvidence(BaseModel):
     """One group of S_{i+1}'s rest entries compared within a tolerance (``verify.state_rules``)."""
 
     model_config = ConfigDict(ser_json_inf_nan="strings")
-    rule: Literal["tolerance", "close"]
+    rule: Literal["tolerance", "close", "reported"]
     r: float = Field(description="tolerance: ‖X_exec − X_re‖ / ‖X_re − X_i‖; close: ‖X_exec − X_re‖ / ‖X_re‖")
     tolerance: float
     worst: str = Field(description="the entry that diverges most")
@@ -53,13 +53,14 @@ class SegmentEvidence(BaseModel):
     divergence: float | None = Field(None, description="‖W_exec − W_re‖")
     update_norm: float | None = Field(None, description="‖W_re − W_i‖")
     relative_update: float | None = Field(None, description="‖W_re − W_i‖ / ‖W_i‖")
-    update_per_lr: float | None = Field(None, description="relative update per unit of the segment's final lr")
+    update_per_lr: float | None = Field(None, description="relative update per unit of the largest lr the re-execution stepped with")
     update_floor: float | None = Field(None, description="update_per_lr below this rejects (from the calibration)")
+    update_ceiling: float | None = Field(None, description="update_per_lr above this rejects (from the calibration)")
     hashes: SegmentHashes | None = None
     decisions: DecisionEvidence | None = None
     exact_compared: int | None = Field(None, description="rest entries of S_{i+1} compared under the recipe's rules")
     exact_mismatches: list[str] = Field(default_factory=list, description="entries of rule 'exact' that differ")
-    fields: dict[str, FieldEvidence] = Field(default_factory=dict, description="per pattern of rule 'tolerance' or 'close'")
+    fields: dict[str, FieldEvidence] = Field(default_factory=dict, description="per pattern of rule 'tolerance', 'close' or 'reported'")
     replay_seconds: float = 0.0
 
     def reject(self, *reasons: str) -> SegmentEvidence:

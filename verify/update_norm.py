@@ -6,10 +6,15 @@ moments, zeroed momentum) or an "infinitesimal update" chain (docs/protocol.md �
 check compares ``‖W_re − W_i‖ / ‖W_i‖`` with the job class's calibration.
 
 Learning-rate schedules (warm-up, cosine decay to zero) legitimately shrink updates by orders of
-magnitude, so the relative update is divided by the learning rate the verifier's own re-execution
-ended the segment with: the largest ``lr`` in any optimizer's ``param_groups.json`` in the replayed
-rest (the convention of :func:`trainmaster.jobs.state.optimizer_state`). A recipe without one is
+magnitude, so the relative update is divided by the largest learning rate any optimizer step of the
+verifier's own re-execution used (:attr:`trainmaster.jobs.replay.ReplayResult.peak_lr`); failing
+that (no torch optimizer stepped), the largest ``lr`` in the replayed rest's ``param_groups.json``
+(the convention of :func:`trainmaster.jobs.state.optimizer_state`). A recipe with neither is
 measured by its relative update alone.
+
+The calibration gives a floor (a segment that barely moves: inflated second moments, zeroed
+momentum) and a ceiling (a segment that moves far more than any honest one: moments crafted to walk
+the weights somewhere chosen) on this measure.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Mapping
 
 import torch
 
+from trainmaster.jobs.replay import ReplayResult
 from trainmaster.jobs.state import tensor_json
 
 from .distance import Distance
@@ -25,9 +31,9 @@ from .distance import Distance
 PARAM_GROUPS = "param_groups.json"
 
 
-def update_per_lr(distance: Distance, replayed_rest: Mapping[str, torch.Tensor]) -> float:
-    """``‖W_re − W_i‖ / (‖W_i‖ · lr)``, lr as the verifier's re-execution last set it (1 if none is found)."""
-    lr = last_lr(replayed_rest)
+def update_per_lr(distance: Distance, replay: ReplayResult) -> float:
+    """``‖W_re − W_i‖ / (‖W_i‖ · lr)``, lr the largest the re-execution stepped with (1 if none is found)."""
+    lr = replay.peak_lr or last_lr(replay.state.rest)
     return distance.relative_update / lr if lr else distance.relative_update
 
 

@@ -27,8 +27,11 @@ def calibrate(
     ks: list[int] = typer.Option(
         None, "--k", metavar="K", help="Segment length to calibrate (repeatable). Default: 10 25 50 100 and the spec's k."
     ),
-    seeds: int = typer.Option(3, "--seeds", min=1, help="Base states, one per seed (the spec's seed and the next ones)."),
-    warmup: int = typer.Option(None, "--warmup", min=0, help="Steps trained before each base state (default T/4)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Runs to take base states from (the spec's seed and the next ones)."),
+    bases: int = typer.Option(
+        4, "--bases", min=1, help="Base states per run: where learning starts, the rest spread up to the run's end."
+    ),
+    warmup: int = typer.Option(0, "--warmup", min=0, help="No base state before this step."),
     out: Path = typer.Option(None, "--out", help="Calibration directory (default $TRAINMASTER_HOME/calibration)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -49,7 +52,9 @@ def calibrate(
     progress = None if as_json else (lambda line: typer.echo(line, err=True))
     try:
         seeds_used = [run.seed + j for j in range(seeds)]
-        calibration = measure(run.recipe, run.config, ks=chosen, seeds=seeds_used, warmup=warmup, progress=progress)
+        calibration = measure(
+            run.recipe, run.config, ks=chosen, seeds=seeds_used, bases=bases, warmup=warmup, progress=progress
+        )
     except (CalibrationError, ValueError) as exc:
         _fail(f"cannot calibrate {job}: {exc}")
     path = store_calibration(calibration, out or default_calibration_dir())
@@ -67,8 +72,8 @@ def calibrate(
 
 
 def _default_ks(spec_k: int, steps: int) -> list[int]:
-    """10, 25, 50, 100 and the spec's k, where a warm-up of T/4 leaves room for them."""
-    return sorted(k for k in {*DEFAULT_KS, spec_k} if k <= steps - steps // 4)
+    """10, 25, 50, 100 and the spec's k, those that leave at least half the run to spread base states over."""
+    return sorted(k for k in {*DEFAULT_KS, spec_k} if k <= steps // 2)
 
 
 def _print(calibration, path: Path, spec_k: int) -> None:

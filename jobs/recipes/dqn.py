@@ -180,7 +180,7 @@ RULES = StateRules(
         "replay/max_priority": "close",
         "replay/*": "exact",  # transitions: what the recorded actions produce
         "env/*": "exact",
-        "last_loss": "close",  # NaN until learning starts
+        "last_loss": "reported",  # NaN until learning starts
     },
     growth_bytes=lambda c: PrioritizedReplay.state_bytes(c.buffer_size, OBS_DIM) + GROWTH_BYTES,
     decision_bytes=lambda c: entry_bytes(1) + 2 * entry_bytes(c.batch_size),  # action, replay_indices, a_star

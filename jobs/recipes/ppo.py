@@ -230,7 +230,7 @@ RULES = StateRules(
         "discounted_return": "exact",
         "global_step": "exact",
         "updates": "exact",
-        "last_loss": "close",
+        "last_loss": "reported",
     },
     growth_bytes=lambda c: c.rollout * (OBS_DIM * 4 + 8 + 4 * 4) + GROWTH_BYTES,
     decision_bytes=lambda c: entry_bytes(1),  # the sampled action

@@ -170,7 +170,7 @@ class TinyLMTrainer:
 
 
 RULES = StateRules(
-    fields={**optimizer_rules("optimizer"), "recent_losses": "close"},
+    fields={**optimizer_rules("optimizer"), "recent_losses": "reported"},
     growth_bytes=lambda c: RECENT * 8,
 )
 
