@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,7 +206,8 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
         raise VerificationError(f"the commitment names final weights, but the outputs hold no {MODEL_FILE}")
     from .signing import check_final
 
-    check_final(run.commitment, final)
+    recorded = {relative: sha256 for relative, _, sha256 in run.attempt.recorded_outputs}
+    check_final(run.commitment, final, sha256=recorded.get(MODEL_FILE))  # checked above: not hashed twice
     evidence["final_sha256"] = run.commitment.final_sha256
     return evidence
 
@@ -223,15 +225,19 @@ def _check_not_empty(outputs: Path, spec: JobSpec | None) -> None:
 
 def _check_recorded(outputs: Path, recorded: tuple[tuple[str, int, str], ...], *, rehash: bool = True) -> int:
     """Every file recorded at fetch time is still there with its size (and, unless it was hashed just
-    now while being fetched, its sha256)."""
+    now while being fetched, its sha256), so each recorded sha256 is the file's now."""
     from trainmaster.jobs.files import sha256_file
 
     bad = []
     for relative, size, sha256 in recorded:
         path = outputs / relative
-        if not path.is_file() or path.is_symlink():
+        try:
+            found = os.lstat(path)  # one call for the kind (a link is not a regular file) and the size
+        except OSError:
+            found = None
+        if found is None or not stat.S_ISREG(found.st_mode):
             bad.append(f"output {relative} is missing")
-        elif path.stat().st_size != size or (rehash and sha256_file(path) != sha256):
+        elif found.st_size != size or (rehash and sha256_file(path) != sha256):
             bad.append(f"output {relative} does not match the size and sha256 recorded when it was fetched")
     if bad:
         raise VerificationError("; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else ""))

@@ -118,16 +118,18 @@ def check_leaf(commitment: Commitment, index: int, leaf_hex: str, proof: Sequenc
         raise VerificationError(f"the Merkle proof for leaf {index} does not lead to the committed root")
 
 
-def check_final(commitment: Commitment, final_weights_path: Path) -> None:
+def check_final(commitment: Commitment, final_weights_path: Path, *, sha256: str | None = None) -> None:
     """Raise unless the returned final weights are the committed ``weights_n``.
 
     The runtime writes weights in the canonical serialization (``trainmaster.jobs.canonical``), and
     the committed hash is the sha256 of those exact bytes, so the file's sha256 must equal
     ``final_sha256`` and its header must be the canonical one for the tensors it holds.
+    ``sha256``: the file's hash as the caller has just checked it (the integrity check's recorded
+    outputs), so large final weights are not read a second time.
     """
     from .safeload import SafeLoadError, canonical_header_matches
 
-    actual = sha256_file(final_weights_path)
+    actual = sha256 or sha256_file(final_weights_path)
     if actual != commitment.final_sha256:
         raise VerificationError(
             f"{Path(final_weights_path).name} has sha256 {actual[:12]}…, "
