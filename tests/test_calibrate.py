@@ -16,6 +16,7 @@ from trainmaster.verify.calibrate import CalibrationError, calibrate, calibrate_
 from trainmaster.verify.calibration import (
     Base,
     Calibration,
+    FIELD_FLOOR,
     CalibrationPoint,
     UncalibratedError,
     job_class,
@@ -52,14 +53,16 @@ def test_tau_is_the_geometric_mean_and_r_the_separation():
 
 def test_field_tolerances_sit_between_honest_and_the_mildest_cheat():
     p = CalibrationPoint.from_measurements(
-        25, {"ulp": [1e-6]}, {"lr_x0.9": [0.1]}, [], [5.0],
-        honest_fields={"moments": [1e-5, 4e-5], "target": [1e-4], "priority": [1e-9]},
-        cheat_fields={"moments": [0.2, 0.1], "target": [1e-3]},
+        25, {"ulp": [1e-4]}, {"lr_x0.9": [2.0]}, [], [5.0],
+        honest_fields={"moments": [5e-4, 1e-3], "target": [4e-3], "priority": [1e-9]},
+        cheat_fields={"moments": [0.5, 0.4], "target": [1e-3]},
     )
-    assert p.tau == pytest.approx(math.sqrt(1e-6 * 0.1))
-    assert p.field_tolerance["moments"] == pytest.approx(math.sqrt(4e-5 * 0.1))  # the geometric mean
-    assert p.field_tolerance["target"] == pytest.approx(1e-3)  # 10 × the honest maximum
+    assert p.tau == pytest.approx(math.sqrt(1e-4 * 2.0))
+    assert p.field_tolerance["moments"] == pytest.approx(math.sqrt(1e-3 * 0.4))  # the geometric mean
+    assert p.field_tolerance["target"] == pytest.approx(4e-2)  # 10 × the honest maximum
     assert p.field_tolerance["priority"] == pytest.approx(p.tau)  # no cheat measured: at least τ
+    low = CalibrationPoint.from_measurements(25, {"ulp": [1e-6]}, {"lr_x0.9": [0.1]}, [], [5.0], honest_fields={"quiet": [1e-9]})
+    assert low.field_tolerance["quiet"] == FIELD_FLOOR  # never below 1 % of the segment's change
     assert p.update_ceiling == pytest.approx(50.0) and p.update_floor == pytest.approx(5e-3)
 
 

@@ -48,11 +48,15 @@ the whole run, the large first updates after learning starts included."""
 FIELD_FACTOR = 10.0
 """A rest-entry group (optimizer moments, target network, priorities) may diverge this many times its
 largest honest divergence over every base and variant, as much as the geometric mean of that and
-the mildest cheat's smallest divergence in the group (τ's construction, per group), and at least as
-much as the weights (τ). Honest moments of RL recipes have heavier tails than the weights (a ReLU
-that flips under another reduction order changes a gradient by one sample's share: DQN's exp_avg
-reached 14× the largest of 36 calibrated measurements in 1 of 336 audits), while the tampering a
-group must catch (inflated, zeroed or negated entries, a walk to chosen weights) gives r ≳ 1."""
+the mildest cheat's smallest divergence in the group (τ's construction, per group), as much as the
+weights (τ), and at least :data:`FIELD_FLOOR`."""
+FIELD_FLOOR = 0.01
+"""No group's tolerance is below 1 % of the segment's own change in it. Honest moments of RL recipes
+have far heavier tails than the weights: a ReLU that flips under another reduction order changes one
+sample's share of a gradient, and on DQN ``exp_avg`` and ``exp_avg_sq`` reached 14× and 50× the
+largest of 36 calibrated values in 2 of 700 audits (r up to 1.6e-3). What a group exists to catch
+gives r ≳ 0.7 (zeroed, negated or inflated moments, a zeroed target network, rigged priorities or
+rollout values), and 1 % of a segment's change in a moment moves no update measurably."""
 
 
 class UncalibratedError(VerificationError):
@@ -146,7 +150,7 @@ def _field_tolerance(honest: Sequence[float], cheat: Sequence[float], tau: float
     honest_max = max(max(honest), P99_FLOOR)
     finite = [r for r in cheat if math.isfinite(r)]
     between = math.sqrt(honest_max * min(finite)) if finite else 0.0
-    return max(FIELD_FACTOR * honest_max, between, tau)
+    return max(FIELD_FACTOR * honest_max, between, tau, FIELD_FLOOR)
 
 
 class Base(BaseModel):
