@@ -1,6 +1,7 @@
 """Replay audit: its cost as a fraction of training, and the separation table R(k), for DQN and tiny-lm.
 
-1. Separation: :func:`trainmaster.verify.calibrate.calibrate` per job (3 seeds; honest variants:
+1. Separation: :func:`trainmaster.verify.calibrate.calibrate` per job, as `trainmaster verify calibrate`
+   does by default (3 seeds × 4 base states across the run, from where learning starts; honest variants:
    other thread count, one-ulp nudge, float64; mildest cheat: lr × 0.9) at k ∈ {10, 25, 50, 100}:
    honest p99 r, the cheat's min r, R = min cheat / p99, τ = sqrt(p99 · min cheat).
 2. Cost: train T steps with the runtime (checkpoints every k = 25, as an executor does), then audit
@@ -37,9 +38,9 @@ BUNDLE = "be" * 32
 KS = (10, 25, 50, 100)
 AUDIT_K, Q = 25, 8
 JOBS = {
-    # name: (recipe, config, calibration warm-up)
-    "dqn": ("dqn", {"steps": 10_000}, 1_500),
-    "tiny-lm": ("tiny-lm", {"steps": 10_000, "d_model": 32, "heads": 4, "seq_len": 32, "batch_size": 8}, 500),
+    # name: (recipe, config, no calibration base before this step)
+    "dqn": ("dqn", {"steps": 10_000}, 0),
+    "tiny-lm": ("tiny-lm", {"steps": 10_000, "d_model": 32, "heads": 4, "seq_len": 32, "batch_size": 8}, 0),
 }
 SMOKE_K = 10
 SMOKE_JOBS = {
