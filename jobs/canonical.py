@@ -14,6 +14,7 @@ committed ``sha256(weights_i)``. Layout (docs/runtime.md, "Canonical serializati
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import math
@@ -165,15 +166,23 @@ def state_sha256(state: Mapping[str, object]) -> str:
     return sha256_of(views(state)).hexdigest()
 
 
-def deserialize(data: bytes | bytearray) -> dict[str, torch.Tensor]:
+def deserialize(data: bytes | bytearray, *, in_place: bool = False) -> dict[str, torch.Tensor]:
     """Parse canonical bytes, refusing anything that is not exactly canonical.
 
     The header is bounded (:data:`MAX_HEADER_BYTES`, nesting depth 3), parsed strictly (integers
     only, no ``NaN``/``Infinity``), and must be byte-identical to the canonical header of the tensors
-    it describes; the data must be fully indexed. Each tensor is copied out once from a view of
-    ``data``, so parsing needs at most ``len(data)`` more memory. Whatever the bytes, the only
-    exception raised is :class:`CanonicalError`.
+    it describes; the data must be fully indexed. Whatever the bytes, the only exception raised is
+    :class:`CanonicalError`.
+
+    By default each tensor is copied out once from a view of ``data``, so parsing needs at most
+    ``len(data)`` more memory. With ``in_place`` (``data`` must be a ``bytearray``, which the caller
+    hands over) nothing is copied: the tensors are views of ``data``, each moved first to an address
+    aligned for its dtype (:func:`_align_in_place`), so ``data`` no longer holds the file once parsed
+    and stays allocated while any of the tensors lives. Both give writable tensors that alias nothing
+    but their own bytes.
     """
+    if in_place and not isinstance(data, bytearray):
+        raise TypeError(f"in-place parsing needs a bytearray, not {type(data).__name__}")
     if len(data) < 8:
         raise CanonicalError("truncated: no header length")
     (length,) = struct.unpack_from("<Q", data)
@@ -193,6 +202,9 @@ def deserialize(data: bytes | bytearray) -> dict[str, torch.Tensor]:
     indexed = sum(end - begin for _, _, begin, end in layout.values())
     if indexed != available:
         raise CanonicalError(f"data is {available} bytes, header indexes {indexed}")
+    if in_place:
+        placed = _align_in_place(data, start, layout)
+        return {name: _view(view, dtype, shape, offset) for name, (dtype, shape, offset) in placed.items()}
     return {name: _tensor(view, start, *entry) for name, entry in layout.items()}
 
 
@@ -284,5 +296,44 @@ def _tensor(view: memoryview, start: int, dtype: torch.dtype, shape: list[int], 
             return torch.empty(shape, dtype=dtype)
         raw = bytearray(view[start + begin : start + end])  # the one copy
         return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+    except (RuntimeError, ValueError, OverflowError) as exc:  # e.g. more dimensions than torch allows
+        raise CanonicalError(f"shape {_short(shape)} is not a tensor shape: {exc}") from exc
+
+
+def _align_in_place(
+    data: bytearray, start: int, layout: Mapping[str, tuple[torch.dtype, list[int], int, int]]
+) -> dict[str, tuple[torch.dtype, list[int], int]]:
+    """Move each tensor's bytes down within ``data`` to an address aligned for its dtype; ``(dtype,
+    shape, offset in data)`` of each.
+
+    Canonical data is packed back to back, so a float32 tensor after an odd-length JSON entry sits
+    at an odd address, and typed access there is undefined behaviour. The tensors are repacked
+    from the start of ``data`` in file order, each at the next aligned address: every one is
+    padded by less than its item size (≤ 7 bytes), while the header it overwrites holds more than
+    that per entry, so a tensor never moves up and never past the end of ``data``, and ``memmove``
+    never overwrites bytes not yet moved.
+    """
+    base = ctypes.addressof(ctypes.c_char.from_buffer(data))  # the bytearray's own buffer (not resizable while viewed)
+    placed, cursor = {}, 0
+    for name, (dtype, shape, begin, end) in layout.items():
+        source = start + begin
+        offset = cursor + (-(base + cursor)) % dtype.itemsize
+        if offset > source:  # excluded by the header's size (see above); never move bytes up
+            raise RuntimeError(f"in-place parsing would move tensor {name!r} up, from {source} to {offset}")
+        if offset != source and end > begin:
+            ctypes.memmove(base + offset, base + source, end - begin)
+        placed[name] = (dtype, shape, offset)
+        cursor = offset + end - begin
+    return placed
+
+
+def _view(view: memoryview, dtype: torch.dtype, shape: list[int], offset: int) -> torch.Tensor:
+    """A tensor over ``view``'s bytes at ``offset``. torch keeps a reference to ``view`` (not the
+    bytearray's buffer export), whose own export keeps the bytearray from being resized under the tensor."""
+    try:
+        size = math.prod(shape) * dtype.itemsize
+        if size == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(view, dtype=torch.uint8, count=size, offset=offset).view(dtype).reshape(shape)
     except (RuntimeError, ValueError, OverflowError) as exc:  # e.g. more dimensions than torch allows
         raise CanonicalError(f"shape {_short(shape)} is not a tensor shape: {exc}") from exc

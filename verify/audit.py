@@ -45,7 +45,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -72,7 +72,7 @@ from .openings import (
     open_checked,
     open_next_state_checked,
 )
-from .plausibility import implausible_moments
+from .plausibility import PARAM_GROUPS, implausible_moments
 from .recipe_run import RecipeRun
 from .state_rules import REPORTED_TOLERANCE, compare_rest, non_finite_entries
 from .update_norm import update_per_lr
@@ -104,11 +104,34 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
+class InitialState:
+    """What the audit keeps of S_0, the state the broker builds from the spec: not its tensors, which
+    would sit on top of every segment's for the whole audit (a model's weights once more)."""
+
+    layout: dict[str, tuple]
+    """The names, dtypes and shapes of W0: every S_i's weights must have them."""
+    weights_sha256: str
+    rest_sha256: str
+    """An opened S_0 must hash to these."""
+    param_groups: dict[str, torch.Tensor]
+    """Every optimizer's ``…/param_groups.json`` (the spec's betas, for the moment bound)."""
+
+    @classmethod
+    def of(cls, state: TrainState) -> InitialState:
+        return cls(
+            layout=_layout(state.weights),
+            weights_sha256=state_sha256(state.weights),
+            rest_sha256=state_sha256(state.rest),
+            param_groups={name: t for name, t in state.rest.items() if name.endswith("/" + PARAM_GROUPS)},
+        )
+
+
+@dataclass(frozen=True)
 class AuditedJob(RecipeRun):
     """The recipe run the spec fixes (recipe, config in JSON form, job seed, k), and so S_0."""
 
-    initial: TrainState
-    """S_0 as the broker builds it from the spec."""
+    initial: InitialState
+    """S_0 as the broker builds it from the spec (its hashes and layout)."""
     limits: OpeningLimits
     """How large each opened file may be, from S_0's layout."""
 
@@ -188,8 +211,9 @@ def _job(recipe: str | Recipe, config: Mapping[str, Any] | RecipeConfig, seed: i
 
     resolved = recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
     cfg = resolved.config(config.model_dump(mode="json") if isinstance(config, RecipeConfig) else dict(config))
-    initial = full_state(build_trainer(resolved, cfg, seed), resolved, cfg, seed, 0).snapshot()
-    return AuditedJob(resolved, cfg.model_dump(mode="json"), seed, k, initial, OpeningLimits.for_job(resolved, cfg, initial, k))
+    initial = full_state(build_trainer(resolved, cfg, seed), resolved, cfg, seed, 0)
+    limits = OpeningLimits.for_job(resolved, cfg, initial, k)
+    return AuditedJob(resolved, cfg.model_dump(mode="json"), seed, k, InitialState.of(initial), limits)
 
 
 def _audit_segment(
@@ -209,7 +233,7 @@ def _audit_segment(
         return evidence.reject(*problems)
     if bad := non_finite_entries(job.recipe.rules, opening.state.rest):
         return evidence.reject(f"S_{index} holds NaN or Inf in {', '.join(bad[:3])}")
-    if implausible := implausible_moments(opening.state.rest, job.initial.rest):
+    if implausible := implausible_moments(opening.state.rest, job.initial.param_groups):
         return evidence.reject(f"S_{index} cannot come from honest training: " + "; ".join(implausible[:3]))
     started = time.perf_counter()
     try:
@@ -223,6 +247,9 @@ def _audit_segment(
     evidence.hashes.replay_weights_sha256 = replay.weights_sha256
     _compare_weights(evidence, opening, replay, limits)
     _check_decisions(evidence, replay, limits)
+    # The weights are compared: S_i's, S_{i+1}'s and the re-executed ones go before the rest of S_{i+1} is opened.
+    opening = replace(opening, state=TrainState(rest=opening.state.rest), next_weights={})
+    replay = replace(replay, state=TrainState(rest=replay.state.rest))
     _check_rest(evidence, job, openings, opening, replay, limits)
     return evidence
 
@@ -244,7 +271,7 @@ def _identity_problems(state: TrainState, job: AuditedJob, index: int) -> list[s
         problems.append(f"S_{index} records seed {info.seed}, the spec's is {job.seed} (another job's state?)")
     if info.step != index * job.k:
         problems.append(f"S_{index} is at step {info.step}, not at its boundary {index * job.k}")
-    if _layout(state.weights) != _layout(job.initial.weights):
+    if _layout(state.weights) != job.initial.layout:
         problems.append(f"S_{index}'s weights are not the tensors (names, dtypes, shapes) of the spec's model")
     if index == 0 and not problems:
         problems += _initial_state_problems(state, job)
@@ -258,9 +285,9 @@ def _layout(weights: Mapping[str, torch.Tensor]) -> dict[str, tuple]:
 def _initial_state_problems(state: TrainState, job: AuditedJob) -> list[str]:
     """S_0 must be the state the broker builds itself from the spec (W0 is never the executor's choice)."""
     problems = []
-    if state_sha256(state.weights) != state_sha256(job.initial.weights):
+    if state_sha256(state.weights) != job.initial.weights_sha256:
         problems.append("S_0's weights are not the W0 the spec's recipe and seed produce")
-    if state_sha256(state.rest) != state_sha256(job.initial.rest):
+    if state_sha256(state.rest) != job.initial.rest_sha256:
         problems.append("S_0's optimizer, data or environment state is not the one the spec produces")
     return problems
 

@@ -19,10 +19,11 @@ trusted), after each file's size was checked against what the job's layout allow
 ``h_i`` must sit at index i under ``root`` (RFC 6962 inclusion proof); for i + 1 = n the opened
 weights must also hash to ``final_sha256``. Then each file is parsed strictly
 (:func:`trainmaster.jobs.canonical.deserialize`: bounded header, nothing unpickled, and only exactly
-canonical bytes, so the parsed tensors are the committed state; parsing copies each tensor once,
-and each file's bytes are let go once it is parsed, so opening a segment peaks at the bytes opened
-plus its largest file). Any mismatch raises :class:`OpeningError` with
-the reason.
+canonical bytes, so the parsed tensors are the committed state). A file opened as a ``bytearray``
+(:class:`LocalOpenings` reads each into one) is handed over and parsed in place, its tensors views of
+it, so an opened segment holds the bytes opened and no second copy; ``bytes`` are copied out tensor
+by tensor, each file let go once parsed (a peak of the bytes opened plus the largest file). Any
+mismatch raises :class:`OpeningError` with the reason.
 
 :class:`Openings` is the transport-neutral protocol; :class:`LocalOpenings` reads the runtime's
 checkpoint directory (local and trusted executors, tests). A remote transport implements the same two
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -117,14 +119,18 @@ def canonical_size(tensors: Mapping[str, torch.Tensor]) -> int:
 
 @dataclass(frozen=True)
 class SegmentOpening:
-    """What the executor sends for challenged segment ``index`` (unchecked): files as bytes, proofs as hex."""
+    """What the executor sends for challenged segment ``index`` (unchecked): files as bytes, proofs as hex.
+
+    A file given as a ``bytearray`` is handed over to the checks, which parse it in place (its
+    contents rearranged, the tensors views of it): give each opening fresh buffers.
+    """
 
     index: int
-    weights: bytes
-    rest: bytes
-    trace: bytes
+    weights: bytes | bytearray
+    rest: bytes | bytearray
+    trace: bytes | bytearray
     proof: list[str]
-    next_weights: bytes
+    next_weights: bytes | bytearray
     next_rest_sha256: str
     next_proof: list[str]
 
@@ -134,8 +140,8 @@ class NextStateOpening:
     """The rest file of S_{index+1}, with the trace file of segment index+1 (empty for the final state)."""
 
     index: int
-    rest: bytes
-    trace: bytes
+    rest: bytes | bytearray
+    trace: bytes | bytearray
 
 
 class Openings(Protocol):
@@ -200,8 +206,8 @@ def open_checked(
             _check_weights_size(opening.next_weights, limits, f"S_{index + 1}")
             _check_size(opening.rest, limits.rest_bytes, f"the rest of S_{index}")
             _check_size(opening.trace, limits.trace_bytes, f"the trace of segment {index}")
-        # Each file's bytes are dropped as soon as it is parsed (popped, and the opening let go), so
-        # the peak is the bytes opened plus the largest file, not twice the bytes opened.
+        # Each file is parsed in place (a bytearray) or dropped as soon as it is parsed (popped, and
+        # the opening let go), so bytes and parsed tensors never coexist beyond one file.
         files = {"weights": opening.weights, "next_weights": opening.next_weights, "rest": opening.rest, "trace": opening.trace}
         del opening
         weights = _parse(files.pop("weights"), f"S_{index} weights")
@@ -240,12 +246,12 @@ def open_next_state_checked(
     return _parse(opened.rest, f"S_{index + 1} rest")
 
 
-def _check_size(data: bytes, limit: int, what: str) -> None:
+def _check_size(data: bytes | bytearray, limit: int, what: str) -> None:
     if len(data) > limit:
         raise OpeningError(f"{what} is {len(data)} bytes, more than the {limit} this job's layout allows: refused unparsed")
 
 
-def _check_weights_size(data: bytes, limits: OpeningLimits, what: str) -> None:
+def _check_weights_size(data: bytes | bytearray, limits: OpeningLimits, what: str) -> None:
     _check_size(data, limits.weights_bytes, f"the weights of {what}")
     if len(data) != limits.weights_bytes:
         raise OpeningError(
@@ -253,7 +259,7 @@ def _check_weights_size(data: bytes, limits: OpeningLimits, what: str) -> None:
         )
 
 
-def _sha(*files: bytes) -> str:
+def _sha(*files: bytes | bytearray) -> str:
     digest = hashlib.sha256()
     for data in files:
         if not isinstance(data, bytes | bytearray):
@@ -262,9 +268,10 @@ def _sha(*files: bytes) -> str:
     return digest.hexdigest()
 
 
-def _parse(data: bytes, what: str) -> dict[str, torch.Tensor]:
+def _parse(data: bytes | bytearray, what: str) -> dict[str, torch.Tensor]:
+    """``data`` parsed strictly; a bytearray in place (the opening handed it over, and it is hashed already)."""
     try:
-        return deserialize(data)
+        return deserialize(data, in_place=isinstance(data, bytearray))
     except CanonicalError as exc:
         raise OpeningError(f"{what} is not a canonical safetensors file: {exc}") from exc
     except (TypeError, ValueError, MemoryError) as exc:  # not bytes at all, or too large for this machine
@@ -357,8 +364,17 @@ class LocalOpenings:
         return [h.hex() for h in inclusion_proof(self._leaves, index)]
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path) -> bytearray:
+    """The file's bytes, read into a bytearray of their own that parsing then takes over (no second copy)."""
     try:
-        return path.read_bytes()
+        with path.open("rb", buffering=0) as file:
+            data = bytearray(os.fstat(file.fileno()).st_size)
+            with memoryview(data) as view:
+                filled = 0
+                while filled < len(data) and (got := file.readinto(view[filled:])):
+                    filled += got
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    if filled != len(data):
+        raise CheckpointError(f"{path} shrank while it was read")
+    return data
