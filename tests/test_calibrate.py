@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 import typer
 from typer.testing import CliRunner
 
@@ -200,3 +201,21 @@ def test_cli_exit_codes(tmp_path, tm_home, monkeypatch):
     other = _spec(tmp_path, "python train.py")
     assert CliRunner().invoke(_app(), ["calibrate", str(other)]).exit_code == 2
     assert CliRunner().invoke(_app(), ["calibrate", str(tmp_path / "missing.yaml")]).exit_code == 2
+
+
+def test_a_few_ulps_of_divergence_are_forgiven_and_such_updates_not_calibrated():
+    """The last steps of a schedule decaying to zero move weights by a few ulps; honest executors differ by one."""
+    from trainmaster.verify.distance import MEASURABLE_ULPS, ROUNDING_ULPS, weight_distance
+
+    start = {"w": torch.full((10_000,), 1.0)}
+    up = torch.nextafter(start["w"], torch.full_like(start["w"], 2.0))
+    replayed = {"w": torch.nextafter(up, torch.full_like(up, 2.0))}  # two ulps of update everywhere
+    honest = {"w": up}  # one ulp off everywhere
+    d = weight_distance(start, replayed, honest)
+    assert d.r == 0 and d.raw_r == pytest.approx(0.5) and not d.measurable
+    far = {"w": replayed["w"] + 1e-3}  # a thousand-odd ulps off
+    assert weight_distance(start, replayed, far).r > 100
+    big = {"w": start["w"] + 0.1}
+    d = weight_distance(start, big, {"w": big["w"] + 1e-6})
+    assert d.measurable and d.update / d.rounding > MEASURABLE_ULPS
+    assert d.r == pytest.approx(max(0.0, d.divergence - ROUNDING_ULPS * d.rounding) / d.update)

@@ -8,7 +8,9 @@ segment of the largest k can start from. For every k and every executor variant
 cheat, lr × 0.9) the variant runs k steps from each base as an executor would, and the verifier
 re-executes them exactly as an audit does (:func:`trainmaster.jobs.replay.replay_state`, the
 variant's decisions forced). A base whose k steps update no weight (DQN before ``learning_starts``,
-PPO between rollout ends) says nothing about r and is left out for that k. The distances r, the
+PPO between rollout ends), or move it by too few ulps to tell a cheat from rounding (the last steps
+of a schedule that decays to zero, :data:`~trainmaster.verify.distance.MEASURABLE_ULPS`), says
+nothing about r and is left out for that k. The distances r, the
 honest decision margins, the honest update sizes and each state-entry group's honest divergence make
 the :class:`~trainmaster.verify.calibration.Calibration` (τ, R, margin tolerance, update floor and
 ceiling, field tolerances).
@@ -179,6 +181,11 @@ def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Meas
         raise NoUpdate(
             f"the re-execution of steps {info.step}..{info.step + k - 1} updates no weight: warm up past the start of learning"
         )
+    if not distance.measurable:
+        raise NoUpdate(
+            f"steps {info.step}..{info.step + k - 1} move the weights by only {distance.update / distance.rounding:.3g} "
+            "ulp-norms: too little to tell a cheat from rounding"
+        )
     rest = compare_rest(recipe.rules, state.rest, replay.state.rest, executed.state.rest)
     if variant in HONEST_VARIANTS and (rest.problems or rest.exact_mismatches):
         raise CalibrationError(
@@ -186,7 +193,7 @@ def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Meas
             + "; ".join(rest.problems[:3] + rest.differences)
         )
     fields = {pattern: group.r for pattern, group in rest.groups.items() if group.rule != "reported"}
-    return Measurement(distance.r, replay.decisions.max_margin, update_per_lr(distance, replay), fields)
+    return Measurement(distance.raw_r, replay.decisions.max_margin, update_per_lr(distance, replay), fields)
 
 
 def _point(k: int, found: Mapping[str, list[Measurement]]) -> CalibrationPoint:
