@@ -120,9 +120,11 @@ def test_parser_refuses_non_canonical_files():
         "unknown dtype": _rebuild(dict(header, a=dict(header["a"], dtype="C64")), body),
     }
     for case, bad in cases.items():
-        with pytest.raises(CanonicalError):
+        try:
             deserialize(bad)
-            pytest.fail(f"accepted: {case}")
+        except CanonicalError:
+            continue
+        pytest.fail(f"accepted: {case}")
 
 
 @settings(max_examples=40, deadline=None)

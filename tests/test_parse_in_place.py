@@ -98,9 +98,11 @@ def test_in_place_refuses_what_the_copying_parse_refuses():
     }
     for case, bad in cases.items():
         for parse in (lambda b: deserialize(b), lambda b: deserialize(bytearray(b), in_place=True)):
-            with pytest.raises(CanonicalError):
+            try:
                 parse(bad)
-                pytest.fail(f"accepted: {case}")
+            except CanonicalError:
+                continue
+            pytest.fail(f"accepted: {case}")
 
 
 @settings(max_examples=40, deadline=None)
