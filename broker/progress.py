@@ -11,7 +11,10 @@ take one twice a second whatever the job writes.
 - T is the entrypoint's `--steps N` (the recipes' command line, and a common convention), None
   when it has none;
 - steps/s is measured between the steps seen over the last RATE_WINDOW_S, each stamped with the
-  file's modification time, so it needs two different steps (the runtime flushes every k steps);
+  file's modification time (the runtime flushes every k steps). With fewer than two different steps
+  seen (a job that trains between two samples, or the first sample of a run) it is the step over the
+  attempt's running time until the file held it, so a user sees a rate whenever a step is known, and
+  the final line keeps its rate once the attempt has ended;
 - the cost so far is each ended attempt's recorded cost plus, for one still running, its offer's
   price per hour times its time so far, rounded up to the micro-dollar as the local backend charges
   it (the real cost is recorded only when the attempt ends).
@@ -115,6 +118,16 @@ def steps_per_s(samples: Sequence[StepSample]) -> float | None:
     return (last.step - first.step) / (last.at - first.at)
 
 
+def steps_per_s_since_start(sample: StepSample, attempt: Attempt) -> float | None:
+    """The step over the attempt's running time until the file held it: the rate when only one step was
+    seen. It counts the process's start-up as running time, so it errs low; for an attempt resumed from
+    a checkpoint it counts the steps before the resume point too, and errs high until a second step is seen."""
+    start = attempt.started_at or attempt.created_at
+    if sample.step <= 0 or sample.at <= start:
+        return None
+    return sample.step / (sample.at - start)
+
+
 def attempt_cost(attempt: Attempt, now: float) -> int:
     """Its recorded cost, else (started, not yet costed) its offer's price for the time so far, in micro-USD."""
     if attempt.cost_micro_usd is not None:
@@ -138,6 +151,8 @@ def progress_of(state: str, attempts: Sequence[Attempt], samples: Sequence[StepS
     latest = attempts[-1]
     step = samples[-1].step if samples else None
     rate = steps_per_s(samples)
+    if rate is None and samples:
+        rate = steps_per_s_since_start(samples[-1], latest)
     eta = None
     if rate and total is not None and step is not None and latest.state in states.ACTIVE_ATTEMPT:
         eta = max(0, total - step) / rate

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,8 +83,8 @@ def test_step_rate_eta_elapsed_and_cost_from_metrics(tm_home):
     assert first.cost_micro_usd == 1_234 + 5_000  # the recorded cost, plus 5 s at 1,000 micro-USD/s
 
     _metrics(2, range(1, 21), at=1002.0)
-    one = watch.sample()
-    assert (one.step, one.steps_per_s, one.eta_s) == (20, None, None)  # a rate needs two steps seen
+    one = watch.sample()  # one step seen: the rate is the step over the attempt's time until the file held it
+    assert (one.step, one.steps_per_s, one.eta_s) == (20, 10.0, 8.0)  # 20 steps in 2 s; 80 left
 
     _metrics(2, range(1, 61), at=1004.0)
     clock[0] = 1006.5
@@ -104,8 +105,8 @@ def test_a_new_attempt_counts_its_own_steps(tm_home):
     assert watch.sample().steps_per_s == pytest.approx(5.0)
     store.rows = [_attempt(1, state="failed", ended_at=1003.0, cost=0), _attempt(2, started_at=1004.0)]
     _metrics(2, range(1, 11), at=1005.0)
-    fresh = watch.sample()
-    assert (fresh.step, fresh.total, fresh.steps_per_s, fresh.eta_s) == (10, 50, None, None)
+    fresh = watch.sample()  # not 10 steps since the old attempt's sample: its own 10 in its own 1 s
+    assert (fresh.step, fresh.total, fresh.steps_per_s, fresh.eta_s) == (10, 50, 10.0, 4.0)
 
 
 def test_an_ended_attempt_has_no_eta_and_its_time_stops(tm_home):
@@ -113,6 +114,29 @@ def test_an_ended_attempt_has_no_eta_and_its_time_stops(tm_home):
     samples = [StepSample(10, 1010.0), StepSample(100, 1028.0)]
     p = progress_of("verifying", [ended], samples, 100, now=5000.0)
     assert (p.step, p.steps_per_s, p.eta_s, p.elapsed_s, p.cost_micro_usd) == (100, 5.0, None, 30.0, 30_000)
+
+
+def test_a_job_that_ends_between_two_samples_keeps_a_rate(tm_home):
+    """A fast job: the watcher sees no step while it runs and only its last step once it ended. The line
+    still has a rate (the step over the attempt's running time until the file held it), and no ETA."""
+    clock = [1001.0]
+    store = _Store("python train.py --steps 100", [_attempt(1, started_at=1000.0)])
+    watch = ProgressWatch(_Broker(store), "j", clock=lambda: clock[0])
+    assert watch.sample().steps_per_s is None  # no step known: no rate
+    _metrics(1, range(1, 101), at=1004.0)
+    store.rows = [_attempt(1, state="returned", started_at=1000.0, ended_at=1004.5, cost=4_500)]
+    store.job_row = Job(**{**store.job_row.__dict__, "state": "accepted"})
+    clock[0] = 1010.0
+    final = watch.sample()
+    assert (final.state, final.step, final.total, final.steps_per_s, final.eta_s) == ("accepted", 100, 100, 25.0, None)
+    assert watch.sample().steps_per_s == 25.0  # the final line keeps its rate
+
+
+def test_a_rate_needs_a_step_after_the_start():
+    """A step of 0, or a file older than the attempt's start (left by an earlier run), gives no rate."""
+    live = _attempt(1, started_at=1000.0)
+    assert progress_of("running", [live], [StepSample(0, 1002.0)], 10, now=1003.0).steps_per_s is None
+    assert progress_of("running", [live], [StepSample(5, 999.0)], 10, now=1003.0).steps_per_s is None
 
 
 def test_remote_attempt_shows_state_elapsed_and_cost_only(tm_home):
@@ -198,8 +222,9 @@ def test_shown_draws_the_line_takes_the_transfers_and_gives_them_back(tm_home, m
 
     from trainmaster.broker.cli import live
 
-    store = _Store("python train.py --steps 40", [_attempt(1, started_at=time.time())])
-    _metrics(1, range(1, 11), at=time.time())
+    now = time.time()
+    store = _Store("python train.py --steps 40", [_attempt(1, started_at=now - 4.0)])
+    _metrics(1, range(1, 11), at=now - 2.0)  # 10 steps in the attempt's first 2 s
     advanced: list[str] = []
 
     class Broker(_Broker):
@@ -225,7 +250,7 @@ def test_shown_draws_the_line_takes_the_transfers_and_gives_them_back(tm_home, m
     asyncio.run(follow())
     shown = ANSI.sub("", out.getvalue())
     assert "epoch 1\n" in shown and "epoch 2 (no newline yet)" in shown
-    assert "running · step 10/40 · elapsed 0:0" in shown and "fetching 5.0/10.0 MB" in shown
+    assert "running · step 10/40 · 5.00 steps/s · elapsed 0:0" in shown and "fetching 5.0/10.0 MB" in shown
     last = re.split(r"[\r\n]", shown.rstrip("\n"))[-1]
     assert last.startswith("running · step 10/40 · ") and "fetching" not in last  # the fetch done
     assert advanced and broker.progress is own
@@ -246,8 +271,6 @@ def test_log_lines_above_the_status_line_are_printed_as_written():
 
 # end to end: the CLI under a pseudo-terminal, and not on one
 
-TINY_LM = ("python -m trainmaster.jobs.recipes.tiny_lm --steps 100 --d-model 32 --layers 1 --seq-len 16 "
-           "--batch-size 8 --warmup 10")
 METRICS_SCRIPT = """
 import json, os, pathlib, time
 out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
@@ -259,14 +282,35 @@ with open(out / "metrics.jsonl", "w") as f:
 print("trained", flush=True)
 """
 
+GATED_SCRIPT = """
+import json, os, pathlib, time
+out, go = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"]), pathlib.Path(os.environ["GO_FILE"])
+with open(out / "metrics.jsonl", "w") as f:
+    for step in range(1, 101):
+        f.write(json.dumps({"loss": 1 / step, "step": step}, sort_keys=True) + "\\n")
+        if step == 50:
+            f.flush()
+            deadline = time.monotonic() + 120
+            while not go.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+print("trained", flush=True)
+"""
+METRICS_AT_ONCE = """
+import json, os, pathlib
+out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
+(out / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\\n" for s in range(1, 101)))
+"""
+
 
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE")}
     return {**env, "TRAINMASTER_HOME": str(home), "COLUMNS": "200", "TERM": "xterm-256color"}
 
 
-def _on_terminal(*args: str, home: Path, timeout: float = 240.0) -> tuple[int, str]:
-    """`trainmaster ARGS` with a pseudo-terminal as stdin, stdout and stderr: its exit code and what it drew."""
+def _on_terminal(*args: str, home: Path, timeout: float = 240.0,
+                 on_output: Callable[[str], None] = lambda shown: None) -> tuple[int, str]:
+    """`trainmaster ARGS` with a pseudo-terminal as stdin, stdout and stderr: its exit code and what it drew.
+    `on_output` sees everything drawn so far (escapes removed) after each read."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: exec at once, never back into pytest
         try:
@@ -284,12 +328,17 @@ def _on_terminal(*args: str, home: Path, timeout: float = 240.0) -> tuple[int, s
                 if not data:
                     break
                 out += data
+                on_output(_plain(out))
         else:
             os.kill(pid, signal.SIGKILL)
     finally:
         os.close(fd)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), ANSI.sub("", out.decode(errors="replace")).replace("\r", "\n")
+    return os.waitstatus_to_exitcode(status), _plain(out)
+
+
+def _plain(drawn: bytes) -> str:
+    return ANSI.sub("", drawn.decode(errors="replace")).replace("\r", "\n")
 
 
 def _tm(*args: str, home: Path) -> subprocess.CompletedProcess:
@@ -299,12 +348,29 @@ def _tm(*args: str, home: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_submit_wait_on_a_terminal_shows_the_status_line(job_factory, tmp_path):
-    spec = job_factory("", "checkpoint:\n  segment_steps: 10\n", name="lm", entrypoint=TINY_LM)
+    """The job writes 50 steps and waits until the test has seen them on the status line, so the line is
+    seen mid-run however fast the machine; the last 50 steps land between two samples."""
+    go = tmp_path / "go"
+    spec = job_factory(GATED_SCRIPT, f"env:\n  GO_FILE: {go}\n", entrypoint="python train.py --steps 100")
+
+    def release(shown: str) -> None:
+        if re.search(r"running · step 50/100 · [\d,.]+ steps/s · ", shown):
+            go.touch()
+
+    code, shown = _on_terminal("submit", str(spec), "--wait", home=tmp_path / "home", on_output=release)
+    assert code == 0, shown
+    assert go.exists(), shown  # state, step/T and a rate while it trains
+    assert re.search(r"accepted · step 100/100 · [\d,.]+ steps/s · elapsed \d+:\d\d · cost \$", shown), shown
+    assert "trained" in shown  # the log streamed above it
+
+
+@pytest.mark.slow
+def test_a_job_faster_than_the_samples_keeps_its_rate_on_the_last_line(job_factory, tmp_path):
+    """100 steps written at once, before the first sample can see two of them: the final line has a rate."""
+    spec = job_factory(METRICS_AT_ONCE, entrypoint="python train.py --steps 100")
     code, shown = _on_terminal("submit", str(spec), "--wait", home=tmp_path / "home")
     assert code == 0, shown
-    assert re.search(r"running · step \d+/100 · ", shown), shown  # state and step/T while it trains
-    assert re.search(r"accepted · step 100/100 · [\d.]+ steps/s · elapsed \d+:\d\d · cost \$", shown), shown
-    assert "final_loss" in shown  # the log streamed above it
+    assert re.search(r"accepted · step 100/100 · [\d,.]+ steps/s · elapsed \d+:\d\d · cost \$", shown), shown
 
 
 @pytest.mark.slow
