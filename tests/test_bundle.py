@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -585,10 +584,8 @@ def test_a_header_claiming_10_gb_is_refused_without_reading_data(tmp_path: Path)
     tar_path.write_bytes(info.tobuf(tarfile.PAX_FORMAT))  # the header alone: the data is not there
     assert tar_path.stat().st_size < 4096
 
-    started = time.perf_counter()
     with pytest.raises(BundleError, match=r"member 'big.bin' declares 10.0 GiB, over the 2.0 GiB per-member limit"):
-        extract_bundle(tar_path, tmp_path / "dest")
-    assert time.perf_counter() - started < 1.0
+        extract_bundle(tar_path, tmp_path / "dest")  # refused from the header: the data is not even there
     assert snapshot(tmp_path) == {"claim.tar"}
 
 

@@ -185,19 +185,12 @@ def test_a_huge_metrics_file_is_read_by_its_tail_only(tmp_path):
         f.write(b"".join(b'{"loss": 0.1, "step": %d}\n' % s for s in range(999_900, 1_000_001)))
     io_stats = Path("/proc/self/io")
     before = _bytes_read(io_stats)
-    started = time.perf_counter()
     assert last_step(path).step == 1_000_000
-    took = time.perf_counter() - started
-    assert took < 0.05, f"{took:.3f} s"
-    if before is not None:
-        assert _bytes_read(io_stats) - before < 64 * 1024  # the tail (4 KB) and the /proc read itself
+    assert _bytes_read(io_stats) - before < 64 * 1024  # the tail (4 KB) and the /proc read itself
 
 
-def _bytes_read(io_stats: Path) -> int | None:
-    try:
-        return int(re.search(r"^rchar: (\d+)$", io_stats.read_text(), re.M)[1])
-    except (OSError, TypeError):
-        return None
+def _bytes_read(io_stats: Path) -> int:
+    return int(re.search(r"^rchar: (\d+)$", io_stats.read_text(), re.M)[1])
 
 
 def test_status_line_text():

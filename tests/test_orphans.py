@@ -90,6 +90,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _mtime(path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 def supervisor_pid(job_id: str) -> int:
     return json.loads((paths.attempt_dir(job_id, 1) / "supervisor.json").read_text())["pid"]
 
@@ -97,20 +104,22 @@ def supervisor_pid(job_id: str) -> int:
 def test_a_killed_supervisor_takes_its_process_along_and_ends_the_attempt_then(tm_home, job_factory):
     job_id = submitted(job_factory(ONE_PROCESS))
     [main] = pids(job_id, "main")
-    time.sleep(1.5)  # the log was last written at the start: the end must not be taken from it
+    workdir = paths.attempt_dir(job_id, 1)
+    log_written = (workdir / "job.log").stat().st_mtime
+    # the log was last written at the start: wait for a heartbeat well after it (however slow the machine),
+    # so an end taken from the log would be told apart from the end taken from the heartbeat
+    assert wait_for(lambda: _mtime(workdir / "heartbeat") - log_written > 1.0)
+    beat = _mtime(workdir / "heartbeat")
     os.kill(supervisor_pid(job_id), signal.SIGKILL)
     killed_at = time.time()
     # nobody is watching (no trainmaster command runs): the parent-death signal alone stops it
-    assert wait_for(lambda: not alive(main), 3), "the training process outlived its supervisor"
+    assert wait_for(lambda: not alive(main)), "the training process outlived its supervisor"
     status = json.loads(cli("status", job_id, "--json").output)
     [attempt] = status["attempts"]
     assert status["state"] == "failed" and attempt["state"] == "failed"
     assert "died without finishing" in attempt["reason"]
-    log_written = (paths.attempt_dir(job_id, 1) / "job.log").stat().st_mtime
-    assert killed_at - 1.5 < attempt["ended_at"] <= killed_at + 0.05  # its last heartbeat, at most a second before
-    assert attempt["ended_at"] - log_written > 1.0
+    assert beat <= attempt["ended_at"] <= killed_at  # its last heartbeat, not the log's time
     assert abs(attempt["billable_seconds"] - (attempt["ended_at"] - attempt["started_at"])) < 0.01
-    time.sleep(1.1)
     again = json.loads(cli("status", job_id, "--json").output)["attempts"][0]
     assert again["ended_at"] == attempt["ended_at"]  # recorded once, in the work dir
     assert json.loads((paths.attempt_dir(job_id, 1) / "exit.json").read_text())["ended_at"] == attempt["ended_at"]
@@ -129,14 +138,15 @@ def test_a_killed_supervisor_leaves_no_process_of_the_job(tm_home, job_factory):
         everything = pids(job_id, "main", "worker", "daemon")
         os.kill(supervisor_pid(job_id), signal.SIGKILL)
         killed_at = time.time()
-        assert wait_for(lambda: not any(alive(p) for p in everything), 5), [p for p in everything if alive(p)]
-        out, _ = waiting.communicate(timeout=30)
+        assert wait_for(lambda: not any(alive(p) for p in everything)), [p for p in everything if alive(p)]
+        out, _ = waiting.communicate(timeout=60)
+        returned_at = time.time()
     finally:
         waiting.kill()
     assert waiting.returncode == 1, out
     [attempt] = json.loads(cli("status", job_id, "--json").output)["attempts"]
     assert attempt["state"] == "failed" and "were stopped" in attempt["reason"], attempt["reason"]
-    assert killed_at - 0.05 <= attempt["ended_at"] < killed_at + 5  # when the last of them was stopped
+    assert killed_at - 0.05 <= attempt["ended_at"] <= returned_at  # when the last of them was stopped
 
 
 def test_cancel_stops_what_still_runs_of_a_job_that_already_ended(tm_home, job_factory):
@@ -176,7 +186,7 @@ def test_a_finished_job_leaves_nothing_running(tm_home, job_factory):
     assert result.exit_code == 0, result.output
     [job_dir] = (tm_home / "jobs").iterdir()
     log = paths.attempt_dir(job_dir.name, 1) / "job.log"
-    assert wait_for(lambda: "the job left 1 process(es) running" in log.read_text(), 5)
+    assert wait_for(lambda: "the job left 1 process(es) running" in log.read_text())
     marker = str(paths.attempt_dir(job_dir.name, 1) / "outputs")
 
     def leftovers():
@@ -189,4 +199,4 @@ def test_a_finished_job_leaves_nothing_running(tm_home, job_factory):
                 continue
         return found
 
-    assert wait_for(lambda: not leftovers(), 5), leftovers()
+    assert wait_for(lambda: not leftovers()), leftovers()
