@@ -2,18 +2,20 @@
 
 ``commitment.json`` holds exactly the canonical JSON bytes (what the hotkey signs)::
 
-    json.dumps({"bundle_sha256", "final_sha256", "job_id", "k", "n", "root"},
+    json.dumps({"bundle_sha256", "final_sha256", "format", "job_id", "k", "n", "root"},
                sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 with lowercase hex digests and ``n``/``k`` as integers. ``n`` is the number of segments, so there
-are ``n + 1`` leaves ``h_0..h_n``; ``final_sha256 = sha256(weights_n)``.
+are ``n + 1`` leaves ``h_0..h_n``; ``final_sha256 = sha256(weights_n)``. ``format`` (1) is part of the
+signed bytes, so a later format can never be read as this one; a format this version does not know is
+refused.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
@@ -21,6 +23,8 @@ from .checkpoint import read_manifest, segment_dir
 from .merkle import inclusion_proof, merkle_root
 
 FILENAME = "commitment.json"
+FORMAT = 1
+"""The commitment format this version writes and reads."""
 Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -30,6 +34,7 @@ class CommitmentError(ValueError):
 
 class Commitment(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    format: Literal[1] = FORMAT
     job_id: str
     bundle_sha256: Hex64
     root: Hex64
@@ -47,8 +52,12 @@ class Commitment(BaseModel):
         try:
             commitment = cls.model_validate_json(data)
         except ValidationError as exc:
+            if any(error["loc"] == ("format",) for error in exc.errors()):
+                raise CommitmentError(f"commitment format is not {FORMAT}, the one this version reads") from exc
             raise CommitmentError(f"malformed commitment: {exc}") from exc
         if commitment.canonical_json() != data:
+            if b'"format":' not in data:  # the default filled it in: the executor's bytes have no format
+                raise CommitmentError(f"commitment format is not {FORMAT}, the one this version reads: it has none")
             raise CommitmentError("commitment is not in canonical JSON form")
         return commitment
 

@@ -166,7 +166,7 @@ def test_commitment_is_canonical_and_commits_to_every_leaf_and_the_final_weights
     commitment = read_commitment(root / "out" / "commitment.json")
     assert result.commitment == commitment
     assert data == json.dumps(json.loads(data), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-    assert set(json.loads(data)) == {"job_id", "bundle_sha256", "root", "final_sha256", "n", "k"}
+    assert set(json.loads(data)) == {"job_id", "bundle_sha256", "root", "final_sha256", "n", "k", "format"}
     assert (commitment.job_id, commitment.bundle_sha256, commitment.n, commitment.k) == ("job-7", "ab" * 32, 3, 4)
     leaves = segment_leaves(root / "ckpt", 3)
     assert commitment.root == merkle_root(leaves).hex()
@@ -185,6 +185,16 @@ def test_commitment_parsing_is_strict():
     upper = good.canonical_json().replace(b"a" * 64, b"A" * 64)
     for bad in (pretty, as_float, upper, good.canonical_json()[:-1]):
         with pytest.raises(CommitmentError):
+            Commitment.from_json(bad)
+
+
+def test_the_commitment_format_is_signed_and_a_later_one_refused():
+    good = Commitment(job_id="j", bundle_sha256="a" * 64, root="b" * 64, final_sha256="c" * 64, n=2, k=5)
+    assert good.canonical_json().startswith(b'{"bundle_sha256":"' + b"a" * 64 + b'","final_sha256":"' + b"c" * 64
+                                            + b'","format":1,"job_id":"j"')
+    for bad in (good.canonical_json().replace(b'"format":1', b'"format":2'),
+                good.canonical_json().replace(b'"format":1,', b'')):
+        with pytest.raises(CommitmentError, match="commitment format is not 1"):
             Commitment.from_json(bad)
 
 
