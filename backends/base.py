@@ -39,7 +39,8 @@ class Offer(Frozen):
     price_per_hour_micro_usd: int = Field(ge=0)
     price_per_hour_rao: int | None = Field(None, ge=0, description="For backends paid in TAO.")
     expected_start_s: int = Field(0, ge=0)
-    trusted: bool = Field(description="Runs on compute we control; untrusted offers get the replay audit.")
+    trusted: bool = Field(False, description="Runs on compute we control; untrusted offers get the replay audit. "
+                                             "Stamped by the broker from the registry, never taken from a backend.")
     detail: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -159,7 +160,6 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str]
-    trusted: ClassVar[bool]
     unsupported: ClassVar[dict[str, str]] = {}
     """Feature name -> why this backend cannot do it (see `backends.features`)."""
     config_model: ClassVar[type[BackendConfig]] = BackendConfig

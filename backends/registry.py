@@ -32,6 +32,10 @@ class BackendEntry:
     come from) and, while the backend is planned, `check(config) -> list[str]` (why it cannot run
     here, beyond the extra and dispatch that `readiness` adds); an implemented backend's check
     is its class's `Backend.check`."""
+    trusted: bool
+    """Runs on compute the user controls (their machine, their cloud account). The broker stamps every
+    offer of this backend with it, whatever the offer says: an untrusted executor's work is replay-audited
+    and paid only when accepted."""
     catalog: bool = False
     """Its offers come from a price catalog (`backends/catalog/<name>.csv`)."""
 
@@ -67,24 +71,26 @@ REGISTRY: dict[str, BackendEntry] = {
     entry.name: entry
     for entry in (
         BackendEntry(
-            "local", "trainmaster.backends.local:LocalBackend", extra=None, sdk=(),
+            "local", "trainmaster.backends.local:LocalBackend", extra=None, sdk=(), trusted=True,
             config="trainmaster.backends.local.config:LocalConfig", checks="trainmaster.backends.local.check",
         ),
         BackendEntry(
-            "bittensor", None, extra="bittensor", sdk=("bittensor",),
+            "bittensor", None, extra="bittensor", sdk=("bittensor",), trusted=False,
             config="trainmaster.backends.bittensor.config:BittensorConfig",
             checks="trainmaster.backends.bittensor.check",
         ),
         BackendEntry(
-            "aws", None, extra="aws", sdk=("boto3",), catalog=True,
+            "aws", None, extra="aws", sdk=("boto3",), trusted=True, catalog=True,
             config="trainmaster.backends.aws.config:AwsConfig", checks="trainmaster.backends.aws.check",
         ),
         BackendEntry(
-            "gcp", None, extra="gcp", sdk=("google.cloud.aiplatform", "google.cloud.storage"), catalog=True,
+            "gcp", None, extra="gcp", sdk=("google.cloud.aiplatform", "google.cloud.storage"), trusted=True,
+            catalog=True,
             config="trainmaster.backends.gcp.config:GcpConfig", checks="trainmaster.backends.gcp.check",
         ),
         BackendEntry(
-            "azure", None, extra="azure", sdk=("azure.ai.ml", "azure.identity", "azure.storage.blob"), catalog=True,
+            "azure", None, extra="azure", sdk=("azure.ai.ml", "azure.identity", "azure.storage.blob"),
+            trusted=True, catalog=True,
             config="trainmaster.backends.azure.config:AzureConfig", checks="trainmaster.backends.azure.check",
         ),
     )
@@ -106,6 +112,13 @@ def entry(name: str) -> BackendEntry:
         return REGISTRY[name]
     except KeyError:
         raise UnknownBackend(f"unknown backend {name!r}; known: {', '.join(NAMES)}") from None
+
+
+def trusted(name: str) -> bool:
+    """Whether the backend of record `name` runs on trusted compute; a name the registry does not
+    list is never trusted."""
+    found = REGISTRY.get(name)
+    return found.trusted if found is not None else False
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -110,17 +110,30 @@ class PlanError(RuntimeError):
 async def gather_offers(
     spec: JobSpec, backends: dict[str, Backend], *, timeout_s: float = OFFER_TIMEOUT_S,
 ) -> list[OfferSet]:
-    """Ask every backend at once; one that is slow or broken gives reasons instead of offers."""
+    """Ask every backend at once; one that is slow or broken gives reasons instead of offers.
+
+    Each offer is stamped with the backend that was asked and that backend's trust from the registry:
+    what a backend (or an executor behind it) writes into those fields is never believed."""
 
     async def one(name: str, backend: Backend) -> OfferSet:
         try:
-            return await asyncio.wait_for(backend.offers(spec), timeout_s)
+            return stamped(name, await asyncio.wait_for(backend.offers(spec), timeout_s))
         except asyncio.TimeoutError:
             return OfferSet(backend=name, reasons=[f"no answer within {timeout_s:g} s"])
         except Exception as exc:  # a broken backend must not stop the others from offering
             return OfferSet(backend=name, reasons=[f"error while listing offers: {exc}"])
 
     return list(await asyncio.gather(*(one(n, b) for n, b in backends.items())))
+
+
+def stamped(name: str, found: OfferSet) -> OfferSet:
+    """`found` as the answer of backend `name`: every offer names it and carries its registered trust."""
+    from trainmaster.backends.registry import trusted
+
+    trust = trusted(name)
+    offers = [o if (o.backend, o.trusted) == (name, trust) else o.model_copy(update={"backend": name, "trusted": trust})
+              for o in found.offers]
+    return OfferSet(backend=name, offers=offers, reasons=found.reasons)
 
 
 def reference_hours(hours: float, gpu_type: str | None) -> float:

@@ -374,7 +374,6 @@ class PlainScriptExecutor(UntrustedExecutor):
 
 @pytest.mark.slow
 def test_untrusted_compute_returning_a_pt_file_is_rejected_with_the_file_and_not_paid(tm_home, tmp_path, monkeypatch):
-    pytest.importorskip("bittensor")
     import dataclasses
 
     from trainmaster.backends import registry

@@ -6,14 +6,13 @@ import hashlib
 
 import pytest
 import torch
+from bittensor.sp_core import Keypair
 
 from trainmaster.jobs.canonical import serialize
 from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.merkle import inclusion_proof, merkle_root
 from trainmaster.verify.errors import VerificationError
 from trainmaster.verify.signing import check_final, check_leaf, sign_commitment, verify_commitment
-
-Keypair = pytest.importorskip("bittensor.sp_core").Keypair
 
 JOB, BUNDLE, K, N = "job-1", "cc" * 32, 25, 8
 

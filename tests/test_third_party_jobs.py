@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from trainmaster.broker import paths
 from trainmaster.broker.cli import app
 
-pytest.importorskip("stable_baselines3")
 pytestmark = pytest.mark.slow
 
 TRAIN = """\

@@ -14,7 +14,6 @@ from broker_support import SyncBroker
 from trainmaster.broker import paths
 from untrusted_backend import RAO_PER_TAO, USD_PER_TAO_MICRO, LazyExecutor, ReusingExecutor, UntrustedExecutor
 
-pytest.importorskip("bittensor")
 pytestmark = pytest.mark.slow
 
 # 100 AdamW steps of a small transformer, k = 25: 4 segments, all audited (q = 8 > n − 2)
@@ -178,3 +177,24 @@ def test_through_the_cli_the_honest_executor_is_accepted(tm_home, job, monkeypat
     assert attempt["backend"] == "bittensor"
     status = CliRunner().invoke(app, ["status", shown["id"], "--json"])
     assert status.exit_code == 0 and json.loads(status.output)["state"] == "accepted"
+
+
+def test_trust_is_the_registered_backends_never_the_offers(tm_home, job, monkeypatch):
+    """An executor registered as `bittensor` (untrusted) whose offers say `trusted: true, backend: local`:
+    through `trainmaster submit`, its attempt is still a bittensor one, replay-audited, rejected and unpaid."""
+    from typer.testing import CliRunner
+
+    from trainmaster.backends import registry
+    from trainmaster.broker.cli import app
+
+    harness = "untrusted_backend:TrustClaimingExecutor"
+    monkeypatch.setitem(registry.REGISTRY, "bittensor", dataclasses.replace(registry.REGISTRY["bittensor"], target=harness))
+    monkeypatch.setitem(registry.BACKENDS, "bittensor", harness)
+    result = CliRunner().invoke(app, ["submit", str(job / "job.yaml"), "--policy", str(job / "untrusted.yaml"),
+                                      "--wait", "--json"])
+    assert result.exit_code == 1, result.output
+    shown = json.loads(result.output[result.output.index("{"):])
+    [attempt] = shown["attempts"]
+    assert (attempt["backend"], attempt["state"]) == ("bittensor", "rejected")
+    assert "replay audit failed" in attempt["reason"], attempt["reason"]
+    assert [r.kind for r in _ledger_rows(shown["id"])] == ["reserve", "release"]

@@ -197,7 +197,6 @@ def test_a_state_that_misses_a_hidden_iterator_fails_the_self_check(tm_home, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", ["UntrustedExecutor", "LazyOwnRecipeExecutor"])
 def test_an_own_recipe_on_untrusted_compute_is_audited_and_a_cheat_rejected(tm_home, tmp_path, monkeypatch, executor):
-    pytest.importorskip("bittensor")
     from trainmaster.backends import registry
 
     harness = f"{'untrusted_backend' if executor == 'UntrustedExecutor' else 'test_user_recipe'}:{executor}"

@@ -34,7 +34,6 @@ URI = "//Alice"
 
 class UntrustedExecutor(RunsUntrusted, Backend):
     name = "bittensor"
-    trusted = False
 
     def __init__(self, config=None, *, uris: tuple[str, ...] = (URI,), coldkeys: tuple[str | None, ...] | None = None):
         super().__init__(None)
@@ -129,6 +128,16 @@ class LazyExecutor(UntrustedExecutor):
 
     def executed(self, spec: JobSpec) -> JobSpec:
         return spec.model_copy(update={"entrypoint": f"{spec.entrypoint} --lr 0.0027"})
+
+
+class TrustClaimingExecutor(LazyExecutor):
+    """Trains lazily and claims, in every offer it makes, to be the user's own trusted local machine
+    (which would skip the replay audit and pay a failed attempt)."""
+
+    async def offers(self, spec: JobSpec) -> OfferSet:
+        found = await super().offers(spec)
+        return OfferSet(backend=found.backend, reasons=found.reasons,
+                        offers=[o.model_copy(update={"trusted": True, "backend": "local"}) for o in found.offers])
 
 
 class ReusingExecutor(LazyExecutor):

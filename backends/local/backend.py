@@ -48,7 +48,6 @@ SPAWNED = "spawned"  # created (exclusively) just before the supervisor is start
 
 class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
     name = "local"
-    trusted = True
     unsupported = {
         "multi_node": "runs on this machine only",
         "spot": "your own GPUs are never preempted, so there is no spot price",
@@ -93,7 +92,6 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
             cpus=m.cpus,
             memory_mb=m.memory_mb,
             price_per_hour_micro_usd=self.power.price_per_hour_micro(len(gpus)),
-            trusted=True,
             detail={"gpu_indices": [g.index for g in gpus], "nproc": res.nproc},
         )
         return OfferSet(backend=self.name, offers=[offer])
