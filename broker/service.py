@@ -341,10 +341,11 @@ class Broker:
 
     def _resume_point(self, job: Job, attempt: Attempt) -> str | None:
         """A new attempt continues from the latest checkpoint an earlier one left, where there is one
-        (the runtime picks that directory's newest complete segment)."""
+        (the runtime picks that directory's newest complete segment). Only states we can trust are
+        resumed from: a trusted attempt's that was not rejected, or an accepted one's."""
         for earlier in reversed(self.store.attempts(job.id)):
             checkpoints = paths.attempt_dir(job.id, earlier.n) / "checkpoints"
-            if earlier.n < attempt.n and earlier.state != "rejected" and checkpoints.is_dir() and any(checkpoints.iterdir()):
+            if earlier.n < attempt.n and _resumable_from(earlier) and checkpoints.is_dir() and any(checkpoints.iterdir()):
                 return str(checkpoints)
         return None
 
@@ -701,6 +702,12 @@ def banned_offers(offer_sets: list[OfferSet], hotkeys: frozenset[str], coldkeys:
         return coldkey if isinstance(coldkey, str) else None
 
     return {o.key for s in offer_sets for o in s.offers if o.instance in hotkeys or owner(o) in coldkeys}
+
+
+def _resumable_from(attempt: Attempt) -> bool:
+    """Whether a later attempt may start from this attempt's states: an untrusted executor's states
+    are trusted only once accepted, and a rejected attempt's never."""
+    return attempt.state == "accepted" or (attempt.state != "rejected" and Offer.model_validate_json(attempt.offer_json).trusted)
 
 
 def attempt_seed(spec_seed: int, nonce: str) -> int:

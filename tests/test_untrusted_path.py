@@ -198,3 +198,24 @@ def test_trust_is_the_registered_backends_never_the_offers(tm_home, job, monkeyp
     assert (attempt["backend"], attempt["state"]) == ("bittensor", "rejected")
     assert "replay audit failed" in attempt["reason"], attempt["reason"]
     assert [r.kind for r in _ledger_rows(shown["id"])] == ["reserve", "release"]
+
+
+def test_a_trusted_fallback_never_resumes_from_an_untrusted_attempts_states(tm_home, job):
+    """A miner commits every segment of a lazy run and vanishes; the fallback on the user's own machine
+    starts from scratch (not from the miner's states) and ends on the honest final weights."""
+    from trainmaster.broker.service import Broker
+    from untrusted_backend import VanishingExecutor
+
+    (job / "fallback.yaml").write_text(POLICY.replace("  primary: bittensor\n", "  primary: bittensor\n  fallbacks: [local]\n"))
+    broker = SyncBroker(Broker(backends={"bittensor": VanishingExecutor()}))
+    done = broker.wait(broker.submit(job / "job.yaml", str(job / "fallback.yaml")).id, timeout_s=240)
+    assert done.state == "accepted", done.reason
+    first, second = broker.store.attempts(done.id)
+    assert (first.backend, first.state, second.backend) == ("bittensor", "failed", "local")
+    assert any((paths.attempt_dir(done.id, 1) / "checkpoints" / "segments").iterdir())  # states were there to take
+    launch = json.loads((paths.attempt_dir(done.id, 2) / "launch.json").read_text())
+    assert launch["env"]["TRAINMASTER_RESUME_FROM"] == ""
+    honest = broker.wait(broker.submit(job / "job.yaml").id, timeout_s=240)  # the same job, on local alone
+    commitments = [json.loads((paths.job_dir(j.id) / "outputs" / "commitment.json").read_text()) for j in (done, honest)]
+    assert commitments[0]["final_sha256"] == commitments[1]["final_sha256"]
+    broker.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Progress,
+    AttemptContext, AttemptStatus, Backend, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import ExecutorIdentity, RunsUntrusted, SignedCommitment
 from trainmaster.backends.local import LocalBackend
@@ -138,6 +138,18 @@ class TrustClaimingExecutor(LazyExecutor):
         found = await super().offers(spec)
         return OfferSet(backend=found.backend, reasons=found.reasons,
                         offers=[o.model_copy(update={"trusted": True, "backend": "local"}) for o in found.offers])
+
+
+class VanishingExecutor(LazyExecutor):
+    """Trains (lazily) to the end, committing every segment, then reports the run lost (no exit code),
+    as a miner that vanished would: its states stay behind in the attempt's folder."""
+
+    async def status(self, handle: Handle) -> AttemptStatus:
+        st = await super().status(handle)
+        if st.phase.done:
+            return AttemptStatus(phase=Phase.failed, reason="the executor vanished", started_at=st.started_at,
+                                 ended_at=st.ended_at)
+        return st
 
 
 class ReusingExecutor(LazyExecutor):
