@@ -147,6 +147,7 @@ def plan(
     offer_sets: list[OfferSet],
     *,
     blocked: frozenset[str] = frozenset(),
+    banned: frozenset[str] = frozenset(),
     history: Mapping[str, float] | None = None,
     failure_rates: Mapping[str, float] | None = None,
     data_bytes: Mapping[str, int] | None = None,
@@ -156,6 +157,7 @@ def plan(
     """Choose among offers by the policy of the spec's workload class.
 
     blocked: offer keys (or whole backend names) that failed before and must not be chosen again.
+    banned: offer keys of banned executors (`trainmaster executors ls`), never chosen.
     history: workload class -> typical runtime in reference A100-hours (see `reference_hours`).
     failure_rates: observed failure/preemption rate in [0, 1) by offer key, `backend:spot`,
         `backend:on-demand` or backend (most specific wins).
@@ -163,8 +165,8 @@ def plan(
     total_steps: T, the job's training steps, for the audit overhead (default n = 400 segments).
     """
     cls = policy.for_class(spec.workload)
-    ctx = _Context(spec, policy, cls, blocked, history or {}, failure_rates or {}, data_bytes or {}, total_steps,
-                   now or datetime.now(timezone.utc))
+    ctx = _Context(spec, policy, cls, blocked | banned, history or {}, failure_rates or {}, data_bytes or {}, total_steps,
+                   now or datetime.now(timezone.utc), banned)
     result = Plan(
         reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons},
         workload=getattr(spec.workload, "value", spec.workload), objective=cls.objective, tiers=[tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
@@ -206,7 +208,8 @@ def plan(
 class _Context:
     """Everything about one planning that does not depend on the offer, computed once."""
 
-    def __init__(self, spec, policy, cls: ClassPolicy, blocked, history, rates, data_bytes, total_steps, now):
+    def __init__(self, spec, policy, cls: ClassPolicy, blocked, history, rates, data_bytes, total_steps, now,
+                 banned=frozenset()):
         self.spec, self.policy, self.cls, self.blocked, self.rates = spec, policy, cls, blocked, rates
         self.tiers = cls.tiers
         self.notes: list[str] = []
@@ -237,6 +240,8 @@ class _Context:
         self._unknown_gpus: set[str] = set()
         # reason strings, built once
         self.r_blocked = "blocked after a failed attempt"
+        self.r_banned = "its executor is banned (trainmaster executors ls)"
+        self.banned = banned
         self.r_local = "leaves this machine, but the policy is local-only (private data)"
         self.r_not_allowed = f"backend not in allowed_backends ({', '.join(sorted(self.allowed or ()))})"
         self.r_spot = "spot capacity is not allowed by the policy"
@@ -409,7 +414,7 @@ class _Context:
                 region_reason = regions[region] = self._region_reason(region) if check_regions else None
             if reason is None:  # the offer's own fit, cheapest checks first
                 if any_blocked and offer.key in blocked:
-                    reason = self.r_blocked
+                    reason = self.r_banned if offer.key in self.banned else self.r_blocked
                 elif spot and no_spot:
                     reason = self.r_spot
                 elif region_reason is not None:

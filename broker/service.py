@@ -34,6 +34,7 @@ from trainmaster.backends.base import (
 from trainmaster.backends.features import KeepsSegments, RunsUntrusted
 from trainmaster.backends.retry import retried
 from trainmaster.broker import paths, states
+from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
 from trainmaster.broker.plans import StoredPlan
 from trainmaster.broker.policy import Policy, load_policy
@@ -75,6 +76,7 @@ class Broker:
         self._policies: dict[str, Policy] = {}
         self._ledgers: dict[str, Ledger] = {}
         self._backend_configs: dict | None = None
+        self._executors: Executors | None = None
         self.offer_rounds = 0
         """How many times offers were gathered from the backends (one per plan)."""
 
@@ -142,17 +144,17 @@ class Broker:
                                      micro_usd=plan_.chosen.expected_micro_usd)
         return f"refused by budget: {refused}" if refused else None
 
-    async def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset(),
-                   banned: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())) -> Plan:
-        """Gather offers from every enabled backend (once) and choose by the policy; offers of `banned`
-        (hotkeys, coldkeys) are blocked like failed ones."""
+    async def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset()) -> Plan:
+        """Gather offers from every enabled backend (once) and choose by the policy; the offers of a banned
+        hotkey or coldkey (`trainmaster executors ls`) are blocked like failed ones, in every job."""
         self.offer_rounds += 1
         offer_sets: list[OfferSet] = await gather_offers(spec, self._enabled(spec, policy))
         offer_sets += self._not_dispatched(spec, policy)
-        if banned[0] or banned[1]:
-            blocked = blocked | banned_offers(offer_sets, *banned)
+        hotkeys, coldkeys = self.executors.banned()
+        banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
         history, failure_rates = learned(self.store.ended_attempts())
-        return plan(spec, policy, offer_sets, blocked=blocked, history=history, failure_rates=failure_rates)
+        return plan(spec, policy, offer_sets, blocked=blocked, banned=banned, history=history,
+                    failure_rates=failure_rates)
 
     # submit
 
@@ -250,16 +252,17 @@ class Broker:
         return frozenset(Offer.model_validate_json(a.offer_json).key for a in self.store.attempts(job.id)
                          if a.state in ("failed", "rejected"))
 
-    def _banned(self, job: Job) -> tuple[frozenset[str], frozenset[str]]:
-        """Hotkeys and coldkeys caught by a rejected attempt: none of their offers runs this job again."""
-        rejected = [a for a in self.store.attempts(job.id) if a.state == "rejected"]
-        return (frozenset(a.executor_hotkey for a in rejected if a.executor_hotkey),
-                frozenset(a.executor_coldkey for a in rejected if a.executor_coldkey))
+    @property
+    def executors(self) -> Executors:
+        """Bans and reputation of the executors we do not control, across jobs."""
+        if self._executors is None:
+            self._executors = Executors(self.store.db)
+        return self._executors
 
     async def _replan(self, job: Job, after: str | None = None) -> None:
         """A new plan after a failed attempt (offers gathered again, the failed ones and the executors
         caught cheating blocked)."""
-        result = await self.plan(self.spec(job), self.policy(job), blocked=self._blocked(job), banned=self._banned(job))
+        result = await self.plan(self.spec(job), self.policy(job), blocked=self._blocked(job))
         if result.chosen is None:
             reason = result.explain_failure()
             if after:  # the attempt's own reason first: that is what the user must fix
@@ -437,8 +440,10 @@ class Broker:
             why = f"cannot verify: {'; '.join(verdict.reasons)}"
             self.store.move_attempt(attempt.id, "unverified", job_target="unverified", reason=why)
         else:
-            # rejected: nothing is paid, the offer is blocked, the next one tried
+            # rejected: nothing is paid, the offer is blocked, who ran it is banned, the next one tried
             why = f"rejected: {'; '.join(verdict.reasons)}"
+            ban_rejected(self.executors, hotkey=attempt.executor_hotkey, coldkey=attempt.executor_coldkey,
+                         reason=why, job_id=job.id, attempt_id=attempt.id)
             await self._attempt_failed(job, attempt, why, retry=True, state="rejected")
 
     async def _verify(self, job: Job, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
@@ -679,9 +684,12 @@ def configured(config, policy: Policy):
 
 def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[str, float]]:
     """What past attempts teach the planner: the median runtime of each workload class (in reference
-    GPU-hours) and each backend's failure rate, once it has run enough attempts to say."""
+    GPU-hours), each backend's failure rate once it has run enough attempts to say, and each untrusted
+    executor's own rate keyed by its offer (reputation: failed or rejected over its attempts plus one, so
+    one bad attempt of a newcomer prices half its compute as risk, and a long record counts in full)."""
     runtimes: dict[str, list[float]] = {}
     outcomes: dict[str, list[bool]] = {}
+    by_executor: dict[str, list[bool]] = {}
     for attempt, workload in ended:
         offer = Offer.model_validate_json(attempt.offer_json)
         if attempt.state == "accepted" and attempt.billable_seconds:
@@ -689,8 +697,11 @@ def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[st
         if attempt.state in ("accepted", "failed"):
             key = f"{offer.backend}:{'spot' if offer.spot else 'on-demand'}"
             outcomes.setdefault(key, []).append(attempt.state == "failed")
+        if attempt.executor_hotkey and attempt.state in ("accepted", "failed", "rejected"):
+            by_executor.setdefault(offer.key, []).append(attempt.state != "accepted")
     history = {w: statistics.median(hours[:HISTORY_RUNS]) for w, hours in runtimes.items()}
     rates = {k: sum(fails) / len(fails) for k, fails in outcomes.items() if len(fails) >= MIN_ATTEMPTS_FOR_RATE}
+    rates |= {k: sum(fails) / (len(fails) + 1) for k, fails in by_executor.items() if any(fails)}
     return history, rates
 
 
@@ -701,7 +712,8 @@ def banned_offers(offer_sets: list[OfferSet], hotkeys: frozenset[str], coldkeys:
         coldkey = offer.detail.get("coldkey")
         return coldkey if isinstance(coldkey, str) else None
 
-    return {o.key for s in offer_sets for o in s.offers if o.instance in hotkeys or owner(o) in coldkeys}
+    return {o.key for s in offer_sets for o in s.offers
+            if not o.trusted and (o.instance in hotkeys or owner(o) in coldkeys)}
 
 
 def _resumable_from(attempt: Attempt) -> bool:

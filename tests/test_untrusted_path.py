@@ -139,7 +139,7 @@ def test_an_executor_caught_once_is_banned_with_every_hotkey_of_its_coldkey(tm_h
     done = broker.wait(broker.submit(job / "job.yaml", str(job / "untrusted.yaml")).id, timeout_s=240)
     [attempt] = broker.store.attempts(done.id)  # //Bob, the same owner, is never tried
     assert attempt.state == "rejected" and attempt.executor_coldkey == "cold-a"
-    assert done.state == "failed" and "2 offers: blocked after a failed attempt" in done.reason, done.reason
+    assert done.state == "failed" and "2 offers: its executor is banned" in done.reason, done.reason
     broker.close()
 
 
@@ -154,7 +154,7 @@ def test_a_lazy_executor_is_rejected_by_the_audit_and_not_paid(tm_home, job):
     assert attempt.state == "rejected" and "replay audit failed" in attempt.reason, attempt.reason
     assert attempt.cost_rao > 0  # the work was priced …
     assert [r.kind for r in _ledger_rows(done.id)] == ["reserve", "release"]  # … and not paid
-    assert "blocked after a failed attempt" in done.reason  # the only offer is blocked: nothing left to try
+    assert "its executor is banned" in done.reason  # the only offer is banned: nothing left to try
     broker.close()
 
 
@@ -219,3 +219,38 @@ def test_a_trusted_fallback_never_resumes_from_an_untrusted_attempts_states(tm_h
     commitments = [json.loads((paths.job_dir(j.id) / "outputs" / "commitment.json").read_text()) for j in (done, honest)]
     assert commitments[0]["final_sha256"] == commitments[1]["final_sha256"]
     broker.close()
+
+
+def test_a_ban_lasts_across_jobs_until_lifted(tm_home, job, monkeypatch):
+    """A lazy miner rejected on job B is banned by hotkey and coldkey: job C is never dispatched to it, and
+    `trainmaster executors ls` shows the ban and the record; once `executors unban` lifts both, job D is."""
+    from typer.testing import CliRunner
+
+    from trainmaster.backends import registry
+    from trainmaster.broker.cli import app
+
+    harness = "untrusted_backend:LazyExecutor"
+    monkeypatch.setitem(registry.REGISTRY, "bittensor", dataclasses.replace(registry.REGISTRY["bittensor"], target=harness))
+    monkeypatch.setitem(registry.BACKENDS, "bittensor", harness)
+    hotkey = UntrustedExecutor().keypair.ss58_address
+
+    def submit() -> dict:
+        result = CliRunner().invoke(app, ["submit", str(job / "job.yaml"), "--policy", str(job / "untrusted.yaml"),
+                                          "--wait", "--json"])
+        assert result.exit_code == 1 and "{" in result.output, result.output
+        return json.loads(result.output[result.output.index("{"):])
+
+    b = submit()
+    assert [a["state"] for a in b["attempts"]] == ["rejected"]
+    listed = json.loads(CliRunner().invoke(app, ["executors", "ls", "--json"]).output)
+    assert [(r["hotkey"], r["rejected"], r["accepted"]) for r in listed["executors"]] == [(hotkey, 1, 0)]
+    assert {(x["kind"], x["key"], x["job_id"]) for x in listed["bans"]} == {("hotkey", hotkey, b["id"])}
+
+    refused = CliRunner().invoke(app, ["submit", str(job / "job.yaml"), "--policy", str(job / "untrusted.yaml")])
+    assert refused.exit_code == 1  # job C: the banned miner's only offer is refused at planning, nothing recorded
+    assert "1 offer: its executor is banned (trainmaster executors ls)" in refused.output, refused.output
+
+    assert CliRunner().invoke(app, ["executors", "unban", hotkey]).exit_code == 0
+    assert CliRunner().invoke(app, ["executors", "unban", hotkey]).exit_code == 2  # nothing left to lift
+    d = submit()
+    assert [a["state"] for a in d["attempts"]] == ["rejected"]  # dispatched again (and caught again)
