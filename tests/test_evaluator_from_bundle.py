@@ -6,6 +6,7 @@ write. Each job here trains honestly to a poor score, then tries to fake its eva
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -76,3 +77,73 @@ def test_a_job_cannot_fake_its_evaluation(tm_home, job_factory, cheat, exit_code
         assert verdict["evidence"]["outcome"]["metrics"] == {"score": 0.1}
     assert "faked" not in json.dumps(verdict)
     assert not any((paths.job_dir(job_id) / "verify").iterdir())  # each fresh extraction is removed after use
+
+
+# the pipeline on its own: what it runs the evaluator from
+
+
+def _model(outputs: Path) -> None:
+    import struct
+
+    outputs.mkdir(parents=True)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (outputs / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<f", 1.0))
+
+
+def _attempt(tmp_path: Path, *, python: str = "current", **kw):
+    """A trusted attempt of a spec with an evaluator (score 0.1, threshold 0.5), its bundle built, then its
+    code dir rewritten to print a faked score; `kw` overrides the Attempt's fields."""
+    from trainmaster.jobs.bundle import build_bundle
+    from trainmaster.jobs.spec import JobSpec
+    from trainmaster.verify.pipeline import Attempt
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("")
+    (code / "evaluate.py").write_text(EVALUATE)
+    (code / "requirements.txt").write_text(REQUIREMENTS.decode())
+    spec = JobSpec(name="t", entrypoint="python train.py", environment={"python": python},
+                   verification={"evaluator": "python evaluate.py", "thresholds": {"score": 0.5}})
+    info = build_bundle(code, spec.canonical_json(), tmp_path / "bundles")
+    (code / "evaluate.py").write_text(f"print({FAKE_LINE!r})\n")  # the code dir, rewritten after bundling
+    _model(tmp_path / "outputs")
+    fields = dict(job_id="t-1", attempt_id="a1", outputs=tmp_path / "outputs", bundle_sha256=info.sha256, spec=spec,
+                  trusted=True, code_dir=code, bundle=info.path, workspace=tmp_path / "verify")
+    return Attempt(**{**fields, **kw})
+
+
+FAKE_LINE = '{"score": 1.0, "faked": 1}'
+REQUIREMENTS = b"pyyaml\n"
+
+
+def test_the_evaluator_runs_from_the_bundle_even_when_a_code_dir_is_given(tmp_path):
+    from trainmaster.verify.pipeline import verify_attempt
+
+    verdict = verify_attempt(_attempt(tmp_path), checks={"outcome"}, write_verdict=False)
+    assert verdict.outcome == "rejected" and "score = 0.1 is below the threshold 0.5" in verdict.reasons[0]
+    assert list((tmp_path / "verify").iterdir()) == []  # the fresh extraction is removed after use
+
+
+def test_a_bundle_that_is_not_the_jobs_cannot_verify(tmp_path):
+    from trainmaster.verify.pipeline import verify_attempt
+
+    verdict = verify_attempt(_attempt(tmp_path, bundle_sha256="0" * 64), checks={"outcome"}, write_verdict=False)
+    assert verdict.outcome == "cannot_verify" and "bundle cannot be extracted for its evaluator" in verdict.reasons[0]
+    assert list((tmp_path / "verify").iterdir()) == []
+
+
+def test_the_evaluator_runs_with_the_virtualenv_built_for_the_bundles_requirements(tmp_path):
+    from trainmaster.jobs import venvs
+    from trainmaster.verify.pipeline import verify_attempt
+
+    envs = tmp_path / "envs"
+    python = envs / venvs.venv_key(REQUIREMENTS) / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho '{FAKE_LINE}'\n")  # stands in for the built virtualenv's interpreter
+    python.chmod(0o755)
+    attempt = _attempt(tmp_path, python="requirements", envs_dir=envs)
+    unbuilt = verify_attempt(attempt, checks={"outcome"}, write_verdict=False)
+    assert "score = 0.1" in unbuilt.reasons[0]  # none built (no .ready marker): the broker's interpreter
+    (python.parent.parent / venvs.READY).touch()
+    built = verify_attempt(attempt, checks={"outcome"}, write_verdict=False)
+    assert built.accepted and built.evidence["outcome"]["metrics"]["score"] == 1.0

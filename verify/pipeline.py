@@ -624,7 +624,8 @@ def _outcome(run: _Run, evaluate) -> dict[str, Any]:
     result = check_outcome(
         final, thresholds=thresholds, evaluator=evaluator, code_dir=code, evaluate=evaluate,
         outputs=Path(attempt.outputs), trust_reported=_outputs_trusted(attempt), previous=attempt.previous_metrics,
-        python=_interpreter(attempt, code) if code else None, env=attempt.spec.env if attempt.spec is not None else None,
+        python=_interpreter(attempt, code) if code else None,
+        env=attempt.spec.env if attempt.spec is not None else None,
     )
     run.evidence["outcome"] = result.model_dump()
     if not result.passed:

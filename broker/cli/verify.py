@@ -71,7 +71,10 @@ def show(
 
         _, job = guarded(lambda: calls.verify_again(target))
         target = job.id
-    verdict = _check_directory(path, trusted=trusted, spec_path=spec) if path.is_dir() and not again else _stored_verdict(target)
+    if path.is_dir() and not again:
+        verdict = _check_directory(path, trusted=trusted, spec_path=spec)
+    else:
+        verdict = _stored_verdict(target)
     if as_json:
         typer.echo(verdict.to_json(), nl=False)
     else:
@@ -135,9 +138,12 @@ def _check_directory(outputs: Path, *, trusted: bool, spec_path: Path | None):
         )
         checks = {"integrity", "safety"} | ({"outcome"} if loaded else set())
         verdict = verify_attempt(attempt, checks=checks, write_verdict=False)
-    if loaded is None:
-        verdict = verdict.model_copy(update={"evidence": {**verdict.evidence, "outcome": {"checked": False, "why": NO_SPEC}}})
-    return verdict
+    return verdict if loaded else _outcome_not_checked(verdict)
+
+
+def _outcome_not_checked(verdict):
+    """The verdict, its evidence saying that no outcome was checked (no spec was named)."""
+    return verdict.model_copy(update={"evidence": {**verdict.evidence, "outcome": {"checked": False, "why": NO_SPEC}}})
 
 
 def _load_spec(spec_path: Path):
