@@ -150,3 +150,21 @@ def test_spec_is_for_a_folder_and_must_be_valid(tm_home, tmp_path):
     assert invalid.returncode == 2 and "bad.yaml" in invalid.stderr
     job = verify("train-0000", "--spec", bad, cwd=tmp_path)
     assert job.returncode == 2 and "--spec applies to a directory of outputs" in job.stderr
+
+
+def test_modules_in_the_folder_are_never_imported_when_verifying_from_inside_it(tm_home, tmp_path):
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    save_file({"w": torch.ones(3)}, str(outputs / "model.safetensors"))
+    marker = tmp_path / "imported"
+    planted = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    for module in ("numpy.py", "safetensors.py", "torch.py", "trainmaster/__init__.py"):
+        (outputs / module).parent.mkdir(exist_ok=True)
+        (outputs / module).write_text(planted)
+    script = Path(sys.executable).parent / "trainmaster"  # the installed command: it puts no cwd on sys.path
+    done = subprocess.run([str(script), "verify", ".", "--json"], cwd=outputs, capture_output=True, text=True,
+                          check=False)
+    assert not marker.exists(), marker.read_text()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["evidence"]["safety"]["safetensors_checked"] == {
+        "model.safetensors": {"bytes": (outputs / "model.safetensors").stat().st_size, "tensors": 1}}
