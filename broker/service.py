@@ -461,10 +461,12 @@ class Broker:
         if "replay" in checks and isinstance(backend, KeepsSegments):
             open_segments = _SegmentOpener(asyncio.get_running_loop(), backend, handle,
                                            paths.attempt_dir(job.id, attempt.n) / "openings")
+        workspace = paths.job_dir(job.id) / "verify"
+        await asyncio.to_thread(shutil.rmtree, workspace, True)  # what a verification that died left (we hold the lock)
         request = pipeline.Attempt(
             job_id=job.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=job.bundle_sha256,
             spec=self.spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
-            bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar", workspace=paths.job_dir(job.id) / "verify",
+            bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar", workspace=workspace,
             envs_dir=_envs_dir(backend), exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
             outputs_hashed=hashed_now, seed=attempt.seed,

@@ -79,6 +79,26 @@ def test_a_job_cannot_fake_its_evaluation(tm_home, job_factory, cheat, exit_code
     assert not any((paths.job_dir(job_id) / "verify").iterdir())  # each fresh extraction is removed after use
 
 
+def test_once_the_bundle_is_restored_verify_again_runs_the_original_evaluator(tm_home, job_factory):
+    from trainmaster.jobs.bundle import build_bundle
+    from trainmaster.jobs.spec import load_spec
+
+    spec = job_factory(MAKE_MODEL + CHEATS["bundle"], SPEC.replace("0.05", "0.5"))
+    (spec.parent / "evaluate.py").write_text(EVALUATE)
+    assert cli("submit", spec, "--wait").exit_code == 2
+    job_id = only_job()
+    sha256 = json.loads(cli("status", job_id, "--json").output)["bundle_sha256"]
+    (paths.bundles_dir() / f"{sha256}.tar").unlink()  # the user rebuilds the bundle the job spoiled
+    loaded = load_spec(spec)
+    assert build_bundle(loaded.code_dir, loaded.spec.canonical_json(), paths.bundles_dir()).sha256 == sha256
+    stale = paths.job_dir(job_id) / "verify" / "code-left-by-a-crash"
+    stale.mkdir(parents=True)
+    again = cli("verify", job_id, "--again", "--json")
+    assert again.exit_code == 1, again.output
+    assert "score = 0.1 is below the threshold 0.5" in json.loads(again.output)["reasons"][0]
+    assert not any((paths.job_dir(job_id) / "verify").iterdir())
+
+
 # the pipeline on its own: what it runs the evaluator from
 
 
