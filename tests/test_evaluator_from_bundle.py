@@ -16,7 +16,7 @@ from trainmaster.broker.cli import app
 
 # a model file by hand (safetensors: 8-byte header length, JSON header, data), so the job needs no torch
 MAKE_MODEL = """\
-import json, os, pathlib, struct, stat
+import json, os, pathlib, struct
 out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
 header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
 (out / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + struct.pack("<f", 1.0))
@@ -27,6 +27,8 @@ CHEATS = {
     "honest": "",
     # rewrite the evaluator in the job's own working directory (the attempt's code dir)
     "evaluator": "pathlib.Path('evaluate.py').write_text(FAKE)\n",
+    # rewrite a module the evaluator imports
+    "module": "pathlib.Path('scoring.py').write_text('SCORE = 1.0\\n')\n",
     # point the attempt's interpreter record at a fake "python" that prints a perfect score
     "interpreter": (
         "fake = pathlib.Path('..', 'fake-python').resolve()\n"
@@ -42,8 +44,17 @@ CHEATS = {
     ),
 }
 
-EVALUATE = 'print(\'{"score": 0.1}\')\n'
-SPEC = "verification:\n  evaluator: python evaluate.py\n  thresholds:\n    score: 0.05\n"
+EVALUATE = 'import json, scoring\nprint(json.dumps({"score": scoring.SCORE}))\n'
+SCORING = "SCORE = 0.1\n"
+SPEC = "verification:\n  evaluator: python evaluate.py\n  thresholds:\n    score: {threshold}\n"
+
+
+def honest_job(job_factory, train: str, threshold: float):
+    """A job scoring 0.1 by its evaluator (which imports `scoring.py`) against `threshold`; its spec path."""
+    spec = job_factory(train, SPEC.format(threshold=threshold))
+    (spec.parent / "evaluate.py").write_text(EVALUATE)
+    (spec.parent / "scoring.py").write_text(SCORING)
+    return spec
 
 
 def cli(*args) -> object:
@@ -56,13 +67,12 @@ def only_job() -> str:
 
 
 @pytest.mark.parametrize("cheat, exit_code, outcome", [
-    ("honest", 0, "accepted"), ("evaluator", 1, "rejected"), ("interpreter", 1, "rejected"),
-    ("bundle", 2, "cannot_verify"),
+    ("honest", 0, "accepted"), ("evaluator", 1, "rejected"), ("module", 1, "rejected"),
+    ("interpreter", 1, "rejected"), ("bundle", 2, "cannot_verify"),
 ])
 def test_a_job_cannot_fake_its_evaluation(tm_home, job_factory, cheat, exit_code, outcome):
-    threshold = "0.05" if cheat == "honest" else "0.5"  # 0.1 passes the first; only a faked 1.0 would pass 0.5
-    spec = job_factory(MAKE_MODEL + CHEATS[cheat], SPEC.replace("0.05", threshold))
-    (spec.parent / "evaluate.py").write_text(EVALUATE)
+    threshold = 0.05 if cheat == "honest" else 0.5  # 0.1 passes the first; only a faked 1.0 would pass 0.5
+    spec = honest_job(job_factory, MAKE_MODEL + CHEATS[cheat], threshold)
     result = cli("submit", spec, "--wait")
     assert result.exit_code == exit_code, result.output
     job_id = only_job()
@@ -83,8 +93,7 @@ def test_once_the_bundle_is_restored_verify_again_runs_the_original_evaluator(tm
     from trainmaster.jobs.bundle import build_bundle
     from trainmaster.jobs.spec import load_spec
 
-    spec = job_factory(MAKE_MODEL + CHEATS["bundle"], SPEC.replace("0.05", "0.5"))
-    (spec.parent / "evaluate.py").write_text(EVALUATE)
+    spec = honest_job(job_factory, MAKE_MODEL + CHEATS["bundle"], 0.5)
     assert cli("submit", spec, "--wait").exit_code == 2
     job_id = only_job()
     sha256 = json.loads(cli("status", job_id, "--json").output)["bundle_sha256"]
@@ -121,6 +130,7 @@ def _attempt(tmp_path: Path, *, python: str = "current", **kw):
     code.mkdir()
     (code / "train.py").write_text("")
     (code / "evaluate.py").write_text(EVALUATE)
+    (code / "scoring.py").write_text(SCORING)
     (code / "requirements.txt").write_text(REQUIREMENTS.decode())
     spec = JobSpec(name="t", entrypoint="python train.py", environment={"python": python},
                    verification={"evaluator": "python evaluate.py", "thresholds": {"score": 0.5}})
