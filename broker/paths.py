@@ -41,3 +41,8 @@ def attempt_dir(job_id: str, n: int) -> Path:
 
 def bundles_dir() -> Path:
     return home() / "bundles"
+
+
+def envs_dir() -> Path:
+    """Job virtualenvs (`environment: {python: requirements}`), cached across jobs by their requirements' hash."""
+    return home() / "envs"

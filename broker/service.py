@@ -449,8 +449,11 @@ class Broker:
     async def _verify(self, job: Job, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
                       hashed_now: bool):
         """The verification pipeline (in a worker thread), with the checks the job's policy sets for this
-        kind of compute; for an untrusted executor, its signature and its openings of the challenge."""
-        from trainmaster.jobs.environment import recorded_python
+        kind of compute; for an untrusted executor, its signature and its openings of the challenge.
+
+        The job's code (its evaluator, its own recipe) runs from the bundle the broker sent, extracted
+        afresh into the job's `verify/` workspace with its sha256 checked, with the virtualenv the broker
+        built for its requirements: never from the attempt's work dir, which the job could rewrite."""
         from trainmaster.verify import pipeline
 
         offer = Offer.model_validate_json(attempt.offer_json)
@@ -464,13 +467,14 @@ class Broker:
         if "replay" in checks and isinstance(backend, KeepsSegments):
             open_segments = _SegmentOpener(asyncio.get_running_loop(), backend, handle,
                                            paths.attempt_dir(job.id, attempt.n) / "openings")
+        workspace = paths.job_dir(job.id) / "verify"
+        await asyncio.to_thread(shutil.rmtree, workspace, True)  # what a verification that died left (we hold the lock)
         request = pipeline.Attempt(
             job_id=job.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=job.bundle_sha256,
             spec=self.spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
-            code_dir=paths.attempt_dir(job.id, attempt.n) / "code", bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar",
-            exact_replay=offer.trusted and backend.exact_replay,
+            bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar", workspace=workspace,
+            envs_dir=_envs_dir(backend), exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
-            python=recorded_python(paths.attempt_dir(job.id, attempt.n)),  # the evaluator runs with the job's python
             outputs_hashed=hashed_now, seed=attempt.seed,
         )
         settings = self.policy(job).verification
@@ -678,7 +682,7 @@ def configured(config, policy: Policy):
     fields = set(type(config).model_fields)
     overrides = {field: getattr(policy, field) for field in policy.model_fields_set & fields}
     if "envs_dir" in fields and config.envs_dir is None:  # job environments are cached across jobs, in the home
-        overrides["envs_dir"] = str(paths.home() / "envs")
+        overrides["envs_dir"] = str(paths.envs_dir())
     return config.model_copy(update=overrides) if overrides else config
 
 
@@ -731,6 +735,12 @@ def attempt_seed(spec_seed: int, nonce: str) -> int:
 def _legacy_reserve_key(attempt: Attempt) -> str:
     """The reservation key of attempts recorded before the key was stored with the attempt."""
     return f"reserve:{attempt.id}"
+
+
+def _envs_dir(backend: Backend) -> Path:
+    """Where the backend that ran an attempt built job virtualenvs (the broker's default for the local one)."""
+    configured_dir = getattr(backend.config, "envs_dir", None)
+    return Path(configured_dir) if configured_dir else paths.envs_dir()
 
 
 def _max_bundle(spec: JobSpec) -> int:

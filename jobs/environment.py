@@ -6,20 +6,16 @@ and the commitment.
 
 Also here, so a backend and the verifier treat a command alike: how an entrypoint (or an
 evaluator) becomes an argv in the job's environment (`expand_command`), how an interpreter's
-virtualenv is put first on `PATH` (`interpreter_environment`), and the record of the interpreter
-a job ran with, which the evaluator then runs with too (`record_python`, `recorded_python`).
+virtualenv is put first on `PATH` (`interpreter_environment`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-
-from trainmaster.jobs.files import write_json_atomic
 
 JOB_ID = "TRAINMASTER_JOB_ID"
 OUTPUT_DIR = "TRAINMASTER_OUTPUT_DIR"
@@ -54,9 +50,6 @@ def job_environment(
     }
 
 
-ENVIRONMENT_RECORD = "environment.json"
-"""In an attempt's work dir: the interpreter the job ran with (written by the backend that ran it)."""
-
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 
 
@@ -83,15 +76,3 @@ def interpreter_environment(python: str, env: Mapping[str, str]) -> dict[str, st
         out["PATH"] = os.pathsep.join([bindir, *[p for p in out.get("PATH", os.defpath).split(os.pathsep) if p != bindir]])
         out.pop("PYTHONHOME", None)
     return out
-
-
-def record_python(workdir: Path, python: str) -> None:
-    write_json_atomic(Path(workdir) / ENVIRONMENT_RECORD, {"python": python})
-
-
-def recorded_python(workdir: Path) -> str | None:
-    """The interpreter an attempt ran with, when the backend that ran it recorded one."""
-    try:
-        return json.loads((Path(workdir) / ENVIRONMENT_RECORD).read_text())["python"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None

@@ -100,7 +100,7 @@ def test_directory_with_nan_weights_is_rejected(app, tmp_path):
     assert result.exit_code == 1 and "holds ±Inf" in result.output
 
 
-def test_directory_with_job_yaml_runs_the_outcome_check(app, tmp_path):
+def test_directory_with_spec_runs_the_outcome_check_of_that_spec(app, tmp_path):
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text("")
@@ -112,10 +112,10 @@ def test_directory_with_job_yaml_runs_the_outcome_check(app, tmp_path):
           evaluator: python evaluate.py
           thresholds: {score: 0.5}
     """))
-    outputs = code / "outputs"
+    outputs = tmp_path / "outputs"
     outputs.mkdir()
     save_file({"w": torch.ones(3)}, str(outputs / "model.safetensors"))
-    result = invoke(app, str(outputs), "--json")
+    result = invoke(app, str(outputs), "--spec", str(code / "job.yaml"), "--json")
     assert result.exit_code == 1, result.output
     verdict = json.loads(result.output)
     assert verdict["checks"] == ["integrity", "safety", "outcome"]

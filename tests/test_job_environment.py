@@ -35,8 +35,8 @@ header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
 
 EVALUATE = """
 import json, os, pathlib, sys
-pathlib.Path("evaluated_with.json").write_text(json.dumps({"python": sys.executable, "venv": os.environ.get("VIRTUAL_ENV"),
-                                                          "epochs": os.environ.get("EPOCHS")}))
+pathlib.Path(os.environ["EVALUATED_WITH"]).write_text(json.dumps({
+    "python": sys.executable, "venv": os.environ.get("VIRTUAL_ENV"), "epochs": os.environ.get("EPOCHS")}))
 print(json.dumps({"score": 1.0}))
 """
 
@@ -84,11 +84,12 @@ def test_bash_entrypoint_finds_the_jobs_python_first_on_path(tm_home, job_factor
 
 
 @pytest.mark.slow
-def test_requirements_virtualenv_runs_the_job_its_shell_and_its_evaluator(tm_home, job_factory, monkeypatch):
+def test_requirements_virtualenv_runs_the_job_its_shell_and_its_evaluator(tm_home, job_factory, monkeypatch, tmp_path):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # the requirement is already in the base environment: no network
     entrypoint = ("bash -c 'for tool in python pip torchrun; do which $tool; done > $TRAINMASTER_OUTPUT_DIR/which.txt"
                   " && echo $VIRTUAL_ENV > $TRAINMASTER_OUTPUT_DIR/venv.txt && python make_model.py'")
-    spec = job_factory("", "environment:\n  python: requirements\nenv:\n  EPOCHS: '2'\n"
+    evaluated_with = tmp_path / "evaluated_with.json"
+    spec = job_factory("", f"environment:\n  python: requirements\nenv:\n  EPOCHS: '2'\n  EVALUATED_WITH: {evaluated_with}\n"
                            "verification:\n  evaluator: python evaluate.py\n", entrypoint=entrypoint)
     (spec.parent / "requirements.txt").write_text("pyyaml\n")
     (spec.parent / "make_model.py").write_text(MAKE_MODEL)
@@ -96,15 +97,14 @@ def test_requirements_virtualenv_runs_the_job_its_shell_and_its_evaluator(tm_hom
     result = cli("submit", spec, "--wait")
     assert result.exit_code == 0, result.output
     job_id = only_job()
-    outputs, attempt = paths.job_dir(job_id) / "outputs", paths.attempt_dir(job_id, 1)
+    outputs = paths.job_dir(job_id) / "outputs"
     venv = Path((outputs / "venv.txt").read_text().strip())
     assert venv.parent == paths.home() / "envs" and (venv / "pyvenv.cfg").is_file()
     python, pip, torchrun = (outputs / "which.txt").read_text().split()
     assert (python, pip, torchrun) == (str(venv / "bin" / "python"), str(venv / "bin" / "pip"), str(venv / "bin" / "torchrun"))
     assert str(venv / "bin" / "python") in Path(torchrun).read_text().splitlines()[0]  # a console script runs the venv's python
     assert (outputs / "trained_with.txt").read_text() == python
-    assert json.loads((attempt / "environment.json").read_text())["python"] == python
-    evaluated = json.loads((attempt / "code" / "evaluated_with.json").read_text())
+    evaluated = json.loads(evaluated_with.read_text())  # the broker re-derives the venv from the requirements' hash
     assert evaluated == {"python": python, "venv": str(venv), "epochs": "2"}
     status = json.loads(cli("status", job_id, "--json").output)
     assert status["state"] == "accepted"

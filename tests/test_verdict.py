@@ -408,6 +408,14 @@ def test_outcome_below_threshold_is_rejected_with_its_metrics(outputs, miner, db
     assert verify_attempt(lenient, db_path=db_path, audit_settings=TAU).accepted
 
 
+def test_an_untrusted_executors_own_result_json_never_passes_thresholds(outputs, miner, db_path):
+    (outputs / "result.json").write_text(json.dumps({"w_norm": 1e300}))
+    attempt = untrusted(outputs, miner, spec=spec(thresholds={"w_norm": 0.0}))
+    verdict = verify_attempt(attempt, db_path=db_path, audit_settings=TAU)
+    assert verdict.outcome == "cannot_verify", verdict
+    assert "self-reported metrics from untrusted outputs are not evidence" in verdict.reasons[0]
+
+
 def test_unknown_check_is_a_usage_error(outputs):
     with pytest.raises(ValueError, match="unknown checks"):
         verify_attempt(Attempt(JOB, "a1", outputs, BUNDLE), checks={"integrity", "vibes"})

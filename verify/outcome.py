@@ -8,7 +8,12 @@ Metrics come from, in order of preference:
    non-empty stdout line is a JSON object of metrics. It runs in the job's environment: the
    interpreter the job ran with (its virtualenv first on ``PATH``; ``python`` names it), the spec's
    ``env``, and its words expanded as the entrypoint's are (``jobs.environment.expand_command``);
-3. the run's own ``result.json`` — self-reported, so only when the executor is trusted.
+3. the run's own ``result.json`` — self-reported, so only from outputs judged as trusted compute's
+   (``trust_reported``): from an untrusted executor, or a folder of unknown origin, thresholds without an
+   evaluator give ``cannot_verify``, never acceptance.
+
+The evaluator's working directory (``code_dir``) is the caller's fresh, hash-checked extraction of the
+bundle, never a directory the job could have written (verify/pipeline.py).
 
 Each ``verification.thresholds`` entry ``{metric: minimum}`` must hold. With the previous accepted
 metrics given, no metric named in the thresholds may fall more than 10 % below its previous value
@@ -134,8 +139,9 @@ def _last_line(text: str) -> str:
 def _reported(outputs: Path | None, trusted: bool) -> dict[str, float]:
     if not trusted:
         raise VerificationError(
-            "thresholds are set but no evaluator is: an untrusted executor's result.json is self-reported, "
-            "so set verification.evaluator",
+            f"thresholds are set but no evaluator is: self-reported metrics from untrusted outputs are not "
+            f"evidence (their {RESULT_FILE} and metrics.jsonl are the run's own claims); give the spec an evaluator "
+            "(verification.evaluator)",
             kind="cannot_verify",
         )
     path = Path(outputs or ".") / RESULT_FILE

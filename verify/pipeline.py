@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import shutil
 import stat
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -58,8 +59,12 @@ class Attempt:
     from the spec's entrypoint). ``exact_replay``: the executor is one of our own deterministic
     backends, so the audit requires bitwise-identical states (r = 0). A spec whose ``recipe:`` is a
     module of the bundle is audited in a child process (``verify/recipe_audit.py``) importing it from
-    ``code_dir`` — the attempt's extracted bundle, or ``bundle`` (the stored tar) extracted afresh
-    when there is none — with ``python``.
+    the job's code, with the job's interpreter; the evaluator runs in that code too.
+
+    The job's code is ``bundle`` (the tar the broker sent) extracted afresh into ``workspace``, its
+    sha256 checked against ``bundle_sha256`` — never the attempt's own code directory, which its
+    training process could rewrite; ``code_dir`` (a tree the caller owns and vouches for) only when no
+    bundle is given.
     """
 
     job_id: str
@@ -75,8 +80,12 @@ class Attempt:
     expected_weights: Mapping[str, tuple[str, tuple[int, ...]]] | None = None
     max_file_bytes: int | None = None
     code_dir: Path | None = None
+    """A code tree the caller owns (the user's own, bundled afresh by `trainmaster verify DIR --spec`);
+    used only when no ``bundle`` is given."""
     bundle: Path | None = None
-    """The stored bundle tar, for a job's own recipe when ``code_dir`` does not exist here."""
+    """The bundle tar the broker sent: extracted afresh for the evaluator and a job's own recipe."""
+    workspace: Path | None = None
+    """A broker-owned directory the bundle is extracted into (default: the system's temporary directory)."""
     previous_metrics: Mapping[str, float] | None = None
     openings: Openings | None = None
     open_segments: Callable[[list[int]], Openings] | None = None
@@ -86,10 +95,14 @@ class Attempt:
     recipe_run: RecipeRun | None = None
     exact_replay: bool = False
     python: str | None = None
-    """The interpreter the job ran with, so its evaluator runs in the job's environment (default: the broker's)."""
+    """The interpreter the evaluator and a job's own recipe run with; default: the job's virtualenv in
+    ``envs_dir`` when its spec has one (``environment: {python: requirements}``), else the broker's."""
+    envs_dir: Path | None = None
+    """Where the broker caches job virtualenvs by their requirements' hash (``jobs/venvs.py``)."""
     outputs_trusted: bool | None = None
-    """How pickle-capable outputs are judged: kept opaque (True) or refused (False); default ``trusted``.
-    `trainmaster verify DIR` judges a folder of unknown origin strictly with no executor to check."""
+    """How the outputs are judged: pickle-capable files kept opaque (True) or refused (False), and a
+    self-reported ``result.json`` taken as metrics or not; default ``trusted``. `trainmaster verify
+    DIR` judges a folder of unknown origin strictly with no executor to check."""
 
 
 Audit = Callable[..., "AuditReport"]
@@ -106,13 +119,14 @@ class AuditSettings:
 
 @dataclass
 class _Run:
-    """What one verification has established so far."""
+    """What one verification has established so far; ``scratch``: where the bundle was extracted."""
 
     attempt: Attempt
     db_path: Path | None
     commitment: Commitment | None = None
     stored: StoredCommitment | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    scratch: Path | None = None
 
 
 def default_checks(trusted: bool) -> frozenset[str]:
@@ -144,9 +158,20 @@ def verify_attempt(
         "replay": lambda: _replay(run, audit_settings, audit),
         "outcome": lambda: _outcome(run, evaluate),
     }
+    try:
+        verdict = _run_checks(run, [c for c in CHECKS if c in wanted], stages)
+    finally:
+        if run.scratch is not None:
+            shutil.rmtree(run.scratch, ignore_errors=True)
+    _record(verdict, run, write_verdict)
+    return verdict
+
+
+def _run_checks(run: _Run, names: list[str], stages: Mapping[str, Callable[[], dict[str, Any]]]) -> Verdict:
+    """Run the checks in order until one fails; the verdict."""
     ran: list[str] = []
     outcome, reasons = "accepted", []
-    for name in (c for c in CHECKS if c in wanted):
+    for name in names:
         ran.append(name)
         try:
             run.evidence[name] = stages[name]()
@@ -157,12 +182,10 @@ def verify_attempt(
         if outcome != "accepted":
             run.evidence.setdefault(name, {"failed": reasons[0]})
             break
-    verdict = Verdict(
+    return Verdict(
         outcome=outcome, reasons=reasons, checks=ran, evidence=run.evidence,
-        job_id=attempt.job_id, attempt_id=attempt.attempt_id,
+        job_id=run.attempt.job_id, attempt_id=run.attempt.attempt_id,
     )
-    _record(verdict, run, write_verdict)
-    return verdict
 
 
 def _record(verdict: Verdict, run: _Run, write_verdict: bool) -> None:
@@ -378,7 +401,7 @@ def _safety(run: _Run) -> dict[str, Any]:
     from .safeload import check_files_isolated
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
-    trusted = attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
+    trusted = _outputs_trusted(attempt)
     problems, refused, tensor_files, relatives, opaque = [], [], {}, {}, []
     for relative, entry in _walk(outputs):
         if entry.is_symlink():
@@ -416,6 +439,12 @@ def _safety(run: _Run) -> dict[str, Any]:
         "trust": "trusted" if trusted else "untrusted", "safetensors_checked": checked,
         "headers_only": len(segments), "opaque": opaque,
     }
+
+
+def _outputs_trusted(attempt: Attempt) -> bool:
+    """Whether the outputs are judged as trusted compute's: pickle-capable files kept opaque (not refused),
+    and a self-reported ``result.json`` taken as evidence."""
+    return attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
 
 
 def _walk(folder: Path, prefix: str = "") -> Iterator[tuple[str, os.DirEntry]]:
@@ -470,8 +499,6 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
 
 def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSettings) -> AuditReport:
     """The audit of the job's own recipe, in a child process importing it from the verified bundle."""
-    import tempfile
-
     from .openings import LocalOpenings
     from .recipe_audit import audit_user_recipe
 
@@ -482,29 +509,56 @@ def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSe
             "the job's own recipe is audited in a child process, which reads the openings from a directory",
             kind="cannot_verify",
         )
-    with tempfile.TemporaryDirectory(prefix="trainmaster-bundle-") as tmp:
-        return audit_user_recipe(
-            own, commitment=run.stored.commitment, openings_dir=openings.checkpoint_dir, segments=segments,
-            code_dir=_code_dir(attempt, Path(tmp) / "code"), tau=settings.tau,
-            calibration_dir=settings.calibration_dir, trusted_exact=attempt.exact_replay,
-            python=attempt.python, env=attempt.spec.env,
-        )
+    code = _job_code(run, "its own recipe's audit")
+    return audit_user_recipe(
+        own, commitment=run.stored.commitment, openings_dir=openings.checkpoint_dir, segments=segments,
+        code_dir=code, tau=settings.tau, calibration_dir=settings.calibration_dir, trusted_exact=attempt.exact_replay,
+        python=_interpreter(attempt, code), env=attempt.spec.env,
+    )
 
 
-def _code_dir(attempt: Attempt, scratch: Path) -> Path:
-    """The attempt's extracted bundle, or the stored bundle extracted into ``scratch`` (its hash checked)."""
-    if attempt.code_dir is not None and Path(attempt.code_dir).is_dir():
+def _job_code(run: _Run, needed_for: str) -> Path:
+    """The job's code: the bundle extracted afresh (once per verification, its sha256 checked), or the
+    caller's own ``code_dir`` when no bundle is given."""
+    attempt = run.attempt
+    if attempt.bundle is None:
+        if attempt.code_dir is None or not Path(attempt.code_dir).is_dir():
+            raise VerificationError(f"the job's code is needed for {needed_for}, but no bundle and no code "
+                                    "directory was given", kind="cannot_verify")
         return Path(attempt.code_dir)
-    if attempt.bundle is None or not Path(attempt.bundle).is_file():
-        raise VerificationError("the job's own recipe cannot be audited: no extracted bundle and no stored bundle",
-                                kind="cannot_verify")
+    if run.scratch is None:
+        run.scratch = _extract_fresh(attempt, needed_for)
+    return run.scratch / "code"
+
+
+def _extract_fresh(attempt: Attempt, needed_for: str) -> Path:
+    """A new directory in the workspace holding ``code/``: the bundle, its sha256 checked, extracted now."""
+    import tempfile
+
     from trainmaster.jobs.bundle import BundleError, extract_bundle
 
+    if attempt.workspace is not None:
+        Path(attempt.workspace).mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="code-", dir=attempt.workspace))
     try:
-        extract_bundle(attempt.bundle, scratch, expected_sha256=attempt.bundle_sha256)
+        extract_bundle(attempt.bundle, scratch / "code", expected_sha256=attempt.bundle_sha256)
     except BundleError as exc:
-        raise VerificationError(f"the job's bundle cannot be extracted for its audit: {exc}", kind="cannot_verify") from exc
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise VerificationError(f"the job's bundle cannot be extracted for {needed_for}: {exc}",
+                                kind="cannot_verify") from exc
     return scratch
+
+
+def _interpreter(attempt: Attempt, code: Path) -> str | None:
+    """The interpreter the job's code runs with here: the given one, else the virtualenv the broker built
+    for the requirements in ``code`` (when the spec asks for one and it is built), else None (the broker's)."""
+    if attempt.python is not None:
+        return attempt.python
+    if attempt.spec is None or attempt.envs_dir is None or attempt.spec.environment.python != "requirements":
+        return None
+    from trainmaster.jobs.venvs import built_python
+
+    return built_python(attempt.envs_dir, code / attempt.spec.environment.requirements)
 
 
 def _secret(run: _Run) -> bytes:
@@ -566,10 +620,12 @@ def _outcome(run: _Run, evaluate) -> dict[str, Any]:
     final = Path(attempt.outputs) / MODEL_FILE
     if (thresholds or evaluator or evaluate) and not final.is_file():
         raise VerificationError(f"there is no {MODEL_FILE} in the outputs to evaluate")
+    code = _job_code(run, "its evaluator") if evaluator and evaluate is None else None
     result = check_outcome(
-        final, thresholds=thresholds, evaluator=evaluator, code_dir=attempt.code_dir, evaluate=evaluate,
-        outputs=Path(attempt.outputs), trust_reported=attempt.trusted, previous=attempt.previous_metrics,
-        python=attempt.python, env=attempt.spec.env if attempt.spec is not None else None,
+        final, thresholds=thresholds, evaluator=evaluator, code_dir=code, evaluate=evaluate,
+        outputs=Path(attempt.outputs), trust_reported=_outputs_trusted(attempt), previous=attempt.previous_metrics,
+        python=_interpreter(attempt, code) if code else None,
+        env=attempt.spec.env if attempt.spec is not None else None,
     )
     run.evidence["outcome"] = result.model_dump()
     if not result.passed:

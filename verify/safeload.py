@@ -184,27 +184,32 @@ def check_files_isolated(
     design; the limits are defence in depth against a file that finds a way around them. A file
     that runs the child out of memory gets that as its reason; a child killed by the CPU limit
     raises :class:`SafeLoadError`; one that fails otherwise ``VerificationError(kind="cannot_verify")``.
+    The child runs in an empty directory of its own: ``-m`` puts the working directory first on its
+    ``sys.path``, and the caller's may be the very folder being judged (`trainmaster verify .`), whose
+    ``numpy.py`` must never be imported.
     """
     import subprocess
     import sys
+    import tempfile
 
+    given = {str(Path(p).absolute()): str(p) for p in files}  # the child resolves nothing against our cwd
     request = {
         "max_bytes": max_bytes,
         "memory_bytes": memory_bytes,
         "cpu_seconds": cpu_seconds,
-        "files": [{"path": str(p), "expected": _expected_json(e)} for p, e in files.items()],
-        "headers_only": [str(p) for p in headers_only],
+        "files": [{"path": str(Path(p).absolute()), "expected": _expected_json(e)} for p, e in files.items()],
+        "headers_only": [str(Path(p).absolute()) for p in headers_only],
     }
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True, text=True, env=env, check=False
-    )
+    with tempfile.TemporaryDirectory(prefix="trainmaster-safeload-") as empty:
+        done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True,
+                              text=True, env=env, cwd=empty, check=False)
     if done.returncode < 0:
         names = ", ".join(Path(p).name for p in files)
         raise SafeLoadError(f"checking {names} was stopped by the loader's CPU limit (a hostile file)")
     if done.returncode != 0:
         raise VerificationError(f"the isolated safety check failed: {done.stderr.strip()[-500:]}", kind="cannot_verify")
-    return [FileCheck(**item) for item in json.loads(done.stdout)]
+    return [FileCheck(**{**item, "path": given[item["path"]]}) for item in json.loads(done.stdout)]
 
 
 def _expected_json(expected: Expected | None) -> dict | None:

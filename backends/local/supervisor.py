@@ -2,8 +2,7 @@
 
 The local backend starts it detached (its own session and process group), so the job outlives
 the CLI that submitted it. It writes `supervisor.json` (its pid and start time, so any later
-process can tell it from a reused pid), touches `heartbeat` every second while it lives, records
-the interpreter the job runs with (`environment.json`, which the evaluator then uses), and, when
+process can tell it from a reused pid), touches `heartbeat` every second while it lives, and, when
 the job ends for any reason it can see, writes `exit.json` atomically and stops whatever the job
 left running (processes.py).
 
@@ -21,7 +20,6 @@ Kept to the standard library, psutil and small `jobs` modules so it starts in mi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -34,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainmaster.backends.local import processes
-from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment, record_python
+from trainmaster.jobs import venvs
+from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment
 from trainmaster.jobs.files import write_json_atomic
 
 LAUNCH = "launch.json"
@@ -44,7 +43,6 @@ LOG = "job.log"
 HEARTBEAT = "heartbeat"
 HEARTBEAT_S = 1.0
 LEFTOVER_GRACE_S = 5.0
-ENV_LAYOUT = b"2"  # part of a cached virtualenv's key: bump when what prepare_venv builds changes
 PR_SET_PDEATHSIG = 1
 
 
@@ -72,7 +70,6 @@ def main(workdir: Path) -> int:
         if launch.get("requirements"):
             python = prepare_venv(Path(launch["requirements"]), Path(launch["envs_dir"]), log, beat)
         if python is not None:
-            record_python(workdir, python)
             log.write(f"[trainmaster] python: {python}\n".encode())
             env = interpreter_environment(python, {**os.environ, **launch["env"]})
             result = run(*command(launch, python, env), launch, env, log, stopping, beat)
@@ -180,7 +177,7 @@ def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> st
     """
     import fcntl
 
-    digest = hashlib.sha256(ENV_LAYOUT + b"\0" + requirements.read_bytes()).hexdigest()[:16]
+    digest = venvs.venv_key(requirements.read_bytes())
     venv = envs_dir / digest
     python = venv / "bin" / "python"
     envs_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +189,7 @@ def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> st
             except BlockingIOError:
                 beat()
                 time.sleep(0.2)
-        if (venv / ".ready").exists():
+        if (venv / venvs.READY).exists():
             return str(python)
         shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way
         log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}\n".encode())
@@ -206,7 +203,7 @@ def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> st
         if call(install, log, beat) != 0:
             return None
         link_console_scripts(str(python), venv / "bin")
-        (venv / ".ready").touch()
+        (venv / venvs.READY).touch()
     return str(python)
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import typer
 from typer.core import TyperGroup
 
-SPEC_NAMES = ("job.yaml", "job.yml")
 EXIT_CANNOT_VERIFY = 2
+NO_SPEC = "outcome not checked: no --spec given"
 
 
 class _ShowByDefault(TyperGroup):
@@ -50,19 +50,31 @@ def show(
     again: bool = typer.Option(
         False, "--again", help="For a job whose checks could not run (unverified): run them again, then show the verdict.",
     ),
+    spec: Path | None = typer.Option(
+        None, "--spec", metavar="FILE", dir_okay=False,
+        help="For a directory: the job spec whose outcome check (evaluator, thresholds) to run on it; its "
+        "code: is resolved from this file, as `submit` does. Nothing in the directory is ever run or read as "
+        "configuration.",
+    ),
 ) -> None:
     """Print the stored verdict of a job, or check a directory of outputs (integrity, safety, and the
-    outcome when a job.yaml is found next to it). A directory is of unknown origin, so it is judged as
-    untrusted compute's outputs (pickle-capable files refused) unless --trusted is given. Exit 0
-    accepted, 1 rejected, 2 cannot verify."""
+    outcome when --spec names a job spec). A directory is of unknown origin: nothing in it is run or
+    read as configuration, and it is judged as untrusted compute's outputs (pickle-capable files refused,
+    its own result.json no evidence) unless --trusted is given. Exit 0 accepted, 1 rejected, 2 cannot
+    verify."""
     path = Path(target)
+    if spec is not None and (again or not path.is_dir()):
+        _fail(f"--spec applies to a directory of outputs; {target} is not one (a job's verdict used the job's own spec)")
     if again:
         from trainmaster.broker.cli import calls
         from trainmaster.broker.cli.exits import guarded
 
         _, job = guarded(lambda: calls.verify_again(target))
         target = job.id
-    verdict = _check_directory(path, trusted=trusted) if path.is_dir() and not again else _stored_verdict(target)
+    if path.is_dir() and not again:
+        verdict = _check_directory(path, trusted=trusted, spec_path=spec)
+    else:
+        verdict = _stored_verdict(target)
     if as_json:
         typer.echo(verdict.to_json(), nl=False)
     else:
@@ -93,45 +105,68 @@ def _stored_verdict(job_ref: str):
     return verdict
 
 
-def _check_directory(outputs: Path, *, trusted: bool):
-    """Integrity and safety of a directory of outputs, plus the outcome check when a job spec is found.
+def _check_directory(outputs: Path, *, trusted: bool, spec_path: Path | None):
+    """Integrity and safety of a directory of outputs, plus the outcome check of the spec the user named.
 
-    There is no executor to check a signature against, so the commitment is checked as a trusted one's;
-    ``trusted`` decides only how pickle-capable files are judged (opaque, or refused)."""
+    Nothing in the directory is run or read as configuration: the spec and the evaluator's code come
+    from ``spec_path`` alone (its code bundled and extracted afresh, as `submit` would send it). There is
+    no executor to check a signature against, so the commitment is checked as a trusted one's;
+    ``trusted`` decides how the outputs are judged (pickle-capable files opaque or refused, a
+    self-reported result.json taken or not)."""
+    import tempfile
+
+    from trainmaster.broker import paths
     from trainmaster.jobs.commitment import CommitmentError, read_commitment
-    from trainmaster.jobs.spec import load_spec
-    from trainmaster.jobs.yamlfile import FileError
     from trainmaster.verify.pipeline import COMMITMENT_FILE, Attempt, verify_attempt
 
-    spec_path = _find_spec(outputs)
-    try:
-        loaded = load_spec(spec_path) if spec_path else None
-    except FileError as exc:
-        _fail(str(exc))
+    loaded = _load_spec(spec_path) if spec_path else None
     try:
         commitment = read_commitment(outputs / COMMITMENT_FILE) if (outputs / COMMITMENT_FILE).is_file() else None
     except CommitmentError:
         commitment = None  # the integrity check reports it
-    attempt = Attempt(
-        job_id=commitment.job_id if commitment else outputs.resolve().name,
-        attempt_id="local-check",
-        outputs=outputs,
-        bundle_sha256=commitment.bundle_sha256 if commitment else "",
-        spec=loaded.spec if loaded else None,
-        trusted=True,
-        outputs_trusted=trusted,
-        code_dir=loaded.code_dir if loaded else None,
-    )
-    checks = {"integrity", "safety"} | ({"outcome"} if loaded else set())
-    return verify_attempt(attempt, checks=checks, write_verdict=False)
+    with tempfile.TemporaryDirectory(prefix="trainmaster-verify-") as scratch:
+        attempt = Attempt(
+            job_id=commitment.job_id if commitment else outputs.resolve().name,
+            attempt_id="local-check",
+            outputs=outputs,
+            bundle_sha256=commitment.bundle_sha256 if commitment else "",
+            spec=loaded.spec if loaded else None,
+            trusted=True,
+            outputs_trusted=trusted,
+            code_dir=_fresh_code(loaded, Path(scratch)) if loaded and loaded.spec.verification.evaluator else None,
+            envs_dir=paths.envs_dir(),
+        )
+        checks = {"integrity", "safety"} | ({"outcome"} if loaded else set())
+        verdict = verify_attempt(attempt, checks=checks, write_verdict=False)
+    return verdict if loaded else _outcome_not_checked(verdict)
 
 
-def _find_spec(outputs: Path) -> Path | None:
-    for folder in (outputs, outputs.resolve().parent):
-        for name in SPEC_NAMES:
-            if (folder / name).is_file():
-                return folder / name
-    return None
+def _outcome_not_checked(verdict):
+    """The verdict, its evidence saying that no outcome was checked (no spec was named)."""
+    return verdict.model_copy(update={"evidence": {**verdict.evidence, "outcome": {"checked": False, "why": NO_SPEC}}})
+
+
+def _load_spec(spec_path: Path):
+    from trainmaster.jobs.spec import load_spec
+    from trainmaster.jobs.yamlfile import FileError
+
+    try:
+        return load_spec(spec_path)
+    except FileError as exc:
+        _fail(str(exc))
+
+
+def _fresh_code(loaded, scratch: Path) -> Path:
+    """The spec's code, bundled as `submit` would and extracted afresh under ``scratch`` (its sha256 checked)."""
+    from trainmaster.jobs.bundle import BundleError, build_bundle, extract_bundle
+
+    try:
+        info = build_bundle(loaded.code_dir, loaded.spec.canonical_json(), scratch,
+                            max_bytes=loaded.spec.limits.max_bundle_mb * 2**20)
+        extract_bundle(info.path, scratch / "code", expected_sha256=info.sha256)
+    except BundleError as exc:
+        _fail(f"{loaded.path}: code: {exc}")
+    return scratch / "code"
 
 
 def _print(verdict) -> None:
@@ -140,6 +175,8 @@ def _print(verdict) -> None:
         where += f" (attempt {verdict.attempt_id})"
     typer.echo(f"{where}: {verdict.outcome.replace('_', ' ').upper()}")
     typer.echo(f"checks: {', '.join(verdict.checks) or 'none'}")
+    if (verdict.evidence.get("outcome") or {}).get("checked") is False:
+        typer.echo(f"{NO_SPEC} (a folder's own files are never run, nor read as its spec)")
     for reason in verdict.reasons:
         typer.echo(f"  - {reason}")
     opaque = (verdict.evidence.get("safety") or {}).get("opaque") or []
