@@ -143,12 +143,29 @@ class BackendConfig(BaseModel):
 
 
 class BackendError(RuntimeError):
-    """A backend could not do what was asked, and asking again will not help; the message says why."""
+    """A backend could not do what was asked, and asking again will not help; the message says why.
+
+    Each subclass names whose fault it is, and so the broker's one reaction to it (`broker.failures`)."""
 
 
 class TransientBackendError(BackendError):
     """A failure that may pass (a timeout, a 5xx, a dropped connection): the broker retries the call
     a bounded number of times with jittered backoff (`backends.retry`), then treats it as permanent."""
+
+
+class ExecutorFault(BackendError):
+    """What an executor we do not control sent (or failed to send) is wrong: a short or altered
+    stream, a refusal, bytes that do not parse. Its attempt is rejected, unpaid, and it is banned."""
+
+
+class CapacityError(BackendError):
+    """The offer has no capacity now (no instance, no free GPU, a quota): the offer is blocked for the
+    job and the policy falls back to the next one."""
+
+
+class LocalEnvironmentError(BackendError):
+    """Our own side failed (a full disk, a folder we cannot write): nobody else is blamed or paid; the
+    attempt waits, and the message says what to fix."""
 
 
 class Backend(abc.ABC):

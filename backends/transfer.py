@@ -18,7 +18,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import nullcontext
 from pathlib import Path
 
-from trainmaster.backends.base import BackendError, OutputFile, Progress, TransientBackendError
+from trainmaster.backends.base import (
+    ExecutorFault, LocalEnvironmentError, OutputFile, Progress, TransientBackendError,
+)
 
 CHUNK = 4 * 2**20
 PARTIAL = ".partial"
@@ -124,7 +126,7 @@ async def download(
             async for chunk in read(have):
                 have += len(chunk)
                 if have > size:
-                    raise BackendError(f"{dest.name}: the sender sent more than the {size} bytes it announced")
+                    raise ExecutorFault(f"{dest.name}: the sender sent more than the {size} bytes it announced")
                 digest.update(chunk)
                 sink.write(chunk)
                 if progress:
@@ -137,7 +139,7 @@ async def download(
         raise TransientBackendError(f"{dest.name}: the transfer stopped at {have} of {size} bytes; it resumes on retry")
     if digest.hexdigest() != sha256:
         part.unlink(missing_ok=True)
-        raise BackendError(f"{dest.name}: sha256 {digest.hexdigest()} differs from the announced {sha256}")
+        raise ExecutorFault(f"{dest.name}: sha256 {digest.hexdigest()} differs from the announced {sha256}")
     os.replace(part, dest)
     return OutputFile(path=dest.name, size=size, sha256=sha256)
 
@@ -161,10 +163,11 @@ def _sha256(path: Path) -> str:
     return sha256_file(path)
 
 
-def _disk_error(exc: OSError, dest: Path, need: int) -> BackendError:
+def _disk_error(exc: OSError, dest: Path, need: int) -> LocalEnvironmentError:
+    """Writing on our side failed: our environment's fault, never the sender's."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return BackendError(
+        return LocalEnvironmentError(
             f"no space left while writing to {dest.parent} (needs {need / 1e6:.1f} MB); "
             "free some space and run `trainmaster status` to fetch again"
         )
-    return BackendError(f"cannot write {dest}: {exc}")
+    return LocalEnvironmentError(f"cannot write {dest}: {exc}")

@@ -173,6 +173,9 @@ class VerificationPolicy(Model):
         ["integrity", "safety", "replay", "outcome"], description="Bittensor miners: the replay audit too."
     )
     tau: float | None = Field(None, gt=0, description="Replay tolerance; default: the job class's calibration.")
+    challenge_deadline_s: float = Field(
+        3600, gt=0, description="How long an executor has to deliver the segments its challenge names; "
+                                "an untrusted one that has not by then is rejected.")
 
     @model_validator(mode="after")
     def _untrusted_keeps_the_essentials(self) -> VerificationPolicy:

@@ -17,6 +17,7 @@ offers are gathered again only to re-plan after a failed attempt.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import fcntl
 import hashlib
 import secrets
@@ -29,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster.backends.base import (
-    AttemptContext, Backend, BackendError, Handle, Offer, OfferSet, Phase, Progress, TransientBackendError,
+    AttemptContext, Backend, BackendError, Handle, LocalEnvironmentError, Offer, OfferSet, Phase, Progress,
+    TransientBackendError,
 )
 from trainmaster.backends.features import KeepsSegments, RunsUntrusted
-from trainmaster.backends.retry import retried
+from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import paths, states
 from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
@@ -46,7 +48,6 @@ from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 
 HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
 MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
-OPEN_SEGMENTS_TIMEOUT_S = 3600.0
 LOG_POLL_S = 0.2
 
 
@@ -466,7 +467,8 @@ class Broker:
                 self.store.log_event(job.id, "error", {"message": f"no signed commitment: {exc}"}, attempt.id)
         if "replay" in checks and isinstance(backend, KeepsSegments):
             open_segments = _SegmentOpener(asyncio.get_running_loop(), backend, handle,
-                                           paths.attempt_dir(job.id, attempt.n) / "openings")
+                                           paths.attempt_dir(job.id, attempt.n) / "openings", trusted=offer.trusted,
+                                           deadline_s=self.policy(job).verification.challenge_deadline_s)
         workspace = paths.job_dir(job.id) / "verify"
         await asyncio.to_thread(shutil.rmtree, workspace, True)  # what a verification that died left (we hold the lock)
         request = pipeline.Attempt(
@@ -640,25 +642,40 @@ class _SegmentOpener:
     """What the verification pipeline (in a worker thread) calls to have the executor open the
     challenged segments: it runs the backend's `open_segments` on the broker's event loop.
 
-    An executor that refuses or sends what cannot be read is rejected; one that cannot be reached
-    (after retries) leaves the attempt unverifiable rather than blamed.
+    An untrusted executor answers its challenge or forfeits: one that refuses, sends a short or altered
+    stream, stays unreachable after the bounded retries, or has not answered by the policy's
+    `challenge_deadline_s` is rejected (unpaid, banned) — going silent once it has seen which segments
+    are challenged must never be better for it than being caught. Only a fault on our own side (a full
+    disk) leaves the attempt unverifiable. On trusted compute every failure to open is ours.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, backend: RunsUntrusted, handle: Handle, dest: Path):
+    def __init__(self, loop: asyncio.AbstractEventLoop, backend: KeepsSegments, handle: Handle, dest: Path, *,
+                 trusted: bool, deadline_s: float):
         self.loop, self.backend, self.handle, self.dest = loop, backend, handle, dest
+        self.trusted, self.deadline_s = trusted, deadline_s
 
     def __call__(self, indices: list[int]):
         from trainmaster.verify.errors import VerificationError
         from trainmaster.verify.openings import LocalOpenings
 
         call = retried(self.backend.open_segments, self.handle, sorted(indices), self.dest)
+        future = asyncio.run_coroutine_threadsafe(call, self.loop)
+        blame = "cannot_verify" if self.trusted else "rejected"
         try:
-            directory = asyncio.run_coroutine_threadsafe(call, self.loop).result(OPEN_SEGMENTS_TIMEOUT_S)
-        except TransientBackendError as exc:
-            raise VerificationError(f"the executor could not be reached to open segments {indices}: {exc}",
+            directory = future.result(self.deadline_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise VerificationError(f"the executor did not open the challenged segments {indices} within "
+                                    f"{self.deadline_s:g} s", kind=blame) from None
+        except LocalEnvironmentError as exc:
+            raise VerificationError(f"opening the challenged segments {indices} failed on our side: {exc}",
                                     kind="cannot_verify") from exc
+        except TransientBackendError as exc:
+            raise VerificationError(f"the executor did not answer its challenge (segments {indices}) after "
+                                    f"{ATTEMPTS} tries: {exc}", kind=blame) from exc
         except BackendError as exc:
-            raise VerificationError(f"the executor did not open the challenged segments {indices}: {exc}") from exc
+            raise VerificationError(f"the executor did not open the challenged segments {indices}: {exc}",
+                                    kind=blame) from exc
         return LocalOpenings(directory)
 
 

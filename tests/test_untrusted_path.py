@@ -254,3 +254,27 @@ def test_a_ban_lasts_across_jobs_until_lifted(tm_home, job, monkeypatch):
     assert CliRunner().invoke(app, ["executors", "unban", hotkey]).exit_code == 2  # nothing left to lift
     d = submit()
     assert [a["state"] for a in d["attempts"]] == ["rejected"]  # dispatched again (and caught again)
+
+
+def test_going_silent_after_seeing_the_challenge_is_rejected_unpaid_and_banned(tm_home, job, monkeypatch):
+    """The executor answers its challenge with a stream cut half-way, on every retry: through `trainmaster
+    submit`, the attempt is rejected (not left unverifiable), its reservation released, its hotkey banned."""
+    from typer.testing import CliRunner
+
+    from trainmaster.backends import registry
+    from trainmaster.broker.cli import app
+
+    harness = "untrusted_backend:SilentExecutor"
+    monkeypatch.setitem(registry.REGISTRY, "bittensor", dataclasses.replace(registry.REGISTRY["bittensor"], target=harness))
+    monkeypatch.setitem(registry.BACKENDS, "bittensor", harness)
+    monkeypatch.setattr("trainmaster.backends.retry.MAX_WAIT_S", 0.05)
+    result = CliRunner().invoke(app, ["submit", str(job / "job.yaml"), "--policy", str(job / "untrusted.yaml"),
+                                      "--wait", "--json"])
+    assert result.exit_code == 1, result.output
+    shown = json.loads(result.output[result.output.index("{"):])
+    [attempt] = shown["attempts"]
+    assert attempt["state"] == "rejected", attempt
+    assert "did not answer its challenge" in attempt["reason"] and "stopped at" in attempt["reason"], attempt["reason"]
+    assert [r.kind for r in _ledger_rows(shown["id"])] == ["reserve", "release"]
+    listed = json.loads(CliRunner().invoke(app, ["executors", "ls", "--json"]).output)
+    assert [b["key"] for b in listed["bans"]] == [UntrustedExecutor().keypair.ss58_address]

@@ -152,6 +152,23 @@ class VanishingExecutor(LazyExecutor):
         return st
 
 
+class SilentExecutor(LazyExecutor):
+    """Trains lazily and, once it sees which segments are challenged, answers with a stream that stops
+    half-way, every time it is asked (what an executor that would fail the audit would rather do)."""
+
+    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
+        self.opened.append(list(indices))
+        path = segment_dir(Path(handle.data["workdir"]) / "checkpoints", indices[0]) / MANIFEST
+        half = path.stat().st_size // 2
+
+        async def truncated(offset: int):
+            yield path.read_bytes()[offset:half]
+
+        await transfer.download(truncated, segment_dir(dest, indices[0]) / MANIFEST, size=path.stat().st_size,
+                                sha256=_sha256(path))
+        raise AssertionError("unreachable: the download of a truncated stream fails")
+
+
 class ReusingExecutor(LazyExecutor):
     """Trains lazily once; every later attempt it gets returns that first run again, signed with the
     hotkey of the new offer, without training (the 'same faked run under a new hotkey' attack)."""
