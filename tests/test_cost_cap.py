@@ -91,7 +91,7 @@ def test_the_own_estimate_prefers_steps_then_the_names_history():
     stepped = JobSpec(name="t", entrypoint="python t.py --steps 200")
     runs = [PastRun(hours=0.01, steps=100), PastRun(hours=0.03, steps=100)]
     hours, basis = own_estimate(stepped, runs)
-    assert hours == pytest.approx(0.04) and basis.startswith("200 steps (--steps) × 720 s/step from 2 earlier run(s) of 't'")
+    assert hours == pytest.approx(0.04) and basis.startswith("200 steps (--steps) × 0.72 s/step from 2 earlier run(s) of 't'")
     hours, basis = own_estimate(JobSpec(name="t", entrypoint="python t.py"), runs)
     assert hours == pytest.approx(0.02) and basis.startswith("history of 't': median of 2 earlier run(s)")
     assert own_estimate(stepped, []) is None
