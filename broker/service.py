@@ -333,6 +333,7 @@ class Broker:
         backend = self.backend(offer.backend, self.policy(job))
         if not isinstance(backend, AllocatesMachine):
             return offer
+        backend.fit(spec, [])  # the inventory is probed (NVML, torch) before, not inside, the write transaction
         claim = self.store.claim(job.id, f"{job.id}.{n}", offer.backend, lambda held: backend.fit(spec, held))
         return None if claim is None else backend.claimed(offer, claim)
 
