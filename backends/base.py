@@ -121,6 +121,9 @@ class AttemptContext(Frozen):
     challenge_digest: str | None = Field(
         None, description="sha256 of the attempt's challenge secret, published to the executor at dispatch."
     )
+    max_micro_usd: int | None = Field(
+        None, description="What the attempt may still spend under the job's limits.max_usd (a backend that can "
+                          "stops the run there itself; the broker stops it too when it sees the cap reached).")
 
 
 class LogChunk(Frozen):

@@ -51,6 +51,22 @@ class KeepsSegments:
         raise NotImplementedError
 
 
+class AllocatesMachine:
+    """Runs attempts on one fixed machine whose CPUs, memory and GPUs it hands out (the local backend).
+
+    The broker keeps the claims in its store; `fit` is pure over the claims held now, so the broker can
+    call it inside the transaction that records the new claim (race-free across processes). A job
+    that does not fit now waits in the broker's queue."""
+
+    def fit(self, spec, held: list[dict]) -> tuple[dict | None, str]:
+        """The claim (a dict the broker stores as it is) `spec` gets beside `held`, or None and why it must wait."""
+        raise NotImplementedError
+
+    def claimed(self, offer, claim: dict):
+        """The offer as dispatched with `claim`: its detail names what the attempt holds (its GPU indices)."""
+        raise NotImplementedError
+
+
 class RunsUntrusted(KeepsSegments):
     """Runs on compute we do not control. Its work is paid only after the replay audit accepts it, so
     the backend gives the broker what the audit needs: who ran it, the signed commitment, and, only

@@ -27,10 +27,16 @@ class Machine:
 
 @lru_cache(maxsize=1)
 def this_machine() -> Machine:
+    return Machine(cpus=this_host().cpus, memory_mb=this_host().memory_mb, gpus=tuple(_gpus()))
+
+
+@lru_cache(maxsize=1)
+def this_host() -> Machine:
+    """CPUs and memory only: what is known without asking NVML or torch."""
     import psutil
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return Machine(cpus=cpus, memory_mb=psutil.virtual_memory().total // 2**20, gpus=tuple(_gpus()))
+    return Machine(cpus=cpus, memory_mb=psutil.virtual_memory().total // 2**20)
 
 
 def _gpus() -> list[Gpu]:

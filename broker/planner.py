@@ -1,7 +1,8 @@
 """The planner: gathers offers from the backends a policy allows, filters them, and picks one.
 
 For each offer it estimates the runtime (reference A100-hours from the spec's `estimated_hours`,
-else the history of the workload class, else 1 hour, scaled by the offer's relative GPU
+else the job's own history by name (broker/estimate.py: by its steps when known), else the history
+of the workload class, else 1 hour, scaled by the offer's relative GPU
 throughput; with neither estimate nor history, the job's max_hours bounds it), then the expected
 cost, every part rounded up to the micro-dollar:
 
@@ -153,6 +154,7 @@ def plan(
     data_bytes: Mapping[str, int] | None = None,
     total_steps: int | None = None,
     now: datetime | None = None,
+    own: tuple[float, str] | None = None,
 ) -> Plan:
     """Choose among offers by the policy of the spec's workload class.
 
@@ -163,10 +165,12 @@ def plan(
         `backend:on-demand` or backend (most specific wins).
     data_bytes: size of each of the spec's data sources, by name (unknown sizes are not priced).
     total_steps: T, the job's training steps, for the audit overhead (default n = 400 segments).
+    own: the job's own estimate from the runs of its name (reference hours, where it came from), used
+        when the spec gives no `estimated_hours`, before the class's history.
     """
     cls = policy.for_class(spec.workload)
     ctx = _Context(spec, policy, cls, blocked | banned, history or {}, failure_rates or {}, data_bytes or {}, total_steps,
-                   now or datetime.now(timezone.utc), banned)
+                   now or datetime.now(timezone.utc), own, banned)
     result = Plan(
         reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons},
         workload=getattr(spec.workload, "value", spec.workload), objective=cls.objective, tiers=[tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
@@ -208,7 +212,7 @@ def plan(
 class _Context:
     """Everything about one planning that does not depend on the offer, computed once."""
 
-    def __init__(self, spec, policy, cls: ClassPolicy, blocked, history, rates, data_bytes, total_steps, now,
+    def __init__(self, spec, policy, cls: ClassPolicy, blocked, history, rates, data_bytes, total_steps, now, own,
                  banned=frozenset()):
         self.spec, self.policy, self.cls, self.blocked, self.rates = spec, policy, cls, blocked, rates
         self.tiers = cls.tiers
@@ -225,7 +229,7 @@ class _Context:
         self.deadline_s = self._deadline(cls, limits.deadline, now)
         self.need_gpus, self.need_vram_mb = res.gpus, (res.min_vram_gb or 0) * 1000
         self.need_cpus, self.need_memory_mb, self.need_nodes = res.cpus, (res.memory_gb or 0) * 1024, res.nodes
-        hours, self.basis, self.scaled = self._base_hours(history)
+        hours, self.basis, self.scaled = self._base_hours(history, own)
         self.base_s = hours * 3600
         self.audit = spec.verification.replay_audit
         self.audit_num, self.audit_den = self._audit_fraction(total_steps)
@@ -270,7 +274,7 @@ class _Context:
                               "deadline_hours): planned as cheapest")
         return None
 
-    def _base_hours(self, history: Mapping[str, float]) -> tuple[float, str, bool]:
+    def _base_hours(self, history: Mapping[str, float], own: tuple[float, str] | None) -> tuple[float, str, bool]:
         """Hours for the run, where the figure came from, and whether GPU throughput scales it.
 
         An estimate or history is in reference (A100) hours and scales; without one, the job's
@@ -279,6 +283,8 @@ class _Context:
         spec = self.spec
         if spec.estimated_hours is not None:
             return spec.estimated_hours, f"estimated_hours {spec.estimated_hours:g} ({REFERENCE}-hours)", True
+        if own is not None:
+            return own[0], own[1], True
         if spec.workload in history:
             hours = history[spec.workload]
             return hours, f"history of {spec.workload}: {hours:g} {REFERENCE}-hours", True

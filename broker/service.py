@@ -33,9 +33,10 @@ from trainmaster.backends.base import (
     AttemptContext, Backend, BackendError, Handle, LocalEnvironmentError, Offer, OfferSet, Phase, Progress,
     TransientBackendError,
 )
-from trainmaster.backends.features import KeepsSegments, RunsUntrusted
+from trainmaster.backends.features import AllocatesMachine, KeepsSegments, RunsUntrusted
 from trainmaster.backends.retry import ATTEMPTS, retried
-from trainmaster.broker import paths, states
+from trainmaster.broker import cost_cap, paths, states
+from trainmaster.broker.estimate import own_estimate, past_run
 from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
 from trainmaster.broker.plans import StoredPlan
@@ -49,6 +50,7 @@ from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
 MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
 LOG_POLL_S = 0.2
+WATCH_S = 1.0  # while `logs -f` follows a running job, it is watched (its cost cap checked) this often
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class Prepared:
     """What will happen to the run's outputs on the chosen offer, and code lines that may write pickles."""
     budget: str | None = None
     """Why a budget would refuse the dispatch now (submit would fail the job with this reason)."""
+    start: str | None = None
+    """Whether the job would start now or wait in the queue (backends that allocate a machine)."""
 
 
 class Broker:
@@ -155,7 +159,16 @@ class Broker:
         banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
         history, failure_rates = learned(self.store.ended_attempts())
         return plan(spec, policy, offer_sets, blocked=blocked, banned=banned, history=history,
-                    failure_rates=failure_rates)
+                    failure_rates=failure_rates, own=own_estimate(spec, [past_run(a, spec_json) for a, spec_json
+                                             in self.store.accepted_runs(spec.name, HISTORY_RUNS)]))
+
+    def start_preview(self, spec: JobSpec, policy: Policy, offer: Offer) -> str | None:
+        """Whether a job planned on `offer` would start now or wait in the queue (None: the backend
+        does not allocate a machine, so it always starts)."""
+        backend = self.backend(offer.backend, policy)
+        if not isinstance(backend, AllocatesMachine):
+            return None
+        return self.store.start_preview(offer.backend, lambda held: backend.fit(spec, held))
 
     # submit
 
@@ -185,7 +198,8 @@ class Broker:
         warnings = await asyncio.to_thread(dry_run_warnings, loaded.code_dir, trusted=offer.trusted, where=offer.backend,
                                            max_bundle_bytes=_max_bundle(loaded.spec))
         return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info, warnings=tuple(warnings),
-                        budget=self.budget_refusal(loaded.spec, policy, result))
+                        budget=self.budget_refusal(loaded.spec, policy, result),
+                        start=self.start_preview(loaded.spec, policy, offer))
 
     async def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
         """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good."""
@@ -210,7 +224,20 @@ class Broker:
     # the state machine, driven from whatever state is recorded
 
     async def advance(self, job_id: str) -> Job:
-        """Move a job as far as it can go now; safe to call from any process at any time."""
+        """Move a job as far as it can go now; safe to call from any process at any time. A queued job
+        first has the jobs that hold the machine brought up to date, so a run that ended frees its place."""
+        if self.store.job(job_id).state == "queued":
+            await self._advance_holders()
+        return await self._advance(job_id)
+
+    async def _advance_holders(self) -> None:
+        for holder in self.store.holders():
+            try:
+                await self._advance(holder)
+            except Exception as exc:  # noqa: BLE001 — recorded on that job, retried by the next command
+                self.store.log_event(holder, "error", {"message": f"{type(exc).__name__}: {exc}"})
+
+    async def _advance(self, job_id: str) -> Job:
         job = self.store.job(job_id)
         if job.state in states.JOB_ENDS:
             return job
@@ -219,7 +246,7 @@ class Broker:
             if job.state == "submitted" or (job.state == "planned" and not job.plan_json):
                 await self._replan(job)  # recorded, but the process died before its plan was
             job = self.store.job(job_id)
-            if job.state == "planned":
+            if job.state in ("planned", "queued"):
                 await self._dispatch(job)
             for attempt in self.store.attempts(job_id):
                 if attempt.state not in states.ATTEMPT_ENDS | states.WAITING:
@@ -230,11 +257,13 @@ class Broker:
         """Advance every unfinished job (what each CLI command does first).
 
         A job that cannot move now (a backend down, a ledger conflict) gets an `error` event and is
-        tried again next time; it never stops the others from being brought up to date.
+        tried again next time; it never stops the others from being brought up to date. Queued jobs
+        come last, first in the queue first, so they start in order on what the others freed.
         """
-        for job in self.store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1000):
+        moving = set(states.JOB_TRANSITIONS) - states.JOB_ENDS - {"queued"}
+        for job in self.store.jobs(states_in=moving, limit=1000) + self.store.queued_jobs():
             try:
-                await self.advance(job.id)
+                await self._advance(job.id)
             except Exception as exc:  # noqa: BLE001 — recorded on the job, retried by the next command
                 self.store.log_event(job.id, "error", {"message": f"{type(exc).__name__}: {exc}"})
 
@@ -274,11 +303,19 @@ class Broker:
         self._record_plan(job.id, result, seq=seq)
 
     async def _dispatch(self, job: Job) -> None:
-        """Reserve the planned cost and start an attempt on the planned offer (no second planning)."""
+        """Claim the machine (a backend that allocates one: else the job waits queued), reserve the
+        planned cost and start an attempt on the planned offer (no second planning)."""
         stored = StoredPlan.model_validate_json(job.plan_json)
-        offer = stored.offer
+        spec, n = self.spec(job), self.store.next_attempt_number(job.id)
+        if cost_cap.remaining(spec, self.store.attempts(job.id), time.time()) == 0:
+            self.store.move_job(job.id, "failed", reason=cost_cap.reason(
+                spec, cost_cap.spent(self.store.attempts(job.id), time.time())))
+            return
+        offer = self._claimed(job, spec, stored.offer, n)
+        if offer is None:
+            return  # queued
         ledger = self._ledger(job)
-        key = f"reserve:{job.id}.{self.store.next_attempt_number(job.id)}.p{stored.seq}"
+        key = f"reserve:{job.id}.{n}.p{stored.seq}"
         self._release_orphans(job, ledger, keep=key)
         try:
             ledger.reserve(key, job_id=job.id, backend=offer.backend, workload=job.workload, project=job.project,
@@ -293,6 +330,15 @@ class Broker:
         attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json(),
                                             reserve_key=key, seed=seed, detail={"seed_nonce": nonce} if nonce else None)
         await self._start(job, attempt)
+
+    def _claimed(self, job: Job, spec: JobSpec, offer: Offer, n: int) -> Offer | None:
+        """The offer with what attempt `n` holds of the machine, or None when the job waits queued."""
+        backend = self.backend(offer.backend, self.policy(job))
+        if not isinstance(backend, AllocatesMachine):
+            return offer
+        backend.fit(spec, [])  # the inventory is probed (NVML, torch) before, not inside, the write transaction
+        claim = self.store.claim(job.id, f"{job.id}.{n}", offer.backend, lambda held: backend.fit(spec, held))
+        return None if claim is None else backend.claimed(offer, claim)
 
     def _release_orphans(self, job: Job, ledger: Ledger, *, keep: str) -> None:
         """Release reservations a process made for this job before dying without creating the attempt
@@ -331,6 +377,7 @@ class Broker:
             # an untrusted executor starts from its own S_0, never from another executor's states
             resume_from=self._resume_point(job, attempt) if offer.trusted else None,
             challenge_digest=None if offer.trusted else self._challenge_digest(job, attempt),
+            max_micro_usd=cost_cap.remaining(self.spec(job), self.store.attempts(job.id), time.time()),
         )
 
     def _challenge_digest(self, job: Job, attempt: Attempt) -> str:
@@ -372,9 +419,17 @@ class Broker:
         attempt = self.store.attempt(attempt.id)
         if attempt.state in states.ATTEMPT_ENDS:
             return  # it could not be started again and has been ended
-        st = await retried(self.backend(attempt.backend, self.policy(job)).status, handle)
-        if st.phase is Phase.running and attempt.state == "dispatched":
-            self.store.move_attempt(attempt.id, "running", job_target="running", started_at=st.started_at)
+        backend = self.backend(attempt.backend, self.policy(job))
+        st = await retried(backend.status, handle)
+        if st.phase is Phase.running:
+            if attempt.state == "dispatched":
+                self.store.move_attempt(attempt.id, "running", job_target="running", started_at=st.started_at)
+            if cost_cap.reached(self.spec(job), self.store.attempts(job.id), time.time()):
+                await retried(backend.cancel, handle)
+                st = await retried(backend.status, handle)
+                await self._stopped_at_cap(job, self.store.attempt(attempt.id), st)
+        elif st.phase in (Phase.failed, Phase.cancelled) and await self._over_cap(job, attempt):
+            await self._stopped_at_cap(job, attempt, st)  # stopped by its backend at the cap, or by us before a crash
         elif st.phase is Phase.succeeded:
             self.store.move_attempt(attempt.id, "returned", job_target="returned",
                                     started_at=st.started_at, ended_at=st.ended_at)
@@ -389,6 +444,20 @@ class Broker:
             again = crashed and self._retries_left(job, attempt) > 0
             await self._attempt_failed(job, attempt, st.reason or "failed", retry=crashed, same_offer=again,
                                        started_at=st.started_at, ended_at=st.ended_at)
+
+    async def _over_cap(self, job: Job, attempt: Attempt) -> bool:
+        """Whether the job's spend, this ended attempt's cost recorded, has reached its limits.max_usd."""
+        if self.spec(job).limits.max_usd is None:
+            return False
+        await self._record_cost(job, attempt)
+        return cost_cap.reached(self.spec(job), self.store.attempts(job.id), time.time())
+
+    async def _stopped_at_cap(self, job: Job, attempt: Attempt, st) -> None:
+        """End the attempt and the job `failed` with the cap as the reason; what it spent is charged."""
+        await self._record_cost(job, attempt)
+        why = cost_cap.reason(self.spec(job), cost_cap.spent(self.store.attempts(job.id), time.time()))
+        await self._end_attempt(job, attempt, "failed", job_target="failed", reason=why,
+                                started_at=st.started_at, ended_at=st.ended_at)
 
     def _retries_left(self, job: Job, attempt: Attempt) -> int:
         """Retries the policy still allows on this attempt's offer after a crash (`retries` per class)."""
@@ -604,7 +673,7 @@ class Broker:
     async def logs(self, job_id: str, *, follow: bool = False) -> AsyncIterator[str]:
         """The latest attempt's log from its start; with `follow`, until the job ends (across fallbacks)."""
         job = self.store.find_job(job_id)
-        current, offset = None, 0
+        current, offset, watched = None, 0, time.time()
         while True:
             attempts = [a for a in self.store.attempts(job.id) if a.handle_json]
             if not attempts:
@@ -624,6 +693,9 @@ class Broker:
                 continue
             if not follow:
                 return
+            if not chunk.complete and time.time() - watched >= WATCH_S:  # its cost cap is checked as it runs
+                job, watched = await self.advance(job.id), time.time()
+                continue
             if chunk.complete:
                 job = await self.advance(job.id)
                 newer = [a for a in self.store.attempts(job.id) if a.handle_json and a.n > last.n]

@@ -1,6 +1,8 @@
 """The job and attempt state machines (docs/architecture.md §2).
 
-A job walks submitted → planned → dispatched → running → returned → verifying → accepted. An
+A job walks submitted → planned → dispatched → running → returned → verifying → accepted; on a
+backend that allocates its machine (local), a planned job that does not fit now waits `queued`
+and is dispatched, in order, when capacity frees. An
 attempt (one try on one offer) ends accepted, rejected, failed or cancelled; after a rejected or
 failed attempt the job goes back to `planned` for the next offer, or ends `failed` when none is
 left. An attempt whose checks could not run (a missing package, a full disk: `cannot_verify`) is
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 JOB_TRANSITIONS: dict[str, set[str]] = {
     "submitted": {"planned", "failed", "cancelled"},
-    "planned": {"dispatched", "failed", "cancelled"},
+    "planned": {"dispatched", "queued", "failed", "cancelled"},
+    "queued": {"dispatched", "failed", "cancelled"},
     "dispatched": {"running", "returned", "planned", "failed", "cancelled"},
     "running": {"returned", "planned", "failed", "cancelled"},
     "returned": {"verifying", "planned", "failed", "cancelled"},

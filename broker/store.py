@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,16 @@ MIGRATIONS: list[list[str]] = [
     [  # 3: each attempt's seed (an untrusted one's is derived from a nonce the broker chose)
         "ALTER TABLE attempts ADD COLUMN seed INTEGER",
     ],
+    [  # 4: the machine as a resource: what each local attempt holds, and the queue of jobs waiting for it
+        "ALTER TABLE jobs ADD COLUMN queued_at REAL",
+        """CREATE TABLE claims (
+        attempt_id TEXT PRIMARY KEY,
+        job_id TEXT NOT NULL REFERENCES jobs(id),
+        backend TEXT NOT NULL,
+        resources TEXT NOT NULL,
+        at REAL NOT NULL
+    )""",
+    ],
 ]
 
 
@@ -106,6 +117,8 @@ class Job:
     """The policy as it was at submit: the job is planned, dispatched and settled under it."""
     plan_json: str | None = None
     """The current plan (`broker.plans.StoredPlan`): made at submit, remade only after a failed attempt."""
+    queued_at: float | None = None
+    """When the job last started waiting `queued` (its place in the queue)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +265,92 @@ class Store:
             if not self._move_job(db, job_id, "planned", detail=detail):
                 self._event(db, job_id, None, "replanned", None, None, detail)
 
+    # the machine's queue (see `claim`)
+
+    def claim(self, job_id: str, attempt_id: str, backend: str,
+              fit: Callable[[list[dict]], tuple[dict | None, str]]) -> dict | None:
+        """Claim what `fit` grants the attempt beside the claims held on `backend`, or queue the job.
+
+        One transaction reads the held claims, asks `fit` and writes the claim, so concurrent
+        dispatches (any process) never both get the same resources. The queue is first come, first
+        served: while jobs wait ahead of this one, it waits too. A claim already made for the attempt
+        (by a process that died before dispatching it) is returned as it is.
+        """
+        with self.tx() as db:
+            row = db.execute("SELECT resources FROM claims WHERE attempt_id = ?", (attempt_id,)).fetchone()
+            if row is not None:
+                return json.loads(row["resources"])
+            ahead = self._ahead(db, job_id)
+            claim, why = (None, f"{ahead} job(s) queued before it") if ahead else fit(self._held(db, backend))
+            if claim is None:
+                self._enqueue(db, job_id, why, ahead)
+                return None
+            db.execute("INSERT INTO claims (attempt_id, job_id, backend, resources, at) VALUES (?,?,?,?,?)",
+                       (attempt_id, job_id, backend, json.dumps(claim, sort_keys=True), time.time()))
+            self._event(db, job_id, attempt_id, "claimed", None, None, {"backend": backend, **claim})
+            return claim
+
+    def start_preview(self, backend: str, fit: Callable[[list[dict]], tuple[dict | None, str]]) -> str:
+        """Whether a new job would start now or wait (what `submit --dry-run` says); writes nothing."""
+        ahead = self._ahead(self.db, None)
+        if ahead:
+            return f"would wait in the queue, behind {ahead} job(s)"
+        claim, why = fit(self._held(self.db, backend))
+        return "would start now" if claim is not None else f"would wait in the queue: {why}"
+
+    def queue_position(self, job_id: str) -> int | None:
+        """1 for the next job to start; None when the job is not queued."""
+        row = self.db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return self._ahead(self.db, job_id) + 1 if row is not None and row["state"] == "queued" else None
+
+    def queued_jobs(self) -> list[Job]:
+        """The queue, first to start first."""
+        rows = self.db.execute("SELECT * FROM jobs WHERE state = 'queued' ORDER BY queued_at, id").fetchall()
+        return [Job(**r) for r in rows]
+
+    def holders(self) -> list[str]:
+        """Jobs whose attempts hold a claim now: advancing them frees what their ended runs held."""
+        return sorted({r["job_id"] for r in self._held_rows(self.db, None)})
+
+    @staticmethod
+    def _held_rows(db, backend: str | None) -> list[sqlite3.Row]:
+        """Claims still held: the attempt is dispatched or running, or (no attempt yet) its job is being
+        dispatched; a claim whose attempt ended, or whose job ended before dispatch, holds nothing."""
+        active = sorted(states.ACTIVE_ATTEMPT)
+        sql = (
+            "SELECT c.* FROM claims c JOIN jobs j ON j.id = c.job_id LEFT JOIN attempts a ON a.id = c.attempt_id"
+            f" WHERE ((a.id IS NOT NULL AND a.state IN ({','.join('?' * len(active))}))"
+            " OR (a.id IS NULL AND j.state IN ('planned', 'queued')))"
+        )
+        args: list = [*active]
+        if backend is not None:
+            sql += " AND c.backend = ?"
+            args.append(backend)
+        return db.execute(sql, args).fetchall()
+
+    def _held(self, db, backend: str) -> list[dict]:
+        return [json.loads(r["resources"]) for r in self._held_rows(db, backend)]
+
+    @staticmethod
+    def _ahead(db, job_id: str | None) -> int:
+        """Queued jobs that start before `job_id` (all of them when it is not queued)."""
+        row = db.execute("SELECT state, queued_at FROM jobs WHERE id = ?", (job_id,)).fetchone() if job_id else None
+        if row is None or row["state"] != "queued":
+            return db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND id != ?",
+                              (job_id or "",)).fetchone()[0]
+        return db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND (queued_at < ? OR (queued_at = ? AND id < ?))",
+            (row["queued_at"], row["queued_at"], job_id),
+        ).fetchone()[0]
+
+    def _enqueue(self, db, job_id: str, why: str, ahead: int) -> None:
+        """The job waits `queued` (its place taken now); one event, not one per look at the queue."""
+        row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row["state"] == "queued":
+            return
+        db.execute("UPDATE jobs SET queued_at = ? WHERE id = ?", (time.time(), job_id))
+        self._move_job(db, job_id, "queued", detail={"waiting": why, "position": ahead + 1})
+
     # attempts
 
     def create_attempt(self, job_id: str, *, backend: str, offer_json: str, reserve_key: str, seed: int,
@@ -294,6 +393,15 @@ class Store:
             [*sorted(states.ATTEMPT_ENDS), limit],
         ).fetchall()
         return [(Attempt(**{k: r[k] for k in r.keys() if k != "workload"}), r["workload"]) for r in rows]
+
+    def accepted_runs(self, name: str, limit: int) -> list[tuple[Attempt, str]]:
+        """The newest accepted attempts of jobs named `name`, each with its job's spec (JSON)."""
+        rows = self.db.execute(
+            "SELECT a.*, j.spec_json AS job_spec FROM attempts a JOIN jobs j ON j.id = a.job_id"
+            " WHERE j.name = ? AND a.state = 'accepted' AND a.billable_seconds > 0 ORDER BY a.created_at DESC LIMIT ?",
+            (name, limit),
+        ).fetchall()
+        return [(Attempt(**{k: r[k] for k in r.keys() if k != "job_spec"}), r["job_spec"]) for r in rows]
 
     def next_attempt_number(self, job_id: str) -> int:
         return self.db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)).fetchone()[0]

@@ -180,6 +180,21 @@ def test_default_notifier_logs_a_line(tmp_path, caplog):
     ]
 
 
+def test_a_charge_above_its_reservation_is_sent_to_the_notifier_after_the_thresholds_it_crossed(tmp_path):
+    alerts = []
+    ledger = Ledger(tmp_path / "s.db", [Budget(name="b", cap=10, alert_at_percent=[100], hard=False)], clock=Clock(),
+                    notify=alerts.append)
+    reserve(ledger, "a", 4)
+    ledger.charge("ca", reservation_key="a", micro_usd=12 * USD)  # metered compute that ran longer than planned
+    assert [type(a).__name__ for a in alerts] == ["Alert", "Overrun"]
+    assert alerts[-1].message() == "job job-a was charged $12.00, above its reservation of $4.00; it counts against budget 'b'"
+    ledger.charge("ca", reservation_key="a", micro_usd=12 * USD)  # a retry sends nothing again
+    assert len(alerts) == 2
+    ledger.reserve("d", job_id="job-d", backend="aws", workload="retraining", micro_usd=5 * USD)
+    ledger.charge("cd", reservation_key="d", micro_usd=5 * USD)  # as reserved: nothing to say
+    assert len(alerts) == 2
+
+
 @pytest.fixture
 def webhook_server():
     """A real aiohttp server on 127.0.0.1 in its own thread; yields (url, received bodies, event, statuses).

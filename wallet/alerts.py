@@ -1,5 +1,9 @@
 """Budget alerts: a log line always, and a JSON POST to the budget's webhook when it has one.
 
+A charge above its reservation (metered compute that ran longer than planned) is an `Overrun`, sent
+through the same notifier right after the charge, naming the budgets it counts against; it is not
+recorded or posted to a webhook (the thresholds it pushes a budget past are, as `Alert`s).
+
 The ledger records each (budget, period, threshold) once, inside the transaction that crossed it,
 so an alert fires exactly once however many processes race past the threshold. The log line is
 written after the commit by the ledger's notifier (:func:`log_alert` by default), which never
@@ -48,6 +52,21 @@ class Alert:
         return {"id": self.id, "text": self.message(), **body}
 
 
-def log_alert(alert: Alert) -> None:
+@dataclass(frozen=True)
+class Overrun:
+    job_id: str
+    charged_micro_usd: int
+    reserved_micro_usd: int
+    budgets: tuple[str, ...] = ()
+    """Labels of the budgets the charge counts against."""
+    webhook = None  # never posted (a class attribute, not a field)
+
+    def message(self) -> str:
+        against = f"; it counts against budget {', '.join(repr(b) for b in self.budgets)}" if self.budgets else ""
+        return (f"job {self.job_id} was charged {display_usd(self.charged_micro_usd)}, above its reservation of "
+                f"{display_usd(self.reserved_micro_usd)}{against}")
+
+
+def log_alert(alert: Alert | Overrun) -> None:
     """The ledger's default notifier: one warning line."""
     log.warning(alert.message())

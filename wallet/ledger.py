@@ -28,7 +28,7 @@ from typing import Literal
 from trainmaster.jobs import statedb
 from trainmaster.jobs.money import display_usd
 from trainmaster.wallet import outbox
-from trainmaster.wallet.alerts import Alert, log_alert
+from trainmaster.wallet.alerts import Alert, Overrun, log_alert
 from trainmaster.wallet.budget import Budget
 
 log = logging.getLogger("trainmaster.wallet.ledger")
@@ -236,7 +236,8 @@ class Ledger:
         rate_micro_usd_per_tao: int | None = None, detail: dict | None = None,
     ) -> Entry:
         """Record what was actually paid and settle the reservation. Never refused by a budget: the
-        money is spent; a charge above its reservation is logged, and can push a budget past its cap."""
+        money is spent; a charge above its reservation is sent to the notifier as an `Overrun`, and can push a
+        budget past its cap."""
         _check_amounts(micro_usd, rao, rate_micro_usd_per_tao)
         with self._tx() as db:
             reservation, done = self._settle_target(
@@ -244,14 +245,13 @@ class Ledger:
             )
             if done is not None:
                 return done
-            if micro_usd > reservation.micro_usd:
-                log.warning("job %s was charged %s, above its reservation of %s", reservation.job_id,
-                            display_usd(micro_usd), display_usd(reservation.micro_usd))
             now = self._clock()
             entry = _insert(db, key, _settlement(reservation, "charge", micro_usd, rao, rate_micro_usd_per_tao), now, detail)
             matching = [b for b in self.budgets
                         if b.matches(backend=entry.backend, workload=entry.workload, project=entry.project)]
             alerts = _record_alerts(db, matching, now)
+        if micro_usd > reservation.micro_usd:  # after the thresholds it crossed: those are the budget's news
+            alerts.append(Overrun(reservation.job_id, micro_usd, reservation.micro_usd, tuple(b.label for b in matching)))
         self._send(alerts)
         return entry
 
@@ -276,7 +276,7 @@ class Ledger:
             raise AlreadySettled(f"reservation {reservation_key!r} was already settled by a {settled[1]} ({settled[0]!r})")
         return reservation, None
 
-    def _send(self, alerts: list[Alert]) -> None:
+    def _send(self, alerts: list[Alert | Overrun]) -> None:
         for alert in alerts:
             try:
                 self._notify(alert)

@@ -6,6 +6,12 @@ the job's process group. Everything a later process needs to find the attempt ag
 work dir, so the handle is just its path, and a second `submit` of the same attempt finds the
 first run instead of starting another. Cost is wall time × the power model.
 
+The machine is a resource (allocation.py): each attempt holds the GPUs it was given exclusively (it sees
+only those, through CUDA_VISIBLE_DEVICES), and its CPUs and memory by request; the broker queues a job
+that does not fit now. The inventory is the one detected, or the one `backends.yaml` sets (`local:
+cpus/memory_gb/gpus`). A job with `limits.max_usd` gets a time limit its remaining money buys at the
+offer's price, so its supervisor stops it at the cap even when no broker process is watching.
+
 No orphans: a supervisor found dead without having recorded the end has the rest of its attempt
 stopped (processes.py) and the end recorded here, once, in `exit.json`: when the last process
 was stopped, or the supervisor's last heartbeat when nothing was left, so every later status()
@@ -30,9 +36,9 @@ from trainmaster.backends.base import (
     AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase,
     Progress,
 )
-from trainmaster.backends.features import KeepsSegments, SupportsMultiGpu, needed, unsupported
-from trainmaster.backends.hardware import Machine, this_machine
-from trainmaster.backends.local import processes
+from trainmaster.backends.features import AllocatesMachine, KeepsSegments, SupportsMultiGpu, needed, unsupported
+from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
+from trainmaster.backends.local import allocation, processes
 from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
@@ -46,7 +52,7 @@ LOG_CHUNK = 2**20
 SPAWNED = "spawned"  # created (exclusively) just before the supervisor is started: never start two
 
 
-class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
+class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
     name = "local"
     unsupported = {
         "multi_node": "runs on this machine only",
@@ -74,7 +80,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
 
     @property
     def machine(self) -> Machine:
-        return self._machine or this_machine()
+        return self._machine or inventory(self.config)
 
     async def offers(self, spec: JobSpec) -> OfferSet:
         reasons = self.infeasible(spec)
@@ -118,13 +124,14 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
         return reasons
 
     def _pick_gpus(self, spec: JobSpec):
-        res = spec.resources
-        fits = [
-            g for g in self.machine.gpus
-            if (not res.gpu_types or any(t.lower() in g.name.lower() for t in res.gpu_types))
-            and (not res.min_vram_gb or g.memory_mb >= res.min_vram_gb * 1000)
-        ]
-        return fits[: res.gpus]
+        return allocation.eligible_gpus(self.machine, spec)[: spec.resources.gpus]
+
+    def fit(self, spec: JobSpec, held: list[dict]) -> tuple[dict | None, str]:
+        got = allocation.fit(self.machine, spec, [allocation.Claim.of(c) for c in held])
+        return (got.claim.to_dict() if got.claim else None), got.why
+
+    def claimed(self, offer: Offer, claim: dict) -> Offer:
+        return offer.model_copy(update={"detail": {**offer.detail, "gpu_indices": list(claim["gpus"])}})
 
     # running
 
@@ -180,7 +187,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
             "python_names": sorted(PYTHON_NAMES),
             "cwd": str(workdir / "code"),
             "env": env,
-            "max_seconds": spec.limits.max_hours * 3600 if spec.limits.max_hours else None,
+            "max_seconds": max_seconds(spec, offer, ctx),
             "requirements": str(workdir / "code" / spec.environment.requirements)
             if spec.environment.python == "requirements" else None,
             "envs_dir": self.config.envs_dir or str(workdir.parent / "envs"),
@@ -242,6 +249,28 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
         micro = -(-int(seconds * 1000) * offer.price_per_hour_micro_usd // 3_600_000)  # rounded up to the micro-dollar
         return Cost(micro_usd=micro, billable_seconds=seconds,
                     basis=f"{seconds:.1f} s × {offer.price_per_hour_micro_usd} µUSD/h (power model)")
+
+
+def inventory(config: LocalConfig) -> Machine:
+    """What the backend allocates: the detected machine, with what backends.yaml sets laid over it
+    (a GPU list set there is used as it is, and NVML and torch are not asked)."""
+    if config.cpus is None and config.memory_gb is None and config.gpus is None:
+        return this_machine()
+    found = this_host() if config.gpus is not None else this_machine()
+    gpus = found.gpus if config.gpus is None else tuple(
+        Gpu(index=i, name=g.name, memory_mb=g.memory_gb * 1024) for i, g in enumerate(config.gpus))
+    return Machine(cpus=config.cpus or found.cpus,
+                   memory_mb=config.memory_gb * 1024 if config.memory_gb else found.memory_mb, gpus=gpus)
+
+
+def max_seconds(spec: JobSpec, offer: Offer, ctx: AttemptContext) -> float | None:
+    """The supervisor's time limit: `limits.max_hours`, or sooner the time the attempt's share of
+    `limits.max_usd` buys at the offer's price (whole seconds, rounded down), whichever comes first."""
+    limits = [spec.limits.max_hours * 3600] if spec.limits.max_hours else []
+    price = offer.price_per_hour_micro_usd
+    if ctx.max_micro_usd is not None and price > 0:
+        limits.append(max(1, ctx.max_micro_usd * 3600 // price))  # 0 would read as no limit
+    return min(limits) if limits else None
 
 
 def single_process_env() -> dict[str, str]:

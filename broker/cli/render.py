@@ -44,6 +44,7 @@ def job_json(broker, job, *, events: bool = False) -> dict:
         "id": job.id, "name": job.name, "workload": job.workload, "project": job.project, "state": job.state,
         "reason": job.reason, "policy": job.policy, "bundle_sha256": job.bundle_sha256, "spec_path": job.spec_path,
         "created_at": job.created_at, "updated_at": job.updated_at,
+        "queue_position": broker.store.queue_position(job.id),
         "cost_micro_usd": sum(a.cost_micro_usd or 0 for a in attempts),
         "cost_usd": format_usd(sum(a.cost_micro_usd or 0 for a in attempts)),
         "job_dir": str(paths.job_dir(job.id)),
@@ -64,14 +65,15 @@ def job_json(broker, job, *, events: bool = False) -> dict:
     return out
 
 
-def _state(state: str) -> str:
+def _state(state: str, position: int | None = None) -> str:
     style = STATE_STYLE.get(state)
-    return f"[{style}]{state}[/{style}]" if style else state
+    shown = f"{state} #{position}" if position else state  # a queued job's place: #1 starts next
+    return f"[{style}]{shown}[/{style}]" if style else shown
 
 
 def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     data = job_json(broker, job, events=events)
-    console.print(f"[bold]{job.id}[/bold]  {_state(job.state)}  ({job.workload}, policy {job.policy})", highlight=False, soft_wrap=True)
+    console.print(f"[bold]{job.id}[/bold]  {_state(job.state, data['queue_position'])}  ({job.workload}, policy {job.policy})", highlight=False, soft_wrap=True)
     if job.reason:
         console.print(f"  reason: {job.reason}", highlight=False, soft_wrap=True)
     console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {job.bundle_sha256[:16]}…", highlight=False, soft_wrap=True)
@@ -117,7 +119,8 @@ def print_jobs(console: Console, broker, jobs) -> None:
     table = Table("job", "workload", "state", "created", "cost", box=None)
     for job in jobs:
         cost = sum(a.cost_micro_usd or 0 for a in broker.store.attempts(job.id))
-        table.add_row(job.id, job.workload, _state(job.state), _when(job.created_at), display_usd(cost))
+        table.add_row(job.id, job.workload, _state(job.state, broker.store.queue_position(job.id)), _when(job.created_at),
+                      display_usd(cost))
     console.print(table)
 
 
@@ -136,6 +139,8 @@ def prepared_json(prepared) -> dict:
         "unavailable": prepared.plan.reasons,
         "warnings": list(prepared.warnings),
         "budget": prepared.budget,
+        "estimate": prepared.plan.basis,
+        "start": prepared.start,
     }
 
 
@@ -147,6 +152,9 @@ def print_prepared(console: Console, prepared) -> None:
     console.print(render_plan(prepared.plan))
     for backend, why in prepared.plan.reasons.items():
         console.print(f"  {backend}: {'; '.join(why)}", highlight=False, soft_wrap=True)
+    console.print(f"  estimate: {escape(prepared.plan.basis)}", highlight=False, soft_wrap=True)
+    if prepared.start:
+        console.print(f"  start: {escape(prepared.start)}", highlight=False, soft_wrap=True)
     for warning in prepared.warnings:
         console.print(f"  [yellow]![/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     if prepared.budget:
