@@ -403,7 +403,7 @@ def test_untrusted_compute_returning_a_pt_file_is_rejected_with_the_file_and_not
     assert job["reason"].startswith("rejected: unsafe outputs: refused from untrusted compute")
     assert "model.pt is a torch.save archive" in job["reason"]
     assert "safetensors.torch.save_file(model.state_dict()" in job["reason"]
-    assert "no other offer is left to try" in job["reason"] and "blocked after a failed attempt" in job["reason"]
+    assert "no other offer is left to try" in job["reason"] and "its executor is banned" in job["reason"]
     from trainmaster.wallet.ledger import Ledger
 
     with Ledger(paths.state_db()) as ledger:
