@@ -135,20 +135,25 @@ def _find_spec(outputs: Path) -> Path | None:
 
 
 def _print(verdict) -> None:
-    where = verdict.job_id or "?"
+    """The verdict for people; every name and reason through `visible`, so no file name can draw on the terminal."""
+    from trainmaster.broker.cli.safe_text import visible
+
+    where = visible(verdict.job_id or "?")
     if verdict.attempt_id:
-        where += f" (attempt {verdict.attempt_id})"
+        where += f" (attempt {visible(verdict.attempt_id)})"
     typer.echo(f"{where}: {verdict.outcome.replace('_', ' ').upper()}")
-    typer.echo(f"checks: {', '.join(verdict.checks) or 'none'}")
+    typer.echo(f"checks: {visible(', '.join(verdict.checks) or 'none')}")
     for reason in verdict.reasons:
-        typer.echo(f"  - {reason}")
+        typer.echo(f"  - {visible(reason)}")
     opaque = (verdict.evidence.get("safety") or {}).get("opaque") or []
     if opaque:
         typer.echo("opaque (kept, never loaded by trainmaster; load them only if you trust where they came from):")
         for item in opaque:
-            typer.echo(f"  - {item['path']}: {item['what']}")
+            typer.echo(f"  - {visible(item['path'])}: {visible(item['what'])}")
 
 
 def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
+    from trainmaster.broker.cli.safe_text import visible
+
+    typer.echo(f"error: {visible(message)}", err=True)
     raise typer.Exit(EXIT_CANNOT_VERIFY)
