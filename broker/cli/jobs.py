@@ -65,8 +65,12 @@ def submit(
 
     started: list = []
 
-    def submitted(job) -> None:
+    def submitted(job, left_out: list[str]) -> None:
         started.append(job)
+        from trainmaster.broker.service import left_out_warning
+
+        for warning in left_out_warning(left_out):
+            console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
         if job.state == "failed" and not as_json:
             fail(f"{job.id} failed before it started: {job.reason}", BAD)
         if not as_json:

@@ -55,6 +55,8 @@ def show(
     outcome when a job.yaml is found next to it). A directory is of unknown origin, so it is judged as
     untrusted compute's outputs (pickle-capable files refused) unless --trusted is given. Exit 0
     accepted, 1 rejected, 2 cannot verify."""
+    if not target.strip():  # Path("") is the current directory: never judge it by accident
+        _fail("empty job reference: give a job id, a unique prefix of one, or a directory")
     path = Path(target)
     if again:
         from trainmaster.broker.cli import calls
