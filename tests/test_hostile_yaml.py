@@ -67,3 +67,13 @@ def test_a_deep_but_allowed_file_still_parses_and_the_limit_names_the_line():
 def test_an_anchor_alone_is_harmless_and_accepted():
     spec = load_model("x.yaml", JobSpec, text="name: &n t\nentrypoint: python x.py\n")
     assert spec.name == "t"
+
+
+@pytest.mark.parametrize("text", [alias_bomb(), deep_flow()])
+def test_backends_check_refuses_a_hostile_backends_yaml(tmp_path, text):
+    home = tmp_path / "home"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "backends.yaml").write_text(text)
+    out = tm("backends", "check", home=home)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "backends.yaml:" in out.stderr

@@ -63,3 +63,11 @@ def test_status_and_verify_show_escape_names_a_job_returned(job_factory, tmp_pat
 def test_an_error_naming_a_hostile_reference_is_escaped(tmp_path):
     result = tm("status", "no-such\x1b[2J-job", home=tmp_path / "home")
     assert result.returncode == 2 and "\\x1b[2J" in result.stderr and not RAW_CONTROL.search(result.stderr)
+
+
+def test_an_error_of_several_problems_keeps_one_per_line_and_escapes_each(job_factory, tmp_path):
+    spec = job_factory("print(1)\n", "resources:\n  gpu: 1\n  \"x\\e]0;t\\a\": 2\n")  # an OSC in a key
+    out = tm("submit", str(spec), home=tmp_path / "home")
+    assert out.returncode == 1
+    lines = [line for line in out.stderr.splitlines() if "job.yaml:" in line]
+    assert len(lines) == 2 and not RAW_CONTROL.search(out.stderr) and "x\\x1b]0;t\\x07" in out.stderr

@@ -19,10 +19,11 @@ def console(*, stderr: bool = False):
 
 def escape(text: str) -> str:
     """`text` printed as it is: control characters made visible, not read as Rich markup (paths and user
-    values may hold brackets or terminal escapes; broker/cli/safe_text.py)."""
+    values may hold brackets or terminal escapes; broker/cli/safe_text.py). Its line breaks are kept:
+    a message of several problems is one per line."""
     from trainmaster.broker.cli.safe_text import markup
 
-    return markup(text)
+    return "\n".join(markup(line) for line in str(text).split("\n"))
 
 
 def fail(message: str, code: int) -> None:

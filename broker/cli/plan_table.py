@@ -38,7 +38,7 @@ def render_plan(plan: Plan, *, limit: int = 15):
     if hidden:
         lines.append(f"{sum(hidden.values()):,} more offers: " + "; ".join(f"{n:,} {v}" for v, n in hidden.most_common()))
     lines += plan.notes
-    table.caption = escape("\n".join(lines))
+    table.caption = "\n".join(map(escape, lines))
     table.caption_justify = "left"
     return table
 
