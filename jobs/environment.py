@@ -72,8 +72,9 @@ def expand_command(command: str, env: Mapping[str, str]) -> list[str]:
     There is no globbing, `~`, command substitution or pipe outside a shell: for those, run one.
     """
     words = shlex.split(command)
-    scripts = _shell_scripts(words)
-    return [word if i in scripts else _expand(word, env) for i, word in enumerate(words)]
+    expanded = [_expand(word, env) for word in words]
+    scripts = _shell_scripts(expanded)  # after expansion, so `$SHELL -c SCRIPT` is seen as a shell too
+    return [words[i] if i in scripts else word for i, word in enumerate(expanded)]
 
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh", "fish"})

@@ -34,9 +34,11 @@ def test_submit_wait_prints_a_hostile_title_as_text_and_runs_nothing(job_factory
     ("env -i A=1 sh -c 'echo $X'", 5),
     ("timeout 60 bash --norc -o pipefail -c 'echo $X'", 7),
     ("bash -x -c 'echo $X' arg0", 3),
+    ("$SHELL -c 'echo $X'", 2),
+    ("bash -c -- 'echo $X'", 3),
 ])
 def test_a_shells_script_is_left_as_written(command, script_at):
-    words = expand_command(command, {"X": "$(boom)"})
+    words = expand_command(command, {"X": "$(boom)", "SHELL": "/bin/bash"})
     assert words[script_at] == "echo $X"
 
 
