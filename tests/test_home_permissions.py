@@ -12,7 +12,8 @@ from trainmaster.jobs.files import write_json_atomic
 from trainmaster.jobs.statedb import connect
 
 TRAIN = ("import os, pathlib\nout = pathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'])\n"
-         "(out / 'out.txt').write_text('ok')\n(out / 'sub').mkdir()\n(out / 'sub' / 'w.txt').write_text('w')\n")
+         "(out / 'out.txt').write_text('ok')\n(out / 'sub').mkdir()\n(out / 'sub' / 'w.txt').write_text('w')\n"
+         "os.chmod(out / 'sub' / 'w.txt', 0o666)\n")  # a job that opens its own output to everyone
 
 
 def tm_with_umask(*args: str, home, umask: int = 0o022) -> subprocess.CompletedProcess:
