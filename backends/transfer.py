@@ -69,12 +69,20 @@ def _copy_tree(source: Path, dest: Path, progress: Progress | None, link: bool =
                 if sink:
                     sink.flush()
                 os.fsync((sink or src).fileno())  # a linked file's data may still be only in the page cache
+            _owner_only(target)
             out.append(OutputFile(path=rel.as_posix(), size=size, sha256=digest.hexdigest()))
         os.replace(tmp, dest)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _disk_error(exc, dest, total) from None
     return out
+
+
+def _owner_only(path: Path) -> None:
+    """Drop group and other permissions from a stored output (a job may have made it 0644 or 0666 itself)."""
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        os.chmod(path, mode & 0o700)
 
 
 def _hard_link(path: Path, target: Path) -> bool:

@@ -8,6 +8,23 @@ from pathlib import Path
 HOME_ENV = "TRAINMASTER_HOME"
 
 
+PRIVATE_UMASK = 0o077
+
+
+def make_private() -> str | None:
+    """Make what this process writes its user's alone (umask 0o077: files 0600, folders 0700) and tighten
+    an existing home that others can enter to 0700; returns a note saying so when it did."""
+    os.umask(PRIVATE_UMASK)
+    root = home()
+    if not root.is_dir():
+        return None  # made later, private by the umask (or not a folder: the command says so)
+    mode = root.stat().st_mode & 0o777
+    if not mode & PRIVATE_UMASK:
+        return None
+    root.chmod(0o700)
+    return f"{root} was readable by other users (mode {mode:04o}); it is now 0700"
+
+
 def home() -> Path:
     override = os.environ.get(HOME_ENV)
     if override:
@@ -46,3 +63,10 @@ def bundles_dir() -> Path:
 def envs_dir() -> Path:
     """Job virtualenvs (`environment: {python: requirements}`), cached across jobs by their requirements' hash."""
     return home() / "envs"
+
+
+def overlaps_home(path: Path) -> bool:
+    """Whether `path` is the home, is inside it, or holds it: a code directory there would be bundled with
+    `state.db` (challenge secrets, job environments) and sent to whoever runs the job."""
+    here, root = Path(path).resolve(), home().resolve()
+    return here == root or root in here.parents or here in root.parents

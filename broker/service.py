@@ -69,6 +69,14 @@ class Prepared:
     """Whether the job would start now or wait in the queue (backends that allocate a machine)."""
 
 
+
+def left_out_warning(left_out: tuple[str, ...] | list[str]) -> list[str]:
+    """The warning for the likely secrets a bundle left out (none when nothing was)."""
+    if not left_out:
+        return []
+    return [f"left out of the bundle as likely secrets: {', '.join(left_out)} "
+            f"(a `!name` line in {bundles.IGNORE_FILE} sends one anyway)"]
+
 class Broker:
     """The broker over one state database. `backends` replaces registry backends by name (tests)."""
 
@@ -174,13 +182,18 @@ class Broker:
 
     async def _planned(self, spec_path: Path, policy_name: str) -> tuple[LoadedSpec, Policy, Plan]:
         """The spec checked and planned under the policy (raises FileError, PlanError)."""
+        from trainmaster.jobs.yamlfile import FileError
+
         loaded = load_spec(spec_path)
+        if paths.overlaps_home(loaded.code_dir):
+            raise FileError(loaded.path, [f"{loaded.path}: code: {loaded.code_dir} overlaps trainmaster's home "
+                                          f"{paths.home()} (its state, job environments and secrets would be bundled); "
+                                          "point code: at the job's own folder"])
         policy = load_policy(policy_name)
         result = await self.plan(loaded.spec, policy)
         if result.chosen is None:
             raise PlanError(result)
         if "replay" in checks_for(policy, loaded.spec, result.chosen.offer):
-            from trainmaster.jobs.yamlfile import FileError
             from trainmaster.verify.recipe_run import processes_refusal
 
             if refusal := processes_refusal(loaded.spec):  # never dispatch a run its audit could not replay
@@ -197,6 +210,7 @@ class Broker:
         offer = result.chosen.offer
         warnings = await asyncio.to_thread(dry_run_warnings, loaded.code_dir, trusted=offer.trusted, where=offer.backend,
                                            max_bundle_bytes=_max_bundle(loaded.spec))
+        warnings = [*left_out_warning(info.left_out), *warnings]
         return Prepared(loaded=loaded, policy=policy, plan=result, bundle=info, warnings=tuple(warnings),
                         budget=self.budget_refusal(loaded.spec, policy, result),
                         start=self.start_preview(loaded.spec, policy, offer))
@@ -211,7 +225,7 @@ class Broker:
             job_id=job_id, name=loaded.spec.name, workload=loaded.spec.workload, project=loaded.spec.project,
             spec_json=loaded.spec.model_dump_json(), spec_path=str(loaded.path), bundle_sha256=info.sha256,
             policy=policy_name, policy_json=policy.model_dump_json(),
-            detail={"bundle_bytes": info.size, "files": info.files},
+            detail={"bundle_bytes": info.size, "files": info.files, "left_out": list(info.left_out)},
         )
         self._policies[job_id] = policy
         self._record_plan(job_id, result, seq=1)

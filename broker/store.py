@@ -217,10 +217,12 @@ class Store:
         return Job(**row)
 
     def find_job(self, prefix: str) -> Job:
-        """A job by id or unique id prefix."""
+        """A job by id or unique id prefix, matched case by case (`Run-1` is not `run-1`); an empty or
+        blank reference names no job, however few there are."""
+        if not prefix.strip():
+            raise NotFound("empty job reference: give a job id or a unique prefix of one")
         rows = self.db.execute(
-            "SELECT * FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\' ORDER BY id LIMIT 3",
-            (prefix, prefix.replace("%", "\\%").replace("_", "\\_") + "%"),
+            "SELECT * FROM jobs WHERE id = ? OR substr(id, 1, ?) = ? ORDER BY id LIMIT 3", (prefix, len(prefix), prefix),
         ).fetchall()
         exact = [r for r in rows if r["id"] == prefix]
         if exact or len(rows) == 1:

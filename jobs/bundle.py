@@ -36,6 +36,7 @@ _COPY_BUFSIZE = 4 * 1024**2  # read/hash/write chunk; large chunks keep per-call
 _MAX_SPEC_BYTES = 16 * 1024**2
 _MAX_META_BYTES = 1024**2  # pax and GNU long-name header payloads, which tarfile reads into memory
 _FILE_MODE, _EXEC_MODE, _DIR_MODE, _LINK_MODE = 0o644, 0o755, 0o755, 0o777
+_PRIVATE = 0o700  # extracted members keep only their owner's permission bits (docs/bundle.md)
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _TAR_TYPES = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE}
 _ALLOWED_MEMBER_TYPES = frozenset(
@@ -63,6 +64,7 @@ class BundleInfo:
     size: int  # tar size in bytes
     files: int  # regular files from the code directory (the spec member is not counted)
     path: Path | None  # where the tar was written, None for digest-only
+    left_out: tuple[str, ...] = ()  # likely secrets the default rules kept out (ignore.SECRET_PATTERNS), sorted
 
 
 @dataclass(frozen=True)
@@ -87,19 +89,25 @@ def collect(code_dir: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[Entry
     directory, a payload over `max_bytes`, a symlink leaving the tree or pointing at something
     left out, and device files, fifos and sockets.
     """
+    return _collect(code_dir, max_bytes)[0]
+
+
+def _collect(code_dir: Path, max_bytes: int) -> tuple[list[Entry], tuple[str, ...]]:
+    """`collect`'s entries, and the paths left out as likely secrets."""
     root = _code_root(code_dir)
-    entries = sorted(_walk(root, _ignore_rules(root)), key=lambda e: e.path)
+    left_out: list[str] = []
+    entries = sorted(_walk(root, _ignore_rules(root), left_out), key=lambda e: e.path)
     _check_link_targets(entries)
     _check_payload(entries, max_bytes)
-    return entries
+    return entries, tuple(sorted(left_out))
 
 
 def bundle_digest(code_dir: Path, spec_json: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> BundleInfo:
     """The sha256 and size the bundle would have; writes nothing."""
-    root, entries = _plan(code_dir, spec_json, max_bytes)
+    root, entries, left_out = _plan(code_dir, spec_json, max_bytes)
     sink = _HashingSink()
     _write_tar(root, entries, sink)
-    return BundleInfo(sink.hexdigest(), sink.size, _count_code_files(entries), None)
+    return BundleInfo(sink.hexdigest(), sink.size, _count_code_files(entries), None, left_out)
 
 
 def build_bundle(
@@ -111,7 +119,7 @@ def build_bundle(
     and renamed into place; an existing bundle with that name is reused. On any error, a full
     disk included, the temp file is removed and nothing is left behind.
     """
-    root, entries = _plan(code_dir, spec_json, max_bytes)
+    root, entries, left_out = _plan(code_dir, spec_json, max_bytes)
     dest_dir = Path(dest_dir)
     fd, tmp = _temp_file(dest_dir)
     try:
@@ -124,11 +132,12 @@ def build_bundle(
         raise
     finally:
         os.close(fd)
-    return BundleInfo(sink.hexdigest(), sink.size, _count_code_files(entries), final)
+    return BundleInfo(sink.hexdigest(), sink.size, _count_code_files(entries), final, left_out)
 
 
-def _plan(code_dir: Path, spec_json: bytes, max_bytes: int) -> tuple[Path, list[Entry]]:
-    """The code root and every entry of the bundle, the spec included, checked against the limit."""
+def _plan(code_dir: Path, spec_json: bytes, max_bytes: int) -> tuple[Path, list[Entry], tuple[str, ...]]:
+    """The code root, every entry of the bundle (the spec included, checked against the limit) and
+    the paths left out as likely secrets."""
     if not isinstance(spec_json, bytes):
         raise TypeError(f"spec_json must be bytes (the spec's canonical JSON), not {type(spec_json).__name__}")
     root = _code_root(code_dir)
@@ -136,9 +145,10 @@ def _plan(code_dir: Path, spec_json: bytes, max_bytes: int) -> tuple[Path, list[
         Entry(_SPEC_DIR, "dir", _DIR_MODE),
         Entry(SPEC_MEMBER, "file", _FILE_MODE, size=len(spec_json), data=spec_json),
     ]
-    entries = sorted(collect(root, max_bytes=max_bytes) + spec_entries, key=lambda e: e.path)
+    code_entries, left_out = _collect(root, max_bytes)
+    entries = sorted(code_entries + spec_entries, key=lambda e: e.path)
     _check_payload(entries, max_bytes)
-    return root, entries
+    return root, entries, left_out
 
 
 def _code_root(code_dir: Path) -> Path:
@@ -157,8 +167,9 @@ def _ignore_rules(root: Path) -> IgnoreRules:
         raise BundleError(f"cannot read {root / IGNORE_FILE}: {e}") from e
 
 
-def _walk(root: Path, rules: IgnoreRules) -> Iterator[Entry]:
-    """Every entry below `root` the rules keep, in no particular order; symlinks are not followed."""
+def _walk(root: Path, rules: IgnoreRules, left_out: list[str]) -> Iterator[Entry]:
+    """Every entry below `root` the rules keep, in no particular order; symlinks are not followed.
+    What the secret defaults alone leave out is appended to `left_out` (a directory with a final `/`)."""
     pending = [""]
     while pending:
         rel_dir = pending.pop()
@@ -167,6 +178,8 @@ def _walk(root: Path, rules: IgnoreRules) -> Iterator[Entry]:
             st = _lstat(child)
             is_dir = stat.S_ISDIR(st.st_mode)
             if _is_ignored(child, rel, is_dir, rules):
+                if rules.left_out_as_secret(rel, is_dir=is_dir) and not always_ignored(child.name):
+                    left_out.append(rel + "/" if is_dir else rel)
                 continue
             if is_dir:
                 pending.append(rel)
@@ -580,7 +593,7 @@ def _extract_atomically(
         raise BundleError(f"cannot create a temporary directory next to {dest}: {e.strerror}") from e
     try:
         _extract_members(tar, tar_path, list(members.values()), tmp)
-        os.chmod(tmp, _DIR_MODE)
+        os.chmod(tmp, _DIR_MODE & _PRIVATE)
         _rename_new(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -589,11 +602,17 @@ def _extract_atomically(
 
 def _extract_members(tar: tarfile.TarFile, tar_path: Path, members: list[tarfile.TarInfo], into: Path) -> None:
     try:
-        tar.extractall(into, members=members, filter="data")
+        tar.extractall(into, members=members, filter=_private_data_filter)
     except tarfile.FilterError as e:
         raise BundleError(f"member {e.tarinfo.name!r} refused by tarfile's data filter: {e}") from e
     except (tarfile.TarError, OSError) as e:
         raise BundleError(f"cannot extract {tar_path}: {e}") from e
+
+
+def _private_data_filter(member: tarfile.TarInfo, dest_path: str) -> tarfile.TarInfo:
+    """tarfile's "data" filter, with group and other permissions dropped: extracted code is its owner's alone."""
+    member = tarfile.data_filter(member, dest_path)
+    return member if member.mode is None else member.replace(mode=member.mode & _PRIVATE, deep=False)
 
 
 def _rename_new(tmp: Path, dest: Path) -> None:

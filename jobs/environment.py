@@ -55,13 +55,56 @@ _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*
 
 def expand_command(command: str, env: Mapping[str, str]) -> list[str]:
     """The argv a command runs as: split into words as a POSIX shell would (`shlex.split`), then
-    `$NAME` and `${NAME}` in each word replaced from `env`, the job's own environment.
+    `$NAME` and `${NAME}` in each word replaced from `env`, the job's own environment, except in a
+    shell's script (`bash -c SCRIPT`, `sh -ec SCRIPT`, `env zsh -c SCRIPT`; `_shell_scripts`).
 
     Like `os.path.expandvars`, a name `env` lacks is left as written, and quotes group words but do
-    not stop expansion. There is no globbing, `~`, command substitution or pipe: for those, run a
-    shell (`bash -c '…'`), which expands its own variables in the same environment.
+    not stop expansion. A shell's script is left exactly as written: the shell expands its own
+    variables from the same environment, and quoting works there as in any shell, so a value holding
+    `$(…)` or backticks stays text in `"$VAR"`. Pasting the value into the script text first would run it.
+    There is no globbing, `~`, command substitution or pipe outside a shell: for those, run one.
     """
-    return [_VARIABLE.sub(lambda m: env.get(m[1] or m[2], m[0]), word) for word in shlex.split(command)]
+    words = shlex.split(command)
+    expanded = [_expand(word, env) for word in words]
+    scripts = _shell_scripts(expanded)  # after expansion, so `$SHELL -c SCRIPT` is seen as a shell too
+    return [words[i] if i in scripts else word for i, word in enumerate(expanded)]
+
+
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh", "fish"})
+_SHELL_LONG_OPTIONS_WITH_VALUE = frozenset({"--rcfile", "--init-file"})
+
+
+def _expand(word: str, env: Mapping[str, str]) -> str:
+    return _VARIABLE.sub(lambda m: env.get(m[1] or m[2], m[0]), word)
+
+
+def _shell_scripts(words: list[str]) -> set[int]:
+    """Indexes of the words a shell reads as script text: after any word naming a shell (`bash`,
+    `/bin/sh`, whatever precedes it: `env`, `timeout 60`, `nice`), its options, when one cluster holds
+    `c` (`-c`, `-lc`, `-ec`), are followed by the script."""
+    found = set()
+    for i, word in enumerate(words):
+        if os.path.basename(word) in SHELLS and (script := _script_index(words, i + 1)) is not None:
+            found.add(script)
+    return found
+
+
+def _script_index(words: list[str], i: int) -> int | None:
+    """The index of the first operand after the shell options starting at `i`, when those options hold `-c`."""
+    reads_script = False
+    while i < len(words):
+        word = words[i]
+        if word in ("--", "-"):
+            i += 1
+            break
+        if word.startswith("--"):
+            i += 2 if word in _SHELL_LONG_OPTIONS_WITH_VALUE else 1
+        elif len(word) > 1 and word[0] in "-+":
+            reads_script = reads_script or (word[0] == "-" and "c" in word[1:])
+            i += 2 if word[-1] in "oO" else 1  # `-o pipefail`, `-O extglob`: the next word is the value
+        else:
+            break
+    return i if reads_script and i < len(words) else None
 
 
 def interpreter_environment(python: str, env: Mapping[str, str]) -> dict[str, str]:

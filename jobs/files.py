@@ -40,12 +40,12 @@ def fsync_dir(path: Path | str) -> None:
 def write_bytes_atomic(path: Path | str, data: bytes) -> None:
     """Replace ``path`` with ``data``: temporary sibling, fsync, ``os.replace``, fsync of the directory.
 
-    The new file gets the usual permissions (0o666 less the umask). On any error the temporary file
+    The new file is its owner's alone (0o600, whatever the umask). On any error the temporary file
     is removed, the old file is untouched, and the error propagates.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

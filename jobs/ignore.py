@@ -12,6 +12,11 @@ Pattern syntax (one per line, the last matching pattern wins):
 
 As in git, the walk does not descend into an ignored directory, so nothing below it can be
 re-included; re-include by ignoring `dir/*` instead of `dir/`.
+
+Before the file's own patterns come `SECRET_PATTERNS`: key and credential files (`.ssh/`, `.aws/`,
+`.env`, `*.pem`, `id_rsa`…) are left out by default, since a bundle goes to whoever runs the job. The
+file can bring one back (`!.env`), its patterns coming later; `IgnoreRules.left_out_as_secret` tells
+the bundler which entries were left out by these defaults alone, so it can say so.
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ ALWAYS_IGNORED_NAMES = frozenset(
 ALWAYS_IGNORED_SUFFIXES = (".pyc",)
 VENV_MARKER = "pyvenv.cfg"  # a directory holding this file is a virtualenv, whatever its name
 
+SECRET_PATTERNS = (
+    ".ssh/", ".aws/", ".gnupg/", ".azure/", ".kube/", ".docker/",
+    ".env", ".env.*", ".netrc", ".pypirc", ".npmrc", ".git-credentials",
+    "*.pem", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
+)
+"""Left out of every bundle unless `.trainmasterignore` re-includes them (`!.env`): likely secrets."""
+
 
 def always_ignored(name: str) -> bool:
     """Whether an entry called `name` is ignored by the built-in rules (the venv marker aside)."""
@@ -47,8 +59,9 @@ class _Pattern:
 class IgnoreRules:
     """The parsed patterns of one `.trainmasterignore` file."""
 
-    def __init__(self, patterns: list[_Pattern]) -> None:
+    def __init__(self, patterns: list[_Pattern], defaults: int = 0) -> None:
         self._patterns = patterns
+        self._defaults = defaults  # the first `defaults` patterns are SECRET_PATTERNS
 
     @classmethod
     def parse(cls, text: str) -> IgnoreRules:
@@ -56,22 +69,36 @@ class IgnoreRules:
 
     @classmethod
     def from_dir(cls, code_dir: Path) -> IgnoreRules:
-        """The rules of `code_dir/.trainmasterignore`; none when the file is absent."""
+        """`SECRET_PATTERNS`, then the rules of `code_dir/.trainmasterignore` (when the file exists)."""
         path = code_dir / IGNORE_FILE
-        if not path.is_file():
-            return cls([])
-        return cls.parse(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        return cls.with_secret_defaults(text)
+
+    @classmethod
+    def with_secret_defaults(cls, text: str) -> IgnoreRules:
+        """`SECRET_PATTERNS` followed by the patterns of `text` (which may re-include a secret)."""
+        defaults = [p for p in map(_parse_line, SECRET_PATTERNS) if p is not None]
+        return cls(defaults + cls.parse(text)._patterns, len(defaults))
 
     def ignored(self, rel_path: str, *, is_dir: bool) -> bool:
         """Whether the POSIX path `rel_path` (relative to the code directory) is ignored."""
+        last = self._last_match(rel_path, is_dir)
+        return last is not None and not self._patterns[last].negate
+
+    def left_out_as_secret(self, rel_path: str, *, is_dir: bool) -> bool:
+        """Whether `rel_path` is ignored by `SECRET_PATTERNS` and no later pattern decides otherwise."""
+        last = self._last_match(rel_path, is_dir)
+        return last is not None and last < self._defaults
+
+    def _last_match(self, rel_path: str, is_dir: bool) -> int | None:
         name = rel_path.rpartition("/")[2]
-        verdict = False
-        for pattern in self._patterns:
+        last = None
+        for i, pattern in enumerate(self._patterns):
             if pattern.dir_only and not is_dir:
                 continue
             if pattern.regex.fullmatch(rel_path if pattern.anchored else name):
-                verdict = not pattern.negate
-        return verdict
+                last = i
+        return last
 
 
 def _parse_line(line: str) -> _Pattern | None:

@@ -7,6 +7,7 @@ taken up front (BEGIN IMMEDIATE) so that check-then-write is atomic across proce
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,9 +19,15 @@ class SchemaTooNew(RuntimeError):
 
 
 def connect(path: Path | str) -> sqlite3.Connection:
-    """An autocommit connection (transactions are explicit) with named rows, WAL and a 30 s busy wait."""
+    """An autocommit connection (transactions are explicit) with named rows, WAL and a 30 s busy wait.
+
+    A new file is created readable by its owner only (0600; its folder 0700), whatever the umask: it
+    holds job environments and challenge secrets. SQLite gives its `-wal` and `-shm` files the mode of
+    the database file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if str(path) != ":memory:":
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _create_private(path)
     db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
     db.row_factory = sqlite3.Row
     db.execute("PRAGMA journal_mode=WAL")
@@ -28,6 +35,16 @@ def connect(path: Path | str) -> sqlite3.Connection:
     db.execute("PRAGMA busy_timeout=30000")
     db.execute("PRAGMA foreign_keys=ON")
     return db
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file 0600 if it does not exist yet. Never opens an existing one: closing any
+    descriptor of a file drops every POSIX lock this process holds on it, SQLite's included, so opening
+    and closing a database another connection of this process uses would corrupt its locking."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600))
+    except FileExistsError:
+        pass
 
 
 @contextmanager

@@ -3,6 +3,10 @@
 PyYAML gives positions only on its node tree, so the file is composed once into nodes (refusing
 duplicate keys, which plain `safe_load` silently merges), turned into Python data, validated, and
 each pydantic error location is walked back through the node tree to a line number.
+
+A user file is not trusted to be small in memory: aliases (`*name`) are refused, so a kilobyte of
+nested aliases cannot expand into billions of nodes, and nesting deeper than `MAX_DEPTH` is refused
+before the (recursive) composer could overflow the stack. Both are `file:line` errors like any other.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_DEPTH = 100
+"""Mappings and sequences nested deeper than this are refused (real specs and policies use under ten)."""
 
 
 class FileError(ValueError):
@@ -48,9 +55,28 @@ def load_model(path: Path | str, model: type[M], *, text: str | None = None, con
         raise FileError(path, [_describe(path, root, model, err) for err in exc.errors()]) from None
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """A SafeLoader whose composer refuses aliases and nesting deeper than `MAX_DEPTH`."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not allowed in this file", self.peek_event().start_mark)
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def _compose(path: Path, text: str) -> yaml.Node | None:
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=_BoundedLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -9,8 +9,9 @@ import pytest
 
 
 @pytest.fixture
-def tm_home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "home"
+def tm_home(tmp_path_factory, monkeypatch) -> Path:
+    """Beside the test's tmp_path, not in it: a code dir holding the home is refused (it would bundle state.db)."""
+    home = tmp_path_factory.mktemp("home") / "home"
     monkeypatch.setenv("TRAINMASTER_HOME", str(home))
     return home
 

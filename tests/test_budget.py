@@ -269,7 +269,8 @@ def test_an_unreachable_webhook_is_logged_kept_and_the_money_still_moves(tmp_pat
         reserve(ledger, "a", 6)
         for thread in ledger.deliveries:
             thread.join(30)
-    assert any("budget alert webhook http://127.0.0.1:9/nothing-listens failed after 3 tries" in m for m in caplog.messages)
+    assert any("budget alert webhook http://127.0.0.1:9/… failed after 3 tries" in m for m in caplog.messages)
+    assert not any("nothing-listens" in m for m in caplog.messages)  # a webhook's path may hold its token
     assert len(ledger.outstanding()) == 1
     assert _pending(tmp_path / "s.db") == [("b", 50, 1)]
 

@@ -33,7 +33,7 @@ def test_an_unusable_home_is_one_line_and_exit_2(tmp_path, home_kind):
         why = "is a file, not a folder"
     else:
         home = tmp_path / "home"
-        home.mkdir()
+        home.mkdir(mode=0o700)  # private already: no note about tightening it
         (home / "state.db").write_bytes(b"garbage" * 100)
         why = "file is not a database"
     for command in (["ls"], ["status", "x"], ["spend"]):
@@ -70,11 +70,13 @@ def test_ls_limit_0_lists_every_job_and_an_ambiguous_prefix_is_refused_like_stat
 
 
 def test_ctrl_c_while_waiting_leaves_the_job_running_and_says_how_to_stop_it(tmp_path):
-    (tmp_path / "job.yaml").write_text("name: long\nentrypoint: python t.py\n")
-    (tmp_path / "t.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(60)\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "job.yaml").write_text("name: long\nentrypoint: python t.py\n")
+    (code / "t.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(60)\n")
     home = tmp_path / "home"
     env = {**os.environ, "TRAINMASTER_HOME": str(home)}
-    proc = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(tmp_path / "job.yaml"),
+    proc = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(code / "job.yaml"),
                              "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 60
     line = ""

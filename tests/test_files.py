@@ -31,12 +31,14 @@ def test_write_bytes_atomic_replaces_the_file_and_leaves_no_temporary(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
 
 
-def test_write_bytes_atomic_gives_the_usual_permissions(tmp_path):
+def test_write_bytes_atomic_is_owner_only_whatever_the_umask(tmp_path):
     umask = os.umask(0o022)
-    os.umask(umask)
-    path = tmp_path / "out.bin"
-    files.write_bytes_atomic(path, b"x")
-    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    try:
+        path = tmp_path / "out.bin"
+        files.write_bytes_atomic(path, b"x")
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 def test_write_json_atomic_sorts_keys(tmp_path):

@@ -8,17 +8,29 @@ The ledger records each (budget, period, threshold) once, inside the transaction
 so an alert fires exactly once however many processes race past the threshold. The log line is
 written after the commit by the ledger's notifier (:func:`log_alert` by default), which never
 blocks or fails a money movement; webhook delivery is at least once (:mod:`trainmaster.wallet.outbox`).
+
+A webhook's path and query usually hold its token (`https://hooks.slack.com/services/T…/B…/secret`), so
+every message that mentions a URL shows it through :func:`redact_urls`: scheme, host and port only.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from trainmaster.jobs.money import display_usd
 
 log = logging.getLogger("trainmaster.wallet.alerts")
+
+_URL = re.compile(r"(?P<origin>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/?#\s'\"<>@]*@)?(?P<host>[^/?#\s'\"<>]*)(?P<rest>[^\s'\"<>]*)")
+
+
+def redact_urls(text: str) -> str:
+    """`text` with each URL cut to `scheme://host[:port]`, then `/…` when it had a path, query or fragment;
+    credentials before the host are dropped too."""
+    return _URL.sub(lambda m: m["origin"] + m["host"] + ("/…" if m["rest"].strip("/") else ""), text)
 
 
 @dataclass(frozen=True)

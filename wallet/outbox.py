@@ -22,6 +22,7 @@ from pathlib import Path
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from trainmaster.jobs import statedb
+from trainmaster.wallet.alerts import redact_urls
 
 log = logging.getLogger("trainmaster.wallet.alerts")
 
@@ -79,7 +80,7 @@ def _flush_logged(path: Path | str) -> None:
     try:
         flush(path)
     except Exception as exc:  # delivery must never break anything else
-        log.error("budget alerts could not be delivered: %s", exc)
+        log.error(redact_urls(f"budget alerts could not be delivered: {exc}"))
 
 
 def _lock_for(path: Path | str) -> threading.Lock:
@@ -101,8 +102,8 @@ def _post_with_retries(url: str, payload: dict) -> bool:
                 if status >= 300:
                     raise WebhookRefused(status)
     except Exception as exc:
-        log.error("budget alert webhook %s failed after %d tries: %s (kept; retried by the next process)",
-                  url, POST_ATTEMPTS, exc)
+        log.error(redact_urls(f"budget alert webhook {url} failed after {POST_ATTEMPTS} tries: {exc} "
+                              "(kept; retried by the next process)"))
         return False
     return True
 

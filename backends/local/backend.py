@@ -139,7 +139,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
         workdir = Path(ctx.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         try:
-            os.close(os.open(workdir / SPAWNED, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(workdir / SPAWNED, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         except FileExistsError:  # started before (a resumed dispatch): find that run, never start a second
             await self._wait_for_supervisor(workdir)
             return self.handle(ctx)

@@ -53,6 +53,7 @@ def process_start_time(pid: int) -> float:
 
 
 def main(workdir: Path) -> int:
+    os.umask(0o077)  # what the attempt and its job write under the home is the user's alone (docs/runtime.md)
     launch = json.loads((workdir / LAUNCH).read_text())
     started = time.time()
     record = {"pid": os.getpid(), "create_time": process_start_time(os.getpid()), "started_at": started}
@@ -217,7 +218,7 @@ def link_console_scripts(python: str, bindir: Path) -> None:
             continue
         target.write_text(_script_head(python) + f"import sys\nfrom {ep.module} import {ep.attr.split('.')[0]}\n"
                           f"if __name__ == '__main__':\n    sys.exit({ep.attr}())\n")
-        target.chmod(0o755)
+        target.chmod(0o700)
 
 
 def _script_head(python: str) -> str:

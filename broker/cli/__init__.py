@@ -27,9 +27,20 @@ def main() -> None:
 
         print(f"trainmaster {version('trainmaster')}")
         return
+    _private()
     from trainmaster.broker.cli.commands import app
 
     app()
+
+
+def _private() -> None:
+    """Everything a command writes under the home (state.db, launch.json, logs, verdicts, bundles) is the
+    user's alone, whatever the shell's umask; a home others could read is tightened, with a note."""
+    from trainmaster.broker import paths
+
+    note = paths.make_private()
+    if note:
+        sys.stderr.write(f"note: {note}\n")
 
 
 def __getattr__(name: str):

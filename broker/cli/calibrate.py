@@ -91,5 +91,7 @@ def _print(calibration, path: Path, spec_k: int) -> None:
 
 
 def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
+    from trainmaster.broker.cli.safe_text import visible
+
+    typer.echo(f"error: {visible(message)}", err=True)
     raise typer.Exit(2)

@@ -53,17 +53,23 @@ async def _waited(broker, job, wait: bool, on_log: Callable[[str], None] | None,
 def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_log: Callable[[str], None] | None,
            shown: Callable | None = None):
     """`submit`: bring unfinished jobs up to date, start the job; with `wait`, stream its log to `on_log`
-    (when given; inside `shown`, see `_follow`) and wait for its end. `on_submitted(job)` runs as soon as
-    the job is recorded (it may exit)."""
+    (when given; inside `shown`, see `_follow`) and wait for its end. `on_submitted(job, left_out)` runs as
+    soon as the job is recorded (it may exit), with the likely secrets its bundle left out."""
     broker = _broker()
 
     async def main():
         await broker.refresh()
         job = await broker.submit(spec, policy)
-        on_submitted(job)
+        on_submitted(job, _left_out(broker, job.id))
         return broker, await _waited(broker, job, wait, on_log, shown)
 
     return _run(main)
+
+
+def _left_out(broker, job_id: str) -> list[str]:
+    """What the job's bundle left out as likely secrets, as its `submitted` event records it."""
+    return next(((e.detail or {}).get("left_out") or [] for e in broker.store.events(job_id) if e.to_state == "submitted"),
+                [])
 
 
 def status(job_ref: str):

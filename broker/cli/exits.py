@@ -14,14 +14,16 @@ OK, BAD, USAGE = 0, 1, 2
 def console(*, stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr)
+    return Console(stderr=stderr, emoji=False)  # `p.yaml:100:` is a file and line, not an emoji code
 
 
 def escape(text: str) -> str:
-    """`text` printed as it is, not read as Rich markup (paths and user values may hold brackets)."""
-    from rich.markup import escape as rich_escape
+    """`text` printed as it is: control characters made visible, not read as Rich markup (paths and user
+    values may hold brackets or terminal escapes; broker/cli/safe_text.py). Its line breaks are kept:
+    a message of several problems is one per line."""
+    from trainmaster.broker.cli.safe_text import markup
 
-    return rich_escape(text)
+    return "\n".join(markup(line) for line in str(text).split("\n"))
 
 
 def fail(message: str, code: int) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from trainmaster.broker.cli import calls
-from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, fail, guarded
+from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, escape, fail, guarded
 
 JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
 
@@ -65,13 +65,17 @@ def submit(
 
     started: list = []
 
-    def submitted(job) -> None:
+    def submitted(job, left_out: list[str]) -> None:
         started.append(job)
+        from trainmaster.broker.service import left_out_warning
+
+        for warning in left_out_warning(left_out):
+            console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
         if job.state == "failed" and not as_json:
             fail(f"{job.id} failed before it started: {job.reason}", BAD)
         if not as_json:
             follow = "streaming its logs" if wait else f"follow it with `trainmaster logs -f {job.id}`"
-            console().print(f"submitted [bold]{job.id}[/bold] ({job.state}); {follow}", highlight=False)
+            console().print(f"submitted [bold]{escape(job.id)}[/bold] ({job.state}); {escape(follow)}", highlight=False)
 
     on_log, shown = _streamed(as_json)
     try:
@@ -96,6 +100,7 @@ def _interrupted(job_id: str | None) -> None:
     """Ctrl-C while waiting stops the waiting, not the job."""
     if job_id is None:
         fail("interrupted before the job was recorded; nothing was submitted", 130)
+    job_id = escape(job_id)
     console(stderr=True).print(
         f"\ninterrupted: {job_id} keeps running. Follow it with `trainmaster logs -f {job_id}`, "
         f"or stop it with `trainmaster cancel {job_id}`.", highlight=False, soft_wrap=True)
@@ -159,9 +164,9 @@ def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
     if as_json:
         print(json.dumps({**render.job_json(broker, job), "stopped": stopped}, indent=2))
     else:
-        console().print(f"{job.id}: {job.state}", highlight=False)
+        console().print(f"{escape(job.id)}: {job.state}", highlight=False)
         for message in stopped:
-            console().print(f"  {message}", highlight=False)
+            console().print(f"  {escape(message)}", highlight=False)
 
 
 def resume(
@@ -180,7 +185,8 @@ def resume(
     elif wait:
         render.print_job(console(), broker, job)
     else:
-        console().print(f"resumed [bold]{job.id}[/bold] ({job.state}); follow it with `trainmaster logs -f {job.id}`",
+        console().print(f"resumed [bold]{escape(job.id)}[/bold] ({job.state}); follow it with "
+                        f"`trainmaster logs -f {escape(job.id)}`",
                         highlight=False)
     raise typer.Exit(wait_exit(job.state) if wait else BAD if job.state in ("failed", "cancelled") else OK)
 

@@ -10,7 +10,7 @@ from trainmaster.jobs.money import display_usd
 
 def render_plan(plan: Plan, *, limit: int = 15):
     """The considered-offers table (a rich Table): the best `limit` rows, the rest summarised."""
-    from rich.markup import escape
+    from trainmaster.broker.cli.safe_text import markup as escape
     from rich.table import Table
 
     table = Table(
@@ -38,7 +38,7 @@ def render_plan(plan: Plan, *, limit: int = 15):
     if hidden:
         lines.append(f"{sum(hidden.values()):,} more offers: " + "; ".join(f"{n:,} {v}" for v, n in hidden.most_common()))
     lines += plan.notes
-    table.caption = escape("\n".join(lines))
+    table.caption = "\n".join(map(escape, lines))
     table.caption_justify = "left"
     return table
 

@@ -1,15 +1,18 @@
 """How jobs and plans look to people (Rich) and to scripts (JSON). Imported inside commands only,
-so its module-level Rich import costs `trainmaster --help` nothing."""
+so its module-level Rich import costs `trainmaster --help` nothing.
+
+Every string that came from outside (job names and ids, reasons, output paths, warnings) is printed
+through `safe` (broker/cli/safe_text.py): control characters made visible, Rich markup escaped."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.broker import paths
+from trainmaster.broker.cli.safe_text import markup as safe
 from trainmaster.broker.cli.plan_table import render_plan
 from trainmaster.jobs.money import display_usd, format_usd
 
@@ -73,30 +76,32 @@ def _state(state: str, position: int | None = None) -> str:
 
 def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     data = job_json(broker, job, events=events)
-    console.print(f"[bold]{job.id}[/bold]  {_state(job.state, data['queue_position'])}  ({job.workload}, policy {job.policy})", highlight=False, soft_wrap=True)
+    console.print(f"[bold]{safe(job.id)}[/bold]  {_state(job.state, data['queue_position'])}  ({safe(job.workload)}, "
+                  f"policy {safe(job.policy)})", highlight=False, soft_wrap=True)
     if job.reason:
-        console.print(f"  reason: {job.reason}", highlight=False, soft_wrap=True)
-    console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {job.bundle_sha256[:16]}…", highlight=False, soft_wrap=True)
-    console.print(f"  job dir: {data['job_dir']}", highlight=False, soft_wrap=True)
+        console.print(f"  reason: {safe(job.reason)}", highlight=False, soft_wrap=True)
+    console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {safe(job.bundle_sha256[:16])}…", highlight=False, soft_wrap=True)
+    console.print(f"  job dir: {safe(data['job_dir'])}", highlight=False, soft_wrap=True)
     if data["outputs_dir"]:
-        console.print(f"  outputs: [bold]{data['outputs_dir']}[/bold]", highlight=False, soft_wrap=True)
+        console.print(f"  outputs: [bold]{safe(data['outputs_dir'])}[/bold]", highlight=False, soft_wrap=True)
     table = Table("#", "backend", "state", "started", "ended", "cost", "reason", box=None)
     for column in table.columns[:6]:
         column.no_wrap = True
     for a in data["attempts"]:
-        table.add_row(a["id"].rsplit(".", 1)[-1], a["backend"], _state(a["state"]), _when(a["started_at"]), _when(a["ended_at"]),
-                      display_usd(a["cost_micro_usd"] or 0), a["reason"] or "")
+        table.add_row(safe(a["id"].rsplit(".", 1)[-1]), safe(a["backend"]), _state(a["state"]), _when(a["started_at"]),
+                      _when(a["ended_at"]), display_usd(a["cost_micro_usd"] or 0), safe(a["reason"] or ""))
     console.print(table)
     for a in data["attempts"]:
         for f in a["outputs"] if a["state"] == "accepted" else []:
-            console.print(f"    {f['path']}  ({f['size']:,} bytes, sha256 {f['sha256'][:12]}…)", highlight=False, soft_wrap=True)
+            console.print(f"    {safe(f['path'])}  ({f['size']:,} bytes, sha256 {safe(f['sha256'][:12])}…)", highlight=False,
+                          soft_wrap=True)
         _print_opaque(console, a["opaque"] if a["state"] == "accepted" else [])
     if events:
         log = Table("time", "attempt", "event", box=None)
         for e in data["events"]:
             what = f"{e['from'] or ''} → {e['to']}" if e["to"] else e["kind"]
             reason = (e["detail"] or {}).get("reason")
-            log.add_row(_when(e["at"]), e["attempt"] or "", what + (f" ({reason})" if reason else ""))
+            log.add_row(_when(e["at"]), safe(e["attempt"] or ""), safe(what + (f" ({reason})" if reason else "")))
         console.print(log)
 
 
@@ -108,7 +113,7 @@ def _print_opaque(console: Console, opaque: list[dict]) -> None:
     console.print("  [yellow]opaque outputs[/yellow]: pickle-capable, kept and hashed but never loaded by trainmaster; "
                   "load them only if you trust the code that wrote them:", highlight=False, soft_wrap=True)
     for item in opaque:
-        console.print(f"    {item['path']}: {item['what']}", highlight=False, soft_wrap=True, markup=False)
+        console.print(f"    {safe(item['path'])}: {safe(item['what'])}", highlight=False, soft_wrap=True)
     console.print(f"  to return weights trainmaster can check, {CONVERT}", highlight=False, soft_wrap=True, markup=False)
 
 
@@ -119,8 +124,8 @@ def print_jobs(console: Console, broker, jobs) -> None:
     table = Table("job", "workload", "state", "created", "cost", box=None)
     for job in jobs:
         cost = sum(a.cost_micro_usd or 0 for a in broker.store.attempts(job.id))
-        table.add_row(job.id, job.workload, _state(job.state, broker.store.queue_position(job.id)), _when(job.created_at),
-                      display_usd(cost))
+        table.add_row(safe(job.id), safe(job.workload), _state(job.state, broker.store.queue_position(job.id)),
+                      _when(job.created_at), display_usd(cost))
     console.print(table)
 
 
@@ -146,17 +151,18 @@ def prepared_json(prepared) -> dict:
 
 def print_prepared(console: Console, prepared) -> None:
     spec = prepared.loaded.spec
-    console.print(f"[bold]{spec.name}[/bold] ({spec.workload}) — dry run, nothing submitted", highlight=False, soft_wrap=True)
+    console.print(f"[bold]{safe(spec.name)}[/bold] ({safe(spec.workload)}) — dry run, nothing submitted", highlight=False,
+                  soft_wrap=True)
     console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
                   highlight=False)
     console.print(render_plan(prepared.plan))
     for backend, why in prepared.plan.reasons.items():
-        console.print(f"  {backend}: {'; '.join(why)}", highlight=False, soft_wrap=True)
-    console.print(f"  estimate: {escape(prepared.plan.basis)}", highlight=False, soft_wrap=True)
+        console.print(f"  {safe(backend)}: {safe('; '.join(why))}", highlight=False, soft_wrap=True)
+    console.print(f"  estimate: {safe(prepared.plan.basis)}", highlight=False, soft_wrap=True)
     if prepared.start:
-        console.print(f"  start: {escape(prepared.start)}", highlight=False, soft_wrap=True)
+        console.print(f"  start: {safe(prepared.start)}", highlight=False, soft_wrap=True)
     for warning in prepared.warnings:
-        console.print(f"  [yellow]![/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+        console.print(f"  [yellow]![/yellow] {safe(warning)}", highlight=False, soft_wrap=True)
     if prepared.budget:
-        console.print(f"  [red]✘[/red] submit would fail the job: {escape(prepared.budget)}", highlight=False,
+        console.print(f"  [red]✘[/red] submit would fail the job: {safe(prepared.budget)}", highlight=False,
                       soft_wrap=True)

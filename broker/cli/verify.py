@@ -62,6 +62,8 @@ def show(
     read as configuration, and it is judged as untrusted compute's outputs (pickle-capable files refused,
     its own result.json no evidence) unless --trusted is given. Exit 0 accepted, 1 rejected, 2 cannot
     verify."""
+    if not target.strip():  # Path("") is the current directory: never judge it by accident
+        _fail("empty job reference: give a job id, a unique prefix of one, or a directory")
     path = Path(target)
     if spec is not None and (again or not path.is_dir()):
         _fail(f"--spec applies to a directory of outputs; {target} is not one (a job's verdict used the job's own spec)")
@@ -170,22 +172,27 @@ def _fresh_code(loaded, scratch: Path) -> Path:
 
 
 def _print(verdict) -> None:
-    where = verdict.job_id or "?"
+    """The verdict for people; every name and reason through `visible`, so no file name can draw on the terminal."""
+    from trainmaster.broker.cli.safe_text import visible
+
+    where = visible(verdict.job_id or "?")
     if verdict.attempt_id:
-        where += f" (attempt {verdict.attempt_id})"
+        where += f" (attempt {visible(verdict.attempt_id)})"
     typer.echo(f"{where}: {verdict.outcome.replace('_', ' ').upper()}")
-    typer.echo(f"checks: {', '.join(verdict.checks) or 'none'}")
+    typer.echo(f"checks: {visible(', '.join(verdict.checks) or 'none')}")
     if (verdict.evidence.get("outcome") or {}).get("checked") is False:
         typer.echo(f"{NO_SPEC} (a folder's own files are never run, nor read as its spec)")
     for reason in verdict.reasons:
-        typer.echo(f"  - {reason}")
+        typer.echo(f"  - {visible(reason)}")
     opaque = (verdict.evidence.get("safety") or {}).get("opaque") or []
     if opaque:
         typer.echo("opaque (kept, never loaded by trainmaster; load them only if you trust where they came from):")
         for item in opaque:
-            typer.echo(f"  - {item['path']}: {item['what']}")
+            typer.echo(f"  - {visible(item['path'])}: {visible(item['what'])}")
 
 
 def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
+    from trainmaster.broker.cli.safe_text import visible
+
+    typer.echo(f"error: {visible(message)}", err=True)
     raise typer.Exit(EXIT_CANNOT_VERIFY)
