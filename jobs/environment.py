@@ -19,7 +19,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainmaster.jobs.files import write_json_atomic
+from trainmaster.jobs.files import HostileFile, read_regular, write_json_atomic
 
 JOB_ID = "TRAINMASTER_JOB_ID"
 OUTPUT_DIR = "TRAINMASTER_OUTPUT_DIR"
@@ -56,6 +56,8 @@ def job_environment(
 
 ENVIRONMENT_RECORD = "environment.json"
 """In an attempt's work dir: the interpreter the job ran with (written by the backend that ran it)."""
+MAX_RECORD_BYTES = 2**16
+"""The record is one interpreter path; read bounded, as the job runs beside it."""
 
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 
@@ -92,6 +94,6 @@ def record_python(workdir: Path, python: str) -> None:
 def recorded_python(workdir: Path) -> str | None:
     """The interpreter an attempt ran with, when the backend that ran it recorded one."""
     try:
-        return json.loads((Path(workdir) / ENVIRONMENT_RECORD).read_text())["python"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return json.loads(read_regular(Path(workdir) / ENVIRONMENT_RECORD, MAX_RECORD_BYTES))["python"]
+    except (OSError, ValueError, KeyError, TypeError, HostileFile):  # the job runs beside it: it may have replaced it
         return None

@@ -12,21 +12,24 @@ Four kinds (docs/verification.md, "Safety"):
   bytes, so the name is all there is);
 - ``unchecked``: a model format trainmaster does not inspect (``.onnx``, ``.h5``, ``.keras``,
   ``.gguf``, …), an archive inside an archive, or an archive too large or too damaged to list;
-- ``data``: anything else (logs, JSON, CSV, numeric numpy arrays).
+- ``data``: anything else (logs, JSON, CSV, numeric numpy arrays);
+- ``hostile``: a zip archive whose entries overlap (a zip bomb): refused whatever the trust.
 
 On trusted compute ``pickle`` and ``unchecked`` files are kept OPAQUE (recorded and hashed, never
 loaded by the broker, listed in the verdict); from untrusted compute they are refused.
 
-Reading is bounded: the first 64 KiB of a file (1 MiB of a bz2 stream), a zip's central directory
-(not read when its end record announces more than ``MAX_MEMBERS`` members or a directory over
-``MAX_DIRECTORY_BYTES``), the first bytes of each member, and at most ``MAX_JSON_BYTES`` of a JSON
-member.
+Reading is bounded: the first 64 KiB of a regular file (1 MiB of a bz2 stream; a link or special
+file is never opened), a zip's central directory (not read when its end record announces more than
+``MAX_MEMBERS`` members or a directory over ``MAX_DIRECTORY_BYTES``), and, unless its entries
+overlap or declare too much (verify/zip_bounds.py), the first bytes of each member and a JSON
+member searched in chunks, all members together decompressing at most ``MAX_INSPECTED_BYTES``.
 """
 
 from __future__ import annotations
 
 import bz2
 import lzma
+import os
 import re
 import struct
 import zipfile
@@ -34,9 +37,12 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .safeload import pickle_protocol
+from trainmaster.jobs.files import open_regular
 
-SAFETENSORS, PICKLE, UNCHECKED, DATA = "safetensors", "pickle", "unchecked", "data"
+from .safeload import pickle_protocol
+from .zip_bounds import Budget, declared_too_big, overlapping
+
+SAFETENSORS, PICKLE, UNCHECKED, DATA, HOSTILE = "safetensors", "pickle", "unchecked", "data", "hostile"
 
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".dill", ".sav", ".cloudpickle"})
 UNCHECKED_SUFFIXES = frozenset({
@@ -47,11 +53,14 @@ NUMPY_SUFFIXES = frozenset({".npy", ".npz"})
 
 MAX_MEMBERS = 100_000
 MAX_DIRECTORY_BYTES = 64 * 2**20
-MAX_JSON_BYTES = 64 * 2**20
+JSON_CHUNK_BYTES = 2**20
+NPY_HEADER_BYTES = 10_000 + 12
+"""What numpy reads of a .npy header at most (its 10,000-byte header limit, plus magic and length)."""
 PREFIX_BYTES = 16
 HEAD_BYTES = 64 * 1024
 BZ2_HEAD_BYTES = 1024 * 1024
 SB3_SERIALIZED = b'":serialized:"'
+NUMPY_ARRAY, BUDGET_SPENT = "numpy array", "budget spent"
 
 CONVERT = (
     "save weights as safetensors instead: safetensors.torch.save_file(model.state_dict(), \"model.safetensors\") "
@@ -72,14 +81,14 @@ def classify(path: Path) -> FileKind:
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         return FileKind(SAFETENSORS, "a safetensors file")
-    with open(path, "rb") as handle:
+    with _open(path) as handle:
         head = handle.read(HEAD_BYTES)
         if head.startswith(b"BZh"):
             head += handle.read(BZ2_HEAD_BYTES - len(head))  # bz2 outputs nothing before its first block is whole
     prefix = head[:PREFIX_BYTES]
     found = _by_prefix(head) or (_zip_kind(path) if prefix.startswith(b"PK\x03\x04") else None)
     if prefix.startswith(b"\x93NUMPY"):
-        with open(path, "rb") as handle:
+        with _open(path) as handle:
             found = _npy_kind(handle)
     if found is not None and found.kind != DATA:
         return found
@@ -90,6 +99,12 @@ def classify(path: Path) -> FileKind:
     if suffix in UNCHECKED_SUFFIXES:
         return FileKind(UNCHECKED, f"a {suffix} file (a model format trainmaster does not check)")
     return found or FileKind(DATA, "data")
+
+
+def _open(path: Path):
+    """``path`` opened for reading when it is a regular file (HostileFile otherwise: never opened)."""
+    fd, _ = open_regular(path)
+    return os.fdopen(fd, "rb")
 
 
 def _by_prefix(head: bytes) -> FileKind | None:
@@ -142,7 +157,7 @@ def _npy_kind(handle) -> FileKind:
 
 
 def _zip_kind(path: Path) -> FileKind:
-    with open(path, "rb") as handle:
+    with _open(path) as handle:
         if too_big := _directory_too_big(handle):
             return FileKind(UNCHECKED, f"a zip archive not inspected: {too_big}")
         try:
@@ -150,39 +165,39 @@ def _zip_kind(path: Path) -> FileKind:
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
             return FileKind(UNCHECKED, f"a damaged zip archive ({exc})")
         with archive:
+            if shared := overlapping(archive, handle):
+                return FileKind(HOSTILE, f"a zip bomb: {shared} of its {len(archive.infolist())} entries overlap "
+                                         "the bytes of another (no zip writer makes such an archive)")
+            if too_big := declared_too_big(archive):
+                return FileKind(UNCHECKED, f"a zip archive not inspected: {too_big}")
             return _members_kind(archive)
 
 
 def _members_kind(archive: zipfile.ZipFile) -> FileKind:
     pickles, unreadable, arrays, serialized = [], [], 0, False
     members = [info for info in archive.infolist() if not info.is_dir()]
-    for info in members:
-        name = PurePosixPath(info.filename)
-        if name.suffix.lower() in PICKLE_SUFFIXES:
+    budget = Budget()
+    for at, info in enumerate(members):
+        if PurePosixPath(info.filename).suffix.lower() in PICKLE_SUFFIXES:
             pickles.append(info.filename)
             continue
+        if not budget.take(PREFIX_BYTES):
+            unreadable.append(f"{len(members) - at} members past the inspection budget")
+            break
         try:
-            with archive.open(info) as member:
-                prefix = member.read(PREFIX_BYTES)
-                if prefix.startswith(b"\x93NUMPY"):
-                    with archive.open(info) as again:
-                        kind = _npy_kind(again)
-                    if kind.kind == PICKLE:
-                        pickles.append(info.filename)
-                    elif kind.kind == DATA:
-                        arrays += 1
-                    else:
-                        unreadable.append(info.filename)
-                elif pickle_protocol(prefix) is not None:
-                    pickles.append(info.filename)
-                elif prefix.startswith(b"PK\x03\x04"):
-                    unreadable.append(info.filename)  # an archive inside the archive is not opened
-                elif prefix.lstrip()[:1] == b"{" and _holds_serialized(prefix + member.read(MAX_JSON_BYTES)):
-                    serialized = True
-                    pickles.append(info.filename)
+            found = _member_kind(archive, info, budget)
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, zlib.error,
                 lzma.LZMAError) as exc:  # encrypted, an unknown compression, a corrupt stream
             unreadable.append(f"{info.filename} ({type(exc).__name__})")
+            continue
+        if found in (PICKLE, SB3_SERIALIZED):
+            pickles.append(info.filename)
+            serialized = serialized or found == SB3_SERIALIZED
+        elif found == UNCHECKED:
+            unreadable.append(info.filename)
+        elif found == BUDGET_SPENT:
+            unreadable.append(f"{info.filename} (past the inspection budget)")
+        arrays += found == NUMPY_ARRAY
     if pickles:
         return FileKind(PICKLE, _archive_phrase(pickles, serialized))
     if unreadable:
@@ -192,9 +207,40 @@ def _members_kind(archive: zipfile.ZipFile) -> FileKind:
     return FileKind(DATA, f"a zip archive of {len(members)} files, none pickle-capable")
 
 
-def _holds_serialized(text: bytes) -> bool:
-    """Whether a JSON member carries Stable-Baselines3's base64 cloudpickle fields."""
-    return SB3_SERIALIZED in text
+def _member_kind(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: Budget) -> str | bytes | None:
+    """What one member is, by its first bytes: PICKLE, SB3_SERIALIZED (a JSON member with cloudpickle
+    fields), NUMPY_ARRAY (numeric), UNCHECKED (an archive inside, an unreadable numpy header),
+    BUDGET_SPENT, or None (data)."""
+    with archive.open(info) as member:
+        prefix = member.read(PREFIX_BYTES)
+        if prefix.startswith(b"\x93NUMPY"):
+            if not budget.take(NPY_HEADER_BYTES):
+                return BUDGET_SPENT
+            with archive.open(info) as again:
+                kind = _npy_kind(again).kind
+            return NUMPY_ARRAY if kind == DATA else kind
+        if pickle_protocol(prefix) is not None:
+            return PICKLE
+        if prefix.startswith(b"PK\x03\x04"):
+            return UNCHECKED  # an archive inside the archive is not opened
+        if prefix.lstrip()[:1] == b"{":
+            found = _holds_serialized(prefix, member, budget)
+            return BUDGET_SPENT if found is None else SB3_SERIALIZED if found else None
+    return None
+
+
+def _holds_serialized(prefix: bytes, member, budget: Budget) -> bool | None:
+    """Whether a JSON member carries Stable-Baselines3's base64 cloudpickle fields, searched chunk by
+    chunk (a chunk's memory); None when the inspection budget ran out before the member's end."""
+    carry = prefix
+    while chunk := member.read(budget.take(JSON_CHUNK_BYTES)):
+        window = carry + chunk
+        if SB3_SERIALIZED in window:
+            return True
+        carry = window[-len(SB3_SERIALIZED):]
+    if SB3_SERIALIZED in carry:
+        return True
+    return None if member.read(1) else False
 
 
 def _archive_phrase(pickles: list[str], serialized: bool) -> str:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from trainmaster.jobs.files import HostileFile, read_regular
 
 from .errors import VerificationError
 from .verdict import FILENAME as VERDICT_FILE
@@ -35,6 +37,8 @@ UNTRUSTED_CHECKS = frozenset(CHECKS)
 
 COMMITMENT_FILE = "commitment.json"
 SIGNATURE_FILE = "commitment.sig"
+MAX_SIGNATURE_BYTES = 1024
+"""An sr25519 signature is 64 bytes, 130 characters in hex with its 0x."""
 MODEL_FILE = "model.safetensors"
 WEIGHTS_FILES = {MODEL_FILE, "weights.safetensors"}
 CHECKPOINTS_DIR = "checkpoints"
@@ -152,6 +156,8 @@ def verify_attempt(
             run.evidence[name] = stages[name]()
         except VerificationError as exc:
             outcome, reasons = exc.kind, [exc.reason]
+        except HostileFile as exc:  # a link, FIFO, device or oversized file the executor left: its fault
+            outcome, reasons = "rejected", [f"the {name} check refused {exc}"]
         except Exception as exc:  # noqa: BLE001 — any failure to check is "cannot verify", never an accept
             outcome, reasons = "cannot_verify", [f"the {name} check failed to run: {type(exc).__name__}: {exc}"]
         if outcome != "accepted":
@@ -190,7 +196,7 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     }
     _check_not_empty(outputs, run.attempt.spec)
     path = outputs / COMMITMENT_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):  # a link or a FIFO of that name is refused by the read, never followed
         if replay:
             raise VerificationError(
                 f"no {COMMITMENT_FILE} in the outputs: the run did not commit to its states, so it cannot be audited",
@@ -216,7 +222,10 @@ def _check_not_empty(outputs: Path, spec: JobSpec | None) -> None:
     """A run that wrote nothing to its outputs folder failed, unless its spec says outputs are optional."""
     if spec is not None and spec.outputs.optional:
         return
-    if not any(path.is_file() for path in outputs.rglob("*")):
+    from trainmaster.jobs.output_tree import walk
+
+    tree = walk(outputs)  # bounded; what it refuses is the safety check's to report
+    if not tree.files and not tree.refused:
         raise VerificationError(
             "the run wrote no outputs: nothing is in its outputs folder ($TRAINMASTER_OUTPUT_DIR), and files written "
             "anywhere else are not kept; write results there, or set `outputs: {optional: true}` in the job spec"
@@ -334,10 +343,10 @@ def _recipe_run(attempt: Attempt) -> RecipeRun:
 
 def _read_signature(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="ascii").strip()
+        return read_regular(path, MAX_SIGNATURE_BYTES).decode("ascii").strip()
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, HostileFile) as exc:
         raise VerificationError(f"{path.name} is unreadable: {exc}") from exc
 
 
@@ -363,8 +372,9 @@ def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str
 def _safety(run: _Run) -> dict[str, Any]:
     """Every returned file judged by its content (verify/output_kinds.py) and by trust.
 
-    Links are refused and every .safetensors is checked (in one child process under memory and CPU
-    limits) whatever the trust. Pickle-capable and unchecked files are kept OPAQUE — never loaded
+    Links, FIFOs, sockets, devices, over-deep folders and over-full trees are refused, all of them
+    listed (jobs/output_tree.py), and every .safetensors is checked (in one child process under
+    memory and CPU limits) whatever the trust. Pickle-capable and unchecked files are kept OPAQUE — never loaded
     here, listed in the evidence — from trusted compute, and refused from untrusted compute.
     NaN and ±Inf (and bool bytes other than 0 and 1) are refused in every .safetensors except the
     checkpoint segments' (:data:`SEGMENT_FILES`), whose headers alone are checked: each segment is
@@ -374,18 +384,17 @@ def _safety(run: _Run) -> dict[str, Any]:
     unchallenged one is never loaded. Reading every segment's values cost a whole checkpoint
     directory's bytes (docs/audit.md, "Measured").
     """
-    from .output_kinds import CONVERT, DATA, SAFETENSORS, classify
+    from trainmaster.jobs.output_tree import walk
+
+    from .output_kinds import CONVERT, DATA, HOSTILE, SAFETENSORS, classify
     from .safeload import check_files_isolated
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
     trusted = attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
-    problems, refused, tensor_files, relatives, opaque = [], [], {}, {}, []
-    for relative, entry in _walk(outputs):
-        if entry.is_symlink():
-            problems.append(f"{relative} is a symbolic link")
-            continue
-        if not entry.is_file(follow_symlinks=False):
-            continue
+    tree = walk(outputs)
+    problems, refused, tensor_files, relatives, opaque = list(tree.refused), [], {}, {}, []
+    for item in tree.files:
+        relative, entry = item.relative, item.entry
         path = Path(entry.path)
         found = classify(path)
         if found.kind == SAFETENSORS:
@@ -393,6 +402,8 @@ def _safety(run: _Run) -> dict[str, Any]:
             relatives[str(path)] = relative
         elif found.kind == DATA:
             continue
+        elif found.kind == HOSTILE:
+            problems.append(f"{relative} is {found.what}")
         elif trusted:
             opaque.append({"path": relative, "kind": found.kind, "what": found.what})
         else:
@@ -416,19 +427,6 @@ def _safety(run: _Run) -> dict[str, Any]:
         "trust": "trusted" if trusted else "untrusted", "safetensors_checked": checked,
         "headers_only": len(segments), "opaque": opaque,
     }
-
-
-def _walk(folder: Path, prefix: str = "") -> Iterator[tuple[str, os.DirEntry]]:
-    """Every entry under ``folder``, links not followed, depth first in name order, as ``(relative
-    posix path, entry)``; an entry's type comes from the directory listing (no stat per file: a
-    checkpoint directory holds thousands)."""
-    with os.scandir(folder) as listing:
-        entries = sorted(listing, key=lambda entry: entry.name)
-    for entry in entries:
-        relative = prefix + entry.name
-        yield relative, entry
-        if entry.is_dir(follow_symlinks=False):
-            yield from _walk(Path(entry.path), relative + "/")
 
 
 def _few(items: list[str], sep: str) -> str:

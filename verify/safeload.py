@@ -7,7 +7,9 @@ are recognised by their first bytes and refused, whatever their name. A safetens
 
 and is accepted only when N ≤ 16 MiB, the header is strict JSON (no duplicate keys, no NaN
 literals) mapping names to ``{dtype, shape, data_offsets}`` plus an optional string→string
-``__metadata__``, each tensor's byte length equals its shape × dtype size, and the tensors tile the
+``__metadata__``, each shape has at most ``MAX_RANK`` dimensions of at most ``MAX_DIMENSION`` each
+(a ``[0, 2**100]`` tensor holds no bytes, but whatever sizes it later overflows), each tensor's byte
+length equals its shape × dtype size, and the tensors tile the
 buffer exactly: contiguous, non-overlapping, no holes and no trailing bytes (no polyglot files).
 
 Tensor data is streamed in fixed-size chunks through one reusable buffer, so checking a file needs
@@ -40,6 +42,11 @@ NUMPY_FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
 FLOATS = {*NUMPY_FLOATS, "BF16"}
 """The dtypes whose values can be NaN or ±Inf (integers have no invalid values; bools are checked apart)."""
 ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+MAX_RANK = 32
+"""Dimensions of one tensor (torch allows 64; no model weight has more than a handful)."""
+MAX_DIMENSION = 2**40
+"""One dimension's size, and the elements of a tensor counting a 0-sized dimension as 1: a trillion,
+far past any weight, far short of overflowing an int64 element count."""
 
 Expected = Mapping[str, tuple[str, tuple[int, ...]]]
 """``name -> (safetensors dtype code, shape)``: the exact tensors a file must hold."""
@@ -366,9 +373,12 @@ def _entry(path: Path, name: str, value: object) -> TensorEntry:
     if type(dtype) is not str or dtype not in ITEM_SIZES:
         raise refuse(f"unsupported dtype {dtype!r} (allowed: {', '.join(ITEM_SIZES)})")
     if type(shape) is not list or not _are_counts(shape):
-        raise refuse(f"shape {shape!r} is not a list of non-negative integers")
+        raise refuse(f"shape {_short(shape)} is not a list of non-negative integers")
+    if len(shape) > MAX_RANK or not _bounded_shape(shape):
+        raise refuse(f"shape {_short(shape)} is over the limits of {MAX_RANK} dimensions and {MAX_DIMENSION} "
+                     "elements (each dimension, and all of them, a 0-sized one counted as 1)")
     if type(offsets) is not list or len(offsets) != 2 or not _are_counts(offsets):
-        raise refuse(f"data_offsets {offsets!r} is not a pair of non-negative integers")
+        raise refuse(f"data_offsets {_short(offsets)} is not a pair of non-negative integers")
     begin, end = offsets
     if end < begin:
         raise refuse(f"data_offsets {offsets} end before they begin")
@@ -385,6 +395,22 @@ def _are_counts(values: list) -> bool:
         if type(value) is not int or value < 0:
             return False
     return True
+
+
+def _bounded_shape(shape: list[int]) -> bool:
+    """Each dimension and the product of all (0 counted as 1) at most MAX_DIMENSION."""
+    elements = 1
+    for size in shape:
+        elements *= size or 1
+        if elements > MAX_DIMENSION:
+            return False
+    return True
+
+
+def _short(value: object) -> str:
+    """A header value as a reason shows it: at most 80 characters of it."""
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _check_tiling(path: Path, entries: list[TensorEntry], buffer_bytes: int) -> None:
