@@ -94,7 +94,7 @@ def _entry(relative: str, entry: os.DirEntry, *, depth: int) -> Entry:
         return Entry(relative, entry, kind, f"{relative[:80]}… is a path longer than {MAX_PATH_BYTES} bytes")
     if kind == SPECIAL:
         return Entry(relative, entry, kind, f"{relative} is {_special_kind(entry)}; it is not opened")
-    if kind == FOLDER and depth >= MAX_DEPTH:
+    if kind == FOLDER and depth > MAX_DEPTH:
         return Entry(relative, entry, kind, f"{relative} nests folders deeper than {MAX_DEPTH} levels; "
                                             "what is below is not looked at")
     return Entry(relative, entry, kind)

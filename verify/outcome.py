@@ -37,8 +37,9 @@ from .errors import VerificationError
 CHECKPOINT_ENV = "TRAINMASTER_EVAL_CHECKPOINT"
 REGRESSION_FLOOR = 0.90
 RESULT_FILE = "result.json"
-MAX_RESULT_BYTES = 2**20
-"""A result.json holds a few summary figures (a few hundred bytes); checked before it is read."""
+MAX_RESULT_BYTES = 16 * 2**20
+"""A result.json holds summary figures (the runtime writes a few hundred bytes); a script's own may
+hold more, never gigabytes. Checked before it is read."""
 OUTPUT_TAIL = 4000
 
 Evaluate = Callable[[Path], Mapping[str, float]]

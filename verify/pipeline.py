@@ -37,8 +37,6 @@ UNTRUSTED_CHECKS = frozenset(CHECKS)
 
 COMMITMENT_FILE = "commitment.json"
 SIGNATURE_FILE = "commitment.sig"
-MAX_SIGNATURE_BYTES = 1024
-"""An sr25519 signature is 64 bytes, 130 characters in hex with its 0x."""
 MODEL_FILE = "model.safetensors"
 WEIGHTS_FILES = {MODEL_FILE, "weights.safetensors"}
 CHECKPOINTS_DIR = "checkpoints"
@@ -342,6 +340,8 @@ def _recipe_run(attempt: Attempt) -> RecipeRun:
 
 
 def _read_signature(path: Path) -> str | None:
+    from .record_limits import MAX_SIGNATURE_BYTES
+
     try:
         return read_regular(path, MAX_SIGNATURE_BYTES).decode("ascii").strip()
     except FileNotFoundError:
@@ -372,8 +372,9 @@ def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str
 def _safety(run: _Run) -> dict[str, Any]:
     """Every returned file judged by its content (verify/output_kinds.py) and by trust.
 
-    Links, FIFOs, sockets, devices, over-deep folders and over-full trees are refused, all of them
-    listed (jobs/output_tree.py), and every .safetensors is checked (in one child process under
+    Links, FIFOs, sockets, devices, over-deep folders, over-full trees and files parsed whole that
+    are over their size limit are refused, all of them listed (jobs/output_tree.py,
+    verify/record_limits.py), and every .safetensors is checked (in one child process under
     memory and CPU limits) whatever the trust. Pickle-capable and unchecked files are kept OPAQUE — never loaded
     here, listed in the evidence — from trusted compute, and refused from untrusted compute.
     NaN and ±Inf (and bool bytes other than 0 and 1) are refused in every .safetensors except the
@@ -387,12 +388,13 @@ def _safety(run: _Run) -> dict[str, Any]:
     from trainmaster.jobs.output_tree import walk
 
     from .output_kinds import CONVERT, DATA, HOSTILE, SAFETENSORS, classify
+    from .record_limits import oversized
     from .safeload import check_files_isolated
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
     trusted = attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
     tree = walk(outputs)
-    problems, refused, tensor_files, relatives, opaque = list(tree.refused), [], {}, {}, []
+    problems, refused, tensor_files, relatives, opaque = tree.refused + oversized(tree.files), [], {}, {}, []
     for item in tree.files:
         relative, entry = item.relative, item.entry
         path = Path(entry.path)

@@ -55,8 +55,8 @@ def declared_too_big(archive: zipfile.ZipFile) -> str | None:
 class Budget:
     """The bytes an inspection may still decompress."""
 
-    def __init__(self, total: int = MAX_INSPECTED_BYTES):
-        self.left = total
+    def __init__(self):
+        self.left = MAX_INSPECTED_BYTES
 
     def take(self, wanted: int) -> int:
         """How many of ``wanted`` bytes may be read now (0 once spent); they count as spent."""
