@@ -27,8 +27,9 @@ MAX_DEPTH = 64
 """Folders inside the outputs folder: a checkpoint segment sits 3 deep, a Hugging Face run's files 4."""
 MAX_PATH_BYTES = 1024
 """A relative path's length: beyond it, the absolute path can pass the kernel's PATH_MAX (4,096)."""
-MAX_ENTRIES = 250_000
-"""Files and folders in all: a run of 10,000 checkpoint segments leaves about 50,000."""
+MAX_ENTRIES = 100_000
+"""Files and folders in all: a run of 10,000 checkpoint segments leaves about 50,000; each file is
+opened and its first bytes read, so this bounds the safety check to seconds."""
 
 FILE, FOLDER, LINK, SPECIAL = "file", "folder", "link", "special"
 

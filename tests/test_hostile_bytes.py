@@ -176,6 +176,17 @@ def test_zip_inspection_stops_at_its_decompression_budget(tmp_path, monkeypatch)
     assert found.kind == UNCHECKED and "past the inspection budget" in found.what
 
 
+def test_many_archives_share_one_inspection_budget(outputs):
+    for i in range(7):
+        hostile.zip_bomb(outputs / f"part{i}.zip", entries=1, member_mib=48)  # 48 MiB of JSON-looking spaces each
+    verdict, printed = verify_dir(outputs, "--trusted")
+    assert verdict["outcome"] == "accepted", printed
+    opaque = {item["path"]: item["what"] for item in verdict["evidence"]["safety"]["opaque"]}
+    assert sorted(opaque) == ["part5.zip", "part6.zip"], printed  # 5 × 48 MiB fit in 256 MiB
+    assert "past the inspection budget" in opaque["part5.zip"]
+    assert "budget for looking into archives is spent" in opaque["part6.zip"]
+
+
 def test_a_serialized_field_past_the_first_chunk_is_still_found(tmp_path):
     with zipfile.ZipFile(tmp_path / "model.zip", "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("data", "{" + " " * (output_kinds.JSON_CHUNK_BYTES - 5) + '":serialized:": "gASV"}')

@@ -22,7 +22,8 @@ Reading is bounded: the first 64 KiB of a regular file (1 MiB of a bz2 stream; a
 file is never opened), a zip's central directory (not read when its end record announces more than
 ``MAX_MEMBERS`` members or a directory over ``MAX_DIRECTORY_BYTES``), and, unless its entries
 overlap or declare too much (verify/zip_bounds.py), the first bytes of each member and a JSON
-member searched in chunks, all members together decompressing at most ``MAX_INSPECTED_BYTES``.
+member searched in chunks, all archives of a verification together within one budget
+(``zip_bounds.MAX_INSPECTED_BYTES``).
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ class FileKind:
     """What the file was found to be, as a phrase: "a torch.save archive (pickles inside: model/data.pkl)"."""
 
 
-def classify(path: Path) -> FileKind:
-    """The kind of the regular file ``path``, from its content first and its name second."""
+def classify(path: Path, budget: Budget | None = None) -> FileKind:
+    """The kind of the regular file ``path``, from its content first and its name second; ``budget``:
+    what looking into archives may still spend (one per verification; a fresh one by default)."""
     path = Path(path)
+    budget = budget or Budget()
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         return FileKind(SAFETENSORS, "a safetensors file")
@@ -86,7 +89,7 @@ def classify(path: Path) -> FileKind:
         if head.startswith(b"BZh"):
             head += handle.read(BZ2_HEAD_BYTES - len(head))  # bz2 outputs nothing before its first block is whole
     prefix = head[:PREFIX_BYTES]
-    found = _by_prefix(head) or (_zip_kind(path) if prefix.startswith(b"PK\x03\x04") else None)
+    found = _by_prefix(head) or (_zip_kind(path, budget) if prefix.startswith(b"PK\x03\x04") else None)
     if prefix.startswith(b"\x93NUMPY"):
         with _open(path) as handle:
             found = _npy_kind(handle)
@@ -156,9 +159,9 @@ def _npy_kind(handle) -> FileKind:
 # zip archives
 
 
-def _zip_kind(path: Path) -> FileKind:
+def _zip_kind(path: Path, budget: Budget) -> FileKind:
     with _open(path) as handle:
-        if too_big := _directory_too_big(handle):
+        if too_big := _not_listed(handle, budget):
             return FileKind(UNCHECKED, f"a zip archive not inspected: {too_big}")
         try:
             archive = zipfile.ZipFile(handle)
@@ -170,13 +173,12 @@ def _zip_kind(path: Path) -> FileKind:
                                          "the bytes of another (no zip writer makes such an archive)")
             if too_big := declared_too_big(archive):
                 return FileKind(UNCHECKED, f"a zip archive not inspected: {too_big}")
-            return _members_kind(archive)
+            return _members_kind(archive, budget)
 
 
-def _members_kind(archive: zipfile.ZipFile) -> FileKind:
+def _members_kind(archive: zipfile.ZipFile, budget: Budget) -> FileKind:
     pickles, unreadable, arrays, serialized = [], [], 0, False
     members = [info for info in archive.infolist() if not info.is_dir()]
-    budget = Budget()
     for at, info in enumerate(members):
         if PurePosixPath(info.filename).suffix.lower() in PICKLE_SUFFIXES:
             pickles.append(info.filename)
@@ -255,8 +257,9 @@ def _few(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _directory_too_big(handle) -> str | None:
-    """Why the zip's central directory is not read, from its end record; None when it is small enough."""
+def _not_listed(handle, budget: Budget) -> str | None:
+    """Why the zip's central directory is not read, from its end record (too big, or past the
+    verification's budget); None when it may be (its cost then spent)."""
     handle.seek(0, 2)
     size = handle.tell()
     tail_start = max(0, size - (22 + 65535))
@@ -276,6 +279,8 @@ def _directory_too_big(handle) -> str | None:
         return f"{entries} members, over the limit of {MAX_MEMBERS}"
     if directory > MAX_DIRECTORY_BYTES:
         return f"a {directory}-byte directory, over the limit of {MAX_DIRECTORY_BYTES}"
+    if not budget.list(entries, directory):
+        return "this verification's budget for looking into archives is spent"
     return None
 
 

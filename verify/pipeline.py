@@ -390,15 +390,16 @@ def _safety(run: _Run) -> dict[str, Any]:
     from .output_kinds import CONVERT, DATA, HOSTILE, SAFETENSORS, classify
     from .record_limits import oversized
     from .safeload import check_files_isolated
+    from .zip_bounds import Budget
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
     trusted = attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
-    tree = walk(outputs)
+    tree, budget = walk(outputs), Budget()  # one budget for looking into every archive returned
     problems, refused, tensor_files, relatives, opaque = tree.refused + oversized(tree.files), [], {}, {}, []
     for item in tree.files:
         relative, entry = item.relative, item.entry
         path = Path(entry.path)
-        found = classify(path)
+        found = classify(path, budget)
         if found.kind == SAFETENSORS:
             tensor_files[path] = attempt.expected_weights if entry.name in WEIGHTS_FILES else None
             relatives[str(path)] = relative

@@ -9,8 +9,11 @@ classify (every entry decompressed again); 65,535 entries would take hours. So:
   no writer produces them;
 - an archive whose entries declare more than :data:`MAX_UNCOMPRESSED_BYTES` in all is not looked
   into (the member count and directory size are bounded in output_kinds before it is listed);
-- what looking into the members decompresses, all members together, is at most
-  :data:`MAX_INSPECTED_BYTES`; members past it are left uninspected (and the archive unchecked).
+- looking into archives has one budget per verification, all archives together
+  (:data:`MAX_INSPECTED_BYTES`): each decompressed byte spends one, and each member an archive's
+  directory can hold spends :data:`MEMBER_COST` before the directory is parsed (65,535 entries took
+  0.26 s to list). Members past the budget are left uninspected, archives past it unlisted: either
+  way the archive is unchecked (kept opaque from trusted compute, refused from untrusted).
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from typing import BinaryIO
 
 MAX_UNCOMPRESSED_BYTES = 1 << 40
 """1 TiB declared in all: well past any model archive, far short of what a bomb declares."""
-MAX_INSPECTED_BYTES = 64 * 2**20
-"""Decompressed while inspecting one archive: 16 bytes of each member, a numpy header (at most
-~10 KB), and JSON members searched for Stable-Baselines3's cloudpickle fields (a few KB each)."""
+MAX_INSPECTED_BYTES = 256 * 2**20
+"""What looking into all the archives of one verification may spend: about a second of work. Real
+archives spend little: 16 bytes of each member, a numpy header (at most ~10 KB), JSON members
+searched for Stable-Baselines3's cloudpickle fields (a few KB each), 1 KiB per member listed."""
+MEMBER_COST = 1024
+MIN_ENTRY_BYTES = 46
+"""A central-directory entry's fixed part: a directory of N bytes holds at most N / 46 entries."""
 LOCAL_HEADER = struct.Struct("<4s22xHH")
 """A local file header's fixed 30 bytes: its signature, then (past 22 bytes) the name and extra lengths."""
 
@@ -53,10 +60,18 @@ def declared_too_big(archive: zipfile.ZipFile) -> str | None:
 
 
 class Budget:
-    """The bytes an inspection may still decompress."""
+    """What looking into archives may still spend (one per verification: the safety check's)."""
 
     def __init__(self):
         self.left = MAX_INSPECTED_BYTES
+
+    def list(self, entries: int, directory_bytes: int) -> bool:
+        """Whether a directory announcing ``entries`` in ``directory_bytes`` may be listed (then spent)."""
+        cost = max(entries, directory_bytes // MIN_ENTRY_BYTES) * MEMBER_COST
+        if cost > self.left:
+            return False
+        self.left -= cost
+        return True
 
     def take(self, wanted: int) -> int:
         """How many of ``wanted`` bytes may be read now (0 once spent); they count as spent."""
