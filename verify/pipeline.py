@@ -375,8 +375,9 @@ def _safety(run: _Run) -> dict[str, Any]:
     Links, FIFOs, sockets, devices, over-deep folders, over-full trees and files parsed whole that
     are over their size limit are refused, all of them listed (jobs/output_tree.py,
     verify/record_limits.py), and every .safetensors is checked (in one child process under
-    memory and CPU limits) whatever the trust. Pickle-capable and unchecked files are kept OPAQUE — never loaded
-    here, listed in the evidence — from trusted compute, and refused from untrusted compute.
+    memory and CPU limits) whatever the trust. Pickle-capable and unchecked files are kept
+    OPAQUE — never loaded here, listed in the evidence — from trusted compute, and refused from
+    untrusted compute.
     NaN and ±Inf (and bool bytes other than 0 and 1) are refused in every .safetensors except the
     checkpoint segments' (:data:`SEGMENT_FILES`), whose headers alone are checked: each segment is
     committed by the signed Merkle root, the replay audit opens the challenged ones and parses them
