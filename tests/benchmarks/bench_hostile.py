@@ -7,6 +7,8 @@ the fix a 3 GB commitment took 22.6 s and 3.4 GB, a sparse 50 GB one raised Memo
 200-entry zip took 49 s, a FIFO result.json hung, a 1,200-deep tree gave "cannot verify".
 Target for each case: at most 10 s and 500 MB, and the verdict `rejected` (the huge metrics step is
 data for `verify DIR`: `accepted`; the live status line's handling of it is in tests/test_hostile_bytes.py).
+The CPU seconds (of the CLI and its children) and the harmless baseline (a folder of one log file:
+the CLI's own start-up and imports) show what the hostile case itself costs on a loaded machine.
 `run(smoke=True)` builds four small cases.
 
 Run: python tests/benchmarks/bench_hostile.py
@@ -33,17 +35,19 @@ import json, resource, subprocess, sys, time
 start = time.perf_counter()
 done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+peak, cpu = used.ru_maxrss / 1024, used.ru_utime + used.ru_stime
 try:
     outcome = json.loads(done.stdout)["outcome"]
 except ValueError:
     outcome = f"no verdict (exit {done.returncode}): {done.stderr.strip()[-200:]}"
-print(json.dumps({"seconds": seconds, "peak_mb": peak, "outcome": outcome}))
+print(json.dumps({"seconds": seconds, "cpu_s": cpu, "peak_mb": peak, "outcome": outcome}))
 """
 
 
 def _cases(smoke: bool) -> dict[str, Callable[[Path], object]]:
     full = {
+        "baseline_harmless": lambda d: None,
         "commitment_3GB": lambda d: hostile.sparse(d / "commitment.json", 3 * GB),
         "commitment_50GB": lambda d: hostile.sparse(d / "commitment.json", 50 * GB),
         "result_3GB": lambda d: hostile.sparse(d / "result.json", 3 * GB),
@@ -59,6 +63,7 @@ def _cases(smoke: bool) -> dict[str, Callable[[Path], object]]:
     if not smoke:
         return full
     return {
+        "baseline_harmless": lambda d: None,
         "commitment_3GB": lambda d: hostile.sparse(d / "commitment.json", 3 * MIB),
         "zip_200x64MiB": lambda d: hostile.zip_bomb(d / "model.zip", entries=20, member_mib=1),
         "tree_1200_deep": lambda d: hostile.deep_tree(d, 100),
@@ -67,7 +72,7 @@ def _cases(smoke: bool) -> dict[str, Callable[[Path], object]]:
 
 
 def measure(outputs: Path) -> dict:
-    """`trainmaster verify OUTPUTS --json` in a fresh wrapper: seconds, peak MB and the verdict."""
+    """`trainmaster verify OUTPUTS --json` in a fresh wrapper: wall and CPU seconds, peak MB, the verdict."""
     command = [sys.executable, "-c", WRAPPER, sys.executable, "-m", "trainmaster.broker.cli", "verify", str(outputs), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
     return json.loads(done.stdout)
@@ -81,6 +86,7 @@ def run(smoke: bool = False) -> dict[str, float]:
             build(outputs)
             found = measure(outputs)
             figures[f"{name}_s"], targets[f"{name}_s"] = found["seconds"], "<= 10"
+            figures[f"{name}_cpu_s"] = found["cpu_s"]
             figures[f"{name}_peak_MB"], targets[f"{name}_peak_MB"] = found["peak_mb"], "<= 500"
             verdicts[name] = found["outcome"]
             hostile.remove_deep_tree(outputs)
