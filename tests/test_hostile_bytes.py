@@ -238,6 +238,35 @@ def test_submit_wait_rejects_a_job_that_leaves_a_fifo_or_a_huge_commitment(job_f
     assert reason in json.dumps(job), done.stdout
 
 
+DEEP_TREE_JOB = """
+import os
+out = os.environ["TRAINMASTER_OUTPUT_DIR"]
+open(os.path.join(out, "log.txt"), "w").write("trained\\n")
+fd = os.open(out, os.O_RDONLY)
+for _ in range(1200):
+    os.mkdir("x", dir_fd=fd)
+    inner = os.open("x", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = inner
+print("trained", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_submit_wait_rejects_a_job_that_leaves_a_tree_1200_deep(job_factory, tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "TRAINMASTER_HOME": str(home), "COLUMNS": "400"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(job_factory(DEEP_TREE_JOB)),
+                               "--wait", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        for ran in home.glob("jobs/*/attempts/*/outputs"):
+            hostile.remove_deep_tree(ran)
+    job = json.loads(done.stdout[done.stdout.index("{\n"):])
+    assert job["state"] == "failed", done.stdout + done.stderr
+    assert "nests folders deeper than 64 levels" in json.dumps(job), done.stdout
+
+
 HOSTILE_METRICS_JOB = """
 import json, os, pathlib, time
 out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
