@@ -150,6 +150,13 @@ def test_a_tensor_with_an_unbounded_shape_is_rejected(outputs, shape):
     assert "model.safetensors: tensor 'w': shape" in reasons and "over the limits of 32 dimensions" in reasons
 
 
+def test_a_header_of_huge_names_is_rejected_with_a_short_reason(outputs):
+    header = json.dumps({"n" * 100_000: {"dtype": "X" * 100_000, "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (outputs / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    reasons = rejected_for(outputs)
+    assert "unsupported dtype 'XXX" in reasons and len(reasons) < 1000
+
+
 def test_an_empty_tensor_of_a_plain_shape_is_accepted(outputs):
     hostile.tensor_file(outputs / "model.safetensors", [0, 4096])
     verdict, printed = verify_dir(outputs)

@@ -254,7 +254,9 @@ def _archive_phrase(pickles: list[str], serialized: bool) -> str:
 
 
 def _few(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    """Up to three member names (each cut to 80 characters: a zip's names can be 64 KiB) and a count."""
+    shown = [name if len(name) <= 80 else name[:77] + "..." for name in names[:3]]
+    return ", ".join(shown) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _not_listed(handle, budget: Budget) -> str | None:

@@ -345,7 +345,7 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     result = {}
     for key, value in pairs:
         if key in result:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(f"duplicate key {_short(key)}")
         result[key] = value
     return result
 
@@ -365,13 +365,13 @@ def _entry(path: Path, name: str, value: object) -> TensorEntry:
     a checkpoint directory's headers hold tens of thousands of entries)."""
 
     def refuse(problem: str) -> SafeLoadError:
-        return SafeLoadError(f"{path.name}: tensor {name!r}: {problem}")
+        return SafeLoadError(f"{path.name}: tensor {_short(name)}: {problem}")
 
     if type(value) is not dict or value.keys() != ENTRY_KEYS:
         raise refuse("entry must have exactly the keys dtype, shape, data_offsets")
     dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
     if type(dtype) is not str or dtype not in ITEM_SIZES:
-        raise refuse(f"unsupported dtype {dtype!r} (allowed: {', '.join(ITEM_SIZES)})")
+        raise refuse(f"unsupported dtype {_short(dtype)} (allowed: {', '.join(ITEM_SIZES)})")
     if type(shape) is not list or not _are_counts(shape):
         raise refuse(f"shape {_short(shape)} is not a list of non-negative integers")
     if len(shape) > MAX_RANK or not _bounded_shape(shape):
@@ -418,9 +418,9 @@ def _check_tiling(path: Path, entries: list[TensorEntry], buffer_bytes: int) -> 
     cursor = 0
     for entry in entries:
         if entry.begin < cursor:
-            raise SafeLoadError(f"{path.name}: tensor {entry.name!r} overlaps the one before it (offset {entry.begin} < {cursor})")
+            raise SafeLoadError(f"{path.name}: tensor {_short(entry.name)} overlaps the one before it (offset {entry.begin} < {cursor})")
         if entry.begin > cursor:
-            raise SafeLoadError(f"{path.name}: a hole of {entry.begin - cursor} unindexed bytes before tensor {entry.name!r}")
+            raise SafeLoadError(f"{path.name}: a hole of {entry.begin - cursor} unindexed bytes before tensor {_short(entry.name)}")
         cursor = entry.end
     if cursor > buffer_bytes:
         raise SafeLoadError(f"{path.name}: tensors index {cursor} bytes of data, the file holds only {buffer_bytes}")
@@ -442,7 +442,7 @@ def _check_expected(header: Header, expected: Expected | None) -> None:
     if extra:
         problems.append(f"unexpected tensors {_few(extra)}")
     for name in wrong[:5]:
-        problems.append(f"tensor {name!r} is {found[name][0]}{list(found[name][1])}, expected {want[name][0]}{list(want[name][1])}")
+        problems.append(f"tensor {_short(name)} is {found[name][0]}{list(found[name][1])}, expected {want[name][0]}{list(want[name][1])}")
     if len(wrong) > 5:
         problems.append(f"{len(wrong) - 5} more tensors with the wrong dtype or shape")
     if problems:
@@ -450,7 +450,7 @@ def _check_expected(header: Header, expected: Expected | None) -> None:
 
 
 def _few(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:5])
+    shown = ", ".join(_short(n) for n in names[:5])
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
@@ -493,12 +493,12 @@ def _check_values(path: Path, entry: TensorEntry, raw: np.ndarray) -> None:
             mantissa = (bits & 0x007F) != 0
             _non_finite(path, entry, bool((special & mantissa).any()), bool((special & ~mantissa).any()))
     elif entry.dtype == "BOOL" and bool((raw > 1).any()):
-        raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds bool bytes other than 0 and 1")
+        raise SafeLoadError(f"{path.name}: tensor {_short(entry.name)} holds bool bytes other than 0 and 1")
 
 
 def _non_finite(path: Path, entry: TensorEntry, nan: bool, inf: bool) -> None:
     kinds = " and ".join(label for label, found in (("NaN", nan), ("±Inf", inf)) if found)
-    raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds {kinds}")
+    raise SafeLoadError(f"{path.name}: tensor {_short(entry.name)} holds {kinds}")
 
 
 def _torch_dtype(code: str):
