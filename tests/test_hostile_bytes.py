@@ -24,6 +24,7 @@ from trainmaster.broker.progress import last_step
 from trainmaster.jobs import output_tree
 from trainmaster.jobs.files import HostileFile, read_regular, read_tail, sha256_file
 from trainmaster.verify import output_kinds, zip_bounds
+from trainmaster.verify.archive_child import classify_archives
 from trainmaster.verify.errors import VerificationError
 from trainmaster.verify.outcome import check_outcome
 from trainmaster.verify.output_kinds import HOSTILE, UNCHECKED, classify
@@ -192,6 +193,13 @@ def test_many_archives_share_one_inspection_budget(outputs):
     assert sorted(opaque) == ["part5.zip", "part6.zip"], printed  # 5 × 48 MiB fit in 256 MiB
     assert "past the inspection budget" in opaque["part5.zip"]
     assert "budget for looking into archives is spent" in opaque["part6.zip"]
+
+
+def test_archives_are_looked_into_in_a_memory_limited_child(tmp_path):
+    bomb = hostile.zip_bomb(tmp_path / "part.zip", entries=1, member_mib=48)
+    assert classify_archives([bomb])[str(bomb)].kind == output_kinds.DATA
+    found = classify_archives([bomb], memory_bytes=2 * 2**20)[str(bomb)]
+    assert found.kind == HOSTILE and "ran out of the memory limit" in found.what
 
 
 def test_a_serialized_field_past_the_first_chunk_is_still_found(tmp_path):

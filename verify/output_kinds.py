@@ -23,7 +23,8 @@ file is never opened), a zip's central directory (not read when its end record a
 ``MAX_MEMBERS`` members or a directory over ``MAX_DIRECTORY_BYTES``), and, unless its entries
 overlap or declare too much (verify/zip_bounds.py), the first bytes of each member and a JSON
 member searched in chunks, all archives of a verification together within one budget
-(``zip_bounds.MAX_INSPECTED_BYTES``).
+(``zip_bounds.MAX_INSPECTED_BYTES``). The safety check looks into archives in a child process
+under CPU and memory limits (verify/archive_child.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from .safeload import pickle_protocol
 from .zip_bounds import Budget, declared_too_big, overlapping
 
 SAFETENSORS, PICKLE, UNCHECKED, DATA, HOSTILE = "safetensors", "pickle", "unchecked", "data", "hostile"
+ARCHIVE = "archive"
+"""Not a verdict: a zip archive left for verify/archive_child.py (``classify(…, archives=False)``)."""
 
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".dill", ".sav", ".cloudpickle"})
 UNCHECKED_SUFFIXES = frozenset({
@@ -76,9 +79,11 @@ class FileKind:
     """What the file was found to be, as a phrase: "a torch.save archive (pickles inside: model/data.pkl)"."""
 
 
-def classify(path: Path, budget: Budget | None = None) -> FileKind:
+def classify(path: Path, budget: Budget | None = None, *, archives: bool = True) -> FileKind:
     """The kind of the regular file ``path``, from its content first and its name second; ``budget``:
-    what looking into archives may still spend (one per verification; a fresh one by default)."""
+    what looking into archives may still spend (one per verification; a fresh one by default).
+    ``archives=False``: a zip archive is not looked into here but returned as ARCHIVE, for
+    verify/archive_child.py to classify in a child process under CPU and memory limits."""
     path = Path(path)
     budget = budget or Budget()
     suffix = path.suffix.lower()
@@ -89,6 +94,8 @@ def classify(path: Path, budget: Budget | None = None) -> FileKind:
         if head.startswith(b"BZh"):
             head += handle.read(BZ2_HEAD_BYTES - len(head))  # bz2 outputs nothing before its first block is whole
     prefix = head[:PREFIX_BYTES]
+    if not archives and prefix.startswith(b"PK\x03\x04") and _by_prefix(head) is None:
+        return FileKind(ARCHIVE, "a zip archive, looked into in a child process")
     found = _by_prefix(head) or (_zip_kind(path, budget) if prefix.startswith(b"PK\x03\x04") else None)
     if prefix.startswith(b"\x93NUMPY"):
         with _open(path) as handle:

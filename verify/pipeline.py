@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .audit import AuditReport
     from .commitments import StoredCommitment
     from .openings import Openings
+    from .output_kinds import FileKind
     from .recipe_run import RecipeRun, UserRecipeRun
 
 CHECKS = ("integrity", "safety", "replay", "outcome")
@@ -374,8 +375,8 @@ def _safety(run: _Run) -> dict[str, Any]:
 
     Links, FIFOs, sockets, devices, over-deep folders, over-full trees and files parsed whole that
     are over their size limit are refused, all of them listed (jobs/output_tree.py,
-    verify/record_limits.py), and every .safetensors is checked (in one child process under
-    memory and CPU limits) whatever the trust. Pickle-capable and unchecked files are kept
+    verify/record_limits.py); zip archives are looked into, and every .safetensors is checked, in
+    child processes under memory and CPU limits, whatever the trust. Pickle-capable and unchecked files are kept
     OPAQUE — never loaded here, listed in the evidence — from trusted compute, and refused from
     untrusted compute.
     NaN and ±Inf (and bool bytes other than 0 and 1) are refused in every .safetensors except the
@@ -388,19 +389,16 @@ def _safety(run: _Run) -> dict[str, Any]:
     """
     from trainmaster.jobs.output_tree import walk
 
-    from .output_kinds import CONVERT, DATA, HOSTILE, SAFETENSORS, classify
+    from .output_kinds import CONVERT, DATA, HOSTILE, SAFETENSORS
     from .record_limits import oversized
     from .safeload import check_files_isolated
-    from .zip_bounds import Budget
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
     trusted = attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
-    tree, budget = walk(outputs), Budget()  # one budget for looking into every archive returned
+    tree = walk(outputs)
     problems, refused, tensor_files, relatives, opaque = tree.refused + oversized(tree.files), [], {}, {}, []
-    for item in tree.files:
-        relative, entry = item.relative, item.entry
+    for (relative, entry), found in _kinds(tree.files):
         path = Path(entry.path)
-        found = classify(path, budget)
         if found.kind == SAFETENSORS:
             tensor_files[path] = attempt.expected_weights if entry.name in WEIGHTS_FILES else None
             relatives[str(path)] = relative
@@ -431,6 +429,18 @@ def _safety(run: _Run) -> dict[str, Any]:
         "trust": "trusted" if trusted else "untrusted", "safetensors_checked": checked,
         "headers_only": len(segments), "opaque": opaque,
     }
+
+
+def _kinds(files) -> list[tuple[tuple[str, os.DirEntry], FileKind]]:
+    """Each file's kind (verify/output_kinds.py); zip archives are looked into together in a child
+    process under CPU and memory limits (verify/archive_child.py)."""
+    from .archive_child import classify_archives
+    from .output_kinds import ARCHIVE, classify
+
+    found = [((item.relative, item.entry), classify(Path(item.entry.path), archives=False)) for item in files]
+    archives = [entry.path for (_, entry), kind in found if kind.kind == ARCHIVE]
+    looked = classify_archives([Path(p) for p in archives]) if archives else {}
+    return [(where, looked.get(where[1].path, kind)) for where, kind in found]
 
 
 def _few(items: list[str], sep: str) -> str:

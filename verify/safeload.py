@@ -245,7 +245,7 @@ def _serve_isolated() -> None:
     import sys
 
     request = json.load(sys.stdin)
-    _limit_self(request["memory_bytes"], request["cpu_seconds"])
+    limit_self(request["memory_bytes"], request["cpu_seconds"])
     files = {
         Path(item["path"]): None if item["expected"] is None else {n: (d, tuple(s)) for n, (d, s) in item["expected"].items()}
         for item in request["files"]
@@ -254,7 +254,7 @@ def _serve_isolated() -> None:
     json.dump([dataclasses.asdict(r) for r in checked], sys.stdout)
 
 
-def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
+def limit_self(memory_bytes: int, cpu_seconds: int) -> None:
     """Allow this process ``memory_bytes`` more address space and ``cpu_seconds`` more CPU time."""
     import resource
 
