@@ -1,6 +1,6 @@
 """What each returned file is, judged by its content and never by loading it.
 
-Four kinds (docs/verification.md, "Safety"):
+Five kinds (docs/verification.md, "Safety"):
 
 - ``safetensors``: a ``.safetensors`` file, checked in full by verify/safeload.py;
 - ``pickle``: a file that can run code when loaded: a pickle (protocol 2–5, recognised by its first
