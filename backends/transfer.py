@@ -14,6 +14,7 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 from collections.abc import AsyncIterator, Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -21,15 +22,19 @@ from pathlib import Path
 from trainmaster.backends.base import (
     ExecutorFault, LocalEnvironmentError, OutputFile, Progress, TransientBackendError,
 )
+from trainmaster.jobs.output_tree import FILE, FOLDER, SPECIAL, Entry, entries
 
 CHUNK = 4 * 2**20
 PARTIAL = ".partial"
 
 
 async def copy_tree(source: Path, dest: Path, progress: Progress | None = None, *, link: bool = True) -> list[OutputFile]:
-    """Copy the files under `source` to `dest` atomically, hashing each; links and special files are
-    skipped (outputs are plain files; a link could point anywhere). Idempotent: an existing `dest`
-    is listed, not copied again.
+    """Copy the files under `source` to `dest` atomically, hashing each; links are skipped (outputs
+    are plain files; a link could point anywhere). The walk is bounded (jobs/output_tree.py): what it
+    refuses is mirrored, never opened, so that the safety check refuses it by name: every folder is
+    made (a too-deep tree stays too deep), and a FIFO or socket is made again as an empty one of its
+    kind (a device, which only root can make, as a FIFO). Idempotent: an existing `dest` is listed,
+    not copied again.
 
     With `link` (the default), a file is hard-linked instead of copied where `source` and `dest` are
     on one filesystem, so outputs are stored once however large; each is still read through once to
@@ -45,10 +50,12 @@ def _copy_tree(source: Path, dest: Path, progress: Progress | None, link: bool =
         return list_files(dest)
     tmp = dest.with_name(f".{dest.name}{PARTIAL}")
     shutil.rmtree(tmp, ignore_errors=True)
-    files = _plain_files(source)
+    found = list(entries(source)) if source.is_dir() else []
+    files = [(Path(item.entry.path), item.entry.stat(follow_symlinks=False).st_size) for item in found if item.kind == FILE]
     total, done = sum(size for _, size in files), 0
     try:
         tmp.mkdir(parents=True)
+        _mirror_refusable(found, tmp)
         link = link and files != [] and os.stat(source).st_dev == os.stat(tmp).st_dev
         out = []
         for path, _ in files:
@@ -96,10 +103,22 @@ def _hard_link(path: Path, target: Path) -> bool:
     return True
 
 
+def _mirror_refusable(found: list[Entry], tmp: Path) -> None:
+    """Make every folder of ``found`` under ``tmp``, and an empty stand-in for each special file."""
+    for item in found:
+        target = tmp / item.relative
+        if item.kind == FOLDER:
+            target.mkdir(parents=True, exist_ok=True)
+        elif item.kind == SPECIAL:
+            mode = stat.S_IFMT(item.entry.stat(follow_symlinks=False).st_mode)
+            os.mknod(target, (mode if mode in (stat.S_IFIFO, stat.S_IFSOCK) else stat.S_IFIFO) | 0o600)
+
+
 def _plain_files(root: Path) -> list[tuple[Path, int]]:
     if not root.is_dir():
         return []
-    return [(p, p.stat().st_size) for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()]
+    return [(Path(item.entry.path), item.entry.stat(follow_symlinks=False).st_size)
+            for item in entries(root) if item.kind == FILE]
 
 
 def list_files(root: Path) -> list[OutputFile]:

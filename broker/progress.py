@@ -34,12 +34,16 @@ from trainmaster.backends.base import Offer
 from trainmaster.broker import paths, states
 from trainmaster.broker.store import Attempt
 from trainmaster.jobs.environment import expand_command
+from trainmaster.jobs.files import HostileFile, read_tail
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import JobSpec
 
 TAIL_BYTES = 4096
 """How much of the end of `metrics.jsonl` is read: a few lines, whatever the size of the file."""
 RATE_WINDOW_S = 30.0
+MAX_STEP = 2**53
+"""The largest step a job's metrics line may claim: past it a float (steps/s, ETA) loses whole steps,
+and a step of 10**400 made the status line's arithmetic raise."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +72,11 @@ class StepSample:
 
 def last_step(path: Path, tail_bytes: int = TAIL_BYTES) -> StepSample | None:
     """The step of the newest complete line of a `metrics.jsonl`, reading only its last `tail_bytes`
-    (None when there is no file, or no readable step there: a line longer than the tail, a torn one)."""
+    (None when there is no file, no regular file — a FIFO is never opened, a link never followed — or
+    no readable step there: a line longer than the tail, a torn one). A step is an int in [0, MAX_STEP]."""
     try:
-        with open(path, "rb") as f:
-            info = os.fstat(f.fileno())
-            start = max(0, info.st_size - tail_bytes)
-            f.seek(start)
-            tail = f.read(tail_bytes)
-    except OSError:
+        tail, start, info = read_tail(path, tail_bytes)
+    except (OSError, HostileFile):
         return None
     lines = tail.split(b"\n")
     # the last piece is a line still being written (b"" after a final newline); past a seek, the first may be cut
@@ -85,7 +86,7 @@ def last_step(path: Path, tail_bytes: int = TAIL_BYTES) -> StepSample | None:
         except (ValueError, RecursionError):
             continue
         step = record.get("step") if isinstance(record, dict) else None
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP:
             return StepSample(step, info.st_mtime)
     return None
 

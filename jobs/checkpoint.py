@@ -39,6 +39,9 @@ from .state import TrainState
 
 FORMAT = "trainmaster-checkpoint-v1"
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 2**16
+"""A segment manifest lists three files and four digests (under 1 KB); read bounded, as a returned
+checkpoint directory is the executor's."""
 WEIGHTS = "weights.safetensors"
 REST = "rest.safetensors"
 DECISIONS = "decisions.safetensors"
@@ -252,7 +255,9 @@ def write_segment_bytes(
 
 def read_manifest(directory: Path) -> SegmentManifest:
     try:
-        return SegmentManifest.model_validate_json((Path(directory) / MANIFEST).read_bytes())
+        return SegmentManifest.model_validate_json(files.read_regular(Path(directory) / MANIFEST, MAX_MANIFEST_BYTES))
+    except files.HostileFile as exc:
+        raise CheckpointError(f"{directory} has no readable manifest: {exc}") from None
     except (OSError, ValidationError) as exc:
         raise CheckpointError(f"{directory} has no readable manifest: {exc}") from exc
 
@@ -260,7 +265,9 @@ def read_manifest(directory: Path) -> SegmentManifest:
 def _read_checked(directory: Path, name: str, entry: FileEntry) -> bytes:
     path = directory / name
     try:
-        data = path.read_bytes()
+        data = files.read_regular(path, entry.bytes)
+    except files.HostileFile as exc:
+        raise CheckpointError(f"checkpoint file {path} is refused: {exc.reason}") from None
     except OSError as exc:
         raise CheckpointError(f"checkpoint file {path} is missing: {exc}") from exc
     if len(data) != entry.bytes:

@@ -20,11 +20,15 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from .checkpoint import read_manifest, segment_dir
+from .files import HostileFile, read_regular
 from .merkle import inclusion_proof, merkle_root
 
 FILENAME = "commitment.json"
 FORMAT = 1
 """The commitment format this version writes and reads."""
+MAX_BYTES = 4096
+"""A canonical commitment is about 300 bytes (three digests, a job id, two integers); a job id long
+enough to need more is not one a broker issued. The size is checked before a byte is read."""
 Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -53,8 +57,8 @@ class Commitment(BaseModel):
             commitment = cls.model_validate_json(data)
         except ValidationError as exc:
             if any(error["loc"] == ("format",) for error in exc.errors()):
-                raise CommitmentError(f"commitment format is not {FORMAT}, the one this version reads") from exc
-            raise CommitmentError(f"malformed commitment: {exc}") from exc
+                raise CommitmentError(f"commitment format is not {FORMAT}, the one this version reads") from None
+            raise CommitmentError(f"malformed commitment: {_problems(exc)}") from None
         if commitment.canonical_json() != data:
             if b'"format":' not in data:  # the default filled it in: the executor's bytes have no format
                 raise CommitmentError(f"commitment format is not {FORMAT}, the one this version reads: it has none")
@@ -63,8 +67,18 @@ class Commitment(BaseModel):
 
 
 def read_commitment(path: Path) -> Commitment:
-    """Read and strictly parse a ``commitment.json``."""
-    return Commitment.from_json(Path(path).read_bytes())
+    """Read (at most :data:`MAX_BYTES`, a regular file, no link followed) and strictly parse a ``commitment.json``."""
+    try:
+        return Commitment.from_json(read_regular(path, MAX_BYTES, FILENAME))
+    except HostileFile as exc:
+        raise CommitmentError(exc.reason) from None
+
+
+def _problems(exc: ValidationError) -> str:
+    """What is wrong, field by field, without the input's values (a commitment's bytes are never echoed)."""
+    found = exc.errors(include_input=False, include_url=False, include_context=False)
+    shown = [f"{'.'.join(map(str, e['loc'])) or 'the JSON'}: {e['msg']}" for e in found[:5]]
+    return "; ".join(shown) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
 
 
 def segment_leaves(checkpoint_dir: Path, n: int) -> list[bytes]:

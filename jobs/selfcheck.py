@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .execution import StateError
+from .files import HostileFile, read_regular, read_tail
 from .recipe import Recipe
 
 IMPORT_ONLY = "TRAINMASTER_IMPORT_ONLY"
@@ -58,6 +59,9 @@ TIMEOUT_SEGMENTS = 20
 """The check may take this many times the last segment's training time, plus the floor."""
 MODULE = "trainmaster.jobs.selfcheck"
 _SCRIPT_MODULE = "__trainmaster_recipe__"
+MAX_RESULT_BYTES = 2**20
+"""The check's result (a few mismatching entries); the recipe runs in that process, so it is read bounded."""
+TAIL_BYTES = 64 * 1024
 
 
 class SelfCheckError(StateError):
@@ -172,15 +176,16 @@ class SelfCheck:
 
     def _result(self) -> dict | None:
         try:
-            found = json.loads((Path(self._workdir.name) / "result.json").read_text())
-        except (OSError, ValueError):
+            found = json.loads(read_regular(Path(self._workdir.name) / "result.json", MAX_RESULT_BYTES))
+        except (OSError, ValueError, HostileFile):
             return None
         return found if isinstance(found, dict) else None
 
     def _log_tail(self) -> str:
         try:
-            lines = (Path(self._workdir.name) / "log").read_text(errors="replace").strip().splitlines()
-        except OSError:
+            tail = read_tail(Path(self._workdir.name) / "log", TAIL_BYTES)[0]
+            lines = tail.decode(errors="replace").strip().splitlines()
+        except (OSError, HostileFile):
             return "no output"
         return lines[-1][-500:] if lines else "no output"
 

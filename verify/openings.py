@@ -47,6 +47,7 @@ from trainmaster.jobs.canonical import CanonicalError, deserialize, views
 from trainmaster.jobs.checkpoint import (
     DECISIONS,
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     REST,
     WEIGHTS,
     CheckpointError,
@@ -56,6 +57,7 @@ from trainmaster.jobs.checkpoint import (
     segment_indices,
 )
 from trainmaster.jobs.commitment import Commitment
+from trainmaster.jobs.files import HostileFile, open_regular, read_regular
 from trainmaster.jobs.decisions import ENTRY_HEADER_BYTES, DecisionTrace, DecisionTraceError
 from trainmaster.jobs.merkle import inclusion_proof
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
@@ -352,10 +354,10 @@ class LocalOpenings:
             raise OpeningError(f"{self.checkpoint_dir} holds no segments")
         try:
             return [
-                bytes.fromhex(json.loads((segment_dir(self.checkpoint_dir, i) / MANIFEST).read_bytes())["leaf"])
+                bytes.fromhex(json.loads(read_regular(segment_dir(self.checkpoint_dir, i) / MANIFEST, MAX_MANIFEST_BYTES))["leaf"])
                 for i in range(indices[-1] + 1)
             ]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, HostileFile) as exc:
             raise OpeningError(f"cannot read the segment leaves in {self.checkpoint_dir}: {exc}") from exc
 
     def _proof(self, index: int) -> list[str]:
@@ -367,13 +369,14 @@ class LocalOpenings:
 def _read(path: Path) -> bytearray:
     """The file's bytes, read into a bytearray of their own that parsing then takes over (no second copy)."""
     try:
-        with path.open("rb", buffering=0) as file:
+        fd, _ = open_regular(path)  # a link or FIFO is refused, never opened
+        with os.fdopen(fd, "rb", buffering=0) as file:
             data = bytearray(os.fstat(file.fileno()).st_size)
             with memoryview(data) as view:
                 filled = 0
                 while filled < len(data) and (got := file.readinto(view[filled:])):
                     filled += got
-    except OSError as exc:
+    except (OSError, HostileFile) as exc:
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
     if filled != len(data):
         raise CheckpointError(f"{path} shrank while it was read")

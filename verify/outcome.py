@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.jobs.environment import expand_command, interpreter_environment
+from trainmaster.jobs.files import HostileFile, read_regular
 from trainmaster.jobs.spec import PYTHON_NAMES
 
 from .errors import VerificationError
@@ -41,6 +42,9 @@ from .errors import VerificationError
 CHECKPOINT_ENV = "TRAINMASTER_EVAL_CHECKPOINT"
 REGRESSION_FLOOR = 0.90
 RESULT_FILE = "result.json"
+MAX_RESULT_BYTES = 16 * 2**20
+"""A result.json holds summary figures (the runtime writes a few hundred bytes); a script's own may
+hold more, never gigabytes. Checked before it is read."""
 OUTPUT_TAIL = 4000
 
 Evaluate = Callable[[Path], Mapping[str, float]]
@@ -128,7 +132,12 @@ def parse_metrics_line(stdout: str, command: str) -> dict[str, float]:
 
 def _numbers(values: Mapping[str, Any]) -> dict[str, float]:
     """The numeric metrics (bools and non-numbers are left out); a non-finite number stays, and fails."""
-    return {str(k): float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {str(k): _float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _float(value: int | float) -> float:
+    """A reported number as a float; an int past float's range (10**400) is ±Inf, which fails its threshold."""
+    return float(value) if isinstance(value, float) or abs(value) < 2**1024 else math.copysign(math.inf, value)
 
 
 def _last_line(text: str) -> str:
@@ -146,7 +155,9 @@ def _reported(outputs: Path | None, trusted: bool) -> dict[str, float]:
         )
     path = Path(outputs or ".") / RESULT_FILE
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(read_regular(path, MAX_RESULT_BYTES, RESULT_FILE).decode("utf-8"))
+    except HostileFile as exc:  # a link, a FIFO, a 3 GB file: the executor's doing
+        raise VerificationError(f"thresholds are set but {exc}") from None
     except (OSError, ValueError) as exc:
         raise VerificationError(f"thresholds are set but {path} is unreadable: {exc}", kind="cannot_verify") from exc
     if not isinstance(value, dict):

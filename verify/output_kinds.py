@@ -1,6 +1,6 @@
 """What each returned file is, judged by its content and never by loading it.
 
-Four kinds (docs/verification.md, "Safety"):
+Five kinds (docs/verification.md, "Safety"):
 
 - ``safetensors``: a ``.safetensors`` file, checked in full by verify/safeload.py;
 - ``pickle``: a file that can run code when loaded: a pickle (protocol 2–5, recognised by its first
@@ -12,21 +12,26 @@ Four kinds (docs/verification.md, "Safety"):
   bytes, so the name is all there is);
 - ``unchecked``: a model format trainmaster does not inspect (``.onnx``, ``.h5``, ``.keras``,
   ``.gguf``, …), an archive inside an archive, or an archive too large or too damaged to list;
-- ``data``: anything else (logs, JSON, CSV, numeric numpy arrays).
+- ``data``: anything else (logs, JSON, CSV, numeric numpy arrays);
+- ``hostile``: a zip archive whose entries overlap (a zip bomb): refused whatever the trust.
 
 On trusted compute ``pickle`` and ``unchecked`` files are kept OPAQUE (recorded and hashed, never
 loaded by the broker, listed in the verdict); from untrusted compute they are refused.
 
-Reading is bounded: the first 64 KiB of a file (1 MiB of a bz2 stream), a zip's central directory
-(not read when its end record announces more than ``MAX_MEMBERS`` members or a directory over
-``MAX_DIRECTORY_BYTES``), the first bytes of each member, and at most ``MAX_JSON_BYTES`` of a JSON
-member.
+Reading is bounded: the first 64 KiB of a regular file (1 MiB of a bz2 stream; a link or special
+file is never opened), a zip's central directory (not read when its end record announces more than
+``MAX_MEMBERS`` members or a directory over ``MAX_DIRECTORY_BYTES``), and, unless its entries
+overlap or declare too much (verify/zip_bounds.py), the first bytes of each member and a JSON
+member searched in chunks, all archives of a verification together within one budget
+(``zip_bounds.MAX_INSPECTED_BYTES``). The safety check looks into archives in a child process
+under CPU and memory limits (verify/archive_child.py).
 """
 
 from __future__ import annotations
 
 import bz2
 import lzma
+import os
 import re
 import struct
 import zipfile
@@ -34,9 +39,14 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .safeload import pickle_protocol
+from trainmaster.jobs.files import open_regular
 
-SAFETENSORS, PICKLE, UNCHECKED, DATA = "safetensors", "pickle", "unchecked", "data"
+from .safeload import pickle_protocol
+from .zip_bounds import Budget, declared_too_big, overlapping
+
+SAFETENSORS, PICKLE, UNCHECKED, DATA, HOSTILE = "safetensors", "pickle", "unchecked", "data", "hostile"
+ARCHIVE = "archive"
+"""Not a verdict: a zip archive left for verify/archive_child.py (``classify(…, archives=False)``)."""
 
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".dill", ".sav", ".cloudpickle"})
 UNCHECKED_SUFFIXES = frozenset({
@@ -47,11 +57,14 @@ NUMPY_SUFFIXES = frozenset({".npy", ".npz"})
 
 MAX_MEMBERS = 100_000
 MAX_DIRECTORY_BYTES = 64 * 2**20
-MAX_JSON_BYTES = 64 * 2**20
+JSON_CHUNK_BYTES = 2**20
+NPY_HEADER_BYTES = 10_000 + 12
+"""What numpy reads of a .npy header at most (its 10,000-byte header limit, plus magic and length)."""
 PREFIX_BYTES = 16
 HEAD_BYTES = 64 * 1024
 BZ2_HEAD_BYTES = 1024 * 1024
 SB3_SERIALIZED = b'":serialized:"'
+NUMPY_ARRAY, BUDGET_SPENT = "numpy array", "budget spent"
 
 CONVERT = (
     "save weights as safetensors instead: safetensors.torch.save_file(model.state_dict(), \"model.safetensors\") "
@@ -66,20 +79,26 @@ class FileKind:
     """What the file was found to be, as a phrase: "a torch.save archive (pickles inside: model/data.pkl)"."""
 
 
-def classify(path: Path) -> FileKind:
-    """The kind of the regular file ``path``, from its content first and its name second."""
+def classify(path: Path, budget: Budget | None = None, *, archives: bool = True) -> FileKind:
+    """The kind of the regular file ``path``, from its content first and its name second; ``budget``:
+    what looking into archives may still spend (one per verification; a fresh one by default).
+    ``archives=False``: a zip archive is not looked into here but returned as ARCHIVE, for
+    verify/archive_child.py to classify in a child process under CPU and memory limits."""
     path = Path(path)
+    budget = budget or Budget()
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         return FileKind(SAFETENSORS, "a safetensors file")
-    with open(path, "rb") as handle:
+    with _open(path) as handle:
         head = handle.read(HEAD_BYTES)
         if head.startswith(b"BZh"):
             head += handle.read(BZ2_HEAD_BYTES - len(head))  # bz2 outputs nothing before its first block is whole
     prefix = head[:PREFIX_BYTES]
-    found = _by_prefix(head) or (_zip_kind(path) if prefix.startswith(b"PK\x03\x04") else None)
+    if not archives and prefix.startswith(b"PK\x03\x04") and _by_prefix(head) is None:
+        return FileKind(ARCHIVE, "a zip archive, looked into in a child process")
+    found = _by_prefix(head) or (_zip_kind(path, budget) if prefix.startswith(b"PK\x03\x04") else None)
     if prefix.startswith(b"\x93NUMPY"):
-        with open(path, "rb") as handle:
+        with _open(path) as handle:
             found = _npy_kind(handle)
     if found is not None and found.kind != DATA:
         return found
@@ -90,6 +109,12 @@ def classify(path: Path) -> FileKind:
     if suffix in UNCHECKED_SUFFIXES:
         return FileKind(UNCHECKED, f"a {suffix} file (a model format trainmaster does not check)")
     return found or FileKind(DATA, "data")
+
+
+def _open(path: Path):
+    """``path`` opened for reading when it is a regular file (HostileFile otherwise: never opened)."""
+    fd, _ = open_regular(path)
+    return os.fdopen(fd, "rb")
 
 
 def _by_prefix(head: bytes) -> FileKind | None:
@@ -141,48 +166,47 @@ def _npy_kind(handle) -> FileKind:
 # zip archives
 
 
-def _zip_kind(path: Path) -> FileKind:
-    with open(path, "rb") as handle:
-        if too_big := _directory_too_big(handle):
+def _zip_kind(path: Path, budget: Budget) -> FileKind:
+    with _open(path) as handle:
+        if too_big := _not_listed(handle, budget):
             return FileKind(UNCHECKED, f"a zip archive not inspected: {too_big}")
         try:
             archive = zipfile.ZipFile(handle)
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
             return FileKind(UNCHECKED, f"a damaged zip archive ({exc})")
         with archive:
-            return _members_kind(archive)
+            if shared := overlapping(archive, handle):
+                return FileKind(HOSTILE, f"a zip bomb: {shared} of its {len(archive.infolist())} entries overlap "
+                                         "the bytes of another (no zip writer makes such an archive)")
+            if too_big := declared_too_big(archive):
+                return FileKind(UNCHECKED, f"a zip archive not inspected: {too_big}")
+            return _members_kind(archive, budget)
 
 
-def _members_kind(archive: zipfile.ZipFile) -> FileKind:
+def _members_kind(archive: zipfile.ZipFile, budget: Budget) -> FileKind:
     pickles, unreadable, arrays, serialized = [], [], 0, False
     members = [info for info in archive.infolist() if not info.is_dir()]
-    for info in members:
-        name = PurePosixPath(info.filename)
-        if name.suffix.lower() in PICKLE_SUFFIXES:
+    for at, info in enumerate(members):
+        if PurePosixPath(info.filename).suffix.lower() in PICKLE_SUFFIXES:
             pickles.append(info.filename)
             continue
+        if not budget.take(PREFIX_BYTES):
+            unreadable.append(f"{len(members) - at} members past the inspection budget")
+            break
         try:
-            with archive.open(info) as member:
-                prefix = member.read(PREFIX_BYTES)
-                if prefix.startswith(b"\x93NUMPY"):
-                    with archive.open(info) as again:
-                        kind = _npy_kind(again)
-                    if kind.kind == PICKLE:
-                        pickles.append(info.filename)
-                    elif kind.kind == DATA:
-                        arrays += 1
-                    else:
-                        unreadable.append(info.filename)
-                elif pickle_protocol(prefix) is not None:
-                    pickles.append(info.filename)
-                elif prefix.startswith(b"PK\x03\x04"):
-                    unreadable.append(info.filename)  # an archive inside the archive is not opened
-                elif prefix.lstrip()[:1] == b"{" and _holds_serialized(prefix + member.read(MAX_JSON_BYTES)):
-                    serialized = True
-                    pickles.append(info.filename)
+            found = _member_kind(archive, info, budget)
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError, zlib.error,
                 lzma.LZMAError) as exc:  # encrypted, an unknown compression, a corrupt stream
             unreadable.append(f"{info.filename} ({type(exc).__name__})")
+            continue
+        if found in (PICKLE, SB3_SERIALIZED):
+            pickles.append(info.filename)
+            serialized = serialized or found == SB3_SERIALIZED
+        elif found == UNCHECKED:
+            unreadable.append(info.filename)
+        elif found == BUDGET_SPENT:
+            unreadable.append(f"{info.filename} (past the inspection budget)")
+        arrays += found == NUMPY_ARRAY
     if pickles:
         return FileKind(PICKLE, _archive_phrase(pickles, serialized))
     if unreadable:
@@ -192,9 +216,40 @@ def _members_kind(archive: zipfile.ZipFile) -> FileKind:
     return FileKind(DATA, f"a zip archive of {len(members)} files, none pickle-capable")
 
 
-def _holds_serialized(text: bytes) -> bool:
-    """Whether a JSON member carries Stable-Baselines3's base64 cloudpickle fields."""
-    return SB3_SERIALIZED in text
+def _member_kind(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: Budget) -> str | bytes | None:
+    """What one member is, by its first bytes: PICKLE, SB3_SERIALIZED (a JSON member with cloudpickle
+    fields), NUMPY_ARRAY (numeric), UNCHECKED (an archive inside, an unreadable numpy header),
+    BUDGET_SPENT, or None (data)."""
+    with archive.open(info) as member:
+        prefix = member.read(PREFIX_BYTES)
+        if prefix.startswith(b"\x93NUMPY"):
+            if not budget.take(NPY_HEADER_BYTES):
+                return BUDGET_SPENT
+            with archive.open(info) as again:
+                kind = _npy_kind(again).kind
+            return NUMPY_ARRAY if kind == DATA else kind
+        if pickle_protocol(prefix) is not None:
+            return PICKLE
+        if prefix.startswith(b"PK\x03\x04"):
+            return UNCHECKED  # an archive inside the archive is not opened
+        if prefix.lstrip()[:1] == b"{":
+            found = _holds_serialized(prefix, member, budget)
+            return BUDGET_SPENT if found is None else SB3_SERIALIZED if found else None
+    return None
+
+
+def _holds_serialized(prefix: bytes, member, budget: Budget) -> bool | None:
+    """Whether a JSON member carries Stable-Baselines3's base64 cloudpickle fields, searched chunk by
+    chunk (a chunk's memory); None when the inspection budget ran out before the member's end."""
+    carry = prefix
+    while chunk := member.read(budget.take(JSON_CHUNK_BYTES)):
+        window = carry + chunk
+        if SB3_SERIALIZED in window:
+            return True
+        carry = window[-len(SB3_SERIALIZED):]
+    if SB3_SERIALIZED in carry:
+        return True
+    return None if member.read(1) else False
 
 
 def _archive_phrase(pickles: list[str], serialized: bool) -> str:
@@ -206,11 +261,14 @@ def _archive_phrase(pickles: list[str], serialized: bool) -> str:
 
 
 def _few(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    """Up to three member names (each cut to 80 characters: a zip's names can be 64 KiB) and a count."""
+    shown = [name if len(name) <= 80 else name[:77] + "..." for name in names[:3]]
+    return ", ".join(shown) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _directory_too_big(handle) -> str | None:
-    """Why the zip's central directory is not read, from its end record; None when it is small enough."""
+def _not_listed(handle, budget: Budget) -> str | None:
+    """Why the zip's central directory is not read, from its end record (too big, or past the
+    verification's budget); None when it may be (its cost then spent)."""
     handle.seek(0, 2)
     size = handle.tell()
     tail_start = max(0, size - (22 + 65535))
@@ -230,6 +288,8 @@ def _directory_too_big(handle) -> str | None:
         return f"{entries} members, over the limit of {MAX_MEMBERS}"
     if directory > MAX_DIRECTORY_BYTES:
         return f"a {directory}-byte directory, over the limit of {MAX_DIRECTORY_BYTES}"
+    if not budget.list(entries, directory):
+        return "this verification's budget for looking into archives is spent"
     return None
 
 

@@ -12,10 +12,12 @@ import fnmatch
 import os
 import shutil
 import stat
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from trainmaster.jobs.files import HostileFile, read_regular
 
 from .errors import VerificationError
 from .verdict import FILENAME as VERDICT_FILE
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from .audit import AuditReport
     from .commitments import StoredCommitment
     from .openings import Openings
+    from .output_kinds import FileKind
     from .recipe_run import RecipeRun, UserRecipeRun
 
 CHECKS = ("integrity", "safety", "replay", "outcome")
@@ -177,6 +180,8 @@ def _run_checks(run: _Run, names: list[str], stages: Mapping[str, Callable[[], d
             run.evidence[name] = stages[name]()
         except VerificationError as exc:
             outcome, reasons = exc.kind, [exc.reason]
+        except HostileFile as exc:  # a link, FIFO, device or oversized file the executor left: its fault
+            outcome, reasons = "rejected", [f"the {name} check refused {exc}"]
         except Exception as exc:  # noqa: BLE001 — any failure to check is "cannot verify", never an accept
             outcome, reasons = "cannot_verify", [f"the {name} check failed to run: {type(exc).__name__}: {exc}"]
         if outcome != "accepted":
@@ -213,7 +218,7 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     }
     _check_not_empty(outputs, run.attempt.spec)
     path = outputs / COMMITMENT_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):  # a link or a FIFO of that name is refused by the read, never followed
         if replay:
             raise VerificationError(
                 f"no {COMMITMENT_FILE} in the outputs: the run did not commit to its states, so it cannot be audited",
@@ -239,7 +244,10 @@ def _check_not_empty(outputs: Path, spec: JobSpec | None) -> None:
     """A run that wrote nothing to its outputs folder failed, unless its spec says outputs are optional."""
     if spec is not None and spec.outputs.optional:
         return
-    if not any(path.is_file() for path in outputs.rglob("*")):
+    from trainmaster.jobs.output_tree import walk
+
+    tree = walk(outputs)  # bounded; what it refuses is the safety check's to report
+    if not tree.files and not tree.refused:
         raise VerificationError(
             "the run wrote no outputs: nothing is in its outputs folder ($TRAINMASTER_OUTPUT_DIR), and files written "
             "anywhere else are not kept; write results there, or set `outputs: {optional: true}` in the job spec"
@@ -356,11 +364,13 @@ def _recipe_run(attempt: Attempt) -> RecipeRun:
 
 
 def _read_signature(path: Path) -> str | None:
+    from .record_limits import MAX_SIGNATURE_BYTES
+
     try:
-        return path.read_text(encoding="ascii").strip()
+        return read_regular(path, MAX_SIGNATURE_BYTES).decode("ascii").strip()
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, HostileFile) as exc:
         raise VerificationError(f"{path.name} is unreadable: {exc}") from exc
 
 
@@ -386,9 +396,12 @@ def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str
 def _safety(run: _Run) -> dict[str, Any]:
     """Every returned file judged by its content (verify/output_kinds.py) and by trust.
 
-    Links are refused and every .safetensors is checked (in one child process under memory and CPU
-    limits) whatever the trust. Pickle-capable and unchecked files are kept OPAQUE — never loaded
-    here, listed in the evidence — from trusted compute, and refused from untrusted compute.
+    Links, FIFOs, sockets, devices, over-deep folders, over-full trees and files parsed whole that
+    are over their size limit are refused, all of them listed (jobs/output_tree.py,
+    verify/record_limits.py); zip archives are looked into, and every .safetensors is checked, in
+    child processes under memory and CPU limits, whatever the trust. Pickle-capable and unchecked files are kept
+    OPAQUE — never loaded here, listed in the evidence — from trusted compute, and refused from
+    untrusted compute.
     NaN and ±Inf (and bool bytes other than 0 and 1) are refused in every .safetensors except the
     checkpoint segments' (:data:`SEGMENT_FILES`), whose headers alone are checked: each segment is
     committed by the signed Merkle root, the replay audit opens the challenged ones and parses them
@@ -397,25 +410,25 @@ def _safety(run: _Run) -> dict[str, Any]:
     unchallenged one is never loaded. Reading every segment's values cost a whole checkpoint
     directory's bytes (docs/audit.md, "Measured").
     """
-    from .output_kinds import CONVERT, DATA, SAFETENSORS, classify
+    from trainmaster.jobs.output_tree import walk
+
+    from .output_kinds import CONVERT, DATA, HOSTILE, SAFETENSORS
+    from .record_limits import oversized
     from .safeload import check_files_isolated
 
     outputs, attempt = Path(run.attempt.outputs), run.attempt
     trusted = _outputs_trusted(attempt)
-    problems, refused, tensor_files, relatives, opaque = [], [], {}, {}, []
-    for relative, entry in _walk(outputs):
-        if entry.is_symlink():
-            problems.append(f"{relative} is a symbolic link")
-            continue
-        if not entry.is_file(follow_symlinks=False):
-            continue
+    tree = walk(outputs)
+    problems, refused, tensor_files, relatives, opaque = tree.refused + oversized(tree.files), [], {}, {}, []
+    for (relative, entry), found in _kinds(tree.files):
         path = Path(entry.path)
-        found = classify(path)
         if found.kind == SAFETENSORS:
             tensor_files[path] = attempt.expected_weights if entry.name in WEIGHTS_FILES else None
             relatives[str(path)] = relative
         elif found.kind == DATA:
             continue
+        elif found.kind == HOSTILE:
+            problems.append(f"{relative} is {found.what}")
         elif trusted:
             opaque.append({"path": relative, "kind": found.kind, "what": found.what})
         else:
@@ -447,17 +460,16 @@ def _outputs_trusted(attempt: Attempt) -> bool:
     return attempt.trusted if attempt.outputs_trusted is None else attempt.outputs_trusted
 
 
-def _walk(folder: Path, prefix: str = "") -> Iterator[tuple[str, os.DirEntry]]:
-    """Every entry under ``folder``, links not followed, depth first in name order, as ``(relative
-    posix path, entry)``; an entry's type comes from the directory listing (no stat per file: a
-    checkpoint directory holds thousands)."""
-    with os.scandir(folder) as listing:
-        entries = sorted(listing, key=lambda entry: entry.name)
-    for entry in entries:
-        relative = prefix + entry.name
-        yield relative, entry
-        if entry.is_dir(follow_symlinks=False):
-            yield from _walk(Path(entry.path), relative + "/")
+def _kinds(files) -> list[tuple[tuple[str, os.DirEntry], FileKind]]:
+    """Each file's kind (verify/output_kinds.py); zip archives are looked into together in a child
+    process under CPU and memory limits (verify/archive_child.py)."""
+    from .archive_child import classify_archives
+    from .output_kinds import ARCHIVE, classify
+
+    found = [((item.relative, item.entry), classify(Path(item.entry.path), archives=False)) for item in files]
+    archives = [entry.path for (_, entry), kind in found if kind.kind == ARCHIVE]
+    looked = classify_archives([Path(p) for p in archives]) if archives else {}
+    return [(where, looked.get(where[1].path, kind)) for where, kind in found]
 
 
 def _few(items: list[str], sep: str) -> str:

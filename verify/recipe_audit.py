@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trainmaster.jobs.files import HostileFile, read_regular, read_tail
+
 from .errors import VerificationError
 from .evidence import AuditReport
 
@@ -56,6 +58,11 @@ MODULE = "trainmaster.verify.recipe_audit"
 TIMEOUT_S = 6 * 3600.0
 EXECUTOR_PHASE = "executor"
 _PHASE_FILE = "phase"
+MAX_RESULT_BYTES = 64 * 2**20
+"""The child's result: one audit report (a few KB per challenged segment). The job's recipe runs in
+that child and could leave a FIFO or a huge file in its place, so it is read bounded, never followed."""
+TAIL_BYTES = 64 * 1024
+"""What is read of the child's log and phase files: their ends, whatever their size."""
 
 
 class AuditRequest(BaseModel):
@@ -138,9 +145,11 @@ def audit_user_recipe(
 
 def _outcome(root: Path, code: int, target: str) -> AuditReport:
     try:
-        raw = (root / "result.json").read_bytes()
+        raw = read_regular(root / "result.json", MAX_RESULT_BYTES)
     except FileNotFoundError:
         raw = None
+    except HostileFile as exc:  # the job's own recipe code ran in the child
+        raise VerificationError(f"the audit process of the job's recipe {target} left a result that is refused: {exc}") from None
     if raw is None:
         phase = _read(root / _PHASE_FILE) or "start"
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
@@ -165,8 +174,8 @@ def _outcome(root: Path, code: int, target: str) -> AuditReport:
 
 def _read(path: Path) -> str | None:
     try:
-        return path.read_text(errors="replace")
-    except OSError:
+        return read_tail(path, TAIL_BYTES)[0].decode(errors="replace")
+    except (OSError, HostileFile):
         return None
 
 

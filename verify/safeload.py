@@ -7,7 +7,9 @@ are recognised by their first bytes and refused, whatever their name. A safetens
 
 and is accepted only when N ≤ 16 MiB, the header is strict JSON (no duplicate keys, no NaN
 literals) mapping names to ``{dtype, shape, data_offsets}`` plus an optional string→string
-``__metadata__``, each tensor's byte length equals its shape × dtype size, and the tensors tile the
+``__metadata__``, each shape has at most ``MAX_RANK`` dimensions of at most ``MAX_DIMENSION`` each
+(a ``[0, 2**100]`` tensor holds no bytes, but whatever sizes it later overflows), each tensor's byte
+length equals its shape × dtype size, and the tensors tile the
 buffer exactly: contiguous, non-overlapping, no holes and no trailing bytes (no polyglot files).
 
 Tensor data is streamed in fixed-size chunks through one reusable buffer, so checking a file needs
@@ -40,6 +42,11 @@ NUMPY_FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
 FLOATS = {*NUMPY_FLOATS, "BF16"}
 """The dtypes whose values can be NaN or ±Inf (integers have no invalid values; bools are checked apart)."""
 ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+MAX_RANK = 32
+"""Dimensions of one tensor (torch allows 64; no model weight has more than a handful)."""
+MAX_DIMENSION = 2**40
+"""One dimension's size, and the elements of a tensor counting a 0-sized dimension as 1: a trillion,
+far past any weight, far short of overflowing an int64 element count."""
 
 Expected = Mapping[str, tuple[str, tuple[int, ...]]]
 """``name -> (safetensors dtype code, shape)``: the exact tensors a file must hold."""
@@ -243,7 +250,7 @@ def _serve_isolated() -> None:
     import sys
 
     request = json.load(sys.stdin)
-    _limit_self(request["memory_bytes"], request["cpu_seconds"])
+    limit_self(request["memory_bytes"], request["cpu_seconds"])
     files = {
         Path(item["path"]): None if item["expected"] is None else {n: (d, tuple(s)) for n, (d, s) in item["expected"].items()}
         for item in request["files"]
@@ -252,7 +259,7 @@ def _serve_isolated() -> None:
     json.dump([dataclasses.asdict(r) for r in checked], sys.stdout)
 
 
-def _limit_self(memory_bytes: int, cpu_seconds: int) -> None:
+def limit_self(memory_bytes: int, cpu_seconds: int) -> None:
     """Allow this process ``memory_bytes`` more address space and ``cpu_seconds`` more CPU time."""
     import resource
 
@@ -343,7 +350,7 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     result = {}
     for key, value in pairs:
         if key in result:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(f"duplicate key {_short(key)}")
         result[key] = value
     return result
 
@@ -363,17 +370,20 @@ def _entry(path: Path, name: str, value: object) -> TensorEntry:
     a checkpoint directory's headers hold tens of thousands of entries)."""
 
     def refuse(problem: str) -> SafeLoadError:
-        return SafeLoadError(f"{path.name}: tensor {name!r}: {problem}")
+        return SafeLoadError(f"{path.name}: tensor {_short(name)}: {problem}")
 
     if type(value) is not dict or value.keys() != ENTRY_KEYS:
         raise refuse("entry must have exactly the keys dtype, shape, data_offsets")
     dtype, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
     if type(dtype) is not str or dtype not in ITEM_SIZES:
-        raise refuse(f"unsupported dtype {dtype!r} (allowed: {', '.join(ITEM_SIZES)})")
+        raise refuse(f"unsupported dtype {_short(dtype)} (allowed: {', '.join(ITEM_SIZES)})")
     if type(shape) is not list or not _are_counts(shape):
-        raise refuse(f"shape {shape!r} is not a list of non-negative integers")
+        raise refuse(f"shape {_short(shape)} is not a list of non-negative integers")
+    if len(shape) > MAX_RANK or not _bounded_shape(shape):
+        raise refuse(f"shape {_short(shape)} is over the limits of {MAX_RANK} dimensions and {MAX_DIMENSION} "
+                     "elements (each dimension, and all of them, a 0-sized one counted as 1)")
     if type(offsets) is not list or len(offsets) != 2 or not _are_counts(offsets):
-        raise refuse(f"data_offsets {offsets!r} is not a pair of non-negative integers")
+        raise refuse(f"data_offsets {_short(offsets)} is not a pair of non-negative integers")
     begin, end = offsets
     if end < begin:
         raise refuse(f"data_offsets {offsets} end before they begin")
@@ -392,14 +402,30 @@ def _are_counts(values: list) -> bool:
     return True
 
 
+def _bounded_shape(shape: list[int]) -> bool:
+    """Each dimension and the product of all (0 counted as 1) at most MAX_DIMENSION."""
+    elements = 1
+    for size in shape:
+        elements *= size or 1
+        if elements > MAX_DIMENSION:
+            return False
+    return True
+
+
+def _short(value: object) -> str:
+    """A header value as a reason shows it: at most 80 characters of it."""
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
 def _check_tiling(path: Path, entries: list[TensorEntry], buffer_bytes: int) -> None:
     """The tensors, in offset order, must cover ``[0, buffer_bytes)`` exactly once."""
     cursor = 0
     for entry in entries:
         if entry.begin < cursor:
-            raise SafeLoadError(f"{path.name}: tensor {entry.name!r} overlaps the one before it (offset {entry.begin} < {cursor})")
+            raise SafeLoadError(f"{path.name}: tensor {_short(entry.name)} overlaps the one before it (offset {entry.begin} < {cursor})")
         if entry.begin > cursor:
-            raise SafeLoadError(f"{path.name}: a hole of {entry.begin - cursor} unindexed bytes before tensor {entry.name!r}")
+            raise SafeLoadError(f"{path.name}: a hole of {entry.begin - cursor} unindexed bytes before tensor {_short(entry.name)}")
         cursor = entry.end
     if cursor > buffer_bytes:
         raise SafeLoadError(f"{path.name}: tensors index {cursor} bytes of data, the file holds only {buffer_bytes}")
@@ -421,7 +447,7 @@ def _check_expected(header: Header, expected: Expected | None) -> None:
     if extra:
         problems.append(f"unexpected tensors {_few(extra)}")
     for name in wrong[:5]:
-        problems.append(f"tensor {name!r} is {found[name][0]}{list(found[name][1])}, expected {want[name][0]}{list(want[name][1])}")
+        problems.append(f"tensor {_short(name)} is {found[name][0]}{list(found[name][1])}, expected {want[name][0]}{list(want[name][1])}")
     if len(wrong) > 5:
         problems.append(f"{len(wrong) - 5} more tensors with the wrong dtype or shape")
     if problems:
@@ -429,7 +455,7 @@ def _check_expected(header: Header, expected: Expected | None) -> None:
 
 
 def _few(names: list[str]) -> str:
-    shown = ", ".join(repr(n) for n in names[:5])
+    shown = ", ".join(_short(n) for n in names[:5])
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
@@ -472,12 +498,12 @@ def _check_values(path: Path, entry: TensorEntry, raw: np.ndarray) -> None:
             mantissa = (bits & 0x007F) != 0
             _non_finite(path, entry, bool((special & mantissa).any()), bool((special & ~mantissa).any()))
     elif entry.dtype == "BOOL" and bool((raw > 1).any()):
-        raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds bool bytes other than 0 and 1")
+        raise SafeLoadError(f"{path.name}: tensor {_short(entry.name)} holds bool bytes other than 0 and 1")
 
 
 def _non_finite(path: Path, entry: TensorEntry, nan: bool, inf: bool) -> None:
     kinds = " and ".join(label for label, found in (("NaN", nan), ("±Inf", inf)) if found)
-    raise SafeLoadError(f"{path.name}: tensor {entry.name!r} holds {kinds}")
+    raise SafeLoadError(f"{path.name}: tensor {_short(entry.name)} holds {kinds}")
 
 
 def _torch_dtype(code: str):

@@ -43,12 +43,15 @@ from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
-from trainmaster.jobs.files import write_json_atomic
+from trainmaster.jobs.files import HostileFile, open_regular, read_regular, write_json_atomic
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
 CANCEL_GRACE_S = 10.0
 SUPERVISOR_START_S = 30.0
 LOG_CHUNK = 2**20
+MAX_RECORD_BYTES = 2**20
+"""The supervisor's records (launch, start, exit) are a few hundred bytes; the job runs beside them
+and could replace one with a 4 GB file or a FIFO, so each is read bounded and never followed."""
 SPAWNED = "spawned"  # created (exclusively) just before the supervisor is started: never start two
 
 
@@ -209,11 +212,11 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
         workdir = Path(handle.data["workdir"])
         done = (await asyncio.to_thread(_status, workdir)).phase.done  # before the log, so nothing written after it is missed
         try:
-            with open(workdir / sup.LOG, "rb") as f:
+            with _open_log(workdir) as f:
                 f.seek(offset)
                 data = f.read(LOG_CHUNK)
                 more = bool(f.read(1))
-        except FileNotFoundError:
+        except (FileNotFoundError, HostileFile):  # a log the job replaced by a FIFO or link is not read
             data, more = b"", False
         text = data.decode(errors="replace")
         return LogChunk(text=text, offset=offset, next_offset=offset + len(data), complete=done and not more)
@@ -363,18 +366,25 @@ def _signal_group(pgid: int, sig: int) -> None:
 def _exit_reason(workdir: Path, code: int) -> str:
     """`exited with code N`, and the last line the job printed (an error's message, e.g. a traceback's last line)."""
     try:
-        with open(workdir / sup.LOG, "rb") as f:
+        with _open_log(workdir) as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
             lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
-    except OSError:
+    except (OSError, HostileFile):
         lines = []
     return f"exited with code {code}" + (f": {lines[-1][-500:]}" if lines else "")
 
 
+def _open_log(workdir: Path):
+    """The attempt's log, opened when it is a regular file (:class:`HostileFile` otherwise, never opened)."""
+    fd, _ = open_regular(workdir / sup.LOG)
+    return os.fdopen(fd, "rb")
+
+
 def _read_json(path: Path) -> dict | None:
+    """A supervisor record; None when it is missing or is not a regular file of at most MAX_RECORD_BYTES."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+        return json.loads(read_regular(path, MAX_RECORD_BYTES))
+    except (FileNotFoundError, HostileFile):
         return None
 
 

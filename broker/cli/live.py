@@ -7,6 +7,7 @@ Not a terminal, or `--json`: the commands stream the log plainly and draw nothin
 from __future__ import annotations
 
 import asyncio
+import math
 from contextlib import asynccontextmanager
 
 from rich.ansi import AnsiDecoder
@@ -20,6 +21,7 @@ from trainmaster.jobs.money import display_usd
 
 REDRAW_S = 0.5
 ADVANCE_S = 1.0
+MAX_SHOWN_S = 10_000 * 3600
 
 
 def for_terminal() -> StatusLine | None:
@@ -29,7 +31,12 @@ def for_terminal() -> StatusLine | None:
 
 
 def duration(seconds: float) -> str:
-    """`m:ss`, or `h:mm:ss` from an hour."""
+    """`m:ss`, or `h:mm:ss` from an hour; `—` for a time that is not one (negative, NaN, ±Inf), and
+    `>9999:59:59` past that (an ETA from a job's hostile step count)."""
+    if not 0 <= seconds < math.inf:
+        return "—"
+    if seconds >= MAX_SHOWN_S:
+        return f">{duration(MAX_SHOWN_S - 1)}"
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
