@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from trainmaster.broker.cli import backends, cost, jobs, verify
+from trainmaster.broker.cli import backends, cost, jobs, log_setup, verify
 
 app = typer.Typer(
     name="trainmaster",
@@ -26,7 +26,10 @@ app = typer.Typer(
 @app.callback()
 def _options(
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                help="Log more to stderr (-v: info, -vv: debug; or TRAINMASTER_LOG_LEVEL).", show_default=False),
 ) -> None:
+    log_setup.configure(verbose)
     if version:
         from importlib.metadata import version as installed
 
