@@ -58,11 +58,10 @@ def test_an_unknown_level_is_named_and_warnings_still_shown(tm_home, job_factory
 @pytest.mark.parametrize(
     ("verbose", "env", "ours", "libraries"),
     [
-        (0, {}, logging.WARNING, logging.ERROR),
-        (1, {}, logging.INFO, logging.ERROR),
-        (2, {}, logging.DEBUG, logging.DEBUG),
-        (0, {log_setup.LEVEL_ENV: "DEBUG"}, logging.DEBUG, logging.DEBUG),
-        (2, {log_setup.LEVEL_ENV: "error"}, logging.ERROR, logging.ERROR),  # the environment wins
+        (False, {}, logging.WARNING, logging.ERROR),
+        (True, {}, logging.INFO, logging.ERROR),
+        (False, {log_setup.LEVEL_ENV: "DEBUG"}, logging.DEBUG, logging.DEBUG),
+        (True, {log_setup.LEVEL_ENV: "error"}, logging.ERROR, logging.ERROR),  # the environment wins
     ],
 )
 def test_levels_for_ours_and_the_libraries(monkeypatch, verbose, env, ours, libraries):
@@ -83,7 +82,7 @@ def test_library_warnings_are_quiet_and_ours_are_shown_through_the_cli_set_up():
     script = (
         "import logging\n"
         "from trainmaster.broker.cli import log_setup\n"
-        "log_setup.configure(0)\n"
+        "log_setup.configure(False)\n"
         "logging.getLogger('aiohttp.client').warning('library chatter')\n"
         "logging.getLogger('botocore.credentials').warning('found credentials somewhere')\n"
         "logging.getLogger('trainmaster.wallet.ledger').warning('job %s was charged more', 'j-1')\n"

@@ -34,7 +34,6 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .safeload import pickle_protocol
 
 SAFETENSORS, PICKLE, UNCHECKED, DATA = "safetensors", "pickle", "unchecked", "data"
 
@@ -94,6 +93,8 @@ def classify(path: Path) -> FileKind:
 
 def _by_prefix(head: bytes) -> FileKind | None:
     """The kind the first bytes of a file show (``head``: up to HEAD_BYTES of them), if any."""
+    from .safeload import pickle_protocol  # numpy: not imported by `submit --dry-run`, which scans sources only
+
     if (protocol := pickle_protocol(head)) is not None:
         return FileKind(PICKLE, f"a pickle (protocol {protocol})")
     if head.startswith(b"\x89HDF\r\n\x1a\n"):
@@ -154,6 +155,8 @@ def _zip_kind(path: Path) -> FileKind:
 
 
 def _members_kind(archive: zipfile.ZipFile) -> FileKind:
+    from .safeload import pickle_protocol
+
     pickles, unreadable, arrays, serialized = [], [], 0, False
     members = [info for info in archive.infolist() if not info.is_dir()]
     for info in members:

@@ -11,7 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The state as the renderers read it (`.store`), opened without a Broker."""
+
+    store: object
+
+
+def _settled() -> Settled | None:
+    """The state without a Broker when no job is unfinished, so that `refresh` would do nothing; else None.
+    `ls`, and `status` of an ended job, then import neither the service, the planner nor the backends."""
+    from trainmaster.broker import paths, states
+    from trainmaster.broker.store import Store
+
+    store = Store(paths.state_db())
+    if store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1):
+        store.close()
+        return None
+    return Settled(store)
 
 
 def _broker():
@@ -68,6 +89,8 @@ def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_lo
 
 def status(job_ref: str):
     """`status`: bring unfinished jobs up to date, then show this one."""
+    if settled := _settled():
+        return settled, settled.store.find_job(job_ref)
     broker = _broker()
 
     async def main():
@@ -80,6 +103,8 @@ def status(job_ref: str):
 
 def list_jobs(states: set[str] | None, limit: int):
     """`ls`: refresh every unfinished job, then list them, newest first."""
+    if settled := _settled():
+        return settled, settled.store.jobs(states_in=states, limit=limit)
     broker = _broker()
 
     async def main():

@@ -26,8 +26,8 @@ app = typer.Typer(
 @app.callback()
 def _options(
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
-                                help="Log more to stderr (-v: info, -vv: debug; or TRAINMASTER_LOG_LEVEL).", show_default=False),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Log info to stderr, not only warnings (TRAINMASTER_LOG_LEVEL=debug for more)."),
 ) -> None:
     log_setup.configure(verbose)
     if version:

@@ -3,8 +3,8 @@
 `configure` runs once per command, from the app's callback (`--verbose` / `-v`, `TRAINMASTER_LOG_LEVEL`):
 
 - trainmaster's own loggers (`trainmaster.*`: the ledger, the outbox, the runtime) log at WARNING, at INFO
-  with `-v` and at DEBUG with `-vv`; `TRAINMASTER_LOG_LEVEL` (`debug`, `info`, `warning`, `error`) sets the
-  level instead;
+  with `-v`; `TRAINMASTER_LOG_LEVEL` (`debug`, `info`, `warning`, `error`) sets the level instead (`-v` is a
+  plain flag, not a count: typer coerces any other kind of option through pydantic, ~50 ms on every command);
 - the libraries' own loggers (aiohttp, botocore, boto3, bittensor, urllib3, asyncio) log errors only, unless
   DEBUG is asked for;
 - one handler on the root logger writes `warning: message` lines through Rich to stderr; Rich is imported
@@ -44,15 +44,15 @@ class RichStderr(logging.Handler):
             self.handleError(record)
 
 
-def level_for(verbose: int, environ: dict[str, str] | os._Environ = os.environ) -> int:
-    """The level asked for: TRAINMASTER_LOG_LEVEL when set (an unknown name: WARNING), else by `-v` count."""
+def level_for(verbose: bool, environ: dict[str, str] | os._Environ = os.environ) -> int:
+    """The level asked for: TRAINMASTER_LOG_LEVEL when set (an unknown name: WARNING), else INFO with `-v`."""
     named = environ.get(LEVEL_ENV, "").strip().lower()
     if named:
         return LEVELS.get(named, logging.WARNING)
-    return (logging.WARNING, logging.INFO)[verbose] if verbose < 2 else logging.DEBUG
+    return logging.INFO if verbose else logging.WARNING
 
 
-def configure(verbose: int = 0) -> None:
+def configure(verbose: bool = False) -> None:
     """Set levels and the one stderr handler; idempotent (each command of one process calls it)."""
     level = level_for(verbose)
     logging.getLogger("trainmaster").setLevel(level)

@@ -10,7 +10,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.broker import paths
-from trainmaster.broker.cli.plan_table import render_plan
 from trainmaster.jobs.money import display_usd, format_usd
 
 STATE_STYLE = {"accepted": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
@@ -140,6 +139,8 @@ def prepared_json(prepared) -> dict:
 
 
 def print_prepared(console: Console, prepared) -> None:
+    from trainmaster.broker.cli.plan_table import render_plan  # the planner: only what shows a plan imports it
+
     spec = prepared.loaded.spec
     console.print(f"[bold]{spec.name}[/bold] ({spec.workload}) — dry run, nothing submitted", highlight=False, soft_wrap=True)
     console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
