@@ -3,8 +3,7 @@
 `configure` runs once per command, from the app's callback (`--verbose` / `-v`, `TRAINMASTER_LOG_LEVEL`):
 
 - trainmaster's own loggers (`trainmaster.*`: the ledger, the outbox, the runtime) log at WARNING, at INFO
-  with `-v`; `TRAINMASTER_LOG_LEVEL` (`debug`, `info`, `warning`, `error`) sets the level instead (`-v` is a
-  plain flag, not a count: typer coerces any other kind of option through pydantic, ~50 ms on every command);
+  with `-v`; `TRAINMASTER_LOG_LEVEL` (`debug`, `info`, `warning`, `error`) sets the level instead;
 - the libraries' own loggers (aiohttp, botocore, boto3, bittensor, urllib3, asyncio) log errors only, unless
   DEBUG is asked for;
 - one handler on the root logger writes `warning: message` lines through Rich to stderr; Rich is imported
