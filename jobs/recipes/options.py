@@ -22,14 +22,14 @@ import types
 from collections.abc import Mapping, Sequence, Set
 from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_core import to_json
 
 from ..recipe import Recipe, RecipeConfig
 
 NULL = "null"
 _UNIONS = (Union, types.UnionType)
+_ANY = TypeAdapter(Any)
 _CONTAINERS = (list, tuple, set, frozenset, dict, Sequence, Mapping, Set)
 
 
@@ -126,4 +126,4 @@ def _is_bool(annotation: Any) -> bool:
 
 def _default_json(field: FieldInfo) -> str | None:
     """The field's default as it would be written on the command line (JSON), or None when it has none."""
-    return None if field.is_required() else to_json(field.get_default(call_default_factory=True)).decode()
+    return None if field.is_required() else _ANY.dump_json(field.get_default(call_default_factory=True)).decode()
