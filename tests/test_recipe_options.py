@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
 from trainmaster.jobs.recipes import MODULES, get_recipe
@@ -57,6 +57,17 @@ class KindsConfig(RecipeConfig):
 
 
 KINDS = Recipe(name="kinds", config_type=KindsConfig, build=lambda config, seed: None)
+
+
+class CheckedConfig(RecipeConfig):
+    steps: int = 100
+    warmup: int = 10
+
+    @model_validator(mode="after")
+    def _warmup_within_steps(self):
+        if self.warmup > self.steps:
+            raise ValueError("warmup is longer than the run")
+        return self
 
 
 def parsed(*words: str) -> dict:
@@ -114,6 +125,12 @@ def test_a_value_its_type_refuses_names_the_option(words, message):
     with pytest.raises(OptionsError) as caught:
         parse_options(KINDS, words)
     assert message in str(caught.value)
+
+
+def test_a_check_of_the_whole_config_is_reported_as_the_recipe_words_it():
+    checked = Recipe(name="checked", config_type=CheckedConfig, build=lambda config, seed: None)
+    with pytest.raises(OptionsError, match="^Value error, warmup is longer than the run$"):
+        parse_options(checked, ["--steps", "5", "--warmup", "20"])
 
 
 def test_the_job_and_the_audit_read_the_same_config_from_the_same_words():

@@ -99,8 +99,11 @@ def _decoded(name: str, field: FieldInfo, text: str) -> Any:
 
 
 def _problem(error: Mapping[str, Any], fields: Mapping[str, FieldInfo]) -> str:
+    """One validation error, named by its option (``--widths.1``); a whole-config error by the recipe's check."""
+    if not error["loc"]:
+        return error["msg"]
     where = ".".join(str(part) for part in error["loc"])
-    field = fields.get(str(error["loc"][0])) if error["loc"] else None
+    field = fields.get(str(error["loc"][0]))
     hint = _json_hint(where, field) if field is not None and len(error["loc"]) == 1 and is_json(field.annotation) else ""
     return f"--{where.replace('_', '-')}: {error['msg']}{hint}"
 
