@@ -11,7 +11,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from trainmaster.backends.base import BackendConfig
 
-
 SS58_FORMAT = 42  # Bittensor's (Substrate's generic) address prefix, as bittensor.wallets.is_bittensor_address pins it
 
 

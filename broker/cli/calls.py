@@ -13,13 +13,17 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainmaster.broker.store import Store
 
 
 @dataclass(frozen=True)
 class Settled:
     """The state as the renderers read it (`.store`), opened without a Broker."""
 
-    store: object
+    store: Store
 
 
 def _settled() -> Settled | None:
