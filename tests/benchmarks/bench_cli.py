@@ -1,4 +1,5 @@
-"""Start-up of the commands people type, median of N, each as a ratio to (and seconds over) `python -c pass`.
+"""Start-up of the commands people type, median of N, each as a ratio to (and seconds over) `python -c pass`,
+in wall-clock and in CPU time (user + system; steadier when other work shares the machine).
 
 `--help`, `submit --help`, `submit --dry-run` of a small job, and the read-only `ls --all` and `status ID` on a
 home of 60 ended jobs: one run for real (a one-line script), the other 59 written through the Store as copies of
@@ -10,14 +11,17 @@ Run: python tests/benchmarks/bench_cli.py
 from __future__ import annotations
 
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import median_seconds, print_figures  # noqa: E402
+from _common import print_figures  # noqa: E402
 
 ENDED_JOBS = 60
 TARGET_OVER_BARE_S = 0.10
@@ -84,23 +88,27 @@ def run(smoke: bool = False) -> dict[str, float]:
         spec = _job(Path(tmp) / "job")
         job_id = ended_jobs_home(Path(tmp) / "home", spec, 3 if smoke else ENDED_JOBS)
         env = {**os.environ, "TRAINMASTER_HOME": str(Path(tmp) / "home"), "COLUMNS": "120"}
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "check": True, "env": env}
+        bare = [sys.executable, "-c", "pass"]
         figures: dict[str, float] = {}
         for name, args in commands(job_id, spec).items():
-            pairs = [_paired(lambda: subprocess.run([*trainmaster_command(), *args], **quiet),
-                             lambda: subprocess.run([sys.executable, "-c", "pass"], **quiet)) for _ in range(repeat)]
-            command_s = sorted(c for c, _ in pairs)[len(pairs) // 2]
-            bare_s = sorted(b for _, b in pairs)[len(pairs) // 2]
-            figures[f"{name} (s)"] = command_s
-            figures[f"{name} over bare (s)"] = command_s - bare_s
-            figures[f"{name} / bare"] = command_s / bare_s
-        figures["python -c pass (s)"] = bare_s
+            runs = [(_timed([*trainmaster_command(), *args], env), _timed(bare, env)) for _ in range(repeat)]
+            for i, what in enumerate(("wall", "cpu")):
+                command_s = statistics.median(c[i] for c, _ in runs)
+                bare_s = statistics.median(b[i] for _, b in runs)
+                figures[f"{name} {what} (s)"] = command_s
+                figures[f"{name} {what} over bare (s)"] = command_s - bare_s
+                figures[f"{name} {what} / bare"] = command_s / bare_s
+        figures["python -c pass wall (s)"], figures["python -c pass cpu (s)"] = _timed(bare, env)
     return figures
 
 
-def _paired(command, bare) -> tuple[float, float]:
-    """One run of each, back to back, so both see the same machine load."""
-    return median_seconds(command, 1), median_seconds(bare, 1)
+def _timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one run; each command is paired with a bare interpreter
+    run right after it, so both see the same machine load. CPU time is the steadier figure on a shared machine."""
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env)
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 if __name__ == "__main__":
