@@ -352,7 +352,7 @@ def test_trainmasterignore_patterns(tmp_path: Path) -> None:
         ("tmp/", "tmp", True, True),
         ("/top", "top", False, True),
         ("/top", "sub/top", False, False),
-        ("[unclosed", "[unclosed", False, True),
+        ("[unclosed", "[unclosed", False, False),  # as in git: an unclosed class matches nothing
     ],
 )
 def test_ignore_pattern_syntax(pattern: str, path: str, is_dir: bool, ignored: bool) -> None:

@@ -14,7 +14,7 @@ from trainmaster.jobs import environment
 from trainmaster.jobs.checkpoint import read_segment
 from trainmaster.jobs.recipes import MODULES, get_recipe
 from trainmaster.jobs.recipes import cli
-from trainmaster.jobs.recipes.cli import parser_for
+from trainmaster.jobs.recipes.options import parse_options
 from trainmaster.jobs.runtime import RuntimeSettings, run
 from trainmaster.jobs.spec import load_spec
 
@@ -41,8 +41,7 @@ def test_example_job_specs_are_valid_and_run_their_recipe(name):
     argv = loaded.spec.argv
     assert argv[:3] == ["python", "-m", f"trainmaster.jobs.recipes.{MODULES[name]}"]
     recipe = get_recipe(name)
-    values = {k: v for k, v in vars(parser_for(recipe, MODULES[name]).parse_args(argv[3:])).items() if v is not None}
-    config = recipe.config(values)
+    config = parse_options(recipe, argv[3:], MODULES[name])
     assert config.steps % loaded.spec.checkpoint.segment_steps == 0
 
 

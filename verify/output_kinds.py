@@ -41,7 +41,6 @@ from pathlib import Path, PurePosixPath
 
 from trainmaster.jobs.files import open_regular
 
-from .safeload import pickle_protocol
 from .zip_bounds import Budget, declared_too_big, overlapping
 
 SAFETENSORS, PICKLE, UNCHECKED, DATA, HOSTILE = "safetensors", "pickle", "unchecked", "data", "hostile"
@@ -119,6 +118,8 @@ def _open(path: Path):
 
 def _by_prefix(head: bytes) -> FileKind | None:
     """The kind the first bytes of a file show (``head``: up to HEAD_BYTES of them), if any."""
+    from .safeload import pickle_protocol  # numpy: not imported by `submit --dry-run`, which scans sources only
+
     if (protocol := pickle_protocol(head)) is not None:
         return FileKind(PICKLE, f"a pickle (protocol {protocol})")
     if head.startswith(b"\x89HDF\r\n\x1a\n"):
@@ -184,6 +185,8 @@ def _zip_kind(path: Path, budget: Budget) -> FileKind:
 
 
 def _members_kind(archive: zipfile.ZipFile, budget: Budget) -> FileKind:
+    from .safeload import pickle_protocol
+
     pickles, unreadable, arrays, serialized = [], [], 0, False
     members = [info for info in archive.infolist() if not info.is_dir()]
     for at, info in enumerate(members):
@@ -220,6 +223,8 @@ def _member_kind(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: Budget
     """What one member is, by its first bytes: PICKLE, SB3_SERIALIZED (a JSON member with cloudpickle
     fields), NUMPY_ARRAY (numeric), UNCHECKED (an archive inside, an unreadable numpy header),
     BUDGET_SPENT, or None (data)."""
+    from .safeload import pickle_protocol
+
     with archive.open(info) as member:
         prefix = member.read(PREFIX_BYTES)
         if prefix.startswith(b"\x93NUMPY"):

@@ -6,19 +6,16 @@ a module of the bundle's own code (:class:`UserRecipeRun`: never imported in the
 ``trainmaster.jobs.recipes.<module>:RECIPE`` — or, without ``recipe:``, by an entrypoint that runs a
 shipped recipe, ``python -m trainmaster.jobs.recipes.<module>``. Either way the recipe's config is
 the entrypoint's options after the script or module (``python train.py --lr 0.05``), parsed as the
-recipe's own command line parses them (``jobs/recipes/cli.py``: one ``--option`` per config field,
-the config type's defaults for the rest), with the spec's ``env`` expanded as the job's command is:
+recipe's own command line parses them (``jobs/recipes/options.py``: one ``--option`` per config field,
+validated by the config type, its defaults for the rest), with the spec's ``env`` expanded as the job's command is:
 the config comes from the spec, never from the executor. Anything else cannot be re-executed (only
 the safety and outcome checks apply to it), and neither can a run of more than one process.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from pydantic import ValidationError
 
 from trainmaster.jobs.environment import expand_command
 from trainmaster.jobs.spec import PYTHON_NAMES, SHIPPED_RECIPES, JobSpec, LoadedSpec
@@ -107,16 +104,11 @@ def recipe_run(spec: LoadedSpec | JobSpec) -> RecipeRun:
 
 def parse_config(recipe: Recipe, options: list[str], module: str | None = None) -> dict[str, Any]:
     """The recipe config (JSON form) that ``options`` give on the recipe's command line; NotReplayable if invalid."""
-    from trainmaster.jobs.recipes.cli import parser_for
+    from trainmaster.jobs.recipes.options import OptionsError, parse_options
 
-    parser = parser_for(recipe, module)
-    parser.exit_on_error = False
     try:
-        args, unknown = parser.parse_known_args(list(options))
-        if unknown:
-            raise NotReplayable(f"the entrypoint passes options the {recipe.name} recipe does not take: {unknown}")
-        config = recipe.config({key: value for key, value in vars(args).items() if value is not None})
-    except (argparse.ArgumentError, ValidationError) as exc:
+        config = parse_options(recipe, options, module)
+    except OptionsError as exc:
         raise NotReplayable(f"the entrypoint's recipe options are invalid: {exc}") from exc
     return config.model_dump(mode="json")
 

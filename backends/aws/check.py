@@ -1,41 +1,55 @@
-"""Whether AWS credentials can be found here, without network access.
+"""Whether AWS credentials can be found here, asked of botocore's own resolver, without network access.
 
-Looks where boto3's default chain looks before it asks the instance metadata service (which takes
-the network, so an instance role is not seen: set AWS_PROFILE or keys there): environment keys,
-a web-identity token, container credentials, then the profile in the shared files.
+botocore's default chain, minus the two providers that reach the network (the instance metadata service,
+`iam-role`, and the container role, `container-role`), so an instance role is not seen: set AWS_PROFILE
+or keys there. Everything else counts as boto3 would count it — environment keys, a web-identity token,
+an SSO profile, `credential_process` (run, as boto3 runs it), an assumed role, keys in the shared files —
+and a profile with none of them (only a region, say) does not. botocore is imported only by this check.
 """
 
 from __future__ import annotations
 
-import configparser
 import os
-from pathlib import Path
 
 from trainmaster.backends.aws.config import AwsConfig
 
+NETWORK_PROVIDERS = ("iam-role", "container-role")
+WHERE = {
+    "env": "environment (AWS_ACCESS_KEY_ID)",
+    "shared-credentials-file": "keys in the shared credentials file",
+    "config-file": "keys in the config file",
+    "sso": "SSO",
+    "custom-process": "credential_process",
+    "assume-role": "an assumed role",
+    "assume-role-with-web-identity": "web identity",
+}
+
 
 def credentials(config: AwsConfig) -> tuple[str | None, str | None]:
-    """(where credentials come from, None) or (None, why none were found)."""
-    env = os.environ
-    if config.profile is None:
-        if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-            return "environment (AWS_ACCESS_KEY_ID)", None
-        if env.get("AWS_WEB_IDENTITY_TOKEN_FILE") and env.get("AWS_ROLE_ARN"):
-            return "web identity (AWS_WEB_IDENTITY_TOKEN_FILE)", None
-        if env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI"):
-            return "container credentials", None
-    profile = config.profile or env.get("AWS_PROFILE") or "default"
-    files = [
-        (Path(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")).expanduser(), profile),
-        (Path(env.get("AWS_CONFIG_FILE", "~/.aws/config")).expanduser(),
-         profile if profile == "default" else f"profile {profile}"),
-    ]
-    for path, section in files:
-        if section in _sections(path):
-            return f"profile {profile!r} in {path}", None
-    if profile != "default":
-        return None, f"profile {profile!r} not found in {files[0][0]} or {files[1][0]}"
-    return None, "no credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run `aws configure`)"
+    """(where credentials come from, None), (None, why none were found), or (None, None) without botocore
+    (the readiness check names the missing extra)."""
+    try:
+        import botocore.credentials
+        import botocore.exceptions
+        import botocore.session
+    except ImportError:
+        return None, None
+    session = botocore.session.Session(profile=config.profile)
+    profile = session.profile or "default"
+    try:
+        resolver = botocore.credentials.create_credential_resolver(session)
+        for name in NETWORK_PROVIDERS:
+            resolver.remove(name)
+        found = resolver.load_credentials()
+    except botocore.exceptions.ProfileNotFound:
+        return None, f"profile {profile!r} not found in {_files(session)}"
+    except botocore.exceptions.BotoCoreError as exc:
+        return None, f"credentials of profile {profile!r} cannot be loaded: {exc}"
+    if found is None:
+        return None, (f"no credentials found for profile {profile!r} in {_files(session)} or the environment "
+                      "(set AWS_PROFILE or AWS_ACCESS_KEY_ID, or run `aws configure` / `aws sso login`)")
+    where = WHERE.get(found.method, found.method)
+    return (where if found.method == "env" else f"{where}, profile {profile!r}"), None
 
 
 def check(config: AwsConfig) -> list[str]:
@@ -47,10 +61,6 @@ def found(config: AwsConfig) -> list[str]:
     return [f"credentials: {where}"] if where else []
 
 
-def _sections(path: Path) -> list[str]:
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read(path, encoding="utf-8")
-    except (configparser.Error, UnicodeDecodeError):
-        return []
-    return parser.sections()
+def _files(session) -> str:
+    files = (session.get_config_variable("credentials_file"), session.get_config_variable("config_file"))
+    return " or ".join(os.path.expanduser(path) for path in files)

@@ -11,10 +11,26 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from trainmaster.backends.base import BackendConfig
 
+SS58_FORMAT = 42  # Bittensor's (Substrate's generic) address prefix, as bittensor.wallets.is_bittensor_address pins it
+
 
 def _ss58(value: str) -> str:
+    """A Bittensor ss58 address, its checksum checked by the SDK's codec (bittensor_core, the Rust core that
+    bittensor 11 decodes addresses with; imported only when an address is checked). Without the bittensor
+    extra only the shape is checked: the backend cannot run then anyway (`backends check` says so)."""
     if not re.fullmatch(r"[1-9A-HJ-NP-Za-km-z]{46,48}", value):
         raise ValueError(f"{value!r} is not an ss58 hotkey (5F…, 48 characters)")
+    try:
+        import bittensor_core
+    except ImportError:
+        return value
+    try:
+        key = bytes(bittensor_core.ss58_decode(value))
+    except ValueError as exc:
+        detail = str(exc).removeprefix("invalid ss58 address: ").rstrip(".")
+        raise ValueError(f"{value!r} is not a valid ss58 address ({detail}); check it for a typo") from None
+    if bittensor_core.ss58_encode(key, SS58_FORMAT) != value:
+        raise ValueError(f"{value!r} is an ss58 address of another network, not Bittensor's (format {SS58_FORMAT})")
     return value
 
 

@@ -11,7 +11,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainmaster.broker.store import Store
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The state as the renderers read it (`.store`), opened without a Broker."""
+
+    store: Store
+
+
+def _settled() -> Settled | None:
+    """The state without a Broker when no job is unfinished, so that `refresh` would do nothing; else None.
+    `ls`, and `status` of an ended job, then import neither the service, the planner nor the backends."""
+    from trainmaster.broker import paths, states
+    from trainmaster.broker.store import Store
+
+    store = Store(paths.state_db())
+    if store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1):
+        store.close()
+        return None
+    return Settled(store)
 
 
 def _broker():
@@ -74,6 +99,8 @@ def _left_out(broker, job_id: str) -> list[str]:
 
 def status(job_ref: str):
     """`status`: bring unfinished jobs up to date, then show this one."""
+    if settled := _settled():
+        return settled, settled.store.find_job(job_ref)
     broker = _broker()
 
     async def main():
@@ -86,6 +113,8 @@ def status(job_ref: str):
 
 def list_jobs(states: set[str] | None, limit: int):
     """`ls`: refresh every unfinished job, then list them, newest first."""
+    if settled := _settled():
+        return settled, settled.store.jobs(states_in=states, limit=limit)
     broker = _broker()
 
     async def main():

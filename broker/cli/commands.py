@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from trainmaster.broker.cli import backends, cost, executors, jobs, verify
+from trainmaster.broker.cli import backends, cost, executors, jobs, log_setup, verify
 
 app = typer.Typer(
     name="trainmaster",
@@ -26,7 +26,10 @@ app = typer.Typer(
 @app.callback()
 def _options(
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Log info to stderr, not only warnings (TRAINMASTER_LOG_LEVEL=debug for more)."),
 ) -> None:
+    log_setup.configure(verbose)
     if version:
         from importlib.metadata import version as installed
 

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 OK, BAD, USAGE = 0, 1, 2
@@ -33,34 +35,40 @@ def fail(message: str, code: int) -> None:
 
 def load(fn, *, usage_on_error: bool = False):
     """Run a loader; a missing file exits 2, an invalid one 1 (or 2 for environment files)."""
-    from trainmaster.jobs.yamlfile import FileError
-
     try:
         return fn()
-    except FileError as exc:
+    except Exception as exc:
+        if not _raised(exc, "trainmaster.jobs.yamlfile", "FileError"):
+            raise
         missing = all(p.endswith(": no such file") or "no policy named" in p for p in exc.problems)
         fail(str(exc), USAGE if (missing or usage_on_error) else BAD)
 
 
+# Our exceptions and how each is told, in the order they are tried: (module, class, message prefix, exit code).
+FAILURES = (
+    ("trainmaster.broker.planner", "PlanError", "", BAD),
+    ("trainmaster.jobs.bundle", "BundleError", "cannot bundle the code: ", BAD),
+    ("trainmaster.broker.store", "NotFound", "", USAGE),
+    ("trainmaster.broker.store", "StateUnavailable", "", USAGE),
+    ("trainmaster.broker.service", "NothingToDo", "", USAGE),
+    ("trainmaster.backends.base", "BackendError", "", USAGE),
+    ("builtins", "OSError", "", USAGE),
+)
+
+
 def guarded(fn):
     """Run `fn`, mapping our exceptions to messages and exit codes, once, for every command."""
-    from trainmaster.backends.base import BackendError
-    from trainmaster.broker.planner import PlanError
-    from trainmaster.broker.service import NothingToDo
-    from trainmaster.broker.store import NotFound, StateUnavailable
-    from trainmaster.jobs.bundle import BundleError
-
     try:
         return load(fn)  # FileError: 2 when missing, 1 when invalid
-    except PlanError as exc:
-        fail(str(exc), BAD)
-    except BundleError as exc:
-        fail(f"cannot bundle the code: {exc}", BAD)
-    except NotFound as exc:
-        fail(str(exc.args[0]), USAGE)
-    except StateUnavailable as exc:
-        fail(str(exc), USAGE)
-    except NothingToDo as exc:
-        fail(str(exc), USAGE)
-    except (BackendError, OSError) as exc:
-        fail(str(exc), USAGE)
+    except Exception as exc:
+        for module, name, prefix, code in FAILURES:
+            if _raised(exc, module, name):
+                fail(prefix + (str(exc.args[0]) if name == "NotFound" else str(exc)), code)
+        raise
+
+
+def _raised(exc: BaseException, module: str, name: str) -> bool:
+    """Whether `exc` is a `module.name`, without importing the module: an instance of a class exists only once
+    its module is imported, so a command that never imported the planner pays nothing to be told apart from it."""
+    loaded = sys.modules.get(module)
+    return loaded is not None and isinstance(exc, getattr(loaded, name))

@@ -13,7 +13,6 @@ from rich.table import Table
 
 from trainmaster.broker import paths
 from trainmaster.broker.cli.safe_text import markup as safe
-from trainmaster.broker.cli.plan_table import render_plan
 from trainmaster.jobs.money import display_usd, format_usd
 
 STATE_STYLE = {"accepted": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
@@ -150,6 +149,8 @@ def prepared_json(prepared) -> dict:
 
 
 def print_prepared(console: Console, prepared) -> None:
+    from trainmaster.broker.cli.plan_table import render_plan  # the planner: only what shows a plan imports it
+
     spec = prepared.loaded.spec
     console.print(f"[bold]{safe(spec.name)}[/bold] ({safe(spec.workload)}) — dry run, nothing submitted", highlight=False,
                   soft_wrap=True)

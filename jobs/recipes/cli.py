@@ -1,4 +1,4 @@
-"""The command line every recipe shares: one ``--option`` per config field, then :func:`run`.
+"""The command line every recipe shares: one ``--option`` per config field (``options.py``), then :func:`run`.
 
 Shipped recipes call ``main(RECIPE, "<module>")``; a job's own recipe calls ``main(RECIPE)`` from its
 script, so the entrypoint's options are its config, as the replay audit reads them (docs/runtime.md).
@@ -6,13 +6,9 @@ script, so the entrypoint's options are its config, as the replay audit reads th
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
-
-from pydantic import ValidationError
 
 from ..canonical import CanonicalError
 from ..checkpoint import CheckpointError
@@ -21,38 +17,17 @@ from ..execution import StateError
 from ..recipe import Recipe
 from ..runtime import run
 from ..settings import SettingsError
-
-
-def _flag(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def parser_for(recipe: Recipe, module: str | None = None) -> argparse.ArgumentParser:
-    """The recipe's options; ``module``: a shipped recipe's module (None: the script being run)."""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m trainmaster.jobs.recipes.{module}" if module else os.path.basename(sys.argv[0]),
-        description=f"Train the {recipe.name} recipe. Settings come from the TRAINMASTER_* environment.",
-    )
-    for name, field in recipe.config_type.model_fields.items():
-        kind = _flag if field.annotation is bool else field.annotation
-        parser.add_argument(
-            f"--{name.replace('_', '-')}", dest=name, type=kind, default=None,
-            help=f"{field.description or name} (default {field.default})",
-        )
-    return parser
+from .options import OptionsError, parse_options, parser_for
 
 
 def main(recipe: Recipe, module: str | None = None, argv: Sequence[str] | None = None) -> int:
+    """Train ``recipe`` with the config its options give (``-h``: the options); 2 when they are not a config."""
     parser = parser_for(recipe, module)
-    args = parser.parse_args(argv)
     try:
-        config = recipe.config({k: v for k, v in vars(args).items() if v is not None})
-    except ValidationError as exc:
-        parser.error(str(exc))
+        config = parse_options(recipe, sys.argv[1:] if argv is None else argv, module, add_help=True)
+    except OptionsError as exc:
+        parser.print_usage(sys.stderr)
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     try:
         result = run(recipe, config)
     except (CanonicalError, CheckpointError, DecisionTraceError, SettingsError, StateError) as exc:

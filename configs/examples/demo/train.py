@@ -1,4 +1,8 @@
-"""A tiny training script that uses nothing of trainmaster: it reads the job environment and writes outputs."""
+"""A tiny training script that uses nothing of trainmaster: it reads the job environment and writes outputs.
+
+It saves its model with the `safetensors` package, as a user's script would: install it where the job runs
+(`pip install safetensors`; trainmaster's `dev` extra has it).
+"""
 
 import argparse
 import json

@@ -1,0 +1,78 @@
+"""Commands import what they use: `ls` and `status` of ended jobs read the store without the service, the planner,
+the backends or the spec models; `submit --help` imports no broker; `submit --dry-run` no numpy or torch.
+Checked in a fresh interpreter per command (sys.modules after the command ran)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("trainmaster.broker.service", "trainmaster.broker.planner", "trainmaster.broker.policy",
+         "trainmaster.jobs.spec", "trainmaster.backends.base", "trainmaster.jobs.bundle", "trainmaster.wallet.ledger",
+         "asyncio", "numpy", "torch")
+PROBE = """\
+import json, sys
+watched = json.loads(sys.argv[2])
+sys.argv = ["trainmaster", *json.loads(sys.argv[1])]
+from trainmaster.broker.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print("IMPORTED", json.dumps(sorted(name for name in watched if name in sys.modules)), file=sys.stderr)
+"""
+
+
+def imported(args: list[str], watched=HEAVY) -> tuple[list[str], str]:
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(watched)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    line = next((line for line in done.stderr.splitlines() if line.startswith("IMPORTED ")), None)
+    assert line is not None, done.stderr
+    return json.loads(line.removeprefix("IMPORTED ")), done.stdout
+
+
+@pytest.fixture
+def ended_job(tm_home) -> str:
+    from trainmaster.broker import paths
+    from trainmaster.broker.store import Store
+
+    store = Store(paths.state_db())
+    store.create_job(job_id="done-1", name="done", workload="development", project=None, spec_json="{}",
+                     spec_path="job.yaml", bundle_sha256="0" * 64, policy="default", policy_json="{}")
+    store.move_job("done-1", "cancelled", reason="cancelled by the user")
+    store.close()
+    return "done-1"
+
+
+@pytest.mark.parametrize("args", [["ls", "--all"], ["ls", "--all", "--json"], ["status", "done-1"],
+                                  ["status", "done-1", "--json"]])
+def test_reading_ended_jobs_imports_no_broker_machinery(ended_job, args):
+    modules, out = imported(args)
+    assert modules == [] and "done-1" in out
+
+
+def test_an_unfinished_job_is_still_brought_up_to_date_first(tm_home, ended_job):
+    from trainmaster.broker import paths
+    from trainmaster.broker.store import Store
+
+    store = Store(paths.state_db())
+    store.create_job(job_id="open-1", name="open", workload="development", project=None, spec_json="{}",
+                     spec_path="job.yaml", bundle_sha256="0" * 64, policy="default", policy_json="{}")
+    store.close()
+    modules, _ = imported(["ls"], ("trainmaster.broker.service",))
+    assert modules == ["trainmaster.broker.service"]  # the Broker's refresh runs
+
+
+def test_submit_help_imports_no_broker(tm_home):
+    modules, out = imported(["submit", "--help"])
+    assert modules == [] and "--dry-run" in out
+
+
+def test_submit_dry_run_imports_neither_numpy_nor_torch(tm_home, job_factory):
+    spec = job_factory("print('hi')\n")
+    modules, out = imported(["submit", str(spec), "--dry-run"], ("numpy", "torch", "trainmaster.verify.safeload"))
+    assert modules == [] and "dry run, nothing submitted" in out
