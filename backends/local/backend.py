@@ -2,7 +2,8 @@
 
 Each attempt gets a fresh work dir (the bundle extracted into `code/`, plus `outputs/`,
 `checkpoints/` and `job.log`) and a detached supervisor process (`supervisor.py`) that owns
-the job's process group. Everything a later process needs to find the attempt again is in the
+the job's process group, started by a keeper (`keeper.py`) that stops whatever the job started
+once the supervisor is gone, however it went. Everything a later process needs to find the attempt again is in the
 work dir, so the handle is just its path, and a second `submit` of the same attempt finds the
 first run instead of starting another. Cost is wall time × the power model.
 
@@ -140,8 +141,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
             return self.handle(ctx)
         await asyncio.to_thread(self._prepare, bundle, spec, offer, ctx, workdir)
         with open(workdir / "supervisor.err", "ab") as err:
-            subprocess.Popen(
-                [sys.executable, "-m", "trainmaster.backends.local.supervisor", str(workdir)],
+            subprocess.Popen(  # the keeper starts the supervisor below itself (keeper.py)
+                [sys.executable, "-m", "trainmaster.backends.local.keeper", str(workdir)],
                 cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 start_new_session=True, close_fds=True,
             )

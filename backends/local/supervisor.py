@@ -8,7 +8,9 @@ the job ends for any reason it can see, writes `exit.json` atomically and stops 
 left running (processes.py).
 
 The job's process dies with it: the child is started with a parent-death signal (Linux prctl
-PR_SET_PDEATHSIG, SIGTERM, so torchrun still takes its workers down). If the supervisor is killed
+PR_SET_PDEATHSIG, SIGTERM, so torchrun still takes its workers down), and the keeper this supervisor
+runs under (keeper.py, a child subreaper) stops everything else the job started — grandchildren,
+background jobs, double-forked daemons, children in new sessions. If the supervisor is killed
 outright there is no `exit.json`; the backend then stops what is left of the attempt and records
 the end itself (the last heartbeat, or when it stopped the last process).
 
@@ -33,7 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmaster.backends.local import processes
+from trainmaster.backends.local import keeper, processes
 from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment, record_python
 from trainmaster.jobs.files import write_json_atomic
 
@@ -43,7 +45,7 @@ EXIT = "exit.json"
 LOG = "job.log"
 HEARTBEAT = "heartbeat"
 HEARTBEAT_S = 1.0
-LEFTOVER_GRACE_S = 5.0
+LEFTOVER_GRACE_S = keeper.GRACE_S
 ENV_LAYOUT = b"2"  # part of a cached virtualenv's key: bump when what prepare_venv builds changes
 PR_SET_PDEATHSIG = 1
 
