@@ -37,6 +37,7 @@ from trainmaster.broker import paths, states
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
 from trainmaster.broker.plans import StoredPlan
 from trainmaster.broker.policy import Policy, load_policy
+from trainmaster.broker.resuming import ResumePoint, raised_limits, resume_point
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs import outputs as kept_outputs
@@ -325,7 +326,7 @@ class Broker:
             job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256,
             seed=self.spec(job).seed if attempt.seed is None else attempt.seed, workdir=str(workdir),
             # an untrusted executor starts from its own S_0, never from another executor's states
-            resume_from=self._resume_point(job, attempt) if offer.trusted else None,
+            resume_from=self._resume_point(job, attempt.n)[1] if offer.trusted else None,
             challenge_digest=None if offer.trusted else self._challenge_digest(job, attempt),
         )
 
@@ -339,14 +340,20 @@ class Broker:
         finally:
             secrets_.close()
 
-    def _resume_point(self, job: Job, attempt: Attempt) -> str | None:
-        """A new attempt continues from the latest checkpoint an earlier one left, where there is one
-        (the runtime picks that directory's newest complete segment)."""
+    def _resume_point(self, job: Job, before: int) -> tuple[int | None, str | None]:
+        """A new attempt (number `before`) continues from the latest checkpoint an earlier one left, where there
+        is one (the runtime picks that directory's newest complete segment): (that attempt's number, its dir)."""
         for earlier in reversed(self.store.attempts(job.id)):
             checkpoints = paths.attempt_dir(job.id, earlier.n) / "checkpoints"
-            if earlier.n < attempt.n and earlier.state != "rejected" and checkpoints.is_dir() and any(checkpoints.iterdir()):
-                return str(checkpoints)
-        return None
+            if earlier.n < before and earlier.state != "rejected" and checkpoints.is_dir() and any(checkpoints.iterdir()):
+                return earlier.n, str(checkpoints)
+        return None, None
+
+    def resume_point(self, job: Job) -> ResumePoint:
+        """Where `resume` would start the job from: a step of an earlier attempt's checkpoints, or scratch."""
+        trusted = not job.plan_json or StoredPlan.model_validate_json(job.plan_json).offer.trusted
+        n, checkpoints = self._resume_point(job, self.store.next_attempt_number(job.id))
+        return resume_point(n, Path(checkpoints) if checkpoints else None, trusted=trusted)
 
     async def _handle(self, job: Job, attempt: Attempt) -> Handle:
         if attempt.handle_json:
@@ -541,9 +548,10 @@ class Broker:
                 await self._settle(self.store.job(job.id), self.store.attempt(attempt.id))
         return await self.advance(job.id)
 
-    async def resume(self, job_id: str) -> Job:
+    async def resume(self, job_id: str, *, max_hours: float | None = None, max_usd: str | None = None) -> Job:
         """Start a failed or cancelled job again on its planned offer, from the last committed segment
-        an earlier attempt left (a trusted backend's; an untrusted executor always starts afresh)."""
+        an earlier attempt left (a trusted backend's; an untrusted executor always starts afresh), with its
+        `max_hours` and `max_usd` raised when given (ValueError when a value does not raise them)."""
         job = self.store.find_job(job_id)
         async with _locked(paths.job_dir(job.id) / ".lock"):
             job = self.store.job(job.id)
@@ -551,8 +559,22 @@ class Broker:
                 raise NothingToDo(f"{job.id} is {job.state}; only a failed or cancelled job can be resumed")
             if not job.plan_json:
                 raise NothingToDo(f"{job.id} was never planned ({job.reason}); submit it again instead")
-            self.store.move_job(job.id, "planned", reason="resumed by the user")
+            self._raise_limits(job, max_hours, max_usd)
+            point = self.resume_point(job)
+            self.store.move_job(job.id, "planned", reason=f"resumed by the user; {point.sentence()}")
         return await self.advance(job.id)
+
+    def _raise_limits(self, job: Job, max_hours: float | None, max_usd: str | None) -> None:
+        spec = self.spec(job)
+        try:
+            fields, shown = raised_limits(spec.limits.model_dump(), max_hours, max_usd)
+        except ValueError as exc:
+            raise NothingToDo(f"{job.id}: {exc}") from None
+        if not fields:
+            return
+        raised = {**spec.model_dump(mode="json"), "limits": {**spec.limits.model_dump(mode="json"), **fields}}
+        self.store.set_spec(job.id, JobSpec.model_validate(raised).model_dump_json(),
+                            reason="raised for the resume: " + ", ".join(f"{k} {a} → {b}" for k, (a, b) in shown.items()))
 
     async def cancel(self, job_id: str) -> Job:
         """Cancel an unfinished job; and for any job, whatever its recorded state, stop the processes of

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +40,7 @@ from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
 from trainmaster.jobs.files import write_json_atomic
+from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
 CANCEL_GRACE_S = 10.0
@@ -155,6 +157,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
             bundles.extract_bundle(bundle, code, expected_sha256=ctx.bundle_sha256)
         for sub in ("outputs", "checkpoints"):
             (workdir / sub).mkdir(parents=True, exist_ok=True)
+        if ctx.resume_from:
+            _carry_metrics(Path(ctx.resume_from), workdir / "outputs")
         write_json_atomic(workdir / sup.LAUNCH, self._launch(spec, offer, ctx, workdir))
 
     def handle(self, ctx: AttemptContext) -> Handle:
@@ -245,6 +249,15 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, Backend):
         micro = -(-int(seconds * 1000) * offer.price_per_hour_micro_usd // 3_600_000)  # rounded up to the micro-dollar
         return Cost(micro_usd=micro, billable_seconds=seconds,
                     basis=f"{seconds:.1f} s × {offer.price_per_hour_micro_usd} µUSD/h (power model)")
+
+
+def _carry_metrics(resume_from: Path, outputs: Path) -> None:
+    """A resumed attempt starts with the `metrics.jsonl` of the attempt it resumes from (a work dir of this
+    backend: `checkpoints/` beside `outputs/`); the runtime cuts it back to the resume step, so the job's
+    record holds every line, as an uninterrupted run's would (docs/runtime.md, Resume)."""
+    earlier, target = resume_from.parent / "outputs" / METRICS_FILE, outputs / METRICS_FILE
+    if earlier.is_file() and not target.exists():
+        shutil.copyfile(earlier, target)
 
 
 def single_process_env() -> dict[str, str]:
