@@ -23,7 +23,7 @@ Kept to the standard library, psutil and small `jobs` modules so it starts in mi
 
 from __future__ import annotations
 
-import hashlib
+import fcntl
 import json
 import os
 import shlex
@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmaster.backends.local import keeper, processes
+from trainmaster.backends.local import keeper, processes, venvs
 from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment, record_python
 from trainmaster.jobs.files import write_json_atomic
 
@@ -46,7 +46,6 @@ LOG = "job.log"
 HEARTBEAT = "heartbeat"
 HEARTBEAT_S = 1.0
 LEFTOVER_GRACE_S = keeper.GRACE_S
-ENV_LAYOUT = b"2"  # part of a cached virtualenv's key: bump when what prepare_venv builds changes
 PR_SET_PDEATHSIG = 1
 
 
@@ -70,9 +69,13 @@ def main(workdir: Path) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     with open(workdir / LOG, "ab", buffering=0) as log:
-        python, code, reason = launch["python"], 1, "installing the requirements failed; see the log"
+        python, code, reason = launch["python"], 1, None
         if launch.get("requirements"):
-            python = prepare_venv(Path(launch["requirements"]), Path(launch["envs_dir"]), log, beat)
+            try:
+                python = prepare_venv(Path(launch["requirements"]), Path(launch["envs_dir"]), log, beat)
+            except EnvironmentFailed as exc:
+                python, reason = None, str(exc)
+                log.write(f"[trainmaster] {exc}\n".encode())
         if python is not None:
             record_python(workdir, python)
             log.write(f"[trainmaster] python: {python}\n".encode())
@@ -170,66 +173,76 @@ def call(argv: list[str], log, beat: Heartbeat) -> int:
     return code
 
 
-def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> str | None:
-    """A virtualenv with the requirements installed on top of this environment, cached by their hash.
+class EnvironmentFailed(Exception):
+    """The job's virtualenv could not be made; the message is the attempt's reason."""
+
+
+_IN_USE: list = []
+"""The lock file of the virtualenv this supervisor's job runs with, held shared for its life (venvs.py)."""
+
+
+def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> str:
+    """A virtualenv with the requirements installed on top of this environment, cached by their hash
+    and by the versions it holds fixed (venvs.HELD: the broker's torch and what the runtime imports).
 
     The broker's own site-packages are linked in (a .pth file), the way a cloud image carries
-    torch: requirements add to it rather than reinstalling multi-GB frameworks per job. Every
-    console script of the base environment gets a wrapper in the virtualenv's `bin` (`pip`,
-    `accelerate`, `torchrun` …), so on `PATH` they run the virtualenv's python, as installing
-    them there would have. Built in place under a lock: a console script names its interpreter
-    by absolute path, so a virtualenv cannot be moved once built.
+    torch: requirements add to it rather than reinstalling multi-GB frameworks per job, and a pip
+    constraints file keeps them from replacing it. Every console script of the base environment gets
+    a wrapper in the virtualenv's `bin` (`pip`, `accelerate`, `torchrun` …), so on `PATH` they run the
+    virtualenv's python, as installing them there would have. Built in place under an exclusive lock
+    (a console script names its interpreter by absolute path, so a virtualenv cannot be moved once
+    built), then used under a shared one, held until this supervisor exits. Raises EnvironmentFailed.
     """
-    import fcntl
-
-    digest = hashlib.sha256(ENV_LAYOUT + b"\0" + requirements.read_bytes()).hexdigest()[:16]
-    venv = envs_dir / digest
-    python = venv / "bin" / "python"
+    held = venvs.held_versions()
+    pins = venvs.constraints(held)
+    venv = envs_dir / venvs.env_key(requirements.read_bytes(), pins)
     envs_dir.mkdir(parents=True, exist_ok=True)
-    with open(envs_dir / f".{digest}.lock", "w") as lock:
-        while True:  # another job may be building the same environment
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                beat()
-                time.sleep(0.2)
-        if (venv / ".ready").exists():
-            return str(python)
-        shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way
-        log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}\n".encode())
-        if call([sys.executable, "-m", "venv", "--without-pip", str(venv)], log, beat):
-            return None
-        site = subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                       text=True).strip()
-        parent = [p for p in sys.path if p.endswith("site-packages")]
-        Path(site, "_trainmaster_base.pth").write_text("\n".join(parent) + "\n")
-        install = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
-        if call(install, log, beat) != 0:
-            return None
-        link_console_scripts(str(python), venv / "bin")
-        (venv / ".ready").touch()
-    return str(python)
+    lock = open(venvs.lock_path(venv), "a")
+    _IN_USE.append(lock)
+    while True:
+        _wait_for_lock(lock, fcntl.LOCK_SH, beat)
+        if (venv / venvs.READY).exists():
+            os.utime(venv / venvs.READY)  # its last use, which `trainmaster gc` keeps the newest by
+            return str(venv / "bin" / "python")
+        _wait_for_lock(lock, fcntl.LOCK_EX, beat)  # another job may be building it, or gc removing it
+        if not (venv / venvs.READY).exists():
+            _build_venv(venv, requirements, pins, held, log, beat)
 
 
-def link_console_scripts(python: str, bindir: Path) -> None:
-    """A wrapper in `bindir` running `python` for each console script of this environment it lacks."""
-    import importlib.metadata
-
-    for ep in importlib.metadata.entry_points(group="console_scripts"):
-        target = bindir / ep.name
-        if "/" in ep.name or ep.name.startswith(".") or not ep.attr or target.exists():
-            continue
-        target.write_text(_script_head(python) + f"import sys\nfrom {ep.module} import {ep.attr.split('.')[0]}\n"
-                          f"if __name__ == '__main__':\n    sys.exit({ep.attr}())\n")
-        target.chmod(0o755)
+def _wait_for_lock(lock, mode: int, beat: Heartbeat) -> None:
+    while not venvs.try_lock(lock, mode):
+        beat()
+        time.sleep(0.2)
 
 
-def _script_head(python: str) -> str:
-    """A shebang for `python`; through /bin/sh when the path is too long or odd for the kernel (as pip does)."""
-    if len(python) < 127 and not any(c.isspace() for c in python):
-        return f"#!{python}\n"
-    return f"#!/bin/sh\n'''exec' {shlex.quote(python)} \"$0\" \"$@\"\n' '''\n"
+def _build_venv(venv: Path, requirements: Path, pins: str, held: dict[str, str], log, beat: Heartbeat) -> None:
+    shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way
+    kept = ", ".join(f"{name} {version}" for name, version in sorted(held.items()))
+    log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}, keeping the broker's {kept}\n".encode())
+    if call([sys.executable, "-m", "venv", "--without-pip", str(venv)], log, beat):
+        raise EnvironmentFailed("creating the job's virtualenv failed; see the log")
+    python = str(venv / "bin" / "python")
+    site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                   text=True).strip()
+    parent = [p for p in sys.path if p.endswith("site-packages")]
+    Path(site, "_trainmaster_base.pth").write_text("\n".join(parent) + "\n")
+    (venv / venvs.CONSTRAINTS).write_text(pins)
+    start = log.tell()
+    install = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements),
+               "-c", str(venv / venvs.CONSTRAINTS)]
+    if call(install, log, beat) != 0:
+        conflict = venvs.conflict_reason(_read_from(Path(log.name), start), held)
+        raise EnvironmentFailed(f"installing the requirements failed: {conflict}" if conflict
+                                else "installing the requirements failed; see the log")
+    venvs.link_console_scripts(python, venv / "bin")
+    (venv / venvs.READY).touch()
+
+
+def _read_from(path: Path, offset: int, most: int = 2**16) -> str:
+    """The last `most` bytes of `path` after `offset`, as text."""
+    with open(path, "rb") as f:
+        f.seek(max(offset, f.seek(0, os.SEEK_END) - most))
+        return f.read().decode(errors="replace")
 
 
 def finish(workdir: Path, started: float, code: int, reason: str | None, stopping: dict) -> None:
