@@ -437,6 +437,7 @@ class Broker:
             opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
             await self._end_attempt(job, attempt, "accepted", job_target="accepted",
                                     detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
+            await self._give_back_disk(job)
         elif verdict.outcome == "cannot_verify":
             # the checks could not run (a missing package, a full disk): nothing is paid or blocked; the
             # attempt waits for `trainmaster verify JOB --again`
@@ -446,6 +447,23 @@ class Broker:
             # rejected: nothing is paid, the offer is blocked, the next one tried
             why = f"rejected: {'; '.join(verdict.reasons)}"
             await self._attempt_failed(job, attempt, why, retry=True, state="rejected")
+
+    async def _give_back_disk(self, job: Job) -> None:
+        """The retention policy once a job is accepted (broker/reclaim.py): what it frees is a `disk` event; a
+        failure (an invalid retention.yaml, a disk error) is an `error` event, never the job's."""
+        from trainmaster.broker import reclaim
+        from trainmaster.broker.retention import load_retention
+        from trainmaster.jobs.yamlfile import FileError
+
+        try:
+            found = reclaim.for_accepted_job(self.store, load_retention(), job.id, reclaim.envs_dir())
+            freed = await asyncio.to_thread(reclaim.remove, found)
+        except (FileError, OSError) as exc:
+            self.store.log_event(job.id, "error", {"message": f"giving disk back: {exc}"})
+            return
+        if freed:
+            sizes = ", ".join(f"{kind} {size / 1e6:.1f} MB" for kind, size in reclaim.by_kind(freed).items() if size)
+            self.store.log_event(job.id, "disk", {"reason": f"gave back {sizes} (retention.yaml; `trainmaster gc`)"})
 
     async def _verify(self, job: Job, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
                       hashed_now: bool):

@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from trainmaster.broker.cli import backends, cost, jobs, verify
+from trainmaster.broker.cli import backends, cost, gc, jobs, verify
 
 app = typer.Typer(
     name="trainmaster",
@@ -33,7 +33,7 @@ def _options(
         print(f"trainmaster {installed('trainmaster')}")
         raise typer.Exit(0)
 
-for _module in (jobs, cost, verify, backends):
+for _module in (jobs, cost, verify, backends, gc):
     _module.register(app)
 
 
