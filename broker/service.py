@@ -569,7 +569,7 @@ class Broker:
     async def resume(self, job_id: str, *, max_hours: float | None = None, max_usd: str | None = None) -> Job:
         """Start a failed or cancelled job again on its planned offer, from the last committed segment
         an earlier attempt left (a trusted backend's; an untrusted executor always starts afresh), with its
-        `max_hours` and `max_usd` raised when given (ValueError when a value does not raise them)."""
+        `max_hours` and `max_usd` raised when given (NothingToDo when a value does not raise them)."""
         job = self.store.find_job(job_id)
         async with _locked(paths.job_dir(job.id) / ".lock"):
             job = self.store.job(job.id)

@@ -84,12 +84,13 @@ def conflict_reason(pip_output: str, held: dict[str, str]) -> str | None:
     conflicts = [m for m in _DEPENDS.finditer(pip_output) if m["name"].lower().replace("_", "-") in wanted]
     if not conflicts:
         return None
-    names = sorted({m["name"].lower() for m in conflicts})
+    names = sorted({m["name"].lower().replace("_", "-") for m in conflicts})
     kept = ", ".join(f"{n} {held[n]}" for n in names if n in held)
-    return (f"the requirements conflict with the broker's {kept}: {'; '.join(sorted({m['who'] + ' depends on ' + m['what'] for m in conflicts}))}. "
-            f"A job environment is installed on top of the broker's {kept} and never replaces it: require versions "
-            f"built for it (e.g. the torchvision release matching torch {held.get('torch', '?')}), or install the "
-            f"{names[0]} you need into the broker's own environment")
+    needs = "; ".join(sorted({f"{m['who']} depends on {m['what']}" for m in conflicts}))
+    example = f" (e.g. the torchvision release made for torch {held['torch']})" if "torch" in names else ""
+    return (f"the requirements conflict with the broker's {kept}: {needs}. A job environment is installed on "
+            f"top of the broker's {kept} and never replaces it: require versions built for it{example}, or "
+            f"install the {' and '.join(names)} you need into the broker's own environment")
 
 
 def link_console_scripts(python: str, bindir: Path) -> None:
