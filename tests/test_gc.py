@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -141,3 +142,36 @@ def test_an_invalid_retention_file_is_named_with_its_line(tm_home):
     result = cli("gc")
     assert result.exit_code == 1
     assert "retention.yaml:2: envs_max_gigs" in result.output
+
+
+@pytest.mark.slow
+def test_an_environment_a_running_job_uses_is_kept_then_given_back(tm_home, job_factory, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # the requirement is already in the base environment: no network
+    go = tmp_path / "go"
+    script = f"""
+        import pathlib, time
+        while not pathlib.Path({str(go)!r}).exists():
+            time.sleep(0.05)
+        import os
+        (pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"]) / "done.txt").write_text("ok")
+    """
+    spec = job_factory(script, "environment:\n  python: requirements\n")
+    (spec.parent / "requirements.txt").write_text("pyyaml\n")
+    retention("envs_max_gb: 0\n")  # no environment is worth keeping once unused
+    out = cli("submit", spec, "--json")
+    assert out.exit_code == 0, out.output
+    job_id = json.loads(out.output)["id"]
+    recorded = paths.attempt_dir(job_id, 1) / "environment.json"
+    deadline = time.time() + 240
+    while not recorded.exists():
+        assert time.time() < deadline, (paths.attempt_dir(job_id, 1) / "job.log").read_text()
+        time.sleep(0.1)
+    venv = Path(json.loads(recorded.read_text())["python"]).parent.parent
+    assert gc()["bytes"]["environments"] == 0 and (venv / ".ready").is_file()  # in use: kept
+    go.touch()
+    deadline = time.time() + 120
+    while venv.exists():  # given back at acceptance, or by gc once the supervisor has let go of it
+        assert time.time() < deadline, "the environment was never given back"
+        gc()
+        time.sleep(0.1)
+    assert json.loads(cli("status", job_id, "--json").output)["state"] == "accepted"
