@@ -52,12 +52,7 @@ def main(workdir: Path) -> int:
 def wait_for(pid: int) -> int:
     """Reap children (adopted orphans among them) until `pid` ends; its exit status (negative: killed by a signal)."""
     while True:
-        try:
-            done, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            return -1
-        except InterruptedError:
-            continue
+        done, status = os.waitpid(-1, 0)
         if done == pid:
             return os.waitstatus_to_exitcode(status)
 
