@@ -9,7 +9,7 @@
   kept and counted first.
 
 `reclaimable` says what would go (`trainmaster gc --dry-run`), `remove` removes it; the broker applies
-both to a job as it is accepted (`for_accepted_job`).
+the policy to a job as it is accepted (`job_segments`, then `give_back`).
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ def reclaimable(store: Store, retention: Retention, envs: Path) -> list[Reclaima
     return found + environments(envs, retention.envs_max_bytes)
 
 
-def for_accepted_job(store: Store, retention: Retention, job_id: str, envs: Path) -> list[Reclaimable]:
-    """What goes once `job_id` is accepted: its segments (when the policy drops them), and environments over the cap."""
-    found = job_segments(store, job_id) if retention.drop_accepted_segments else []
-    return found + environments(envs, retention.envs_max_bytes)
+def give_back(segments: list[Reclaimable], envs_max_bytes: int) -> list[Reclaimable]:
+    """Once a job is accepted (in a worker thread: it walks the environments): remove its `segments` and the
+    environments over the cap; returns what was removed."""
+    return remove(segments + environments(envs_dir(), envs_max_bytes))
 
 
 def job_segments(store: Store, job_id: str) -> list[Reclaimable]:

@@ -456,8 +456,9 @@ class Broker:
         from trainmaster.jobs.yamlfile import FileError
 
         try:
-            found = reclaim.for_accepted_job(self.store, load_retention(), job.id, reclaim.envs_dir())
-            freed = await asyncio.to_thread(reclaim.remove, found)
+            retention = load_retention()
+            segments = reclaim.job_segments(self.store, job.id) if retention.drop_accepted_segments else []
+            freed = await asyncio.to_thread(reclaim.give_back, segments, retention.envs_max_bytes)
         except (FileError, OSError) as exc:
             self.store.log_event(job.id, "error", {"message": f"giving disk back: {exc}"})
             return

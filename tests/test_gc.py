@@ -175,3 +175,13 @@ def test_an_environment_a_running_job_uses_is_kept_then_given_back(tm_home, job_
         gc()
         time.sleep(0.1)
     assert json.loads(cli("status", job_id, "--json").output)["state"] == "accepted"
+
+
+def test_an_invalid_retention_file_never_fails_an_accepted_job(tm_home, job_factory):
+    retention("envs_max_gb: -1\n")
+    spec = job_factory("import os, pathlib\n"
+                       "(pathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR']) / 'done.txt').write_text('ok')\n")
+    job_id = accepted(spec)
+    events = json.loads(cli("status", job_id, "--json").output)["events"]
+    [error] = [e for e in events if e["kind"] == "error"]
+    assert error["detail"]["message"].startswith("giving disk back: ") and "retention.yaml:1: envs_max_gb" in error["detail"]["message"]
