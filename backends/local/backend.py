@@ -3,9 +3,9 @@
 Each attempt gets a fresh work dir (the bundle extracted into `code/`, plus `outputs/`,
 `checkpoints/` and `job.log`) and a detached supervisor process (`supervisor.py`) that owns
 the job's process group, started by a keeper (`keeper.py`) that stops whatever the job started
-once the supervisor is gone, however it went. Everything a later process needs to find the attempt again is in the
-work dir, so the handle is just its path, and a second `submit` of the same attempt finds the
-first run instead of starting another. Cost is wall time × the power model.
+once the supervisor is gone, however it went. Everything a later process needs to find the
+attempt again is in the work dir, so the handle is just its path, and a second `submit` of the
+same attempt finds the first run instead of starting another. Cost is wall time × the power model.
 
 No orphans: a supervisor found dead without having recorded the end has the rest of its attempt
 stopped (processes.py) and the end recorded here, once, in `exit.json`: when the last process
