@@ -43,14 +43,16 @@ NOT_A_RUNTIME_JOB = ("no earlier attempt left a checkpoint; a job resumes mid-wa
 UNTRUSTED = "an untrusted executor always starts from the job's own first state"
 
 
-def resume_point(attempt: int | None, checkpoints: Path | None, *, trusted: bool) -> ResumePoint:
-    """The point a resumed job starts from, given the checkpoint dir the broker will hand the next attempt."""
+def resume_point(checkpoints: Path | None, *, trusted: bool) -> ResumePoint:
+    """The point a resumed job starts from, given the checkpoint dir the broker will hand the next attempt
+    (an earlier attempt's, `attempts/<n>/checkpoints`)."""
     if not trusted:
         return ResumePoint(why_not=UNTRUSTED)
-    if attempt is None or checkpoints is None:
+    if checkpoints is None:
         return ResumePoint(why_not=NOT_A_RUNTIME_JOB)
     newest = newest_segment(checkpoints)
-    return ResumePoint(attempt=attempt, segment=newest[0] if newest else None, step=newest[1] if newest else None)
+    return ResumePoint(attempt=int(checkpoints.parent.name), segment=newest[0] if newest else None,
+                       step=newest[1] if newest else None)
 
 
 def newest_segment(checkpoints: Path) -> tuple[int, int] | None:

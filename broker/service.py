@@ -17,6 +17,7 @@ offers are gathered again only to re-plan after a failed attempt.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import hashlib
 import secrets
@@ -326,7 +327,7 @@ class Broker:
             job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256,
             seed=self.spec(job).seed if attempt.seed is None else attempt.seed, workdir=str(workdir),
             # an untrusted executor starts from its own S_0, never from another executor's states
-            resume_from=self._resume_point(job, attempt.n)[1] if offer.trusted else None,
+            resume_from=self._resume_point(job, attempt) if offer.trusted else None,
             challenge_digest=None if offer.trusted else self._challenge_digest(job, attempt),
         )
 
@@ -340,20 +341,22 @@ class Broker:
         finally:
             secrets_.close()
 
-    def _resume_point(self, job: Job, before: int) -> tuple[int | None, str | None]:
-        """A new attempt (number `before`) continues from the latest checkpoint an earlier one left, where there
-        is one (the runtime picks that directory's newest complete segment): (that attempt's number, its dir)."""
+    def _resume_point(self, job: Job, attempt: Attempt) -> str | None:
+        """A new attempt continues from the latest checkpoint an earlier one left, where there is one
+        (the runtime picks that directory's newest complete segment)."""
         for earlier in reversed(self.store.attempts(job.id)):
             checkpoints = paths.attempt_dir(job.id, earlier.n) / "checkpoints"
-            if earlier.n < before and earlier.state != "rejected" and checkpoints.is_dir() and any(checkpoints.iterdir()):
-                return earlier.n, str(checkpoints)
-        return None, None
+            if earlier.n < attempt.n and earlier.state != "rejected" and checkpoints.is_dir() and any(checkpoints.iterdir()):
+                return str(checkpoints)
+        return None
 
     def resume_point(self, job: Job) -> ResumePoint:
         """Where `resume` would start the job from: a step of an earlier attempt's checkpoints, or scratch."""
         trusted = not job.plan_json or StoredPlan.model_validate_json(job.plan_json).offer.trusted
-        n, checkpoints = self._resume_point(job, self.store.next_attempt_number(job.id))
-        return resume_point(n, Path(checkpoints) if checkpoints else None, trusted=trusted)
+        attempts = self.store.attempts(job.id)
+        upcoming = dataclasses.replace(attempts[-1], n=attempts[-1].n + 1) if attempts else None
+        checkpoints = self._resume_point(job, upcoming) if upcoming else None
+        return resume_point(Path(checkpoints) if checkpoints else None, trusted=trusted)
 
     async def _handle(self, job: Job, attempt: Attempt) -> Handle:
         if attempt.handle_json:

@@ -149,11 +149,12 @@ def test_an_environment_a_running_job_uses_is_kept_then_given_back(tm_home, job_
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # the requirement is already in the base environment: no network
     go = tmp_path / "go"
     script = f"""
-        import pathlib, time
+        import os, pathlib, sys, time
+        out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
+        (out / ".venv.tmp").write_text(sys.prefix)
+        os.rename(out / ".venv.tmp", out / "venv.txt")
         while not pathlib.Path({str(go)!r}).exists():
             time.sleep(0.05)
-        import os
-        (pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"]) / "done.txt").write_text("ok")
     """
     spec = job_factory(script, "environment:\n  python: requirements\n")
     (spec.parent / "requirements.txt").write_text("pyyaml\n")
@@ -161,12 +162,13 @@ def test_an_environment_a_running_job_uses_is_kept_then_given_back(tm_home, job_
     out = cli("submit", spec, "--json")
     assert out.exit_code == 0, out.output
     job_id = json.loads(out.output)["id"]
-    recorded = paths.attempt_dir(job_id, 1) / "environment.json"
+    running = paths.attempt_dir(job_id, 1) / "outputs" / "venv.txt"  # the job runs, in its environment
     deadline = time.time() + 240
-    while not recorded.exists():
+    while not running.exists():
         assert time.time() < deadline, (paths.attempt_dir(job_id, 1) / "job.log").read_text()
         time.sleep(0.1)
-    venv = Path(json.loads(recorded.read_text())["python"]).parent.parent
+    venv = Path(running.read_text())
+    assert venv.parent == paths.home() / "envs"
     assert gc()["bytes"]["environments"] == 0 and (venv / ".ready").is_file()  # in use: kept
     go.touch()
     deadline = time.time() + 120

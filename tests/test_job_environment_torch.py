@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trainmaster.backends.local.venvs import conflict_reason, constraints, env_key, held_versions
+from trainmaster.backends.local.venvs import conflict_reason, constraints, env_key, held_versions, is_current
 from trainmaster.broker import paths
 from trainmaster.broker.cli import app
 
@@ -63,9 +63,14 @@ def test_a_requirement_needing_another_torch_fails_up_front_naming_it(tm_home, j
     assert not (venv / ".ready").exists()  # a failed build is never used
 
 
-def test_the_environment_key_covers_what_it_holds_fixed():
-    assert env_key(b"x\n", "torch==2.0\n") != env_key(b"x\n", "torch==2.1\n")
-    assert env_key(b"x\n", "torch==2.0\n") != env_key(b"y\n", "torch==2.0\n")
+def test_an_environment_built_under_other_held_versions_is_not_current(tmp_path):
+    venv = tmp_path / env_key(b"x\n")
+    venv.mkdir()
+    (venv / "constraints.txt").write_text("torch==2.0\n")
+    assert not is_current(venv, "torch==2.0\n")  # not ready: a build that died half-way
+    (venv / ".ready").touch()
+    assert is_current(venv, "torch==2.0\n") and not is_current(venv, "torch==2.1\n")
+    assert env_key(b"x\n") != env_key(b"y\n")
 
 
 def test_conflict_reason_names_only_held_packages():

@@ -182,8 +182,8 @@ _IN_USE: list = []
 
 
 def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> str:
-    """A virtualenv with the requirements installed on top of this environment, cached by their hash
-    and by the versions it holds fixed (venvs.HELD: the broker's torch and what the runtime imports).
+    """A virtualenv with the requirements installed on top of this environment, cached by their hash and
+    rebuilt when the versions it holds fixed change (venvs.HELD: the broker's torch and what the runtime imports).
 
     The broker's own site-packages are linked in (a .pth file), the way a cloud image carries
     torch: requirements add to it rather than reinstalling multi-GB frameworks per job, and a pip
@@ -195,17 +195,17 @@ def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> st
     """
     held = venvs.held_versions()
     pins = venvs.constraints(held)
-    venv = envs_dir / venvs.env_key(requirements.read_bytes(), pins)
+    venv = envs_dir / venvs.env_key(requirements.read_bytes())
     envs_dir.mkdir(parents=True, exist_ok=True)
     lock = open(venvs.lock_path(venv), "a")
     _IN_USE.append(lock)
     while True:
         _wait_for_lock(lock, fcntl.LOCK_SH, beat)
-        if (venv / venvs.READY).exists():
+        if venvs.is_current(venv, pins):
             os.utime(venv / venvs.READY)  # its last use, which `trainmaster gc` keeps the newest by
             return str(venv / "bin" / "python")
         _wait_for_lock(lock, fcntl.LOCK_EX, beat)  # another job may be building it, or gc removing it
-        if not (venv / venvs.READY).exists():
+        if not venvs.is_current(venv, pins):
             _build_venv(venv, requirements, pins, held, log, beat)
 
 
@@ -216,7 +216,8 @@ def _wait_for_lock(lock, mode: int, beat: Heartbeat) -> None:
 
 
 def _build_venv(venv: Path, requirements: Path, pins: str, held: dict[str, str], log, beat: Heartbeat) -> None:
-    shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way
+    (venv / venvs.READY).unlink(missing_ok=True)
+    shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way, or one made under other versions
     kept = ", ".join(f"{name} {version}" for name, version in sorted(held.items()))
     log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}, keeping the broker's {kept}\n".encode())
     if call([sys.executable, "-m", "venv", "--without-pip", str(venv)], log, beat):

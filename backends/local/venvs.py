@@ -6,7 +6,8 @@ trainmaster's runtime runs on inside the job, held at the broker's versions (a p
 `HELD`): a requirement that needs another torch fails the install up front, with the conflict named
 (`conflict_reason`), instead of pulling a second torch into the job.
 
-Each virtualenv `<envs dir>/<key>/` has a lock file `<envs dir>/.<key>.lock`: exclusive while it is
+Each virtualenv `<envs dir>/<key>/` (the requirements' hash; `constraints.txt` in it says what it holds
+fixed, and one built under other versions is rebuilt in place) has a lock file `<envs dir>/.<key>.lock`: exclusive while it is
 built, shared by every supervisor whose job runs with it (held until that supervisor exits, however it
 exits). `trainmaster gc` removes one only when it can take the lock exclusively (`remove_unused`), so
 an environment in use is never removed. `.ready` marks a finished build; its mtime is the last use.
@@ -46,9 +47,17 @@ def constraints(held: dict[str, str]) -> str:
     return "".join(f"{name}=={version}\n" for name, version in sorted(held.items()))
 
 
-def env_key(requirements: bytes, constraints_text: str) -> str:
-    """A virtualenv's directory name: its requirements and what it holds fixed, hashed."""
-    return hashlib.sha256(ENV_LAYOUT + b"\0" + constraints_text.encode() + b"\0" + requirements).hexdigest()[:16]
+def env_key(requirements: bytes) -> str:
+    """A virtualenv's directory name: its requirements, hashed (what it holds fixed is checked on use, `is_current`)."""
+    return hashlib.sha256(ENV_LAYOUT + b"\0" + requirements).hexdigest()[:16]
+
+
+def is_current(venv: Path, constraints_text: str) -> bool:
+    """Built, and built holding the versions held now (a broker whose torch changed rebuilds its environments)."""
+    try:
+        return (venv / READY).exists() and (venv / CONSTRAINTS).read_text() == constraints_text
+    except OSError:
+        return False
 
 
 def lock_path(venv: Path) -> Path:
