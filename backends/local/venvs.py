@@ -25,7 +25,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-ENV_LAYOUT = b"3"  # part of a virtualenv's key: bump when what the supervisor builds changes
+ENV_LAYOUT = b"2"  # part of a virtualenv's key; what it holds fixed is checked on use instead (`is_current`)
 HELD = ("torch", "numpy", "safetensors", "pydantic")
 """Kept at the broker's versions in a job environment: torch, and what trainmaster's runtime imports in the job."""
 READY = ".ready"
