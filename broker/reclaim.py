@@ -24,10 +24,10 @@ from pathlib import Path
 from trainmaster.backends.base import Offer
 from trainmaster.backends.local import venvs
 from trainmaster.broker import paths
+from trainmaster.broker.resuming import SEGMENTS
 from trainmaster.broker.retention import Retention
 from trainmaster.broker.store import Attempt, Store
 
-SEGMENTS = "segments"  # jobs/checkpoint.py's layout: <attempt>/checkpoints/segments/<i as 8 digits>/
 KINDS = ("segments", "environments")
 
 
