@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import fcntl
 import hashlib
 import secrets
@@ -41,6 +42,7 @@ from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
 from trainmaster.broker.plans import StoredPlan
 from trainmaster.broker.policy import Policy, load_policy
+from trainmaster.broker.resuming import ResumePoint, raised_limits, resume_point
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs import outputs as kept_outputs
@@ -414,6 +416,14 @@ class Broker:
                 return str(checkpoints)
         return None
 
+    def resume_point(self, job: Job) -> ResumePoint:
+        """Where `resume` would start the job from: a step of an earlier attempt's checkpoints, or scratch."""
+        trusted = not job.plan_json or StoredPlan.model_validate_json(job.plan_json).offer.trusted
+        attempts = self.store.attempts(job.id)
+        upcoming = dataclasses.replace(attempts[-1], n=attempts[-1].n + 1) if attempts else None
+        checkpoints = self._resume_point(job, upcoming) if upcoming else None
+        return resume_point(Path(checkpoints) if checkpoints else None, trusted=trusted)
+
     async def _handle(self, job: Job, attempt: Attempt) -> Handle:
         if attempt.handle_json:
             return Handle.model_validate_json(attempt.handle_json)
@@ -518,6 +528,7 @@ class Broker:
             opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
             await self._end_attempt(job, attempt, "accepted", job_target="accepted",
                                     detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
+            await self._give_back_disk(job)
         elif verdict.outcome == "cannot_verify":
             # the checks could not run (a missing package, a full disk): nothing is paid or blocked; the
             # attempt waits for `trainmaster verify JOB --again`
@@ -529,6 +540,24 @@ class Broker:
             ban_rejected(self.executors, hotkey=attempt.executor_hotkey, coldkey=attempt.executor_coldkey,
                          reason=why, job_id=job.id, attempt_id=attempt.id)
             await self._attempt_failed(job, attempt, why, retry=True, state="rejected")
+
+    async def _give_back_disk(self, job: Job) -> None:
+        """The retention policy once a job is accepted (broker/reclaim.py): what it frees is a `disk` event; a
+        failure (an invalid retention.yaml, a disk error) is an `error` event, never the job's."""
+        from trainmaster.broker import reclaim
+        from trainmaster.broker.retention import load_retention
+        from trainmaster.jobs.yamlfile import FileError
+
+        try:
+            retention = load_retention()
+            segments = reclaim.job_segments(self.store, job.id) if retention.drop_accepted_segments else []
+            freed = await asyncio.to_thread(reclaim.give_back, segments, retention.envs_max_bytes)
+        except (FileError, OSError) as exc:
+            self.store.log_event(job.id, "error", {"message": f"giving disk back: {exc}"})
+            return
+        if freed:
+            sizes = ", ".join(f"{kind} {size / 1e6:.1f} MB" for kind, size in reclaim.by_kind(freed).items() if size)
+            self.store.log_event(job.id, "disk", {"reason": f"gave back {sizes} (retention.yaml; `trainmaster gc`)"})
 
     async def _verify(self, job: Job, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
                       hashed_now: bool):
@@ -636,9 +665,10 @@ class Broker:
                 await self._settle(self.store.job(job.id), self.store.attempt(attempt.id))
         return await self.advance(job.id)
 
-    async def resume(self, job_id: str) -> Job:
+    async def resume(self, job_id: str, *, max_hours: float | None = None, max_usd: str | None = None) -> Job:
         """Start a failed or cancelled job again on its planned offer, from the last committed segment
-        an earlier attempt left (a trusted backend's; an untrusted executor always starts afresh)."""
+        an earlier attempt left (a trusted backend's; an untrusted executor always starts afresh), with its
+        `max_hours` and `max_usd` raised when given (NothingToDo when a value does not raise them)."""
         job = self.store.find_job(job_id)
         async with _locked(paths.job_dir(job.id) / ".lock"):
             job = self.store.job(job.id)
@@ -646,8 +676,22 @@ class Broker:
                 raise NothingToDo(f"{job.id} is {job.state}; only a failed or cancelled job can be resumed")
             if not job.plan_json:
                 raise NothingToDo(f"{job.id} was never planned ({job.reason}); submit it again instead")
-            self.store.move_job(job.id, "planned", reason="resumed by the user")
+            self._raise_limits(job, max_hours, max_usd)
+            point = self.resume_point(job)
+            self.store.move_job(job.id, "planned", reason=f"resumed by the user; {point.sentence()}")
         return await self.advance(job.id)
+
+    def _raise_limits(self, job: Job, max_hours: float | None, max_usd: str | None) -> None:
+        spec = self.spec(job)
+        try:
+            fields, shown = raised_limits(spec.limits.model_dump(), max_hours, max_usd)
+        except ValueError as exc:
+            raise NothingToDo(f"{job.id}: {exc}") from None
+        if not fields:
+            return
+        raised = {**spec.model_dump(mode="json"), "limits": {**spec.limits.model_dump(mode="json"), **fields}}
+        self.store.set_spec(job.id, JobSpec.model_validate(raised).model_dump_json(),
+                            reason="raised for the resume: " + ", ".join(f"{k} {a} → {b}" for k, (a, b) in shown.items()))
 
     async def cancel(self, job_id: str) -> Job:
         """Cancel an unfinished job; and for any job, whatever its recorded state, stop the processes of

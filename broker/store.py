@@ -353,6 +353,13 @@ class Store:
         db.execute("UPDATE jobs SET queued_at = ? WHERE id = ?", (time.time(), job_id))
         self._move_job(db, job_id, "queued", detail={"waiting": why, "position": ahead + 1})
 
+
+    def set_spec(self, job_id: str, spec_json: str, *, reason: str) -> None:
+        """Replace the job's spec (a resume raising its limits), with a `limits` event saying what changed."""
+        with self.tx() as db:
+            db.execute("UPDATE jobs SET spec_json = ?, updated_at = ? WHERE id = ?", (spec_json, time.time(), job_id))
+            self._event(db, job_id, None, "limits", None, None, {"reason": reason})
+
     # attempts
 
     def create_attempt(self, job_id: str, *, backend: str, offer_json: str, reserve_key: str, seed: int,

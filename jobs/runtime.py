@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,8 @@ def run(recipe: Recipe, config: RecipeConfig, settings: RuntimeSettings | None =
     if resumed is not None:
         restore(trainer, resumed.state)
         start = resumed.manifest.step
+        if settings.is_writer:
+            _say_resumed(resumed, config.steps)
     if not settings.is_writer:
         for step in range(start, config.steps):
             run_step(trainer, settings.seed, step, DecisionLog())
@@ -207,6 +210,13 @@ def _resume_point(settings: RuntimeSettings, recipe: Recipe, config: RecipeConfi
     if info.step != loaded.manifest.step or info.step % settings.segment_steps:
         raise StateError(f"cannot resume from {path}: its step {info.step} is not its segment boundary")
     return loaded
+
+
+def _say_resumed(resumed: LoadedSegment, steps: int) -> None:
+    """One line in the job's log: where the run resumed, and that the metrics before it are kept."""
+    m = resumed.manifest
+    print(f"[trainmaster] resumed at step {m.step} of {steps} from segment {m.segment} ({resumed.directory}); "
+          f"metrics.jsonl keeps its lines up to step {m.step}", file=sys.stderr, flush=True)
 
 
 def _adopt_earlier_segments(resumed: LoadedSegment, checkpoint_dir: Path) -> None:

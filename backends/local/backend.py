@@ -2,9 +2,10 @@
 
 Each attempt gets a fresh work dir (the bundle extracted into `code/`, plus `outputs/`,
 `checkpoints/` and `job.log`) and a detached supervisor process (`supervisor.py`) that owns
-the job's process group. Everything a later process needs to find the attempt again is in the
-work dir, so the handle is just its path, and a second `submit` of the same attempt finds the
-first run instead of starting another. Cost is wall time × the power model.
+the job's process group, started by a keeper (`keeper.py`) that stops whatever the job started
+once the supervisor is gone, however it went. Everything a later process needs to find the
+attempt again is in the work dir, so the handle is just its path, and a second `submit` of the
+same attempt finds the first run instead of starting another. Cost is wall time × the power model.
 
 The machine is a resource (allocation.py): each attempt holds the GPUs it was given exclusively (it sees
 only those, through CUDA_VISIBLE_DEVICES), and its CPUs and memory by request; the broker queues a job
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,6 +46,7 @@ from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
 from trainmaster.jobs.files import HostileFile, open_regular, read_regular, write_json_atomic
+from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
 CANCEL_GRACE_S = 10.0
@@ -148,8 +151,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
             return self.handle(ctx)
         await asyncio.to_thread(self._prepare, bundle, spec, offer, ctx, workdir)
         with open(workdir / "supervisor.err", "ab") as err:
-            subprocess.Popen(
-                [sys.executable, "-m", "trainmaster.backends.local.supervisor", str(workdir)],
+            subprocess.Popen(  # the keeper starts the supervisor below itself (keeper.py)
+                [sys.executable, "-m", "trainmaster.backends.local.keeper", str(workdir)],
                 cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 start_new_session=True, close_fds=True,
             )
@@ -162,6 +165,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
             bundles.extract_bundle(bundle, code, expected_sha256=ctx.bundle_sha256)
         for sub in ("outputs", "checkpoints"):
             (workdir / sub).mkdir(parents=True, exist_ok=True)
+        if ctx.resume_from:
+            _carry_metrics(Path(ctx.resume_from), workdir / "outputs")
         write_json_atomic(workdir / sup.LAUNCH, self._launch(spec, offer, ctx, workdir))
 
     def handle(self, ctx: AttemptContext) -> Handle:
@@ -274,6 +279,15 @@ def max_seconds(spec: JobSpec, offer: Offer, ctx: AttemptContext) -> float | Non
     if ctx.max_micro_usd is not None and price > 0:
         limits.append(max(1, ctx.max_micro_usd * 3600 // price))  # 0 would read as no limit
     return min(limits) if limits else None
+
+
+def _carry_metrics(resume_from: Path, outputs: Path) -> None:
+    """A resumed attempt starts with the `metrics.jsonl` of the attempt it resumes from (a work dir of this
+    backend: `checkpoints/` beside `outputs/`); the runtime cuts it back to the resume step, so the job's
+    record holds every line, as an uninterrupted run's would (docs/runtime.md, Resume)."""
+    earlier, target = resume_from.parent / "outputs" / METRICS_FILE, outputs / METRICS_FILE
+    if earlier.is_file() and not target.exists():
+        shutil.copyfile(earlier, target)
 
 
 def single_process_env() -> dict[str, str]:

@@ -7,7 +7,9 @@ the job ends for any reason it can see, writes `exit.json` atomically and stops 
 left running (processes.py).
 
 The job's process dies with it: the child is started with a parent-death signal (Linux prctl
-PR_SET_PDEATHSIG, SIGTERM, so torchrun still takes its workers down). If the supervisor is killed
+PR_SET_PDEATHSIG, SIGTERM, so torchrun still takes its workers down), and the keeper this supervisor
+runs under (keeper.py, a child subreaper) stops everything else the job started — grandchildren,
+background jobs, double-forked daemons, children in new sessions. If the supervisor is killed
 outright there is no `exit.json`; the backend then stops what is left of the attempt and records
 the end itself (the last heartbeat, or when it stopped the last process).
 
@@ -20,6 +22,7 @@ Kept to the standard library, psutil and small `jobs` modules so it starts in mi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -31,8 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmaster.backends.local import processes
-from trainmaster.jobs import venvs
+from trainmaster.backends.local import keeper, processes, venvs
 from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment
 from trainmaster.jobs.files import write_json_atomic
 
@@ -42,7 +44,7 @@ EXIT = "exit.json"
 LOG = "job.log"
 HEARTBEAT = "heartbeat"
 HEARTBEAT_S = 1.0
-LEFTOVER_GRACE_S = 5.0
+LEFTOVER_GRACE_S = keeper.GRACE_S
 PR_SET_PDEATHSIG = 1
 
 
@@ -67,9 +69,13 @@ def main(workdir: Path) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     with open(workdir / LOG, "ab", buffering=0) as log:
-        python, code, reason = launch["python"], 1, "installing the requirements failed; see the log"
+        python, code, reason = launch["python"], 1, None
         if launch.get("requirements"):
-            python = prepare_venv(Path(launch["requirements"]), Path(launch["envs_dir"]), log, beat)
+            try:
+                python = prepare_venv(Path(launch["requirements"]), Path(launch["envs_dir"]), log, beat)
+            except EnvironmentFailed as exc:
+                python, reason = None, str(exc)
+                log.write(f"[trainmaster] {exc}\n".encode())
         if python is not None:
             log.write(f"[trainmaster] python: {python}\n".encode())
             env = interpreter_environment(python, {**os.environ, **launch["env"]})
@@ -166,66 +172,77 @@ def call(argv: list[str], log, beat: Heartbeat) -> int:
     return code
 
 
-def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> str | None:
-    """A virtualenv with the requirements installed on top of this environment, cached by their hash.
+class EnvironmentFailed(Exception):
+    """The job's virtualenv could not be made; the message is the attempt's reason."""
+
+
+_IN_USE: list = []
+"""The lock file of the virtualenv this supervisor's job runs with, held shared for its life (venvs.py)."""
+
+
+def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> str:
+    """A virtualenv with the requirements installed on top of this environment, cached by their hash and
+    rebuilt when the versions it holds fixed change (venvs.HELD: the broker's torch and what the runtime imports).
 
     The broker's own site-packages are linked in (a .pth file), the way a cloud image carries
-    torch: requirements add to it rather than reinstalling multi-GB frameworks per job. Every
-    console script of the base environment gets a wrapper in the virtualenv's `bin` (`pip`,
-    `accelerate`, `torchrun` …), so on `PATH` they run the virtualenv's python, as installing
-    them there would have. Built in place under a lock: a console script names its interpreter
-    by absolute path, so a virtualenv cannot be moved once built.
+    torch: requirements add to it rather than reinstalling multi-GB frameworks per job, and a pip
+    constraints file keeps them from replacing it. Every console script of the base environment gets
+    a wrapper in the virtualenv's `bin` (`pip`, `accelerate`, `torchrun` …), so on `PATH` they run the
+    virtualenv's python, as installing them there would have. Built in place under an exclusive lock
+    (a console script names its interpreter by absolute path, so a virtualenv cannot be moved once
+    built), then used under a shared one, held until this supervisor exits. Raises EnvironmentFailed.
     """
-    import fcntl
-
-    digest = venvs.venv_key(requirements.read_bytes())
-    venv = envs_dir / digest
-    python = venv / "bin" / "python"
+    held = venvs.held_versions()
+    pins = venvs.constraints(held)
+    venv = envs_dir / venvs.venv_key(requirements.read_bytes())
     envs_dir.mkdir(parents=True, exist_ok=True)
-    with open(envs_dir / f".{digest}.lock", "w") as lock:
-        while True:  # another job may be building the same environment
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                beat()
-                time.sleep(0.2)
-        if (venv / venvs.READY).exists():
-            return str(python)
-        shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way
-        log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}\n".encode())
-        if call([sys.executable, "-m", "venv", "--without-pip", str(venv)], log, beat):
-            return None
-        site = subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                       text=True).strip()
-        parent = [p for p in sys.path if p.endswith("site-packages")]
-        Path(site, "_trainmaster_base.pth").write_text("\n".join(parent) + "\n")
-        install = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
-        if call(install, log, beat) != 0:
-            return None
-        link_console_scripts(str(python), venv / "bin")
-        (venv / venvs.READY).touch()
-    return str(python)
+    lock = open(venvs.lock_path(venv), "a")
+    _IN_USE.append(lock)
+    while True:
+        _wait_for_lock(lock, fcntl.LOCK_SH, beat)
+        if venvs.is_current(venv, pins):
+            os.utime(venv / venvs.READY)  # its last use, which `trainmaster gc` keeps the newest by
+            return str(venv / "bin" / "python")
+        _wait_for_lock(lock, fcntl.LOCK_EX, beat)  # another job may be building it, or gc removing it
+        if not venvs.is_current(venv, pins):
+            _build_venv(venv, requirements, pins, held, log, beat)
 
 
-def link_console_scripts(python: str, bindir: Path) -> None:
-    """A wrapper in `bindir` running `python` for each console script of this environment it lacks."""
-    import importlib.metadata
-
-    for ep in importlib.metadata.entry_points(group="console_scripts"):
-        target = bindir / ep.name
-        if "/" in ep.name or ep.name.startswith(".") or not ep.attr or target.exists():
-            continue
-        target.write_text(_script_head(python) + f"import sys\nfrom {ep.module} import {ep.attr.split('.')[0]}\n"
-                          f"if __name__ == '__main__':\n    sys.exit({ep.attr}())\n")
-        target.chmod(0o700)
+def _wait_for_lock(lock, mode: int, beat: Heartbeat) -> None:
+    while not venvs.try_lock(lock, mode):
+        beat()
+        time.sleep(0.2)
 
 
-def _script_head(python: str) -> str:
-    """A shebang for `python`; through /bin/sh when the path is too long or odd for the kernel (as pip does)."""
-    if len(python) < 127 and not any(c.isspace() for c in python):
-        return f"#!{python}\n"
-    return f"#!/bin/sh\n'''exec' {shlex.quote(python)} \"$0\" \"$@\"\n' '''\n"
+def _build_venv(venv: Path, requirements: Path, pins: str, held: dict[str, str], log, beat: Heartbeat) -> None:
+    (venv / venvs.READY).unlink(missing_ok=True)
+    shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way, or one made under other versions
+    kept = ", ".join(f"{name} {version}" for name, version in sorted(held.items()))
+    log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}, keeping the broker's {kept}\n".encode())
+    if call([sys.executable, "-m", "venv", "--without-pip", str(venv)], log, beat):
+        raise EnvironmentFailed("creating the job's virtualenv failed; see the log")
+    python = str(venv / "bin" / "python")
+    site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                   text=True).strip()
+    parent = [p for p in sys.path if p.endswith("site-packages")]
+    Path(site, "_trainmaster_base.pth").write_text("\n".join(parent) + "\n")
+    (venv / venvs.CONSTRAINTS).write_text(pins)
+    start = log.tell()
+    install = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements),
+               "-c", str(venv / venvs.CONSTRAINTS)]
+    if call(install, log, beat) != 0:
+        conflict = venvs.conflict_reason(_read_from(Path(log.name), start), held)
+        raise EnvironmentFailed(f"installing the requirements failed: {conflict}" if conflict
+                                else "installing the requirements failed; see the log")
+    venvs.link_console_scripts(python, venv / "bin")
+    (venv / venvs.READY).touch()
+
+
+def _read_from(path: Path, offset: int, most: int = 2**16) -> str:
+    """The last `most` bytes of `path` after `offset`, as text."""
+    with open(path, "rb") as f:
+        f.seek(max(offset, f.seek(0, os.SEEK_END) - most))
+        return f.read().decode(errors="replace")
 
 
 def finish(workdir: Path, started: float, code: int, reason: str | None, stopping: dict) -> None:

@@ -153,15 +153,20 @@ def cancel(job_ref: str):
     return _run(main)
 
 
-def resume(job_ref: str, *, wait: bool, on_log: Callable[[str], None] | None, shown: Callable | None = None):
-    """`resume`: start a failed or cancelled job again from its last committed segment; with `wait`,
-    stream its log to `on_log` (when given; inside `shown`, see `_follow`) and wait for its end."""
+def resume(job_ref: str, *, wait: bool, max_hours: float | None, max_usd: str | None, on_resumed: Callable,
+           on_log: Callable[[str], None] | None, shown: Callable | None = None):
+    """`resume`: start a failed or cancelled job again from its last committed segment, its limits raised
+    when given; `on_resumed(job, resume_point)` runs once it is started. With `wait`, stream its log to
+    `on_log` (when given; inside `shown`, see `_follow`) and wait for its end."""
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
         await broker.refresh()
-        return broker, await _waited(broker, await broker.resume(job.id), wait, on_log, shown)
+        point = broker.resume_point(broker.store.job(job.id))
+        job = await broker.resume(job.id, max_hours=max_hours, max_usd=max_usd)
+        on_resumed(job, point)
+        return broker, await _waited(broker, job, wait, on_log, shown)
 
     return _run(main)
 

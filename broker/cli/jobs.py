@@ -172,22 +172,32 @@ def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
 def resume(
     job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to finish, streaming its logs."),
+    max_hours: float = typer.Option(None, "--max-hours", help="Raise the job's wall-clock limit (hours) first."),
+    max_usd: str = typer.Option(None, "--max-usd", help="Raise the job's cost limit (dollars) first."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Start a failed or cancelled job again on its planned offer, from the last committed segment.
+    """Start a failed or cancelled job again on its planned offer, from the last committed segment (a job
+    that does not train with trainmaster's runtime restarts from scratch, and is told so).
     Exit 0 when started (with --wait: when accepted), 1 when it fails again."""
     from trainmaster.broker.cli import render
 
+    points: list = []
+
+    def resumed(job, point) -> None:
+        points.append(point)
+        if not as_json:
+            follow = "streaming its logs" if wait else f"follow it with `trainmaster logs -f {job.id}`"
+            console().print(f"resumed [bold]{escape(job.id)}[/bold] ({job.state}); {escape(point.sentence())}; "
+                            f"{escape(follow)}",
+                            highlight=False, soft_wrap=True)
+
     on_log, shown = _streamed(as_json)
-    broker, job = guarded(lambda: calls.resume(job_id, wait=wait, on_log=on_log, shown=shown))
+    broker, job = guarded(lambda: calls.resume(job_id, wait=wait, max_hours=max_hours, max_usd=max_usd,
+                                               on_resumed=resumed, on_log=on_log, shown=shown))
     if as_json:
-        print(json.dumps(render.job_json(broker, job), indent=2))
+        print(json.dumps({**render.job_json(broker, job), "resumes_from": points[0].to_json()}, indent=2))
     elif wait:
         render.print_job(console(), broker, job)
-    else:
-        console().print(f"resumed [bold]{escape(job.id)}[/bold] ({job.state}); follow it with "
-                        f"`trainmaster logs -f {escape(job.id)}`",
-                        highlight=False)
     raise typer.Exit(wait_exit(job.state) if wait else BAD if job.state in ("failed", "cancelled") else OK)
 
 
