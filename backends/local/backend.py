@@ -36,7 +36,10 @@ from trainmaster.backends.base import (
     AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase,
     Progress,
 )
-from trainmaster.backends.features import AllocatesMachine, KeepsSegments, SupportsMultiGpu, needed, unsupported
+from trainmaster.backends.features import (
+    AllocatesMachine, CheckpointRef, KeepsSegments, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints,
+    SupportsMultiGpu, needed, unsupported,
+)
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
 from trainmaster.backends.local import allocation, processes
 from trainmaster.backends.local import supervisor as sup
@@ -44,6 +47,7 @@ from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
 from trainmaster.jobs.files import write_json_atomic
+from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
 CANCEL_GRACE_S = 10.0
@@ -52,7 +56,7 @@ LOG_CHUNK = 2**20
 SPAWNED = "spawned"  # created (exclusively) just before the supervisor is started: never start two
 
 
-class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
+class LocalBackend(SupportsMultiGpu, KeepsSegments, ResumesFromCheckpoints, ReportsMetrics, AllocatesMachine, Backend):
     name = "local"
     unsupported = {
         "multi_node": "runs on this machine only",
@@ -237,6 +241,16 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
         """The attempt's checkpoint directory itself: nothing to transfer on this machine."""
         return Path(handle.data["workdir"]) / "checkpoints"
 
+    async def last_checkpoint(self, handle: Handle) -> CheckpointRef | None:
+        """The attempt's checkpoint directory, once it holds anything (the runtime resumes from its newest
+        complete segment)."""
+        checkpoints = Path(handle.data["workdir"]) / "checkpoints"
+        held = await asyncio.to_thread(lambda: checkpoints.is_dir() and any(checkpoints.iterdir()))
+        return CheckpointRef(uri=str(checkpoints)) if held else None
+
+    async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
+        return await asyncio.to_thread(read_chunk, Path(handle.data["workdir"]) / "outputs" / METRICS_FILE, offset, limit)
+
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """Copy the outputs to `dest` atomically, each file hashed as it is copied; idempotent."""
         return await transfer.copy_tree(Path(handle.data["workdir"]) / "outputs", dest, progress)
@@ -249,6 +263,19 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
         micro = -(-int(seconds * 1000) * offer.price_per_hour_micro_usd // 3_600_000)  # rounded up to the micro-dollar
         return Cost(micro_usd=micro, billable_seconds=seconds,
                     basis=f"{seconds:.1f} s × {offer.price_per_hour_micro_usd} µUSD/h (power model)")
+
+
+def read_chunk(path: Path, offset: int, limit: int) -> MetricsChunk:
+    """At most `limit` bytes of `path` from `offset` on, with its size and modification time (an empty
+    chunk of size 0 while there is no file)."""
+    try:
+        with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            f.seek(offset)
+            data = f.read(max(0, limit))
+    except FileNotFoundError:
+        return MetricsChunk(data=b"", offset=offset, size=0)
+    return MetricsChunk(data=data, offset=offset, size=info.st_size, modified_at=info.st_mtime)
 
 
 def inventory(config: LocalConfig) -> Machine:
