@@ -327,13 +327,14 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _on_terminal(*args: str, home: Path, timeout: float = 240.0,
-                 on_output: Callable[[str], None] = lambda shown: None) -> tuple[int, str]:
-    """`trainmaster ARGS` with a pseudo-terminal as stdin, stdout and stderr: its exit code and what it drew.
-    `on_output` sees everything drawn so far (escapes removed) after each read."""
+                 on_output: Callable[[str], None] = lambda shown: None,
+                 cli: str = "trainmaster.broker.cli") -> tuple[int, str]:
+    """`trainmaster ARGS` (the module `cli`) with a pseudo-terminal as stdin, stdout and stderr: its exit code
+    and what it drew. `on_output` sees everything drawn so far (escapes removed) after each read."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: exec at once, never back into pytest
         try:
-            os.execve(sys.executable, [sys.executable, "-m", "trainmaster.broker.cli", *args], _env(home))
+            os.execve(sys.executable, [sys.executable, "-m", cli, *args], _env(home))
         finally:
             os._exit(127)
     out, deadline = b"", time.monotonic() + timeout
