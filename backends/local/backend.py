@@ -4,7 +4,9 @@ Each attempt gets a fresh work dir (the bundle extracted into `code/`, plus `out
 `checkpoints/` and `job.log`) and a detached supervisor process (`supervisor.py`) that owns
 the job's process group. Everything a later process needs to find the attempt again is in the
 work dir, so the handle is just its path, and a second `submit` of the same attempt finds the
-first run instead of starting another. Cost is wall time × the power model.
+first run instead of starting another. Cost is wall time × the power model. The broker reads none
+of the work dir itself: it asks `last_checkpoint` (the checkpoint folder, once it holds a segment) and
+`metrics` (bytes of `outputs/metrics.jsonl` from an offset).
 
 The machine is a resource (allocation.py): each attempt holds the GPUs it was given exclusively (it sees
 only those, through CUDA_VISIBLE_DEVICES), and its CPUs and memory by request; the broker queues a job
