@@ -29,7 +29,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from trainmaster.backends.base import BackendError, Handle, Offer
 from trainmaster.backends.features import MetricsChunk, ReportsMetrics

@@ -22,7 +22,7 @@ from remote_executor import protocol
 from remote_executor.cli import TRUSTED_ENV
 from remote_executor.client import RemoteExecutor, TrustedRemoteExecutor
 from remote_executor.process import TESTS, ExecutorProcess
-from trainmaster.backends.base import BackendError, Handle
+from trainmaster.backends.base import BackendError, ExecutorFault, Handle
 from untrusted_backend import RAO_PER_TAO, USD_PER_TAO_MICRO
 
 pytestmark = pytest.mark.slow
@@ -214,3 +214,36 @@ def test_the_executor_refuses_a_bundle_whose_bytes_are_not_the_named_ones(tmp_pa
     with pytest.raises(BackendError, match="sha256 is .* not " + "0" * 64):
         asyncio.run(client._upload(bundle, "0" * 64))
     assert list((executor.home / "bundles").iterdir()) == []
+
+
+def test_hostile_answers_are_the_executors_fault(tmp_path):
+    """An executor (served here, in-process) whose outputs list names a path outside the folder, or whose
+    answers are not the protocol's: each call fails as the executor's fault, and nothing is written."""
+    from aiohttp import web
+
+    hostile = {"/outputs": {"files": [{"path": "../escaped", "size": 1, "sha256": "0" * 64}]},
+               "/status": {"phase": "running", "extra": "not in the protocol"}, "/checkpoint": ["not", "an", "object"]}
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response(hostile["/" + request.path.rsplit("/", 1)[1]])
+
+    async def main():
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        client = RemoteExecutor(url=f"http://127.0.0.1:{runner.addresses[0][1]}")
+        handle = Handle(backend="bittensor", attempt_id="j.1", data={"attempt_id": "j.1", "hotkey": "h"})
+        try:
+            for call, why in ((client.fetch(handle, tmp_path / "out"), "not a relative path below its folder"),
+                              (client.status(handle), "not a valid AttemptStatus of the protocol"),
+                              (client.last_checkpoint(handle), "not a JSON object")):
+                with pytest.raises(ExecutorFault, match=why):
+                    await call
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    assert list(tmp_path.iterdir()) == []

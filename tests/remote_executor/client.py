@@ -16,8 +16,10 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
+from pydantic import BaseModel, ValidationError
 
 from remote_executor import protocol
 from trainmaster.backends.base import (
@@ -31,6 +33,7 @@ from trainmaster.backends.features import (
 from trainmaster.backends import transfer
 from trainmaster.jobs.spec import JobSpec
 
+T = TypeVar("T", bound=BaseModel)
 TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=60)
 CHUNK = 1 << 16
 
@@ -45,11 +48,25 @@ class RemoteClient:
         try:
             async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
                 async with session.request(method, self.url + path, json=json_body, params=params, data=data) as r:
-                    text = await r.text()
+                    text = await r.text(errors="replace")
                     _raise_for(r.status, text, path)
-                    return json.loads(text)
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             raise TransientBackendError(f"the executor at {self.url} is unreachable: {exc!r}") from None
+        try:
+            got = json.loads(text)
+        except (ValueError, RecursionError):
+            raise ExecutorFault(f"{path}: the executor's answer is not JSON") from None
+        if not isinstance(got, dict):
+            raise ExecutorFault(f"{path}: the executor's answer is not a JSON object")
+        return got
+
+    async def answer(self, model: type[T], method: str, path: str, **kwargs) -> T:
+        """A call whose answer is `model`; an answer that is not one is the executor's fault."""
+        got = await self.call(method, path, **kwargs)
+        try:
+            return model.model_validate(got)
+        except ValidationError as exc:
+            raise ExecutorFault(f"{path}: not a valid {model.__name__} of the protocol ({exc.error_count()} errors)") from None
 
     def reader(self, path: str):
         """`read(offset)` for `transfer.download`: the bytes of `path` from `offset` on."""
@@ -90,19 +107,19 @@ class RemoteBackend(ResumesFromCheckpoints, ReportsMetrics, Backend):
         return protocol.route(template, attempt_id=handle.data["attempt_id"], **values)
 
     async def offers(self, spec: JobSpec) -> OfferSet:
-        found = OfferSet.model_validate(await self.client.call("POST", protocol.OFFERS,
-                                                              json_body={"spec": spec.model_dump(mode="json")}))
+        found = await self.client.answer(OfferSet, "POST", protocol.OFFERS,
+                                         json_body={"spec": spec.model_dump(mode="json")})
         offers = [o.model_copy(update={"backend": self.name}) for o in found.offers]
         return OfferSet(backend=self.name, offers=offers, reasons=found.reasons)
 
     async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
         await self._upload(bundle, ctx.bundle_sha256)
         context = ctx.model_copy(update={"workdir": "."})  # the broker's folders are no business of the executor
-        got = await self.client.call("POST", protocol.ATTEMPTS, json_body={
+        got = await self.client.answer(protocol.Submitted, "POST", protocol.ATTEMPTS, json_body={
             "spec": spec.model_dump(mode="json"), "offer": offer.model_dump(mode="json"),
             "context": context.model_dump(mode="json")})
         return Handle(backend=self.name, attempt_id=ctx.attempt_id,
-                      data={"attempt_id": got["attempt_id"], "hotkey": got["hotkey"]})
+                      data={"attempt_id": got.attempt_id, "hotkey": got.hotkey})
 
     async def _upload(self, bundle: Path, sha256: str) -> None:
         async def body():
@@ -113,26 +130,26 @@ class RemoteBackend(ResumesFromCheckpoints, ReportsMetrics, Backend):
         await self.client.call("PUT", protocol.route(protocol.BUNDLE, sha256=sha256), data=body())
 
     async def status(self, handle: Handle) -> AttemptStatus:
-        return AttemptStatus.model_validate(await self.client.call("GET", self._path(protocol.STATUS, handle)))
+        return await self.client.answer(AttemptStatus, "GET", self._path(protocol.STATUS, handle))
 
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
-        got = await self.client.call("GET", self._path(protocol.LOGS, handle), params={"offset": offset})
-        return LogChunk.model_validate(got)
+        return await self.client.answer(LogChunk, "GET", self._path(protocol.LOGS, handle), params={"offset": offset})
 
     async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
-        got = await self.client.call("GET", self._path(protocol.METRICS, handle),
-                                     params={"offset": offset, "limit": limit})
+        got = await self.client.answer(protocol.Metrics, "GET", self._path(protocol.METRICS, handle),
+                                       params={"offset": offset, "limit": limit})
         try:
-            return MetricsChunk(**{**got, "data": protocol.decode(got["data"])[:limit]})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExecutorFault(f"metrics: not a chunk of the protocol ({type(exc).__name__})") from None
+            data = protocol.decode(got.data)
+        except ValueError:
+            raise ExecutorFault("metrics: the chunk's data is not base64") from None
+        return MetricsChunk(data=data[:limit], offset=got.offset, size=got.size, modified_at=got.modified_at)
 
     async def last_checkpoint(self, handle: Handle) -> CheckpointRef | None:
-        uri = (await self.client.call("GET", self._path(protocol.CHECKPOINT, handle)))["uri"]
-        return None if uri is None else CheckpointRef(uri=uri)
+        got = await self.client.answer(protocol.Checkpoint, "GET", self._path(protocol.CHECKPOINT, handle))
+        return None if got.uri is None else CheckpointRef(uri=got.uri)
 
     async def cancel(self, handle: Handle) -> int:
-        return int((await self.client.call("POST", self._path(protocol.CANCEL, handle)))["stopped"])
+        return (await self.client.answer(protocol.Cancelled, "POST", self._path(protocol.CANCEL, handle))).stopped
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """Each output streamed into a sibling folder, checked against its announced size and sha256, and
@@ -146,25 +163,21 @@ class RemoteBackend(ResumesFromCheckpoints, ReportsMetrics, Backend):
                                     tmp / f.path, size=f.size, sha256=f.sha256, progress=progress)
         tmp.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dest)
-        return [OutputFile(path=f.path, size=f.size, sha256=f.sha256) for f in files]
+        return files
 
     async def _manifest(self, path: str, json_body=None) -> list[OutputFile]:
         """The files an answer announces, each a relative path below the folder it names (else the
         executor is at fault: a path that would land outside `dest`)."""
-        got = await self.client.call("POST" if json_body is not None else "GET", path, json_body=json_body)
-        try:
-            files = [OutputFile.model_validate(f) for f in got["files"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExecutorFault(f"{path}: not a file list of the protocol ({type(exc).__name__})") from None
+        files = (await self.client.answer(protocol.Files, "POST" if json_body is not None else "GET", path,
+                                          json_body=json_body)).files
         for f in files:
             if not protocol.safe_relative(f.path):
-                raise ExecutorFault(f"{path}: the file name {f.path[:200]!r} is not a relative path below its folder")
+                raise ExecutorFault(f"{path}: a file name is not a relative path below its folder")
         return files
 
     async def cost(self, handle: Handle, offer: Offer) -> Cost:
-        got = await self.client.call("POST", self._path(protocol.COST, handle),
-                                     json_body={"offer": offer.model_dump(mode="json")})
-        return Cost.model_validate(got)
+        return await self.client.answer(Cost, "POST", self._path(protocol.COST, handle),
+                                        json_body={"offer": offer.model_dump(mode="json")})
 
 
 
@@ -174,11 +187,10 @@ class RemoteExecutor(RunsUntrusted, RemoteBackend):
     name = "bittensor"
 
     async def executor(self, handle: Handle) -> ExecutorIdentity:
-        return ExecutorIdentity.model_validate(await self.client.call("GET", self._path(protocol.EXECUTOR, handle)))
+        return await self.client.answer(ExecutorIdentity, "GET", self._path(protocol.EXECUTOR, handle))
 
     async def signed_commitment(self, handle: Handle) -> SignedCommitment:
-        got = await self.client.call("GET", self._path(protocol.COMMITMENT, handle))
-        return SignedCommitment.model_validate(got)
+        return await self.client.answer(SignedCommitment, "GET", self._path(protocol.COMMITMENT, handle))
 
     async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
         files = await self._manifest(self._path(protocol.OPENINGS, handle), json_body={"indices": list(indices)})

@@ -11,6 +11,10 @@ from __future__ import annotations
 import base64
 from pathlib import PurePosixPath
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainmaster.backends.base import OutputFile
+
 VERSION = 1
 PREFIX = f"/v{VERSION}"
 URL_ENV = "TRAINMASTER_TEST_EXECUTOR_URL"
@@ -36,6 +40,34 @@ OPENED_FILE = ATTEMPT + "/openings/{path:.+}"  # GET ?offset= -> the file's byte
 
 RESUME_SCHEME = "attempt:"
 """A checkpoint reference: `attempt:<attempt id>`, the newest committed segment of that attempt here."""
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Submitted(Answer):
+    attempt_id: str
+    hotkey: str
+
+
+class Metrics(Answer):
+    data: str = Field(description="base64")
+    offset: int = Field(ge=0)
+    size: int = Field(ge=0)
+    modified_at: float | None = None
+
+
+class Checkpoint(Answer):
+    uri: str | None = Field(None, min_length=1)
+
+
+class Cancelled(Answer):
+    stopped: int = Field(ge=0)
+
+
+class Files(Answer):
+    files: list[OutputFile]
 
 
 def route(template: str, **values: str) -> str:
