@@ -22,6 +22,7 @@ from remote_executor import protocol
 from trainmaster.backends import transfer
 from trainmaster.backends.base import AttemptContext, Handle, Offer
 from trainmaster.jobs.checkpoint import MANIFEST, segment_dir, segment_indices
+from trainmaster.jobs.files import sha256_file
 from trainmaster.jobs.spec import JobSpec
 from untrusted_backend import UntrustedExecutor
 
@@ -121,7 +122,9 @@ class ExecutorServer:
         return Handle.model_validate_json(path.read_text())
 
     def _inner(self, request: web.Request) -> Handle:
-        return self.executor._inner(self._handle(request))
+        """The attempt's handle as its LocalBackend knows it."""
+        handle = self._handle(request)
+        return Handle(backend="local", attempt_id=handle.attempt_id, data=handle.data)
 
     async def status(self, request: web.Request) -> web.Response:
         return _model(await self.executor.status(self._handle(request)))
@@ -174,7 +177,7 @@ class ExecutorServer:
             here = segment_dir(source, index)
             paths += sorted(here.iterdir()) if index in wanted else [here / MANIFEST]
         files = [{"path": p.relative_to(source).as_posix(), "size": p.stat().st_size,
-                  "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in paths]
+                  "sha256": sha256_file(p)} for p in paths]
         return web.json_response({"files": files})
 
     async def opened_file(self, request: web.Request) -> web.StreamResponse:
