@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
+
 from trainmaster.backends.base import Backend, Frozen, Handle
 
 
@@ -48,6 +50,47 @@ class KeepsSegments:
     async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
         """Segments `indices` (each with the state after it) and every segment's manifest, laid out as
         the runtime's checkpoint directory; returns that directory (`dest`, or where they already are)."""
+        raise NotImplementedError
+
+
+class CheckpointRef(Frozen):
+    """Where an attempt's newest committed state is, in words only its backend understands: a local path,
+    an `s3://` URI, a miner's attempt and segment. The broker never opens it: it passes it back as the
+    `AttemptContext.resume_from` of a later attempt on the same backend (a reference is not fetched
+    across backends yet, so an attempt on another backend starts afresh)."""
+
+    uri: str = Field(min_length=1)
+
+
+class MetricsChunk(Frozen):
+    """A piece of an attempt's `metrics.jsonl`: `data` from byte `offset` on, like `LogChunk`; `size` is
+    the whole file's size now (0 before it exists), so a reader can ask for its tail only, and
+    `modified_at` when the backend last saw it change (Unix time, None before it exists)."""
+
+    data: bytes
+    offset: int = Field(ge=0)
+    size: int = Field(ge=0)
+    modified_at: float | None = None
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + len(self.data)
+
+
+class ResumesFromCheckpoints:
+    """Reports where an attempt's newest committed state is, so a later attempt on the same backend resumes
+    from it (a crash, a preemption, `trainmaster resume`)."""
+
+    async def last_checkpoint(self, handle: Handle) -> CheckpointRef | None:
+        """The attempt's newest committed state, None when it committed none."""
+        raise NotImplementedError
+
+
+class ReportsMetrics:
+    """Serves the job's `metrics.jsonl` as it grows, for the live status line."""
+
+    async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
+        """At most `limit` bytes of the attempt's `metrics.jsonl` from `offset` on."""
         raise NotImplementedError
 
 

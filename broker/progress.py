@@ -1,13 +1,14 @@
 """How far a job has come, for a status line: its state, step/T and steps/s, elapsed time, cost so
 far and ETA.
 
-Nothing here knows about terminals (the CLI draws it: broker/cli/live.py) and nothing here asks a
-backend anything: a sample reads the store and at most the last few KB of one file, so a caller can
-take one twice a second whatever the job writes.
+Nothing here knows about terminals (the CLI draws it: broker/cli/live.py): a sample reads the store
+and asks the latest attempt's backend for at most the last few KB of one file, so a caller can take
+one twice a second whatever the job writes.
 
-- the step comes from the `metrics.jsonl` the job writes (docs/runtime.md#metricsjsonl), read where
-  the broker can read it: the attempt's own outputs folder, which is where the local backend runs
-  it. A remote attempt's file is not here, so its step, rate and ETA are unknown (None);
+- the step comes from the `metrics.jsonl` the job writes (docs/runtime.md#metricsjsonl), its tail asked
+  of the attempt's backend (`ReportsMetrics.metrics`, from an offset like its log): the broker never
+  opens a backend's folder. A backend without that capability, or one unreachable now, leaves the
+  step, rate and ETA unknown (None);
 - T is the entrypoint's `--steps N` (the recipes' command line, and a common convention), None
   when it has none;
 - steps/s is measured between the steps seen over the last RATE_WINDOW_S, each stamped with the
@@ -28,14 +29,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from trainmaster.backends.base import Offer
-from trainmaster.broker import paths, states
+from trainmaster.backends.base import BackendError, Handle, Offer
+from trainmaster.backends.features import MetricsChunk, ReportsMetrics
+from trainmaster.broker import states
 from trainmaster.broker.store import Attempt
 from trainmaster.jobs.environment import expand_command
-from trainmaster.jobs.files import HostileFile, read_tail
-from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import JobSpec
 
 TAIL_BYTES = 4096
@@ -70,14 +69,27 @@ class StepSample:
     """When the file held it: its modification time."""
 
 
-def last_step(path: Path, tail_bytes: int = TAIL_BYTES) -> StepSample | None:
-    """The step of the newest complete line of a `metrics.jsonl`, reading only its last `tail_bytes`
-    (None when there is no file, no regular file — a FIFO is never opened, a link never followed — or
-    no readable step there: a line longer than the tail, a torn one). A step is an int in [0, MAX_STEP]."""
-    try:
-        tail, start, info = read_tail(path, tail_bytes)
-    except (OSError, HostileFile):
+async def read_tail(backend, handle: Handle, tail_bytes: int = TAIL_BYTES) -> MetricsChunk | None:
+    """The last `tail_bytes` of the attempt's `metrics.jsonl`, asked of its backend (`ReportsMetrics`): its
+    first `tail_bytes`, then, when the file is longer, its last; None when the backend cannot say (no such
+    capability, or unreachable now)."""
+    if not isinstance(backend, ReportsMetrics):
         return None
+    try:
+        chunk = await backend.metrics(handle, 0, tail_bytes)
+        if chunk.size > chunk.next_offset:
+            chunk = await backend.metrics(handle, chunk.size - tail_bytes, tail_bytes)
+    except BackendError:
+        return None
+    return chunk
+
+
+def last_step(chunk: MetricsChunk) -> StepSample | None:
+    """The step of the newest complete line in a tail of a `metrics.jsonl` (None when there is no readable
+    step there: no file, a line longer than the tail, a torn one)."""
+    if chunk.modified_at is None:
+        return None
+    start, tail = chunk.offset, chunk.data
     lines = tail.split(b"\n")
     # the last piece is a line still being written (b"" after a final newline); past a seek, the first may be cut
     for raw in reversed(lines[1 if start else 0:-1]):
@@ -87,7 +99,7 @@ def last_step(path: Path, tail_bytes: int = TAIL_BYTES) -> StepSample | None:
             continue
         step = record.get("step") if isinstance(record, dict) else None
         if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP:
-            return StepSample(step, info.st_mtime)
+            return StepSample(step, chunk.modified_at)
     return None
 
 
@@ -163,10 +175,11 @@ def progress_of(state: str, attempts: Sequence[Attempt], samples: Sequence[StepS
 
 class ProgressWatch:
     """Samples one job's progress over time (steps/s needs the steps seen before). Reads the broker's
-    store and files only; it never advances the job."""
+    store and asks the latest attempt's backend for the tail of its metrics; it never advances the job."""
 
     def __init__(self, broker, job_id: str, *, clock: Callable[[], float] = time.time,
                  window_s: float = RATE_WINDOW_S):
+        self.broker = broker
         self.store = broker.store
         self.job_id = job_id
         self.clock = clock
@@ -176,18 +189,22 @@ class ProgressWatch:
         self._attempt: str | None = None
         self._samples: deque[StepSample] = deque()
 
-    def sample(self) -> JobProgress:
+    async def sample(self) -> JobProgress:
         job = self.store.job(self.job_id)
         attempts = self.store.attempts(self.job_id)
         if attempts:
-            self._see(attempts[-1])
+            await self._see(job, attempts[-1])
         return progress_of(job.state, attempts, self._samples, self.total, self.clock())
 
-    def _see(self, attempt: Attempt) -> None:
+    async def _see(self, job, attempt: Attempt) -> None:
         if attempt.id != self._attempt:  # a new attempt counts its own steps
             self._attempt = attempt.id
             self._samples.clear()
-        seen = last_step(paths.attempt_dir(attempt.job_id, attempt.n) / "outputs" / METRICS_FILE)
+        if not attempt.handle_json:
+            return
+        backend = self.broker.backend(attempt.backend, self.broker.policy(job))
+        chunk = await read_tail(backend, Handle.model_validate_json(attempt.handle_json))
+        seen = last_step(chunk) if chunk is not None else None
         if seen is None or (self._samples and seen.step == self._samples[-1].step):
             return
         if self._samples and seen.step < self._samples[-1].step:

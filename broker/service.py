@@ -34,7 +34,7 @@ from trainmaster.backends.base import (
     AttemptContext, Backend, BackendError, Handle, LocalEnvironmentError, Offer, OfferSet, Phase, Progress,
     TransientBackendError,
 )
-from trainmaster.backends.features import AllocatesMachine, KeepsSegments, RunsUntrusted
+from trainmaster.backends.features import AllocatesMachine, KeepsSegments, ResumesFromCheckpoints, RunsUntrusted
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import cost_cap, paths, states
 from trainmaster.broker.estimate import own_estimate, past_run
@@ -368,7 +368,7 @@ class Broker:
     async def _start(self, job: Job, attempt: Attempt) -> None:
         offer = Offer.model_validate_json(attempt.offer_json)
         backend = self.backend(offer.backend, self.policy(job))
-        ctx = self._context(job, attempt, offer)
+        ctx = await self._context(job, attempt, offer, backend)
         try:
             handle = await retried(backend.submit, paths.bundles_dir() / f"{job.bundle_sha256}.tar", self.spec(job),
                                    offer, ctx)
@@ -384,14 +384,14 @@ class Broker:
             identity = await retried(backend.executor, handle)
             self.store.set_executor(attempt.id, hotkey=identity.hotkey, coldkey=identity.coldkey)
 
-    def _context(self, job: Job, attempt: Attempt, offer: Offer) -> AttemptContext:
+    async def _context(self, job: Job, attempt: Attempt, offer: Offer, backend: Backend) -> AttemptContext:
         workdir = paths.attempt_dir(job.id, attempt.n)
         workdir.mkdir(parents=True, exist_ok=True)
         return AttemptContext(
             job_id=job.id, attempt_id=attempt.id, bundle_sha256=job.bundle_sha256,
             seed=self.spec(job).seed if attempt.seed is None else attempt.seed, workdir=str(workdir),
             # an untrusted executor starts from its own S_0, never from another executor's states
-            resume_from=self._resume_point(job, attempt) if offer.trusted else None,
+            resume_from=await self._resume_point(job, attempt, backend) if offer.trusted else None,
             challenge_digest=None if offer.trusted else self._challenge_digest(job, attempt),
             max_micro_usd=cost_cap.remaining(self.spec(job), self.store.attempts(job.id), time.time()),
         )
@@ -406,14 +406,27 @@ class Broker:
         finally:
             secrets_.close()
 
-    def _resume_point(self, job: Job, attempt: Attempt) -> str | None:
-        """A new attempt continues from the latest checkpoint an earlier one left, where there is one
-        (the runtime picks that directory's newest complete segment). Only states we can trust are
-        resumed from: a trusted attempt's that was not rejected, or an accepted one's."""
+    async def _resume_point(self, job: Job, attempt: Attempt, backend: Backend) -> str | None:
+        """A new attempt continues from the newest committed state an earlier attempt on the same backend
+        reports (`last_checkpoint`: a reference only that backend understands, passed back as it is; the
+        broker opens nothing of the backend's). Only states we can trust are resumed from: a trusted
+        attempt's that was not rejected, or an accepted one's. A backend that cannot say, or cannot be
+        asked now, gives no resume point: the attempt starts afresh."""
+        if not isinstance(backend, ResumesFromCheckpoints):
+            return None
         for earlier in reversed(self.store.attempts(job.id)):
-            checkpoints = paths.attempt_dir(job.id, earlier.n) / "checkpoints"
-            if earlier.n < attempt.n and _resumable_from(earlier) and checkpoints.is_dir() and any(checkpoints.iterdir()):
-                return str(checkpoints)
+            if earlier.n >= attempt.n or earlier.backend != attempt.backend or not earlier.handle_json:
+                continue
+            if not _resumable_from(earlier):
+                continue
+            try:
+                ref = await retried(backend.last_checkpoint, Handle.model_validate_json(earlier.handle_json))
+            except BackendError as exc:
+                self.store.log_event(job.id, "error", {"message": f"no resume point from attempt {earlier.n}: {exc}"},
+                                     attempt.id)
+                continue
+            if ref is not None:
+                return ref.uri
         return None
 
     def resume_point(self, job: Job) -> ResumePoint:

@@ -3,6 +3,7 @@ it, broker/cli/live.py draws it), and no status line when stdout is not a termin
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -18,9 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from trainmaster.backends.base import Offer
+from trainmaster.backends.base import Handle, Offer
+from trainmaster.backends.features import MetricsChunk
+from trainmaster.backends.local import LocalBackend
 from trainmaster.broker import paths
-from trainmaster.broker.progress import ProgressWatch, StepSample, attempt_cost, last_step, progress_of, total_steps
+from trainmaster.broker.progress import (
+    ProgressWatch, StepSample, attempt_cost, last_step, progress_of, read_tail, total_steps,
+)
 from trainmaster.broker.store import Attempt, Job
 from trainmaster.jobs.spec import JobSpec
 
@@ -33,7 +38,9 @@ def _attempt(n: int = 1, *, state: str = "running", started_at: float | None = 1
              cost: int | None = None, price: int = PRICE) -> Attempt:
     offer = Offer(backend="local", instance="cpu", price_per_hour_micro_usd=price, trusted=True)
     return Attempt(id=f"j.{n}", job_id="j", n=n, backend="local", offer_json=offer.model_dump_json(),
-                   handle_json='{"backend":"local","attempt_id":"j.1","data":{}}', state=state, reason=None,
+                   handle_json=json.dumps({"backend": "local", "attempt_id": f"j.{n}",
+                                            "data": {"workdir": str(paths.attempt_dir("j", n))}}),
+                   state=state, reason=None,
                    started_at=started_at, ended_at=ended_at, cost_micro_usd=cost, cost_rao=None,
                    billable_seconds=None, created_at=999.0)
 
@@ -56,8 +63,21 @@ class _Store:
 
 
 class _Broker:
-    def __init__(self, store):
+    """What ProgressWatch asks of a broker: its store, and each attempt's backend (a real local one)."""
+
+    def __init__(self, store, backend=None):
         self.store = store
+        self._backend = backend or LocalBackend()
+
+    def policy(self, job):
+        return None
+
+    def backend(self, name, policy):
+        return self._backend
+
+
+def _sample(watch: ProgressWatch):
+    return asyncio.run(watch.sample())
 
 
 def _metrics(n: int, steps: range, at: float) -> Path:
@@ -77,18 +97,18 @@ def test_step_rate_eta_elapsed_and_cost_from_metrics(tm_home):
     live = _attempt(2, started_at=1000.0)
     watch = ProgressWatch(_Broker(_Store("python -m trainmaster.jobs.recipes.tiny_lm --steps 100", [earlier, live])),
                           "j", clock=lambda: clock[0])
-    first = watch.sample()  # no metrics yet: the state, time and cost are known, the step is not
+    first = _sample(watch)  # no metrics yet: the state, time and cost are known, the step is not
     assert (first.state, first.step, first.total, first.steps_per_s, first.eta_s) == ("running", None, 100, None, None)
     assert first.elapsed_s == 5.0
     assert first.cost_micro_usd == 1_234 + 5_000  # the recorded cost, plus 5 s at 1,000 micro-USD/s
 
     _metrics(2, range(1, 21), at=1002.0)
-    one = watch.sample()  # one step seen: the rate is the step over the attempt's time until the file held it
+    one = _sample(watch)  # one step seen: the rate is the step over the attempt's time until the file held it
     assert (one.step, one.steps_per_s, one.eta_s) == (20, 10.0, 8.0)  # 20 steps in 2 s; 80 left
 
     _metrics(2, range(1, 61), at=1004.0)
     clock[0] = 1006.5
-    two = watch.sample()
+    two = _sample(watch)
     assert (two.step, two.total) == (60, 100)
     assert two.steps_per_s == pytest.approx(20.0)  # 40 steps between the file's two modification times
     assert two.eta_s == pytest.approx(2.0)  # 40 steps left at 20 steps/s
@@ -100,12 +120,12 @@ def test_a_new_attempt_counts_its_own_steps(tm_home):
     store = _Store("python train.py --steps=50", [_attempt(1)])
     watch = ProgressWatch(_Broker(store), "j", clock=lambda: 1010.0)
     _metrics(1, range(1, 41), at=1002.0)
-    watch.sample()
+    _sample(watch)
     _metrics(1, range(1, 46), at=1003.0)
-    assert watch.sample().steps_per_s == pytest.approx(5.0)
+    assert _sample(watch).steps_per_s == pytest.approx(5.0)
     store.rows = [_attempt(1, state="failed", ended_at=1003.0, cost=0), _attempt(2, started_at=1004.0)]
     _metrics(2, range(1, 11), at=1005.0)
-    fresh = watch.sample()  # not 10 steps since the old attempt's sample: its own 10 in its own 1 s
+    fresh = _sample(watch)  # not 10 steps since the old attempt's sample: its own 10 in its own 1 s
     assert (fresh.step, fresh.total, fresh.steps_per_s, fresh.eta_s) == (10, 50, 10.0, 4.0)
 
 
@@ -122,14 +142,14 @@ def test_a_job_that_ends_between_two_samples_keeps_a_rate(tm_home):
     clock = [1001.0]
     store = _Store("python train.py --steps 100", [_attempt(1, started_at=1000.0)])
     watch = ProgressWatch(_Broker(store), "j", clock=lambda: clock[0])
-    assert watch.sample().steps_per_s is None  # no step known: no rate
+    assert _sample(watch).steps_per_s is None  # no step known: no rate
     _metrics(1, range(1, 101), at=1004.0)
     store.rows = [_attempt(1, state="returned", started_at=1000.0, ended_at=1004.5, cost=4_500)]
     store.job_row = Job(**{**store.job_row.__dict__, "state": "accepted"})
     clock[0] = 1010.0
-    final = watch.sample()
+    final = _sample(watch)
     assert (final.state, final.step, final.total, final.steps_per_s, final.eta_s) == ("accepted", 100, 100, 25.0, None)
-    assert watch.sample().steps_per_s == 25.0  # the final line keeps its rate
+    assert _sample(watch).steps_per_s == 25.0  # the final line keeps its rate
 
 
 def test_a_rate_needs_a_step_after_the_start():
@@ -139,11 +159,13 @@ def test_a_rate_needs_a_step_after_the_start():
     assert progress_of("running", [live], [StepSample(5, 999.0)], 10, now=1003.0).steps_per_s is None
 
 
-def test_remote_attempt_shows_state_elapsed_and_cost_only(tm_home):
-    """A remote backend's metrics are not readable here: no file in the attempt dir, so no step, rate or ETA."""
+def test_an_attempt_whose_backend_cannot_report_metrics_shows_state_elapsed_and_cost_only(tm_home):
+    """A backend without the metrics capability: no step, rate or ETA, whatever files lie in the attempt dir."""
     remote = _attempt(1, started_at=None)  # not yet seen running: timed from its dispatch (created_at)
-    watch = ProgressWatch(_Broker(_Store("python train.py --steps 10", [remote])), "j", clock=lambda: 1009.0)
-    p = watch.sample()
+    _metrics(1, range(1, 6), at=1005.0)  # never read: the broker opens no backend's folder
+    watch = ProgressWatch(_Broker(_Store("python train.py --steps 10", [remote]), backend=object()), "j",
+                          clock=lambda: 1009.0)
+    p = _sample(watch)
     assert (p.step, p.steps_per_s, p.eta_s, p.total) == (None, None, None, 10)
     assert p.elapsed_s == 10.0 and p.cost_micro_usd == 10_000
 
@@ -166,27 +188,31 @@ def test_total_steps_from_the_entrypoint():
     assert total_steps("python train.py --steps", {}) is None
 
 
-def test_last_step_skips_a_torn_line_and_junk(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b'{"loss": 0.5, "step": 7}\n{"step": 8}\n[1, 2]\n{"step": true}\nnot json\n{"step": 9, "lo')
-    os.utime(path, (1234.0, 1234.0))
-    assert last_step(path) == StepSample(8, 1234.0)
-    assert last_step(tmp_path / "missing.jsonl") is None
-    path.write_bytes(b"")
-    assert last_step(path) is None
+def test_last_step_skips_a_torn_line_and_junk():
+    data = b'{"loss": 0.5, "step": 7}\n{"step": 8}\n[1, 2]\n{"step": true}\nnot json\n{"step": 9, "lo'
+    assert last_step(MetricsChunk(data=data, offset=0, size=len(data), modified_at=1234.0)) == StepSample(8, 1234.0)
+    assert last_step(MetricsChunk(data=b"", offset=0, size=0)) is None  # no file
+    assert last_step(MetricsChunk(data=b"", offset=0, size=0, modified_at=1234.0)) is None  # an empty one
+    cut = b'"step": 5}\n{"step": 6}\n'  # read from an offset: the first piece may be a line's end
+    assert last_step(MetricsChunk(data=cut, offset=10, size=10 + len(cut), modified_at=1.0)) == StepSample(6, 1.0)
+    assert last_step(MetricsChunk(data=cut[:11], offset=10, size=10 + len(cut), modified_at=1.0)) is None
 
 
 def test_a_huge_metrics_file_is_read_by_its_tail_only(tmp_path):
-    """8 GiB of metrics (sparse, so the test is cheap): the last step comes back after reading a few KB."""
-    path = tmp_path / "metrics.jsonl"
-    with open(path, "wb") as f:
+    """8 GiB of metrics (sparse, so the test is cheap), asked of the local backend's metrics capability:
+    the last step comes back after reading a few KB."""
+    workdir = tmp_path / "attempt"
+    (workdir / "outputs").mkdir(parents=True)
+    with open(workdir / "outputs" / "metrics.jsonl", "wb") as f:
         f.truncate(8 * 2**30)
         f.seek(0, io.SEEK_END)
         f.write(b"".join(b'{"loss": 0.1, "step": %d}\n' % s for s in range(999_900, 1_000_001)))
+    handle = Handle(backend="local", attempt_id="j.1", data={"workdir": str(workdir)})
     io_stats = Path("/proc/self/io")
     before = _bytes_read(io_stats)
-    assert last_step(path).step == 1_000_000
-    assert _bytes_read(io_stats) - before < 64 * 1024  # the tail (4 KB) and the /proc read itself
+    chunk = asyncio.run(read_tail(LocalBackend(), handle))
+    assert last_step(chunk).step == 1_000_000
+    assert _bytes_read(io_stats) - before < 64 * 1024  # its head and tail (4 KB each) and the /proc read itself
 
 
 def _bytes_read(io_stats: Path) -> int:
@@ -301,13 +327,14 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _on_terminal(*args: str, home: Path, timeout: float = 240.0,
-                 on_output: Callable[[str], None] = lambda shown: None) -> tuple[int, str]:
-    """`trainmaster ARGS` with a pseudo-terminal as stdin, stdout and stderr: its exit code and what it drew.
-    `on_output` sees everything drawn so far (escapes removed) after each read."""
+                 on_output: Callable[[str], None] = lambda shown: None,
+                 cli: str = "trainmaster.broker.cli") -> tuple[int, str]:
+    """`trainmaster ARGS` (the module `cli`) with a pseudo-terminal as stdin, stdout and stderr: its exit code
+    and what it drew. `on_output` sees everything drawn so far (escapes removed) after each read."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: exec at once, never back into pytest
         try:
-            os.execve(sys.executable, [sys.executable, "-m", "trainmaster.broker.cli", *args], _env(home))
+            os.execve(sys.executable, [sys.executable, "-m", cli, *args], _env(home))
         finally:
             os._exit(127)
     out, deadline = b"", time.monotonic() + timeout

@@ -6,6 +6,8 @@ the job's process group, started by a keeper (`keeper.py`) that stops whatever t
 once the supervisor is gone, however it went. Everything a later process needs to find the
 attempt again is in the work dir, so the handle is just its path, and a second `submit` of the
 same attempt finds the first run instead of starting another. Cost is wall time × the power model.
+The broker reads none of the work dir itself: it asks `last_checkpoint` (the checkpoint folder, once
+it holds a segment) and `metrics` (bytes of `outputs/metrics.jsonl` from an offset).
 
 The machine is a resource (allocation.py): each attempt holds the GPUs it was given exclusively (it sees
 only those, through CUDA_VISIBLE_DEVICES), and its CPUs and memory by request; the broker queues a job
@@ -38,7 +40,10 @@ from trainmaster.backends.base import (
     AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase,
     Progress,
 )
-from trainmaster.backends.features import AllocatesMachine, KeepsSegments, SupportsMultiGpu, needed, unsupported
+from trainmaster.backends.features import (
+    AllocatesMachine, CheckpointRef, KeepsSegments, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints,
+    SupportsMultiGpu, needed, unsupported,
+)
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
 from trainmaster.backends.local import allocation, processes
 from trainmaster.backends.local import supervisor as sup
@@ -58,7 +63,7 @@ and could replace one with a 4 GB file or a FIFO, so each is read bounded and ne
 SPAWNED = "spawned"  # created (exclusively) just before the supervisor is started: never start two
 
 
-class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
+class LocalBackend(SupportsMultiGpu, KeepsSegments, ResumesFromCheckpoints, ReportsMetrics, AllocatesMachine, Backend):
     name = "local"
     unsupported = {
         "multi_node": "runs on this machine only",
@@ -245,6 +250,16 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
         """The attempt's checkpoint directory itself: nothing to transfer on this machine."""
         return Path(handle.data["workdir"]) / "checkpoints"
 
+    async def last_checkpoint(self, handle: Handle) -> CheckpointRef | None:
+        """The attempt's checkpoint directory, once it holds anything (the runtime resumes from its newest
+        complete segment)."""
+        checkpoints = Path(handle.data["workdir"]) / "checkpoints"
+        held = await asyncio.to_thread(lambda: checkpoints.is_dir() and any(checkpoints.iterdir()))
+        return CheckpointRef(uri=str(checkpoints)) if held else None
+
+    async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
+        return await asyncio.to_thread(read_chunk, Path(handle.data["workdir"]) / "outputs" / METRICS_FILE, offset, limit)
+
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """Copy the outputs to `dest` atomically, each file hashed as it is copied; idempotent."""
         return await transfer.copy_tree(Path(handle.data["workdir"]) / "outputs", dest, progress)
@@ -257,6 +272,20 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
         micro = -(-int(seconds * 1000) * offer.price_per_hour_micro_usd // 3_600_000)  # rounded up to the micro-dollar
         return Cost(micro_usd=micro, billable_seconds=seconds,
                     basis=f"{seconds:.1f} s × {offer.price_per_hour_micro_usd} µUSD/h (power model)")
+
+
+def read_chunk(path: Path, offset: int, limit: int) -> MetricsChunk:
+    """At most `limit` bytes of `path` from `offset` on, with its size and modification time (an empty
+    chunk of size 0 while there is no file, or while it is not a regular file: a FIFO the job made is
+    never opened, a link never followed)."""
+    try:
+        fd, info = open_regular(path)
+    except (FileNotFoundError, HostileFile):
+        return MetricsChunk(data=b"", offset=offset, size=0)
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        data = f.read(max(0, limit))
+    return MetricsChunk(data=data, offset=offset, size=info.st_size, modified_at=info.st_mtime)
 
 
 def inventory(config: LocalConfig) -> Machine:

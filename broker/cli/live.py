@@ -100,7 +100,7 @@ class StatusLine:
         watch = ProgressWatch(broker, job_id)
         transfers, broker.progress = broker.progress, self._transferred
         try:
-            with Live(render(watch.sample()), console=self.console, auto_refresh=False, transient=False) as live:
+            with Live(render(await watch.sample()), console=self.console, auto_refresh=False, transient=False) as live:
                 tasks = [asyncio.create_task(self._redraw(live, watch)), asyncio.create_task(_advance(broker, job_id))]
                 try:
                     yield
@@ -111,14 +111,14 @@ class StatusLine:
                     if self._partial:
                         self._print([self._partial])
                         self._partial = ""
-                    live.update(render(watch.sample()), refresh=True)
+                    live.update(render(await watch.sample()), refresh=True)
         finally:
             broker.progress = transfers
 
     async def _redraw(self, live: Live, watch: ProgressWatch) -> None:
         while True:
             await asyncio.sleep(REDRAW_S)
-            live.update(render(watch.sample(), self._transfer), refresh=True)
+            live.update(render(await watch.sample(), self._transfer), refresh=True)
 
 
 async def _advance(broker, job_id: str) -> None:
