@@ -60,6 +60,8 @@ class CheckpointRef(Frozen):
     across backends yet, so an attempt on another backend starts afresh)."""
 
     uri: str = Field(min_length=1)
+    segment: int | None = Field(None, ge=0, description="The newest complete segment there, when the backend can tell.")
+    step: int | None = Field(None, ge=0, description="The training step that segment ends at.")
 
 
 class MetricsChunk(Frozen):

@@ -24,11 +24,11 @@ from pathlib import Path
 from trainmaster.backends.base import Offer
 from trainmaster.backends.local import venvs
 from trainmaster.broker import paths
-from trainmaster.broker.resuming import SEGMENTS
 from trainmaster.broker.retention import Retention
 from trainmaster.broker.store import Attempt, Store
 
 KINDS = ("segments", "environments")
+SEGMENTS = "segments"  # the local backend's checkpoint layout: <checkpoint dir>/segments/<i as 8 digits>/
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,16 @@
 """What `trainmaster resume` tells the user before it starts a job again: the step it resumes from (the
 newest complete segment an earlier attempt left) or that it restarts from scratch, and the raised limits.
 
-Reads segment manifests as JSON (never `jobs.checkpoint`, which imports torch).
+The step comes from the backend that holds the checkpoints (`last_checkpoint`); nothing here reads them.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
+from trainmaster.backends.features import CheckpointRef
 from trainmaster.jobs.money import display_usd, format_usd, parse_usd
 
-SEGMENTS = "segments"  # jobs/checkpoint.py's layout: <checkpoint dir>/segments/<i as 8 digits>/manifest.json
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -43,30 +40,15 @@ NOT_A_RUNTIME_JOB = ("no earlier attempt left a checkpoint; a job resumes mid-wa
 UNTRUSTED = "an untrusted executor always starts from the job's own first state"
 
 
-def resume_point(checkpoints: Path | None, *, trusted: bool) -> ResumePoint:
-    """The point a resumed job starts from, given the checkpoint dir the broker will hand the next attempt
-    (an earlier attempt's, `attempts/<n>/checkpoints`)."""
+def resume_point(found: tuple[int, CheckpointRef] | None, *, trusted: bool) -> ResumePoint:
+    """The point a resumed job starts from, given what the broker will hand the next attempt: an earlier
+    attempt's number and the checkpoint its backend reported (`last_checkpoint`), or None."""
     if not trusted:
         return ResumePoint(why_not=UNTRUSTED)
-    if checkpoints is None:
+    if found is None:
         return ResumePoint(why_not=NOT_A_RUNTIME_JOB)
-    newest = newest_segment(checkpoints)
-    return ResumePoint(attempt=int(checkpoints.parent.name), segment=newest[0] if newest else None,
-                       step=newest[1] if newest else None)
-
-
-def newest_segment(checkpoints: Path) -> tuple[int, int] | None:
-    """(index, step) of the newest segment under `checkpoints` whose manifest reads; None when there is none."""
-    base = Path(checkpoints) / SEGMENTS
-    indices = sorted((int(p.name) for p in base.iterdir() if p.name.isdigit()), reverse=True) if base.is_dir() else []
-    for i in indices:
-        try:
-            step = json.loads((base / f"{i:08d}" / MANIFEST).read_text())["step"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if isinstance(step, int):
-            return i, step
-    return None
+    attempt, ref = found
+    return ResumePoint(attempt=attempt, segment=ref.segment, step=ref.step)
 
 
 def raised_limits(current: dict, max_hours: float | None, max_usd: str | None) -> tuple[dict, dict[str, list[str]]]:

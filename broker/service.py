@@ -34,7 +34,9 @@ from trainmaster.backends.base import (
     AttemptContext, Backend, BackendError, Handle, LocalEnvironmentError, Offer, OfferSet, Phase, Progress,
     TransientBackendError,
 )
-from trainmaster.backends.features import AllocatesMachine, KeepsSegments, ResumesFromCheckpoints, RunsUntrusted
+from trainmaster.backends.features import (
+    AllocatesMachine, CheckpointRef, KeepsSegments, ResumesFromCheckpoints, RunsUntrusted,
+)
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import cost_cap, paths, states
 from trainmaster.broker.estimate import own_estimate, past_run
@@ -407,11 +409,16 @@ class Broker:
             secrets_.close()
 
     async def _resume_point(self, job: Job, attempt: Attempt, backend: Backend) -> str | None:
-        """A new attempt continues from the newest committed state an earlier attempt on the same backend
-        reports (`last_checkpoint`: a reference only that backend understands, passed back as it is; the
-        broker opens nothing of the backend's). Only states we can trust are resumed from: a trusted
-        attempt's that was not rejected, or an accepted one's. A backend that cannot say, or cannot be
-        asked now, gives no resume point: the attempt starts afresh."""
+        """The reference a new attempt resumes from (`_resume_ref`), or None to start afresh."""
+        found = await self._resume_ref(job, attempt, backend)
+        return found[1].uri if found else None
+
+    async def _resume_ref(self, job: Job, attempt: Attempt, backend: Backend) -> tuple[int, CheckpointRef] | None:
+        """(earlier attempt's number, its checkpoint reference): the newest committed state an earlier attempt
+        on the same backend reports (`last_checkpoint`: a reference only that backend understands, passed
+        back as it is; the broker opens nothing of the backend's). Only states we can trust are resumed
+        from: a trusted attempt's that was not rejected, or an accepted one's. A backend that cannot say,
+        or cannot be asked now, gives no resume point: the attempt starts afresh."""
         if not isinstance(backend, ResumesFromCheckpoints):
             return None
         for earlier in reversed(self.store.attempts(job.id)):
@@ -426,16 +433,21 @@ class Broker:
                                      attempt.id)
                 continue
             if ref is not None:
-                return ref.uri
+                return earlier.n, ref
         return None
 
-    def resume_point(self, job: Job) -> ResumePoint:
-        """Where `resume` would start the job from: a step of an earlier attempt's checkpoints, or scratch."""
-        trusted = not job.plan_json or StoredPlan.model_validate_json(job.plan_json).offer.trusted
+    async def resume_point(self, job: Job) -> ResumePoint:
+        """Where `resume` would start the job from: a step of an earlier attempt's checkpoints (as its backend
+        reports them), or scratch."""
+        if not job.plan_json:
+            return resume_point(None, trusted=True)
+        offer = StoredPlan.model_validate_json(job.plan_json).offer
         attempts = self.store.attempts(job.id)
-        upcoming = dataclasses.replace(attempts[-1], n=attempts[-1].n + 1) if attempts else None
-        checkpoints = self._resume_point(job, upcoming) if upcoming else None
-        return resume_point(Path(checkpoints) if checkpoints else None, trusted=trusted)
+        if not offer.trusted or not attempts:
+            return resume_point(None, trusted=offer.trusted)
+        upcoming = dataclasses.replace(attempts[-1], n=attempts[-1].n + 1, backend=offer.backend)
+        found = await self._resume_ref(job, upcoming, self.backend(offer.backend, self.policy(job)))
+        return resume_point(found, trusted=True)
 
     async def _handle(self, job: Job, attempt: Attempt) -> Handle:
         if attempt.handle_json:
@@ -690,7 +702,7 @@ class Broker:
             if not job.plan_json:
                 raise NothingToDo(f"{job.id} was never planned ({job.reason}); submit it again instead")
             self._raise_limits(job, max_hours, max_usd)
-            point = self.resume_point(job)
+            point = await self.resume_point(job)
             self.store.move_job(job.id, "planned", reason=f"resumed by the user; {point.sentence()}")
         return await self.advance(job.id)
 

@@ -255,7 +255,11 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ResumesFromCheckpoints, Repo
         complete segment)."""
         checkpoints = Path(handle.data["workdir"]) / "checkpoints"
         held = await asyncio.to_thread(lambda: checkpoints.is_dir() and any(checkpoints.iterdir()))
-        return CheckpointRef(uri=str(checkpoints)) if held else None
+        if not held:
+            return None
+        newest = await asyncio.to_thread(newest_segment, checkpoints)
+        return CheckpointRef(uri=str(checkpoints), segment=newest[0] if newest else None,
+                             step=newest[1] if newest else None)
 
     async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
         return await asyncio.to_thread(read_chunk, Path(handle.data["workdir"]) / "outputs" / METRICS_FILE, offset, limit)
@@ -286,6 +290,21 @@ def read_chunk(path: Path, offset: int, limit: int) -> MetricsChunk:
         f.seek(offset)
         data = f.read(max(0, limit))
     return MetricsChunk(data=data, offset=offset, size=info.st_size, modified_at=info.st_mtime)
+
+
+def newest_segment(checkpoints: Path) -> tuple[int, int] | None:
+    """(index, step) of the newest segment under `checkpoints` whose manifest reads (as JSON, bounded: never
+    `jobs.checkpoint`, which imports torch); None when there is none."""
+    base = Path(checkpoints) / "segments"
+    indices = sorted((int(p.name) for p in base.iterdir() if p.name.isdigit()), reverse=True) if base.is_dir() else []
+    for i in indices:
+        try:
+            step = json.loads(read_regular(base / f"{i:08d}" / "manifest.json", 2**16))["step"]
+        except (OSError, ValueError, KeyError, TypeError, HostileFile):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return i, step
+    return None
 
 
 def inventory(config: LocalConfig) -> Machine:

@@ -163,7 +163,7 @@ def resume(job_ref: str, *, wait: bool, max_hours: float | None, max_usd: str | 
     async def main():
         job = broker.store.find_job(job_ref)
         await broker.refresh()
-        point = broker.resume_point(broker.store.job(job.id))
+        point = await broker.resume_point(broker.store.job(job.id))
         job = await broker.resume(job.id, max_hours=max_hours, max_usd=max_usd)
         on_resumed(job, point)
         return broker, await _waited(broker, job, wait, on_log, shown)
