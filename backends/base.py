@@ -1,7 +1,9 @@
 """The Backend protocol: every place a run can execute speaks it, and the broker speaks nothing else.
 
-A backend lists offers for a spec (each with its price, recorded at dispatch and used for the
-actual cost), starts an attempt from a bundle, reports status and logs, cancels, fetches the
+A backend lists offers for an `OfferRequest` (the spec with the policy's constraints, the catalog
+settings, the broker's TAO/USD rate, the data sizes and the job's total steps); each offer has its
+price, how long the quote holds (`valid_until`) and its evidence (`quote`: who priced it, when, from
+what source). The broker re-quotes an offer that expired before dispatch. A backend starts an attempt from a bundle, reports status and logs, cancels, fetches the
 outputs and says what the attempt cost. What it cannot do is declared as data
 (`backends.features`), so the planner can explain why a backend was left out.
 """
@@ -17,6 +19,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainmaster.jobs.spec import JobSpec
+from trainmaster.wallet.rates import Rate, RateProvider
 
 
 class Frozen(BaseModel):
@@ -42,11 +45,47 @@ class Offer(Frozen):
     trusted: bool = Field(False, description="Runs on compute we control; untrusted offers get the replay audit. "
                                              "Stamped by the broker from the registry, never taken from a backend.")
     detail: dict[str, Any] = Field(default_factory=dict)
+    valid_until: float | None = Field(None, description="Unix time the price stops holding; the broker sets it "
+                                                        "(the policy's `offers.valid_s`) when a backend does not, "
+                                                        "and re-quotes an expired offer before dispatch.")
+    quote: dict[str, Any] = Field(default_factory=dict, description="Evidence of the price: who priced it "
+                                                                    "(`by`), when (`at`), from what (`source`), "
+                                                                    "and the TAO rate it used.")
+
+    def expired(self, now: float) -> bool:
+        return self.valid_until is not None and now >= self.valid_until
 
     @property
     def key(self) -> str:
         """Identifies the offer across re-plans (for blocking a failed one)."""
         return f"{self.backend}/{self.region}/{self.instance}/{'spot' if self.spot else 'on-demand'}"
+
+
+class OfferConstraints(Frozen):
+    """The policy's constraints on offers, so a backend can leave out what would be filtered anyway."""
+
+    spot_allowed: bool = True
+    regions: list[str] | None = None
+    gpu_types: list[str] | None = None
+    max_usd_per_hour_micro: int | None = None
+
+
+class CatalogSettings(Frozen):
+    """Where a catalog-priced backend reads its prices, and when they are too old to trust silently."""
+
+    override_dir: str | None = Field(None, description="Folder of the user's own catalog files.")
+    max_age_days: int = Field(90, ge=1)
+
+
+class OfferRequest(Frozen):
+    """What the broker asks a backend to price: the spec and everything around it that changes a price."""
+
+    spec: JobSpec
+    constraints: OfferConstraints = Field(default_factory=OfferConstraints)
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    rate: Rate | None = Field(None, description="TAO/USD from the broker's rate provider (TAO-priced backends).")
+    data_bytes: dict[str, int] = Field(default_factory=dict, description="Size of each data source, by name.")
+    total_steps: int | None = Field(None, description="T, the job's training steps (its `--steps`).")
 
 
 class OfferSet(Frozen):
@@ -188,16 +227,22 @@ class Backend(abc.ABC):
     exact_replay: ClassVar[bool] = False
     """Runs on the broker's own machine and build, so a replay of its work must match bit for bit."""
 
+    rates: RateProvider | None = None
+    """The broker's TAO/USD rate provider, injected by the broker (backends that charge in TAO value
+    their costs with it)."""
+
     def __init__(self, config: BackendConfig | None = None):
         self.config = config if config is not None else self.config_model()
 
-    @classmethod
-    def check(cls, config: BackendConfig) -> list[str]:
-        """Why this backend cannot run jobs here with `config` (empty when it can). Cheap, no network."""
-        return []
+    def lacks(self, request: OfferRequest) -> dict[str, str]:
+        """Features this backend supports in general but not for `request` (feature -> why); the broker
+        adds them to what its mixins leave out (`broker.gating`)."""
+        return {}
 
     @abc.abstractmethod
-    async def offers(self, spec: JobSpec) -> OfferSet: ...
+    async def offers(self, request: OfferRequest) -> OfferSet:
+        """The offers for `request`. Whether the spec needs a feature this backend lacks is the broker's
+        check (`broker.gating`), made before this is called."""
 
     @abc.abstractmethod
     async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle: ...

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,12 +36,14 @@ from math import gcd
 from operator import itemgetter
 from typing import NamedTuple
 
-from trainmaster.backends.base import Backend, Offer, OfferSet
+from trainmaster.backends.base import Backend, Offer, OfferRequest, OfferSet
 from trainmaster.backends.catalog.gpus import REFERENCE, canonical_gpu, gpu_matches, throughput
 from trainmaster.backends.catalog.transfer import egress_micro_usd, source_cloud
+from trainmaster.broker.gating import gate
 from trainmaster.broker.policy import ClassPolicy, Policy, tier_name
 from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import JobSpec
+from trainmaster.wallet.rates import Rate
 
 OFFER_TIMEOUT_S = 10.0
 DEFAULT_HOURS = 1.0
@@ -74,6 +77,7 @@ class Plan:
     tiers: list[str] = field(default_factory=list)  # the chain as written, one entry per tier
     basis: str = ""  # where the runtime estimate came from
     notes: list[str] = field(default_factory=list)
+    ranked: int = 0  # rows[:ranked] could be chosen (the chosen one and those that lost to it); the rest were filtered
 
     @property
     def chosen(self) -> Considered | None:
@@ -109,31 +113,56 @@ class PlanError(RuntimeError):
 
 
 async def gather_offers(
-    spec: JobSpec, backends: dict[str, Backend], *, timeout_s: float = OFFER_TIMEOUT_S,
+    request: OfferRequest, backends: dict[str, Backend], *, valid_s: float, rate_max_age_s: float,
+    timeout_s: float = OFFER_TIMEOUT_S,
 ) -> list[OfferSet]:
-    """Ask every backend at once; one that is slow or broken gives reasons instead of offers.
+    """Ask every backend at once; one that is slow or broken, or lacks a feature the job needs
+    (`broker.gating`, checked before it is asked), gives reasons instead of offers.
 
-    Each offer is stamped with the backend that was asked and that backend's trust from the registry:
-    what a backend (or an executor behind it) writes into those fields is never believed."""
+    Each offer is stamped with the backend that was asked, that backend's trust from the registry, how
+    long its price holds and the evidence of the quote: what a backend (or an executor behind it) writes
+    into those fields is never believed beyond what `stamped` keeps."""
 
     async def one(name: str, backend: Backend) -> OfferSet:
+        reasons = gate(backend, request)
+        if reasons:
+            return OfferSet(backend=name, reasons=reasons)
         try:
-            return stamped(name, await asyncio.wait_for(backend.offers(spec), timeout_s))
+            found = await asyncio.wait_for(backend.offers(request), timeout_s)
         except asyncio.TimeoutError:
             return OfferSet(backend=name, reasons=[f"no answer within {timeout_s:g} s"])
         except Exception as exc:  # a broken backend must not stop the others from offering
             return OfferSet(backend=name, reasons=[f"error while listing offers: {exc}"])
+        return stamped(name, found, Quoting(time.time(), valid_s, request.rate, rate_max_age_s))
 
     return list(await asyncio.gather(*(one(n, b) for n, b in backends.items())))
 
 
-def stamped(name: str, found: OfferSet) -> OfferSet:
-    """`found` as the answer of backend `name`: every offer names it and carries its registered trust."""
+@dataclass(frozen=True)
+class Quoting:
+    """When offers were received, how long a quote holds unless its backend says less, and the rate used."""
+
+    at: float
+    valid_s: float
+    rate: Rate | None = None
+    rate_max_age_s: float = 3600.0
+
+
+def stamped(name: str, found: OfferSet, quoting: Quoting) -> OfferSet:
+    """`found` as the answer of backend `name`: every offer names it and carries its registered trust,
+    a validity no later than `quoting.valid_s` from when it came, and its quote evidence (the source the
+    backend named, the broker's rate for a TAO price, and who answered when, which only the broker says)."""
     from trainmaster.backends.registry import trusted
 
     trust = trusted(name)
-    offers = [o if (o.backend, o.trusted) == (name, trust) else o.model_copy(update={"backend": name, "trusted": trust})
-              for o in found.offers]
+    latest = quoting.at + quoting.valid_s
+    rated = quoting.rate.evidence(quoting.rate_max_age_s, quoting.at) if quoting.rate else {}
+    offers = []
+    for o in found.offers:
+        quote = {"source": str(o.quote.get("source") or o.detail.get("price_source") or "backend"),
+                 **(rated if o.price_per_hour_rao is not None else {}), "by": name, "at": quoting.at}
+        until = latest if o.valid_until is None else min(o.valid_until, latest)
+        offers.append(o.model_copy(update={"backend": name, "trusted": trust, "valid_until": until, "quote": quote}))
     return OfferSet(backend=name, offers=offers, reasons=found.reasons)
 
 
@@ -197,6 +226,7 @@ def plan(
         for offer_set in offer_sets:
             ctx.evaluate(offer_set, by_tier, filtered)
         rows = _rank(ctx, by_tier)
+        result.ranked = len(rows)
         rows += filtered
     finally:
         if collecting:

@@ -36,4 +36,5 @@ class StoredPlan(BaseModel):
     def event(self) -> dict:
         """What the `planned` event row records (what `trainmaster status` shows)."""
         return {"chosen": self.offer.key, "expected_micro_usd": self.expected_micro_usd, "hours": self.hours,
-                "considered": [list(c) for c in self.considered], "offers": self.offers, "seq": self.seq}
+                "considered": [list(c) for c in self.considered], "offers": self.offers, "seq": self.seq,
+                "valid_until": self.offer.valid_until, "quote": self.offer.quote}

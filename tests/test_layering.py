@@ -36,7 +36,7 @@ NAMESPACE = "trainmaster"
 LAYERS = ("broker", "backends", "jobs", "verify", "wallet", "configs")
 ALLOWED: dict[str, tuple[frozenset[str], str]] = {
     "jobs": (frozenset({"jobs"}), "jobs imports nothing else of ours"),
-    "backends": (frozenset({"backends", "jobs"}), "backends may import only jobs (never broker)"),
+    "backends": (frozenset({"backends", "wallet", "jobs"}), "backends may import wallet and jobs (never broker or verify)"),
     "verify": (frozenset({"verify", "jobs"}), "verify may import only jobs (and itself)"),
     "wallet": (frozenset({"wallet", "jobs"}), "wallet may import only jobs (and itself)"),
     "configs": (frozenset({"configs", "jobs"}), "configs (example job scripts) may import only jobs"),
@@ -327,7 +327,7 @@ def test_checker_resolves_absolute_relative_and_nested_imports(synthetic):
 def test_checker_reports_rule_violations_with_file_line_and_rule(synthetic):
     edges, _ = synthetic
     assert rule_violations(edges) == [
-        "backends/base.py:4: imports trainmaster.broker.store (TYPE_CHECKING): backends may import only jobs (never broker)",
+        "backends/base.py:4: imports trainmaster.broker.store (TYPE_CHECKING): backends may import wallet and jobs (never broker or verify)",
         "broker/service.py:3: imports trainmaster.nowhere (module-level): trainmaster.nowhere is not one of our subpackages",
         "jobs/spec.py:4: imports trainmaster.broker.store (function-local): jobs imports nothing else of ours",
     ]

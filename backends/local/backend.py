@@ -33,10 +33,10 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase,
-    Progress,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet,
+    OutputFile, Phase, Progress,
 )
-from trainmaster.backends.features import AllocatesMachine, KeepsSegments, SupportsMultiGpu, needed, unsupported
+from trainmaster.backends.features import AllocatesMachine, KeepsSegments, SupportsMultiGpu
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
 from trainmaster.backends.local import allocation, processes
 from trainmaster.backends.local import supervisor as sup
@@ -82,7 +82,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
     def machine(self) -> Machine:
         return self._machine or inventory(self.config)
 
-    async def offers(self, spec: JobSpec) -> OfferSet:
+    async def offers(self, request: OfferRequest) -> OfferSet:
+        spec = request.spec
         reasons = self.infeasible(spec)
         if reasons:
             return OfferSet(backend=self.name, reasons=reasons)
@@ -99,13 +100,14 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
             memory_mb=m.memory_mb,
             price_per_hour_micro_usd=self.power.price_per_hour_micro(len(gpus)),
             detail={"gpu_indices": [g.index for g in gpus], "nproc": res.nproc},
+            quote={"source": "power model"},
         )
         return OfferSet(backend=self.name, offers=[offer])
 
     def infeasible(self, spec: JobSpec) -> list[str]:
-        """Why this machine cannot run `spec` (empty when it can)."""
+        """Why this machine cannot run `spec` (empty when it can); features it lacks are the broker's check."""
         m, res = self.machine, spec.resources
-        reasons = [f"{feature}: {why}" for feature, why in unsupported(type(self)).items() if feature in needed(spec)]
+        reasons = []
         if res.gpus > len(m.gpus):
             have = f"{len(m.gpus)} ({', '.join(g.name for g in m.gpus)})" if m.gpus else "none"
             reasons.append(f"needs {res.gpus} GPU(s); this machine has {have}")

@@ -70,21 +70,19 @@ def _catalog_comparison(spec, policy) -> tuple[list, list[str]]:
 
     from trainmaster.backends.catalog import catalog_offers
     from trainmaster.backends.registry import REGISTRY
-    from trainmaster.broker import paths
+    from trainmaster.broker.offer_request import offer_request
     from trainmaster.broker.planner import CHOSEN, plan
 
     cls = policy.for_class(spec.workload)
+    request = offer_request(spec, policy, rate=None)
     sets = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for name in cls.chain:
             entry = REGISTRY[name]
             if not entry.implemented and entry.catalog:
-                sets.append(load(lambda: catalog_offers(
-                    name, spec, spot_allowed=cls.constraints.spot_allowed, override_dir=paths.config_dir() / "catalogs",
-                    max_age_days=policy.catalog.max_age_days,
-                ), usage_on_error=True))
-    rows = plan(spec, policy, sets).rows if sets else []
+                sets.append(load(lambda: catalog_offers(name, request), usage_on_error=True))
+    rows = plan(spec, policy, sets, data_bytes=request.data_bytes, total_steps=request.total_steps).rows if sets else []
     marked = [r._replace(verdict=COMPARED_BEST if r.verdict == CHOSEN else f"{r.verdict} ({COMPARISON})") for r in rows]
     return marked, list(dict.fromkeys(str(w.message) for w in caught))
 
