@@ -182,6 +182,9 @@ class BackendConfig(BaseModel):
     """A backend's settings from the user's config dir (`backends.yaml`, one section per backend)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    overridable: ClassVar[tuple[str, ...]] = ()
+    """Fields a policy may set for the jobs planned under it (the policy's field of the same name wins
+    over backends.yaml); every other field comes from backends.yaml or its default."""
 
 
 class BackendError(RuntimeError):

@@ -204,7 +204,9 @@ class Policy(Model):
     name: str
     description: str = ""
     local_only: bool = Field(False, description="Every class stays on this machine (private data).")
-    power: PowerModel = Field(default_factory=PowerModel, description="Prices runs on your own GPUs.")
+    power: PowerModel | None = Field(
+        None, description="Prices runs on your own GPUs for the jobs under this policy, over backends.yaml's "
+                          "local.power; unset: backends.yaml's (or its default).")
     default: ClassPolicy = Field(default_factory=ClassPolicy, description="For classes not listed in `classes`.")
     classes: dict[Workload, ClassPolicy] = Field(default_factory=dict)
     budgets: list[Budget] = Field(default_factory=list, description="Caps on spend, enforced by the ledger.")

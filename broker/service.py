@@ -37,6 +37,7 @@ from trainmaster.backends.base import (
 from trainmaster.backends.features import AllocatesMachine, KeepsSegments, RunsUntrusted
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import cost_cap, paths, states
+from trainmaster.broker.backend_config import configured
 from trainmaster.broker.estimate import own_estimate, past_run
 from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.offer_request import current_rate, offer_request, provider_for
@@ -104,7 +105,8 @@ class Broker:
         return self._policies[job.id]
 
     def backend(self, name: str, policy: Policy) -> Backend:
-        """The backend `name`, configured from the user's backends.yaml and the policy's overrides.
+        """The backend `name`, with its effective configuration (`broker.backend_config`: backends.yaml, the
+        broker's defaults, the policy's overrides of the fields its config model declares overridable).
 
         Instances are cached by their configuration, so two policies with different power models
         never share a local backend in a long-lived process.
@@ -115,7 +117,7 @@ class Broker:
             from trainmaster.backends.registry import backend_class
 
             cls = backend_class(name)
-            config = configured(self._configs()[name], policy)
+            config = configured(self._configs()[name], policy).config
             key = (name, config.model_dump_json())
             if key not in self._backends:
                 self._backends[key] = cls(config)
@@ -810,16 +812,6 @@ def checks_for(policy: Policy, spec: JobSpec, offer: Offer) -> list[str]:
     elif offer.trusted and wanted == "never" and "replay" in checks:
         checks.remove("replay")
     return checks
-
-
-def configured(config, policy: Policy):
-    """A backend's config from backends.yaml with the policy's own settings laid over it (a policy's
-    power model prices the local backend for the jobs submitted under it)."""
-    fields = set(type(config).model_fields)
-    overrides = {field: getattr(policy, field) for field in policy.model_fields_set & fields}
-    if "envs_dir" in fields and config.envs_dir is None:  # job environments are cached across jobs, in the home
-        overrides["envs_dir"] = str(paths.envs_dir())
-    return config.model_copy(update=overrides) if overrides else config
 
 
 def requote(stored: StoredPlan, fresh: Plan) -> StoredPlan | None:

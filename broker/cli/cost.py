@@ -215,9 +215,11 @@ def policy_show(
     if shown.budgets:
         out.print(_budgets_table(shown))
     power = shown.power
-    out.print(f"power: {power.gpu_watts} W per GPU + {power.host_watts} W host at "
-                  f"{display_usd(power.usd_per_kwh_micro)}/kWh; catalogs warn after {shown.catalog.max_age_days} days"
-                  + ("; local only" if shown.local_only else ""), highlight=False)
+    priced = (f"power: {power.gpu_watts} W per GPU + {power.host_watts} W host at "
+              f"{display_usd(power.usd_per_kwh_micro)}/kWh (over backends.yaml)" if power
+              else "power: backends.yaml's local.power (trainmaster backends show)")
+    out.print(f"{priced}; catalogs warn after {shown.catalog.max_age_days} days"
+              + ("; local only" if shown.local_only else ""), highlight=False)
     out.print(f"shipped policies: {', '.join(shipped())}", highlight=False)
 
 

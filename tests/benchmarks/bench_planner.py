@@ -49,8 +49,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import median_seconds, print_figures  # noqa: E402
 
-from trainmaster.backends.base import Offer, OfferSet  # noqa: E402
-from trainmaster.backends.base import OfferConstraints, OfferRequest  # noqa: E402
+from trainmaster.backends.base import Offer, OfferConstraints, OfferRequest, OfferSet  # noqa: E402
+from trainmaster.backends.power import PowerModel  # noqa: E402
 from trainmaster.backends.catalog import CLOUDS, catalog_offers, gpu_matches, load_catalog, throughput  # noqa: E402
 from trainmaster.broker.planner import plan  # noqa: E402
 from trainmaster.broker.policy import Policy, load_policy  # noqa: E402
@@ -159,7 +159,7 @@ def job(workload: str) -> JobSpec:
 def local_offers(policy: Policy) -> OfferSet:
     return OfferSet(backend="local", offers=[Offer(
         backend="local", instance="workstation", region="local", gpu_type="NVIDIA GeForce RTX 4090", gpu_count=1,
-        gpu_memory_mb=24_564, cpus=16, price_per_hour_micro_usd=policy.power.price_per_hour_micro(1), trusted=True,
+        gpu_memory_mb=24_564, cpus=16, price_per_hour_micro_usd=(policy.power or PowerModel()).price_per_hour_micro(1), trusted=True,
     )])
 
 
