@@ -216,6 +216,9 @@ class LocalEnvironmentError(BackendError):
 class Backend(abc.ABC):
     """One place runs can execute. Subclasses also inherit the capability mixins they support.
 
+    Its pip extra, SDK modules, trust and readiness check are declared once, in its registry entry
+    (`backends.registry.BackendEntry`), never on the class.
+
     Every method is a coroutine and must not block the event loop (run blocking SDK calls and disk
     work with `asyncio.to_thread`). `submit` is idempotent on `ctx.attempt_id`: called again after a
     crash it finds the run it started instead of starting a second one.
@@ -225,8 +228,6 @@ class Backend(abc.ABC):
     unsupported: ClassVar[dict[str, str]] = {}
     """Feature name -> why this backend cannot do it (see `backends.features`)."""
     config_model: ClassVar[type[BackendConfig]] = BackendConfig
-    extra: ClassVar[str | None] = None
-    """The pip extra that installs this backend's SDK (`trainmaster[aws]`), if any."""
     exact_replay: ClassVar[bool] = False
     """Runs on the broker's own machine and build, so a replay of its work must match bit for bit."""
 

@@ -68,12 +68,6 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, AllocatesMachine, Backend):
         super().__init__(config)
         self._machine = machine
 
-    @classmethod
-    def check(cls, config: LocalConfig) -> list[str]:
-        import importlib.util
-
-        return [] if importlib.util.find_spec("torch") else ["torch is not installed (pip install torch)"]
-
     @property
     def power(self):
         return self.config.power
