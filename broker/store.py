@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster.broker import states
-from trainmaster.jobs import statedb
+from trainmaster.storage import statedb
 
 MIGRATIONS: list[list[str]] = [
     [  # 1: the foundation

@@ -112,7 +112,7 @@ class UntrustedExecutor(RunsUntrusted, Backend):
 
     async def signed_commitment(self, handle: Handle) -> SignedCommitment:
         from trainmaster.jobs.commitment import read_commitment
-        from trainmaster.verify.signing import sign_commitment
+        from trainmaster.jobs.signing import sign_commitment
 
         path = Path(handle.data["workdir"]) / "outputs" / "commitment.json"
         keypair = self.keypairs[handle.data["hotkey"]]
