@@ -44,6 +44,7 @@ from trainmaster.broker.offer_request import current_rate, offer_request, provid
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
 from trainmaster.broker.plans import StoredPlan
 from trainmaster.broker.policy import Policy, load_policy
+from trainmaster.broker.predecessor import previous_metrics
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs import outputs as kept_outputs
@@ -591,7 +592,7 @@ class Broker:
             bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar", workspace=workspace,
             envs_dir=_envs_dir(backend), exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
-            outputs_hashed=hashed_now, seed=attempt.seed,
+            outputs_hashed=hashed_now, seed=attempt.seed, previous_metrics=previous_metrics(self.store, job),
         )
         settings = self.policy(job).verification
         return await asyncio.to_thread(
