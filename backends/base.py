@@ -258,7 +258,9 @@ class Backend(abc.ABC):
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk: ...
 
     @abc.abstractmethod
-    async def cancel(self, handle: Handle) -> None: ...
+    async def cancel(self, handle: Handle) -> int | None:
+        """Stop whatever of the attempt still runs, whatever its recorded state; how many processes it had
+        to stop, when the backend can tell (None when it cannot)."""
 
     @abc.abstractmethod
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:

@@ -109,7 +109,6 @@ class Limits(Model):
 
 class Checkpointing(Model):
     segment_steps: int = Field(25, ge=1, description="k: steps between committed training states.")
-    every_steps: int | None = Field(None, ge=1, description="Steps between resumable checkpoints (default: k).")
 
 
 class Verification(Model):

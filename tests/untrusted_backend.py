@@ -90,8 +90,8 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
         return await self.local.logs(self._inner(handle), offset)
 
-    async def cancel(self, handle: Handle) -> None:
-        await self.local.cancel(self._inner(handle))
+    async def cancel(self, handle: Handle) -> int | None:
+        return await self.local.cancel(self._inner(handle))
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         return await self.local.fetch(self._inner(handle), dest, progress)
