@@ -61,6 +61,25 @@ class Offer(Frozen):
         return f"{self.backend}/{self.region}/{self.instance}/{'spot' if self.spot else 'on-demand'}"
 
 
+class Quoting(Frozen):
+    """The broker's record of one backend's answer: who answered, when, how long its prices hold unless an
+    offer says less, and the TAO/USD rate the request carried (with when it was taken, and whether stale)."""
+
+    by: str
+    at: float
+    valid_until: float
+    rate: dict[str, Any] = Field(default_factory=dict)
+
+    def stamp(self, offer: Offer) -> Offer:
+        """`offer` with its validity (its own, when earlier) and its full quote evidence: the source its backend
+        named, the rate for a TAO price, and who answered when, which only the broker says."""
+        until = self.valid_until if offer.valid_until is None else min(offer.valid_until, self.valid_until)
+        source = str(offer.quote.get("source") or offer.detail.get("price_source") or "backend")
+        rate = self.rate if offer.price_per_hour_rao is not None else {}
+        return offer.model_copy(update={"valid_until": until,
+                                        "quote": {"source": source, **rate, "by": self.by, "at": self.at}})
+
+
 class OfferConstraints(Frozen):
     """The policy's constraints on offers, so a backend can leave out what would be filtered anyway."""
 
@@ -89,11 +108,13 @@ class OfferRequest(Frozen):
 
 
 class OfferSet(Frozen):
-    """A backend's answer for one spec: its offers, or why it has none."""
+    """A backend's answer for one request: its offers, or why it has none."""
 
     backend: str
     offers: list[Offer] = Field(default_factory=list)
     reasons: list[str] = Field(default_factory=list, description="Why the spec cannot run here, when it cannot.")
+    quoting: Quoting | None = Field(None, description="Set by the broker when it received the answer: the evidence "
+                                                      "and validity every offer of it carries once chosen.")
 
 
 class Handle(Frozen):

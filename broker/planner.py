@@ -36,14 +36,13 @@ from math import gcd
 from operator import itemgetter
 from typing import NamedTuple
 
-from trainmaster.backends.base import Backend, Offer, OfferRequest, OfferSet
+from trainmaster.backends.base import Backend, Offer, OfferRequest, OfferSet, Quoting
 from trainmaster.backends.catalog.gpus import REFERENCE, canonical_gpu, gpu_matches, throughput
 from trainmaster.backends.catalog.transfer import egress_micro_usd, source_cloud
 from trainmaster.broker.gating import gate
 from trainmaster.broker.policy import ClassPolicy, Policy, tier_name
 from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import JobSpec
-from trainmaster.wallet.rates import Rate
 
 OFFER_TIMEOUT_S = 10.0
 DEFAULT_HOURS = 1.0
@@ -78,6 +77,12 @@ class Plan:
     basis: str = ""  # where the runtime estimate came from
     notes: list[str] = field(default_factory=list)
     ranked: int = 0  # rows[:ranked] could be chosen (the chosen one and those that lost to it); the rest were filtered
+    quotes: dict[str, Quoting] = field(default_factory=dict)  # backend -> the broker's record of its answer
+
+    def quoted(self, offer: Offer) -> Offer:
+        """`offer` with its validity and quote evidence, as its backend's answer in this plan was received."""
+        quoting = self.quotes.get(offer.backend)
+        return quoting.stamp(offer) if quoting is not None else offer
 
     @property
     def chosen(self) -> Considered | None:
@@ -95,6 +100,7 @@ class Plan:
         return {
             "workload": self.workload, "objective": self.objective, "tiers": self.tiers, "basis": self.basis,
             "notes": self.notes, "unavailable": self.reasons,
+            "quotes": {name: q.model_dump(mode="json") for name, q in self.quotes.items()},
             "chosen": self.chosen.offer.key if self.chosen else None,
             "considered": [
                 {"offer": r.offer.model_dump(mode="json"), "key": r.offer.key, "tier": r.tier, "hours": r.hours,
@@ -133,37 +139,23 @@ async def gather_offers(
             return OfferSet(backend=name, reasons=[f"no answer within {timeout_s:g} s"])
         except Exception as exc:  # a broken backend must not stop the others from offering
             return OfferSet(backend=name, reasons=[f"error while listing offers: {exc}"])
-        return stamped(name, found, Quoting(time.time(), valid_s, request.rate, rate_max_age_s))
+        now = time.time()
+        rate = request.rate.evidence(rate_max_age_s, now) if request.rate else {}
+        return stamped(name, found, Quoting(by=name, at=now, valid_until=now + valid_s, rate=rate))
 
     return list(await asyncio.gather(*(one(n, b) for n, b in backends.items())))
 
 
-@dataclass(frozen=True)
-class Quoting:
-    """When offers were received, how long a quote holds unless its backend says less, and the rate used."""
-
-    at: float
-    valid_s: float
-    rate: Rate | None = None
-    rate_max_age_s: float = 3600.0
-
-
 def stamped(name: str, found: OfferSet, quoting: Quoting) -> OfferSet:
-    """`found` as the answer of backend `name`: every offer names it and carries its registered trust,
-    a validity no later than `quoting.valid_s` from when it came, and its quote evidence (the source the
-    backend named, the broker's rate for a TAO price, and who answered when, which only the broker says)."""
+    """`found` as the answer of backend `name`: every offer names it and carries its registered trust, and
+    the answer carries the broker's record of the quote, stamped on the offer that is chosen
+    (`Plan.quoted`): copying every offer of a large subnet for it would cost more than planning them."""
     from trainmaster.backends.registry import trusted
 
     trust = trusted(name)
-    latest = quoting.at + quoting.valid_s
-    rated = quoting.rate.evidence(quoting.rate_max_age_s, quoting.at) if quoting.rate else {}
-    offers = []
-    for o in found.offers:
-        quote = {"source": str(o.quote.get("source") or o.detail.get("price_source") or "backend"),
-                 **(rated if o.price_per_hour_rao is not None else {}), "by": name, "at": quoting.at}
-        until = latest if o.valid_until is None else min(o.valid_until, latest)
-        offers.append(o.model_copy(update={"backend": name, "trusted": trust, "valid_until": until, "quote": quote}))
-    return OfferSet(backend=name, offers=offers, reasons=found.reasons)
+    offers = [o if (o.backend, o.trusted) == (name, trust) else o.model_copy(update={"backend": name, "trusted": trust})
+              for o in found.offers]
+    return OfferSet(backend=name, offers=offers, reasons=found.reasons, quoting=quoting)
 
 
 def reference_hours(hours: float, gpu_type: str | None) -> float:
@@ -202,6 +194,7 @@ def plan(
                    now or datetime.now(timezone.utc), own, banned)
     result = Plan(
         reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons},
+        quotes={s.backend: s.quoting for s in offer_sets if s.quoting is not None and s.offers},
         workload=getattr(spec.workload, "value", spec.workload), objective=cls.objective, tiers=[tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
     )
     # A plan allocates a row per offer (a tuple holding the Offer, so tracked by the cyclic GC) and

@@ -29,7 +29,7 @@ class StoredPlan(BaseModel):
     @classmethod
     def of(cls, plan, seq: int) -> StoredPlan:
         chosen = plan.chosen
-        return cls(seq=seq, offer=chosen.offer, hours=chosen.hours, expected_micro_usd=chosen.expected_micro_usd,
+        return cls(seq=seq, offer=plan.quoted(chosen.offer), hours=chosen.hours, expected_micro_usd=chosen.expected_micro_usd,
                    basis=plan.basis, offers=len(plan.rows),
                    considered=[(r.offer.key, r.verdict) for r in plan.rows[:CONSIDERED_KEPT]])
 

@@ -820,7 +820,7 @@ def requote(stored: StoredPlan, fresh: Plan) -> StoredPlan | None:
     expected cost within the plan's, else `fresh`'s own choice (a new plan), else None."""
     same = next((r for r in fresh.rows[:fresh.ranked] if r.offer.key == stored.offer.key), None)
     if same is not None and same.expected_micro_usd <= stored.expected_micro_usd:
-        return stored.model_copy(update={"offer": same.offer, "hours": same.hours,
+        return stored.model_copy(update={"offer": fresh.quoted(same.offer), "hours": same.hours,
                                          "expected_micro_usd": same.expected_micro_usd})
     return StoredPlan.of(fresh, stored.seq + 1) if fresh.chosen is not None else None
 

@@ -126,9 +126,11 @@ def test_a_stale_rate_source_is_recorded_and_flagged_in_each_tao_quote(tm_home, 
     policy = policy_file(tmp_path, f"default:\n  primary: bittensor\ntao_rate:\n  source: {rate}\n  max_age_s: 3600\n")
     shown = _cli("offers", str(tmp_path / "job.yaml"), "--policy", str(policy), "--json")
     offered = json.loads(shown.output)
+    quote = offered["quotes"]["bittensor"]
+    assert quote["rate"] == {"micro_usd_per_tao": 250_000_000, "rate_at": taken, "rate_source": str(rate),
+                             "rate_stale": True}
+    assert quote["by"] == "bittensor" and quote["valid_until"] == quote["at"] + 600
     chosen = offered["considered"][0]["offer"]
-    assert chosen["quote"]["micro_usd_per_tao"] == 250_000_000 and chosen["quote"]["rate_at"] == taken
-    assert chosen["quote"]["rate_stale"] is True and chosen["quote"]["rate_source"] == str(rate)
     assert chosen["price_per_hour_micro_usd"] == 2 * 250_000_000  # 2 TAO an hour, priced at the broker's rate
 
 
@@ -137,7 +139,7 @@ def test_an_unreadable_rate_source_leaves_tao_prices_unrated_and_says_why(tm_hom
     policy = policy_file(tmp_path, f"default:\n  primary: bittensor\ntao_rate:\n  source: {tmp_path / 'none.json'}\n")
     offered = json.loads(_cli("offers", str(tmp_path / "job.yaml"), "--policy", str(policy), "--json").output)
     assert any("TAO/USD rate:" in note and "none.json" in note for note in offered["notes"])
-    assert "micro_usd_per_tao" not in offered["considered"][0]["offer"]["quote"]
+    assert offered["quotes"]["bittensor"]["rate"] == {}
 
 
 @pytest.mark.slow
@@ -237,3 +239,17 @@ def test_gate_uses_a_backends_own_limits_for_the_request():
     assert gate(LocalBackend(), OfferRequest(spec=spec)) == []
     assert gate(Picky(), OfferRequest(spec=spec)) == ["multi_gpu: not for this request"]
     assert gate(Picky(), OfferRequest(spec=JobSpec(name="x", entrypoint="python t.py"))) == []
+
+
+def test_the_broker_stamps_the_chosen_offer_with_its_quote_and_never_trusts_the_backends_who_or_when():
+    from trainmaster.backends.base import Quoting
+
+    quoting = Quoting(by="bittensor", at=100.0, valid_until=700.0, rate={"micro_usd_per_tao": 1, "rate_stale": False})
+    tao = Offer(backend="bittensor", instance="h", price_per_hour_micro_usd=1, price_per_hour_rao=5,
+                valid_until=300.0, quote={"source": "miner", "by": "local", "at": 1e12})
+    stamped = quoting.stamp(tao)
+    assert stamped.valid_until == 300.0  # the offer's own, earlier, validity holds
+    assert stamped.quote == {"source": "miner", "micro_usd_per_tao": 1, "rate_stale": False, "by": "bittensor",
+                             "at": 100.0}
+    usd = Offer(backend="bittensor", instance="h", price_per_hour_micro_usd=1, valid_until=9e9)
+    assert quoting.stamp(usd).valid_until == 700.0 and "micro_usd_per_tao" not in quoting.stamp(usd).quote
