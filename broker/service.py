@@ -42,7 +42,7 @@ from trainmaster.broker.estimate import own_estimate, past_run
 from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.offer_request import current_rate, offer_request, provider_for
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
-from trainmaster.broker.plans import StoredPlan
+from trainmaster.broker.plans import StoredPlan, requote
 from trainmaster.broker.policy import Policy, load_policy
 from trainmaster.broker.predecessor import previous_metrics
 from trainmaster.broker.store import Attempt, Job, Store
@@ -651,7 +651,8 @@ class Broker:
         backend = self.backend(attempt.backend, self.policy(job))
         cost = await retried(backend.cost, Handle.model_validate_json(attempt.handle_json), offer)
         if cost.rao:  # the rate a TAO charge is valued at, and whether it was stale when it was used
-            rate = Rate(micro_usd_per_tao=cost.rate_micro_usd_per_tao, taken_at=cost.rate_at, source=cost.basis)
+            rate = Rate(micro_usd_per_tao=cost.rate_micro_usd_per_tao, taken_at=cost.rate_at,
+                        source=f"{attempt.backend}'s cost")
             self.store.log_event(job.id, "rate", {"at": "settle", **rate.evidence(self.policy(job).tao_rate.max_age_s)},
                                  attempt.id)
         self.store.record_cost(attempt.id, micro_usd=cost.micro_usd, rao=cost.rao,
@@ -813,16 +814,6 @@ def checks_for(policy: Policy, spec: JobSpec, offer: Offer) -> list[str]:
     elif offer.trusted and wanted == "never" and "replay" in checks:
         checks.remove("replay")
     return checks
-
-
-def requote(stored: StoredPlan, fresh: Plan) -> StoredPlan | None:
-    """What to dispatch after `fresh` quoted the stored plan's expired offer again: the same offer key at an
-    expected cost within the plan's, else `fresh`'s own choice (a new plan), else None."""
-    same = next((r for r in fresh.rows[:fresh.ranked] if r.offer.key == stored.offer.key), None)
-    if same is not None and same.expected_micro_usd <= stored.expected_micro_usd:
-        return stored.model_copy(update={"offer": fresh.quoted(same.offer), "hours": same.hours,
-                                         "expected_micro_usd": same.expected_micro_usd})
-    return StoredPlan.of(fresh, stored.seq + 1) if fresh.chosen is not None else None
 
 
 def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[str, float]]:

@@ -20,9 +20,8 @@ from typer.testing import CliRunner
 from trainmaster.backends.base import Offer, OfferRequest, OfferSet
 from trainmaster.broker.gating import gate
 from trainmaster.broker.planner import Plan, plan
-from trainmaster.broker.plans import StoredPlan
+from trainmaster.broker.plans import StoredPlan, requote
 from trainmaster.broker.policy import Policy
-from trainmaster.broker.service import requote
 from trainmaster.jobs.spec import JobSpec
 
 ENV = {"COLUMNS": "200"}
