@@ -1,11 +1,12 @@
 """The Backend protocol: every place a run can execute speaks it, and the broker speaks nothing else.
 
 A backend lists offers for an `OfferRequest` (the spec with the policy's constraints, the catalog
-settings, the broker's TAO/USD rate, the data sizes and the job's total steps); each offer has its
-price, how long the quote holds (`valid_until`) and its evidence (`quote`: who priced it, when, from
-what source). The broker re-quotes an offer that expired before dispatch. A backend starts an attempt from a bundle, reports status and logs, cancels, fetches the
-outputs and says what the attempt cost. What it cannot do is declared as data
-(`backends.features`), so the planner can explain why a backend was left out.
+settings, the broker's TAO/USD rate, the data sizes and the job's total steps); the broker records
+each answer's quote (`Quoting`: who answered, when, until when, the rate) and stamps the chosen offer
+with it (`valid_until`, `quote`), and re-quotes an offer that expired before dispatch. A backend
+starts an attempt from a bundle, reports status and logs, cancels, fetches the outputs and says what
+the attempt cost. What it cannot do is declared as data (`backends.features`), so the broker can
+explain why a backend was left out (`broker.gating`).
 """
 
 from __future__ import annotations

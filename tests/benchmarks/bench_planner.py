@@ -213,7 +213,8 @@ def oracle(spec: JobSpec, policy: Policy, offer_sets: list[OfferSet]) -> tuple[i
 def on_demand(spec: JobSpec, cloud: str, catalogs: dict) -> tuple[int, str]:
     """The job on `cloud`'s cheapest fitting on-demand instance."""
     policy = Policy.model_validate({"name": f"{cloud}-on-demand", "default": {"primary": f"{cloud}:on-demand"}})
-    chosen = plan(spec, policy, [catalog_offers(cloud, OfferRequest(spec=spec, constraints=OfferConstraints(spot_allowed=False)), catalog=catalogs[cloud])]).chosen
+    request = OfferRequest(spec=spec, constraints=OfferConstraints(spot_allowed=False))
+    chosen = plan(spec, policy, [catalog_offers(cloud, request, catalog=catalogs[cloud])]).chosen
     return chosen.expected_micro_usd, chosen.offer.key
 
 
