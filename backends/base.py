@@ -49,8 +49,9 @@ class Offer(Frozen):
     valid_until: float | None = Field(None, description="Unix time the price stops holding; the broker sets it "
                                                         "(the policy's `offers.valid_s`) when a backend does not, "
                                                         "and re-quotes an expired offer before dispatch.")
-    quote: dict[str, Any] = Field(default_factory=dict, description="Evidence of the price: who priced it "
-                                                                    "(`by`), when (`at`), from what (`source`), "
+    quote: dict[str, Any] = Field(default_factory=dict, description="Evidence of the price: from what "
+                                                                    "(`source`, the backend's word), and, stamped by "
+                                                                    "the broker, who quoted it (`by`), when (`at`) "
                                                                     "and the TAO rate it used.")
 
     def expired(self, now: float) -> bool:
