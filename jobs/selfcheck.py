@@ -31,7 +31,6 @@ exits quietly) and writes ``{"differ": [...]}`` or ``{"error": "..."}`` to ``FIL
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
