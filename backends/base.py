@@ -1,9 +1,12 @@
 """The Backend protocol: every place a run can execute speaks it, and the broker speaks nothing else.
 
-A backend lists offers for a spec (each with its price, recorded at dispatch and used for the
-actual cost), starts an attempt from a bundle, reports status and logs, cancels, fetches the
-outputs and says what the attempt cost. What it cannot do is declared as data
-(`backends.features`), so the planner can explain why a backend was left out.
+A backend lists offers for an `OfferRequest` (the spec with the policy's constraints, the catalog
+settings, the broker's TAO/USD rate, the data sizes and the job's total steps); the broker records
+each answer's quote (`Quoting`: who answered, when, until when, the rate) and stamps the chosen offer
+with it (`valid_until`, `quote`), and re-quotes an offer that expired before dispatch. A backend
+starts an attempt from a bundle, reports status and logs, cancels, fetches the outputs and says what
+the attempt cost. What it cannot do is declared as data (`backends.features`), so the broker can
+explain why a backend was left out (`broker.gating`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainmaster.jobs.spec import JobSpec
+from trainmaster.wallet.rates import Rate, RateProvider
 
 
 class Frozen(BaseModel):
@@ -42,6 +46,16 @@ class Offer(Frozen):
     trusted: bool = Field(False, description="Runs on compute we control; untrusted offers get the replay audit. "
                                              "Stamped by the broker from the registry, never taken from a backend.")
     detail: dict[str, Any] = Field(default_factory=dict)
+    valid_until: float | None = Field(None, description="Unix time the price stops holding; the broker sets it "
+                                                        "(the policy's `offers.valid_s`) when a backend does not, "
+                                                        "and re-quotes an expired offer before dispatch.")
+    quote: dict[str, Any] = Field(default_factory=dict, description="Evidence of the price: from what "
+                                                                    "(`source`, the backend's word), and, stamped by "
+                                                                    "the broker, who quoted it (`by`), when (`at`) "
+                                                                    "and the TAO rate it used.")
+
+    def expired(self, now: float) -> bool:
+        return self.valid_until is not None and now >= self.valid_until
 
     @property
     def key(self) -> str:
@@ -49,12 +63,60 @@ class Offer(Frozen):
         return f"{self.backend}/{self.region}/{self.instance}/{'spot' if self.spot else 'on-demand'}"
 
 
+class Quoting(Frozen):
+    """The broker's record of one backend's answer: who answered, when, how long its prices hold unless an
+    offer says less, and the TAO/USD rate the request carried (with when it was taken, and whether stale)."""
+
+    by: str
+    at: float
+    valid_until: float
+    rate: dict[str, Any] = Field(default_factory=dict)
+
+    def stamp(self, offer: Offer) -> Offer:
+        """`offer` with its validity (its own, when earlier) and its full quote evidence: the source its backend
+        named, the rate for a TAO price, and who answered when, which only the broker says."""
+        until = self.valid_until if offer.valid_until is None else min(offer.valid_until, self.valid_until)
+        source = str(offer.quote.get("source") or offer.detail.get("price_source") or "backend")
+        rate = self.rate if offer.price_per_hour_rao is not None else {}
+        return offer.model_copy(update={"valid_until": until,
+                                        "quote": {"source": source, **rate, "by": self.by, "at": self.at}})
+
+
+class OfferConstraints(Frozen):
+    """The policy's constraints on offers, so a backend can leave out what would be filtered anyway."""
+
+    spot_allowed: bool = True
+    regions: list[str] | None = None
+    gpu_types: list[str] | None = None
+    max_usd_per_hour_micro: int | None = None
+
+
+class CatalogSettings(Frozen):
+    """Where a catalog-priced backend reads its prices, and when they are too old to trust silently."""
+
+    override_dir: str | None = Field(None, description="Folder of the user's own catalog files.")
+    max_age_days: int = Field(90, ge=1)
+
+
+class OfferRequest(Frozen):
+    """What the broker asks a backend to price: the spec and everything around it that changes a price."""
+
+    spec: JobSpec
+    constraints: OfferConstraints = Field(default_factory=OfferConstraints)
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    rate: Rate | None = Field(None, description="TAO/USD from the broker's rate provider (TAO-priced backends).")
+    data_bytes: dict[str, int] = Field(default_factory=dict, description="Size of each data source, by name.")
+    total_steps: int | None = Field(None, description="T, the job's training steps (its `--steps`).")
+
+
 class OfferSet(Frozen):
-    """A backend's answer for one spec: its offers, or why it has none."""
+    """A backend's answer for one request: its offers, or why it has none."""
 
     backend: str
     offers: list[Offer] = Field(default_factory=list)
     reasons: list[str] = Field(default_factory=list, description="Why the spec cannot run here, when it cannot.")
+    quoting: Quoting | None = Field(None, description="Set by the broker when it received the answer: the evidence "
+                                                      "and validity every offer of it carries once chosen.")
 
 
 class Handle(Frozen):
@@ -143,6 +205,9 @@ class BackendConfig(BaseModel):
     """A backend's settings from the user's config dir (`backends.yaml`, one section per backend)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    overridable: ClassVar[tuple[str, ...]] = ()
+    """Fields a policy may set for the jobs planned under it (the policy's field of the same name wins
+    over backends.yaml); every other field comes from backends.yaml or its default."""
 
 
 class BackendError(RuntimeError):
@@ -174,6 +239,9 @@ class LocalEnvironmentError(BackendError):
 class Backend(abc.ABC):
     """One place runs can execute. Subclasses also inherit the capability mixins they support.
 
+    Its pip extra, SDK modules, trust and readiness check are declared once, in its registry entry
+    (`backends.registry.BackendEntry`), never on the class.
+
     Every method is a coroutine and must not block the event loop (run blocking SDK calls and disk
     work with `asyncio.to_thread`). `submit` is idempotent on `ctx.attempt_id`: called again after a
     crash it finds the run it started instead of starting a second one.
@@ -183,21 +251,25 @@ class Backend(abc.ABC):
     unsupported: ClassVar[dict[str, str]] = {}
     """Feature name -> why this backend cannot do it (see `backends.features`)."""
     config_model: ClassVar[type[BackendConfig]] = BackendConfig
-    extra: ClassVar[str | None] = None
-    """The pip extra that installs this backend's SDK (`trainmaster[aws]`), if any."""
     exact_replay: ClassVar[bool] = False
     """Runs on the broker's own machine and build, so a replay of its work must match bit for bit."""
+
+    rates: RateProvider | None = None
+    """The broker's TAO/USD rate provider, injected by the broker (backends that charge in TAO value
+    their costs with it)."""
 
     def __init__(self, config: BackendConfig | None = None):
         self.config = config if config is not None else self.config_model()
 
-    @classmethod
-    def check(cls, config: BackendConfig) -> list[str]:
-        """Why this backend cannot run jobs here with `config` (empty when it can). Cheap, no network."""
-        return []
+    def lacks(self, request: OfferRequest) -> dict[str, str]:
+        """Features this backend supports in general but not for `request` (feature -> why); the broker
+        adds them to what its mixins leave out (`broker.gating`)."""
+        return {}
 
     @abc.abstractmethod
-    async def offers(self, spec: JobSpec) -> OfferSet: ...
+    async def offers(self, request: OfferRequest) -> OfferSet:
+        """The offers for `request`. Whether the spec needs a feature this backend lacks is the broker's
+        check (`broker.gating`), made before this is called."""
 
     @abc.abstractmethod
     async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle: ...
@@ -209,7 +281,9 @@ class Backend(abc.ABC):
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk: ...
 
     @abc.abstractmethod
-    async def cancel(self, handle: Handle) -> None: ...
+    async def cancel(self, handle: Handle) -> int | None:
+        """Stop whatever of the attempt still runs, whatever its recorded state; how many processes it had
+        to stop, when the backend can tell (None when it cannot)."""
 
     @abc.abstractmethod
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:

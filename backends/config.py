@@ -9,9 +9,11 @@ section, mean that backend's defaults. Each section is validated by its backend'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
@@ -36,6 +38,34 @@ def load_configs(config_dir: Path) -> dict[str, BackendConfig]:
             raise
         loaded = file_model()()  # every line commented out
     return {name: getattr(loaded, name) for name in REGISTRY}
+
+
+DEFAULT, FILE = "default", FILE_NAME
+
+
+@dataclass(frozen=True)
+class Effective:
+    """A backend's configuration as used, and where each field's value came from."""
+
+    config: BackendConfig
+    sources: dict[str, str]
+    """Field -> "default", "backends.yaml", "broker default" or "policy NAME"."""
+
+
+def effective(config: BackendConfig, *, policy: str | None = None, policy_values: Mapping[str, Any] | None = None,
+              broker_defaults: Mapping[str, Any] | None = None) -> Effective:
+    """`config` (a backends.yaml section) with the broker's defaults filling fields the file leaves unset
+    and the policy's values laid over the fields the config model declares `overridable`."""
+    model = type(config)
+    sources = {f: FILE if f in config.model_fields_set else DEFAULT for f in model.model_fields}
+    update: dict[str, Any] = {}
+    for field, value in (broker_defaults or {}).items():
+        if sources.get(field) == DEFAULT and getattr(config, field) is None:
+            update[field], sources[field] = value, "broker default"
+    for field, value in (policy_values or {}).items():
+        if field in model.overridable and value is not None:
+            update[field], sources[field] = value, f"policy {policy}"
+    return Effective(config.model_copy(update=update) if update else config, sources)
 
 
 def _none_is_empty(value: object) -> object:

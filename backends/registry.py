@@ -29,9 +29,8 @@ class BackendEntry:
     """"module:Class" of its BackendConfig model (its section of backends.yaml)."""
     checks: str
     """Module with `found(config) -> list[str]` (what it found here: hardware, where credentials
-    come from) and, while the backend is planned, `check(config) -> list[str]` (why it cannot run
-    here, beyond the extra and dispatch that `readiness` adds); an implemented backend's check
-    is its class's `Backend.check`."""
+    come from) and `check(config) -> list[str]` (why it cannot run here, beyond the extra and
+    dispatch that `readiness` adds). The one readiness check: the class declares none."""
     trusted: bool
     """Runs on compute the user controls (their machine, their cloud account). The broker stamps every
     offer of this backend with it, whatever the offer says: an untrusted executor's work is replay-audited
@@ -59,10 +58,8 @@ class BackendEntry:
         reasons = []
         if self.extra and not all(_findable(name) for name in self.sdk):
             reasons.append(f"extra not installed (pip install 'trainmaster[{self.extra}]')")
-        if self.implemented:
-            reasons += self.backend_class().check(config)
-        else:
-            reasons += module.check(config)
+        reasons += module.check(config)
+        if not self.implemented:
             reasons.append("dispatch not available in this version" + (" (catalog prices only)" if self.catalog else ""))
         return reasons, module.found(config)
 

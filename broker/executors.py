@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from trainmaster.broker import states
-from trainmaster.jobs import statedb
+from trainmaster.storage import statedb
 
 KINDS = ("hotkey", "coldkey")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,9 +36,10 @@ from math import gcd
 from operator import itemgetter
 from typing import NamedTuple
 
-from trainmaster.backends.base import Backend, Offer, OfferSet
+from trainmaster.backends.base import Backend, Offer, OfferRequest, OfferSet, Quoting
 from trainmaster.backends.catalog.gpus import REFERENCE, canonical_gpu, gpu_matches, throughput
 from trainmaster.backends.catalog.transfer import egress_micro_usd, source_cloud
+from trainmaster.broker.gating import gate
 from trainmaster.broker.policy import ClassPolicy, Policy, tier_name
 from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import JobSpec
@@ -74,6 +76,13 @@ class Plan:
     tiers: list[str] = field(default_factory=list)  # the chain as written, one entry per tier
     basis: str = ""  # where the runtime estimate came from
     notes: list[str] = field(default_factory=list)
+    ranked: int = 0  # rows[:ranked] could be chosen (the chosen one and those that lost to it); the rest were filtered
+    quotes: dict[str, Quoting] = field(default_factory=dict)  # backend -> the broker's record of its answer
+
+    def quoted(self, offer: Offer) -> Offer:
+        """`offer` with its validity and quote evidence, as its backend's answer in this plan was received."""
+        quoting = self.quotes.get(offer.backend)
+        return quoting.stamp(offer) if quoting is not None else offer
 
     @property
     def chosen(self) -> Considered | None:
@@ -91,6 +100,7 @@ class Plan:
         return {
             "workload": self.workload, "objective": self.objective, "tiers": self.tiers, "basis": self.basis,
             "notes": self.notes, "unavailable": self.reasons,
+            "quotes": {name: q.model_dump(mode="json") for name, q in self.quotes.items()},
             "chosen": self.chosen.offer.key if self.chosen else None,
             "considered": [
                 {"offer": r.offer.model_dump(mode="json"), "key": r.offer.key, "tier": r.tier, "hours": r.hours,
@@ -109,32 +119,43 @@ class PlanError(RuntimeError):
 
 
 async def gather_offers(
-    spec: JobSpec, backends: dict[str, Backend], *, timeout_s: float = OFFER_TIMEOUT_S,
+    request: OfferRequest, backends: dict[str, Backend], *, valid_s: float, rate_max_age_s: float,
+    timeout_s: float = OFFER_TIMEOUT_S,
 ) -> list[OfferSet]:
-    """Ask every backend at once; one that is slow or broken gives reasons instead of offers.
+    """Ask every backend at once; one that is slow or broken, or lacks a feature the job needs
+    (`broker.gating`, checked before it is asked), gives reasons instead of offers.
 
-    Each offer is stamped with the backend that was asked and that backend's trust from the registry:
-    what a backend (or an executor behind it) writes into those fields is never believed."""
+    Each offer is stamped with the backend that was asked, that backend's trust from the registry, how
+    long its price holds and the evidence of the quote: what a backend (or an executor behind it) writes
+    into those fields is never believed beyond what `stamped` keeps."""
 
     async def one(name: str, backend: Backend) -> OfferSet:
+        reasons = gate(backend, request)
+        if reasons:
+            return OfferSet(backend=name, reasons=reasons)
         try:
-            return stamped(name, await asyncio.wait_for(backend.offers(spec), timeout_s))
+            found = await asyncio.wait_for(backend.offers(request), timeout_s)
         except asyncio.TimeoutError:
             return OfferSet(backend=name, reasons=[f"no answer within {timeout_s:g} s"])
         except Exception as exc:  # a broken backend must not stop the others from offering
             return OfferSet(backend=name, reasons=[f"error while listing offers: {exc}"])
+        now = time.time()
+        rate = request.rate.evidence(rate_max_age_s, now) if request.rate else {}
+        return stamped(name, found, Quoting(by=name, at=now, valid_until=now + valid_s, rate=rate))
 
     return list(await asyncio.gather(*(one(n, b) for n, b in backends.items())))
 
 
-def stamped(name: str, found: OfferSet) -> OfferSet:
-    """`found` as the answer of backend `name`: every offer names it and carries its registered trust."""
+def stamped(name: str, found: OfferSet, quoting: Quoting) -> OfferSet:
+    """`found` as the answer of backend `name`: every offer names it and carries its registered trust, and
+    the answer carries the broker's record of the quote, stamped on the offer that is chosen
+    (`Plan.quoted`): copying every offer of a large subnet for it would cost more than planning them."""
     from trainmaster.backends.registry import trusted
 
     trust = trusted(name)
     offers = [o if (o.backend, o.trusted) == (name, trust) else o.model_copy(update={"backend": name, "trusted": trust})
               for o in found.offers]
-    return OfferSet(backend=name, offers=offers, reasons=found.reasons)
+    return OfferSet(backend=name, offers=offers, reasons=found.reasons, quoting=quoting)
 
 
 def reference_hours(hours: float, gpu_type: str | None) -> float:
@@ -173,6 +194,7 @@ def plan(
                    now or datetime.now(timezone.utc), own, banned)
     result = Plan(
         reasons={s.backend: list(s.reasons) for s in offer_sets if s.reasons},
+        quotes={s.backend: s.quoting for s in offer_sets if s.quoting is not None and s.offers},
         workload=getattr(spec.workload, "value", spec.workload), objective=cls.objective, tiers=[tier_name(t) for t in ctx.tiers], basis=ctx.basis, notes=ctx.notes,
     )
     # A plan allocates a row per offer (a tuple holding the Offer, so tracked by the cyclic GC) and
@@ -197,6 +219,7 @@ def plan(
         for offer_set in offer_sets:
             ctx.evaluate(offer_set, by_tier, filtered)
         rows = _rank(ctx, by_tier)
+        result.ranked = len(rows)
         rows += filtered
     finally:
         if collecting:

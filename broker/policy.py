@@ -162,6 +162,21 @@ class CatalogSettings(Model):
     max_age_days: int = Field(90, ge=1, description="Warn when a price catalog is older than this.")
 
 
+class OfferSettings(Model):
+    valid_s: float = Field(
+        600, gt=0, description="How long a quote holds when its backend says nothing shorter; a planned offer "
+                               "older than this is quoted again before it is dispatched.")
+
+
+class TaoRate(Model):
+    """The TAO/USD rate TAO-priced offers and charges are valued at: a fixed rate or a source to read."""
+
+    usd_per_tao: Usd | None = Field(None, description="A fixed rate (e.g. $400).")
+    source: str | None = Field(None, description='A file or URL holding {"micro_usd_per_tao": N, "at": unix time}; '
+                                                 "wins over usd_per_tao.")
+    max_age_s: float = Field(3600, gt=0, description="A rate older than this is flagged stale where it is recorded.")
+
+
 Check = Literal["integrity", "safety", "replay", "outcome"]
 
 
@@ -189,11 +204,15 @@ class Policy(Model):
     name: str
     description: str = ""
     local_only: bool = Field(False, description="Every class stays on this machine (private data).")
-    power: PowerModel = Field(default_factory=PowerModel, description="Prices runs on your own GPUs.")
+    power: PowerModel | None = Field(
+        None, description="Prices runs on your own GPUs for the jobs under this policy, over backends.yaml's "
+                          "local.power; unset: backends.yaml's (or its default).")
     default: ClassPolicy = Field(default_factory=ClassPolicy, description="For classes not listed in `classes`.")
     classes: dict[Workload, ClassPolicy] = Field(default_factory=dict)
     budgets: list[Budget] = Field(default_factory=list, description="Caps on spend, enforced by the ledger.")
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    offers: OfferSettings = Field(default_factory=OfferSettings)
+    tao_rate: TaoRate = Field(default_factory=TaoRate)
     verification: VerificationPolicy = Field(default_factory=VerificationPolicy)
 
     def for_class(self, workload: str) -> ClassPolicy:

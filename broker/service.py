@@ -11,7 +11,8 @@ the same calls on its own loop. Work that would block the loop (bundling, hashin
 verification pipeline with its replay audit) runs in worker threads.
 
 A job is planned once, at submit, under the policy as it was then (both are stored with the job);
-offers are gathered again only to re-plan after a failed attempt.
+offers are gathered again to re-plan after a failed attempt, and to quote the planned offer again
+when its price no longer holds at dispatch (`Offer.valid_until`).
 """
 
 from __future__ import annotations
@@ -39,17 +40,21 @@ from trainmaster.backends.features import (
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import cost_cap, paths, states
+from trainmaster.broker.backend_config import configured
 from trainmaster.broker.estimate import own_estimate, past_run
 from trainmaster.broker.executors import Executors, ban_rejected
+from trainmaster.broker.offer_request import current_rate, offer_request, provider_for
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
-from trainmaster.broker.plans import StoredPlan
+from trainmaster.broker.plans import StoredPlan, requote
 from trainmaster.broker.policy import Policy, load_policy
+from trainmaster.broker.predecessor import previous_metrics
 from trainmaster.broker.resuming import ResumePoint, raised_limits, resume_point
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs import outputs as kept_outputs
 from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
+from trainmaster.wallet.rates import Rate, RateProvider
 
 HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
 MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
@@ -94,6 +99,7 @@ class Broker:
         self._ledgers: dict[str, Ledger] = {}
         self._backend_configs: dict | None = None
         self._executors: Executors | None = None
+        self._rate_providers: dict[str, RateProvider | None] = {}
         self.offer_rounds = 0
         """How many times offers were gathered from the backends (one per plan)."""
 
@@ -112,21 +118,32 @@ class Broker:
         return self._policies[job.id]
 
     def backend(self, name: str, policy: Policy) -> Backend:
-        """The backend `name`, configured from the user's backends.yaml and the policy's overrides.
+        """The backend `name`, with its effective configuration (`broker.backend_config`: backends.yaml, the
+        broker's defaults, the policy's overrides of the fields its config model declares overridable).
 
         Instances are cached by their configuration, so two policies with different power models
         never share a local backend in a long-lived process.
         """
         if name in self._given:
-            return self._given[name]
-        from trainmaster.backends.registry import backend_class
+            found = self._given[name]
+        else:
+            from trainmaster.backends.registry import backend_class
 
-        cls = backend_class(name)
-        config = configured(self._configs()[name], policy)
-        key = (name, config.model_dump_json())
-        if key not in self._backends:
-            self._backends[key] = cls(config)
-        return self._backends[key]
+            cls = backend_class(name)
+            config = configured(self._configs()[name], policy).config
+            key = (name, config.model_dump_json())
+            if key not in self._backends:
+                self._backends[key] = cls(config)
+            found = self._backends[key]
+        found.rates = self.rates(policy)  # the broker's rate provider, injected
+        return found
+
+    def rates(self, policy: Policy) -> RateProvider | None:
+        """The TAO/USD rate provider of the policy (one per rate setting, kept for the process)."""
+        key = policy.tao_rate.model_dump_json()
+        if key not in self._rate_providers:
+            self._rate_providers[key] = provider_for(policy)
+        return self._rate_providers[key]
 
     def _configs(self) -> dict:
         """backends.yaml from the user's config dir, read once per broker (FileError when invalid)."""
@@ -165,14 +182,21 @@ class Broker:
         """Gather offers from every enabled backend (once) and choose by the policy; the offers of a banned
         hotkey or coldkey (`trainmaster executors ls`) are blocked like failed ones, in every job."""
         self.offer_rounds += 1
-        offer_sets: list[OfferSet] = await gather_offers(spec, self._enabled(spec, policy))
+        rate, rate_problem = current_rate(self.rates(policy))
+        request = offer_request(spec, policy, rate)
+        offer_sets: list[OfferSet] = await gather_offers(request, self._enabled(spec, policy),
+                                                         valid_s=policy.offers.valid_s,
+                                                         rate_max_age_s=policy.tao_rate.max_age_s)
         offer_sets += self._not_dispatched(spec, policy)
         hotkeys, coldkeys = self.executors.banned()
         banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
         history, failure_rates = learned(self.store.ended_attempts())
-        return plan(spec, policy, offer_sets, blocked=blocked, banned=banned, history=history,
-                    failure_rates=failure_rates, own=own_estimate(spec, [past_run(a, spec_json) for a, spec_json
-                                             in self.store.accepted_runs(spec.name, HISTORY_RUNS)]))
+        result = plan(spec, policy, offer_sets, blocked=blocked, banned=banned, history=history,
+                      failure_rates=failure_rates, data_bytes=request.data_bytes, total_steps=request.total_steps,
+                      own=own_estimate(spec, [past_run(a, spec_json) for a, spec_json
+                                              in self.store.accepted_runs(spec.name, HISTORY_RUNS)]))
+        result.notes += [rate_problem] if rate_problem else []
+        return result
 
     def start_preview(self, spec: JobSpec, policy: Policy, offer: Offer) -> str | None:
         """Whether a job planned on `offer` would start now or wait in the queue (None: the backend
@@ -329,6 +353,9 @@ class Broker:
             self.store.move_job(job.id, "failed", reason=cost_cap.reason(
                 spec, cost_cap.spent(self.store.attempts(job.id), time.time())))
             return
+        stored = await self._requoted(job, stored)
+        if stored is None:
+            return  # nothing left to dispatch on: the job failed with the plan's reasons
         offer = self._claimed(job, spec, stored.offer, n)
         if offer is None:
             return  # queued
@@ -348,6 +375,25 @@ class Broker:
         attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json(),
                                             reserve_key=key, seed=seed, detail={"seed_nonce": nonce} if nonce else None)
         await self._start(job, attempt)
+
+    async def _requoted(self, job: Job, stored: StoredPlan) -> StoredPlan | None:
+        """The stored plan, with its offer quoted again when its price no longer holds: the same offer when
+        the backend still makes it at a cost within the plan, else a new plan (None: none is left, and
+        the job has failed saying why). Each re-quote is a `requoted` event."""
+        if not stored.offer.expired(time.time()):
+            return stored
+        result = await self.plan(self.spec(job), self.policy(job), blocked=self._blocked(job))
+        again = requote(stored, result)
+        if again is None:
+            self.store.move_job(job.id, "failed", reason=f"the planned offer {stored.offer.key} expired and no "
+                                                         f"offer is left:\n" + result.explain_failure())
+            return None
+        outcome = "same offer" if again.offer.key == stored.offer.key else "re-planned"
+        self.store.requote_plan(job.id, again.model_dump_json(), detail={
+            "offer": stored.offer.key, "expired_at": stored.offer.valid_until, "outcome": outcome,
+            "chosen": again.offer.key, "planned_micro_usd": stored.expected_micro_usd,
+            "expected_micro_usd": again.expected_micro_usd, "quote": again.offer.quote})
+        return again
 
     def _claimed(self, job: Job, spec: JobSpec, offer: Offer, n: int) -> Offer | None:
         """The offer with what attempt `n` holds of the machine, or None when the job waits queued."""
@@ -614,7 +660,7 @@ class Broker:
             bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar", workspace=workspace,
             envs_dir=_envs_dir(backend), exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
-            outputs_hashed=hashed_now, seed=attempt.seed,
+            outputs_hashed=hashed_now, seed=attempt.seed, previous_metrics=previous_metrics(self.store, job),
         )
         settings = self.policy(job).verification
         return await asyncio.to_thread(
@@ -672,6 +718,11 @@ class Broker:
         offer = Offer.model_validate_json(attempt.offer_json)
         backend = self.backend(attempt.backend, self.policy(job))
         cost = await retried(backend.cost, Handle.model_validate_json(attempt.handle_json), offer)
+        if cost.rao:  # the rate a TAO charge is valued at, and whether it was stale when it was used
+            rate = Rate(micro_usd_per_tao=cost.rate_micro_usd_per_tao, taken_at=cost.rate_at,
+                        source=f"{attempt.backend}'s cost")
+            self.store.log_event(job.id, "rate", {"at": "settle", **rate.evidence(self.policy(job).tao_rate.max_age_s)},
+                                 attempt.id)
         self.store.record_cost(attempt.id, micro_usd=cost.micro_usd, rao=cost.rao,
                                billable_seconds=cost.billable_seconds, basis=cost.basis,
                                rate_micro_usd_per_tao=cost.rate_micro_usd_per_tao, rate_at=cost.rate_at)
@@ -846,16 +897,6 @@ def checks_for(policy: Policy, spec: JobSpec, offer: Offer) -> list[str]:
     elif offer.trusted and wanted == "never" and "replay" in checks:
         checks.remove("replay")
     return checks
-
-
-def configured(config, policy: Policy):
-    """A backend's config from backends.yaml with the policy's own settings laid over it (a policy's
-    power model prices the local backend for the jobs submitted under it)."""
-    fields = set(type(config).model_fields)
-    overrides = {field: getattr(policy, field) for field in policy.model_fields_set & fields}
-    if "envs_dir" in fields and config.envs_dir is None:  # job environments are cached across jobs, in the home
-        overrides["envs_dir"] = str(paths.envs_dir())
-    return config.model_copy(update=overrides) if overrides else config
 
 
 def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[str, float]]:

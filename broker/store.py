@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster.broker import states
-from trainmaster.jobs import statedb
+from trainmaster.storage import statedb
 
 MIGRATIONS: list[list[str]] = [
     [  # 1: the foundation
@@ -266,6 +266,13 @@ class Store:
             db.execute("UPDATE jobs SET plan_json = ?, updated_at = ? WHERE id = ?", (plan_json, time.time(), job_id))
             if not self._move_job(db, job_id, "planned", detail=detail):
                 self._event(db, job_id, None, "replanned", None, None, detail)
+
+    def requote_plan(self, job_id: str, plan_json: str, *, detail: dict) -> None:
+        """Replace the job's plan with one whose offer was quoted again before dispatch (a `requoted`
+        event); the job stays where it is (planned or queued)."""
+        with self.tx() as db:
+            db.execute("UPDATE jobs SET plan_json = ?, updated_at = ? WHERE id = ?", (plan_json, time.time(), job_id))
+            self._event(db, job_id, None, "requoted", None, None, detail)
 
     # the machine's queue (see `claim`)
 

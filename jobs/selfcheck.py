@@ -19,9 +19,10 @@ where the running process got it — with the training process's import path, an
 :data:`IMPORT_ONLY` set, under which :func:`trainmaster.jobs.runtime.run` refuses to start a second
 training (a script that trains at import, without ``if __name__ == "__main__":``).
 
-Child command line (internal)::
+Child command line (internal; the child is `jobs/selfcheck_child.py`, a separate module so that the
+runtime never imports the replay machinery or the recipes, even lazily)::
 
-    python -m trainmaster.jobs.selfcheck (--module NAME | --script PATH) --attr ATTR --result FILE
+    python -m trainmaster.jobs.selfcheck_child (--module NAME | --script PATH) --attr ATTR --result FILE
 
 It reads one JSON line ``{"checkpoint_dir": …, "segment": i, "k": k}`` from stdin (end of input: it
 exits quietly) and writes ``{"differ": [...]}`` or ``{"error": "..."}`` to ``FILE``.
@@ -29,18 +30,13 @@ exits quietly) and writes ``{"differ": [...]}`` or ``{"error": "..."}`` to ``FIL
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,8 +53,7 @@ NICE = 10
 TIMEOUT_FLOOR_S = 120.0
 TIMEOUT_SEGMENTS = 20
 """The check may take this many times the last segment's training time, plus the floor."""
-MODULE = "trainmaster.jobs.selfcheck"
-_SCRIPT_MODULE = "__trainmaster_recipe__"
+MODULE = "trainmaster.jobs.selfcheck_child"
 MAX_RESULT_BYTES = 2**20
 """The check's result (a few mismatching entries); the recipe runs in that process, so it is read bounded."""
 TAIL_BYTES = 64 * 1024
@@ -188,74 +183,3 @@ class SelfCheck:
         except (OSError, HostileFile):
             return "no output"
         return lines[-1][-500:] if lines else "no output"
-
-
-# the fresh process
-
-
-def replayed_differences(recipe: Recipe, checkpoint_dir: Path, segment: int, k: int) -> list[str]:
-    """Replay ``segment`` from its committed S_i with its recorded decisions; the entries of the full
-    state reached that differ from the committed S_{i+1} (weights by name, then the rest), plus
-    ``decision <name>`` for decisions this replay would have taken otherwise."""
-    from .checkpoint import segment_dir
-    from .replay import load_state, replay_segment
-    from .state_diff import differing
-
-    here = segment_dir(checkpoint_dir, segment)
-    replayed = replay_segment(recipe, here, k, forced_decisions=here)
-    committed = load_state(segment_dir(checkpoint_dir, segment + 1))
-    differ = differing(replayed.state.weights, committed.weights) + differing(replayed.state.rest, committed.rest)
-    return differ + [f"decision {name}" for name, count in sorted(replayed.decisions.by_name.items()) if count]
-
-
-def _import_recipe(args: argparse.Namespace) -> Recipe:
-    if args.module:
-        module = importlib.import_module(args.module)
-    else:
-        spec = importlib.util.spec_from_file_location(_SCRIPT_MODULE, args.script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_SCRIPT_MODULE] = module
-        spec.loader.exec_module(module)
-    recipe = getattr(module, args.attr)
-    if not isinstance(recipe, Recipe):
-        raise TypeError(f"{args.attr} is a {type(recipe).__name__}, not a Recipe")
-    return recipe
-
-
-def _write(path: Path, found: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(found))
-    os.replace(tmp, path)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--module")
-    where.add_argument("--script")
-    parser.add_argument("--attr", required=True)
-    parser.add_argument("--result", type=Path, required=True)
-    args = parser.parse_args(argv)
-    try:
-        recipe = _import_recipe(args)
-    except BaseException as exc:  # noqa: BLE001 — user code at import: whatever it raises is reported
-        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        _write(args.result, {"error": f"importing the recipe in a fresh process raised {last}"})
-        return 1
-    with contextlib.suppress(Exception):  # torch imports its compiler stack on the first optimizer built
-        importlib.import_module("torch._dynamo")  # (seconds): here, while the run trains, not at its end
-    line = sys.stdin.readline()
-    if not line:
-        return 0  # the run ended before its check (it failed or was stopped)
-    request = json.loads(line)
-    try:
-        differ = replayed_differences(recipe, Path(request["checkpoint_dir"]), request["segment"], request["k"])
-    except Exception as exc:  # noqa: BLE001 — the recipe's own code, or a state it cannot load back
-        _write(args.result, {"error": f"replaying segment {request['segment']} raised {type(exc).__name__}: {exc}"})
-        return 1
-    _write(args.result, {"differ": differ})
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -61,6 +61,8 @@ class DataSource(Model):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Folder name the data appears under in the job.")
     source: str = Field(description="Local path, or s3://, gs://, az:// URI.")
     sha256: str | None = Field(None, description="Expected sha256 (lowercase hex) of the file or archive.")
+    size_bytes: int | None = Field(None, ge=0, description="Its size, when known: the planner prices the egress "
+                                                           "of remote data from it.")
 
     @field_validator("source")
     @classmethod
@@ -107,7 +109,6 @@ class Limits(Model):
 
 class Checkpointing(Model):
     segment_steps: int = Field(25, ge=1, description="k: steps between committed training states.")
-    every_steps: int | None = Field(None, ge=1, description="Steps between resumable checkpoints (default: k).")
 
 
 class Verification(Model):

@@ -22,7 +22,7 @@ from trainmaster.verify.calibrate import calibrate
 from trainmaster.verify.calibration import store_calibration
 from trainmaster.verify.openings import LocalOpenings
 from trainmaster.verify.pipeline import Attempt, AuditSettings, verify_attempt
-from trainmaster.verify.signing import sign_commitment
+from trainmaster.jobs.signing import sign_commitment
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from trainmaster.backends.base import Offer
+from trainmaster.backends.base import Offer, OfferRequest
 from trainmaster.broker import paths
 from trainmaster.broker.service import Broker
 from broker_support import sync_broker
@@ -160,7 +160,7 @@ def test_local_offer_is_priced_by_the_policy_power_model(broker):
     import asyncio
 
     spec = JobSpec(name="x", entrypoint="python t.py")
-    [offer] = asyncio.run(broker.backend("local", load_policy()).offers(spec)).offers
+    [offer] = asyncio.run(broker.backend("local", load_policy()).offers(OfferRequest(spec=spec))).offers
     assert isinstance(offer, Offer) and not offer.spot
     assert broker.plan(spec, load_policy()).chosen.offer.trusted  # the broker stamps the registry's trust; the backend's offer does not carry it
     assert offer.price_per_hour_micro_usd == (120 * 150_000 + 999) // 1000  # host watts × $/kWh, no GPU

@@ -100,9 +100,9 @@ class Counting(LocalBackend):
     def _count(self, name):
         self.calls[name] = self.calls.get(name, 0) + 1
 
-    async def offers(self, spec):
+    async def offers(self, request):
         self._count("offers")
-        return await super().offers(spec)
+        return await super().offers(request)
 
     async def cost(self, handle, offer):
         self._count("cost")

@@ -9,6 +9,7 @@ from datetime import date, datetime, timedelta, timezone
 
 import pytest
 
+from trainmaster.backends.base import OfferConstraints, OfferRequest
 from trainmaster.backends.catalog import (
     CLOUDS, StaleCatalogWarning, canonical_gpu, catalog_offers, gpu_matches, load_catalog, throughput,
 )
@@ -24,6 +25,10 @@ HEADER = ("cloud,instance,region,gpu_type,gpu_count,gpu_memory_gb,vcpus,memory_g
 
 def spec(**resources) -> JobSpec:
     return JobSpec(name="t", entrypoint="python t.py", resources=resources)
+
+
+def request(job: JobSpec, *, spot_allowed: bool) -> OfferRequest:
+    return OfferRequest(spec=job, constraints=OfferConstraints(spot_allowed=spot_allowed))
 
 
 def quiet(cloud: str, **kw):
@@ -124,7 +129,7 @@ def test_stale_catalog_warns_once_per_file_and_age_is_configurable():
 
 
 def test_catalog_offers_fit_the_spec():
-    offers = catalog_offers("aws", spec(gpus=8, gpu_types=["A100"], min_vram_gb=80), spot_allowed=True, catalog=quiet("aws"))
+    offers = catalog_offers("aws", request(spec(gpus=8, gpu_types=["A100"], min_vram_gb=80), spot_allowed=True), catalog=quiet("aws"))
     assert {(o.instance, o.spot) for o in offers.offers} == {("p4de.24xlarge", False), ("p4de.24xlarge", True)}
     assert {o.region for o in offers.offers} == {"us-east-1", "us-west-2"}
     for offer in offers.offers:
@@ -133,13 +138,13 @@ def test_catalog_offers_fit_the_spec():
 
 
 def test_catalog_offers_without_spot_and_multi_node():
-    offers = catalog_offers("gcp", spec(gpus=1, gpu_types=["L4"], nodes=2), spot_allowed=False, catalog=quiet("gcp"))
+    offers = catalog_offers("gcp", request(spec(gpus=1, gpu_types=["L4"], nodes=2), spot_allowed=False), catalog=quiet("gcp"))
     assert offers.offers and not any(o.spot for o in offers.offers)
     assert all(o.nodes == 2 and o.gpu_type == "L4" for o in offers.offers)
 
 
 def test_catalog_offers_explain_when_nothing_fits():
-    offers = catalog_offers("azure", spec(gpus=16), spot_allowed=True, catalog=quiet("azure"))
+    offers = catalog_offers("azure", request(spec(gpus=16), spot_allowed=True), catalog=quiet("azure"))
     assert offers.offers == []
     assert offers.reasons == [f"no azure instance in the catalog fits: {len(quiet('azure').rows)} with fewer than 16 GPU(s)"]
 

@@ -22,7 +22,7 @@ from trainmaster.verify.challenge import (
 from trainmaster.verify.challenge_secret import new_secret, secret_digest
 from trainmaster.verify.commitments import CommitmentStore, StoredCommitment
 from trainmaster.verify.errors import VerificationError
-from trainmaster.verify.signing import sign_commitment
+from trainmaster.jobs.signing import sign_commitment
 
 secrets_ = st.binary(min_size=16, max_size=64)
 roots = st.binary(min_size=32, max_size=32).map(bytes.hex)

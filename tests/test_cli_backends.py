@@ -176,6 +176,33 @@ def test_show_lays_the_file_over_the_defaults(env, tm_home):
     assert "workspace: ml" not in tm(env, "backends", "show").stdout
 
 
+def test_show_prints_the_power_model_used_and_where_each_value_came_from(env, tm_home, tmp_path):
+    """A user's local.power in backends.yaml is what a shipped policy prices with (no policy overrides it
+    silently), and a policy that does set `power` wins, and says so."""
+    write_config(tm_home, "local:\n  power: {gpu_watts: 450}\n")
+    for policy in ("default", "hybrid", "privacy-first"):
+        shown = json.loads(tm(env, "backends", "show", "--json", "--policy", policy).stdout)
+        assert shown["backends"]["local"]["power"]["gpu_watts"] == 450
+        assert shown["sources"]["local"]["power"] == "backends.yaml"
+        assert shown["sources"]["local"]["cpus"] == "default"
+        assert shown["sources"]["local"]["envs_dir"] == "broker default"
+    own = tmp_path / "own.yaml"
+    own.write_text("name: own\npower: {gpu_watts: 200}\n")
+    shown = json.loads(tm(env, "backends", "show", "--json", "--policy", str(own)).stdout)
+    assert shown["backends"]["local"]["power"]["gpu_watts"] == 200
+    assert shown["sources"]["local"]["power"] == "policy own"
+    text = tm(env, "backends", "show", "--policy", str(own)).stdout
+    assert "power:  # policy own" in text and "gpu_watts: 200" in text and "cpus: null  # default" in text
+
+
+def test_the_power_model_shown_is_the_one_a_shipped_policy_prices_with(env, tm_home, tmp_path):
+    write_config(tm_home, "local:\n  power: {host_watts: 1000}\n")
+    (tmp_path / "train.py").write_text("print('x')\n")
+    (tmp_path / "job.yaml").write_text("name: p\nentrypoint: python train.py\n")
+    offered = json.loads(tm(env, "offers", str(tmp_path / "job.yaml"), "--json").stdout)
+    assert offered["considered"][0]["offer"]["price_per_hour_micro_usd"] == (1000 * 150_000 + 999) // 1000
+
+
 def test_check_imports_no_sdk(env, tm_home):
     code = (
         "import sys\n"

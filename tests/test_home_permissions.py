@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from trainmaster.jobs.files import write_json_atomic
-from trainmaster.jobs.statedb import connect
+from trainmaster.storage.statedb import connect
 
 TRAIN = ("import os, pathlib\nout = pathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'])\n"
          "(out / 'out.txt').write_text('ok')\n(out / 'sub').mkdir()\n(out / 'sub' / 'w.txt').write_text('w')\n"

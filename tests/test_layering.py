@@ -1,8 +1,9 @@
 """The dependency rule and "no import cycles between files", checked on the source with `ast`.
 
-The rule (docs/architecture.md §1): `jobs` imports nothing else of ours; `backends` may import
-`jobs` (never `broker`); `verify` and `wallet` may import only `jobs`; `configs` (example job
-scripts) may import only `jobs`, the in-job API; `broker` may import everything.
+The rule (docs/architecture.md §1): `jobs` and `storage` import nothing else of ours; `verify` and
+`wallet` may import only `storage` and `jobs`; `backends` may import `wallet`, `storage` and `jobs`
+(keys, rates and payments; never `broker`, never `verify`); `configs` (example job scripts) may import
+only `jobs`, the in-job API; `broker` may import everything.
 
 Which imports count:
 
@@ -18,7 +19,12 @@ Which imports count:
 An import edge goes to the module it names: `from pkg import name` to `pkg.name` when that is a
 module, else to `pkg`. The parent packages Python initialises on the way (`pkg/__init__.py`) are
 not edges: an `__init__` that imports its submodules would otherwise put every pair of siblings on
-a cycle that Python handles fine. Imports by string (`importlib.import_module`) are not seen.
+a cycle that Python handles fine.
+
+Imports by string count too: `importlib.import_module("trainmaster.x.y")` is an edge to that module,
+and one whose name is built (`f"{__name__}.{name}"`, `"trainmaster.jobs.recipes." + name`) is an edge
+to every module of ours its fixed start could name (`__name__` read as the importing module's name).
+A name that starts with nothing fixed (the user's own module) is no edge.
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "trainmaster"
-LAYERS = ("broker", "backends", "jobs", "verify", "wallet", "configs")
+LAYERS = ("broker", "backends", "jobs", "verify", "wallet", "storage", "configs")
 ALLOWED: dict[str, tuple[frozenset[str], str]] = {
     "jobs": (frozenset({"jobs"}), "jobs imports nothing else of ours"),
-    "backends": (frozenset({"backends", "jobs"}), "backends may import only jobs (never broker)"),
-    "verify": (frozenset({"verify", "jobs"}), "verify may import only jobs (and itself)"),
-    "wallet": (frozenset({"wallet", "jobs"}), "wallet may import only jobs (and itself)"),
+    "storage": (frozenset({"storage"}), "storage imports nothing else of ours"),
+    "backends": (frozenset({"backends", "wallet", "storage", "jobs"}),
+                 "backends may import wallet, storage and jobs (never broker or verify)"),
+    "verify": (frozenset({"verify", "storage", "jobs"}), "verify may import only storage and jobs (and itself)"),
+    "wallet": (frozenset({"wallet", "storage", "jobs"}), "wallet may import only storage and jobs (and itself)"),
     "configs": (frozenset({"configs", "jobs"}), "configs (example job scripts) may import only jobs"),
     "broker": (frozenset(LAYERS), "broker may import every subpackage"),
 }
@@ -80,12 +88,16 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
-    """Every import statement with its kind: inside a function, under TYPE_CHECKING, or module level."""
+def _imports(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom | ast.Call, str]]:
+    """Every import statement, and every `import_module(...)` call, with its kind: inside a function,
+    under TYPE_CHECKING, or module level."""
 
-    def walk(node: ast.AST, kind: str) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+    def walk(node: ast.AST, kind: str) -> Iterator[tuple[ast.Import | ast.ImportFrom | ast.Call, str]]:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_import_module(node):
             yield node, kind
+            if isinstance(node, ast.Call):
+                for child in ast.iter_child_nodes(node):
+                    yield from walk(child, kind)
             return
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and kind == MODULE:
             kind = FUNCTION
@@ -100,6 +112,48 @@ def _imports(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, st
             yield from walk(child, kind)
 
     yield from walk(tree, MODULE)
+
+
+def _is_import_module(node: ast.AST) -> bool:
+    """A call of `importlib.import_module` (or `import_module` imported from it) with an argument."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return False
+    func = node.func
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id == "import_module")
+
+
+def _fixed_start(arg: ast.expr, module: str) -> tuple[str, bool]:
+    """The fixed start of the module name `arg` evaluates to, and whether that is the whole name."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value, True
+    if isinstance(arg, ast.Name) and arg.id == "__name__":
+        return module, True
+    if isinstance(arg, ast.FormattedValue) and arg.format_spec is None and arg.conversion == -1:
+        return _fixed_start(arg.value, module)
+    if isinstance(arg, ast.JoinedStr):
+        parts = arg.values
+    elif isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add):
+        parts = [arg.left, arg.right]
+    else:
+        return "", False
+    start = ""
+    for part in parts:
+        text, whole = _fixed_start(part, module)
+        start += text
+        if not whole:
+            return start, False
+    return start, True
+
+
+def _dynamic_targets(node: ast.Call, module: str, known: set[str]) -> list[str]:
+    """The modules an `import_module` call may import: its name, or every known module its fixed start could name."""
+    start, whole = _fixed_start(node.args[0], module)
+    if whole:
+        return [start]
+    if not start.startswith(NAMESPACE + "."):
+        return []
+    return sorted(m for m in known if m.startswith(start))
 
 
 def _relative_base(module: str, is_package: bool, level: int, what: str) -> str:
@@ -121,7 +175,9 @@ def import_edges(root: Path) -> tuple[list[Edge], set[str]]:
         rel = path.relative_to(root).as_posix()
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=rel)
         for node, kind in _imports(tree):
-            if isinstance(node, ast.Import):
+            if isinstance(node, ast.Call):
+                targets = _dynamic_targets(node, source, known)
+            elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
                 base = node.module or ""
@@ -239,7 +295,7 @@ def tree() -> tuple[list[Edge], set[str]]:
 def test_the_checker_sees_the_whole_tree(tree):
     edges, known = tree
     assert {layer_of(m) for m in known} == set(LAYERS)
-    assert {"trainmaster.verify.records", "trainmaster.jobs.statedb", "trainmaster.broker.service"} <= known
+    assert {"trainmaster.verify.records", "trainmaster.storage.statedb", "trainmaster.broker.service"} <= known
     kinds = {e.kind for e in edges}
     assert {MODULE, FUNCTION, TYPE_ONLY} <= kinds, kinds
     assert any(e.source == "trainmaster.broker.service" and e.target == "trainmaster.broker.paths" for e in edges)
@@ -288,6 +344,16 @@ SYNTHETIC = {
     "broker/service.py": "import trainmaster.verify.a\nfrom trainmaster.wallet import ledger\nfrom trainmaster.nowhere import x\n",
     "wallet/__init__.py": "",
     "wallet/ledger.py": "from trainmaster.jobs.spec import load\nfrom trainmaster.jobs import not_a_module\n",
+    "jobs/plugins/__init__.py": (
+        "import importlib\nfrom importlib import import_module\n"
+        "def by_name(name, user):\n"
+        "    importlib.import_module(f\"{__name__}.{name}\")\n"
+        "    import_module(\"trainmaster.wallet.ledger\")\n"
+        "    importlib.import_module(\"trainmaster.jobs.spec\" + name)\n"
+        "    importlib.import_module(user)\n"
+        "importlib.import_module(\"json\")\n"
+    ),
+    "jobs/plugins/a.py": "",
 }
 
 
@@ -321,14 +387,18 @@ def test_checker_resolves_absolute_relative_and_nested_imports(synthetic):
         ("broker.service", "nowhere", 3, MODULE),
         ("wallet.ledger", "jobs.spec", 1, MODULE),
         ("wallet.ledger", "jobs", 2, MODULE),  # a name that is no module: the package
+        ("jobs.plugins", "jobs.plugins.a", 4, FUNCTION),  # import_module(f"{__name__}.{name}"): each module it may name
+        ("jobs.plugins", "wallet.ledger", 5, FUNCTION),  # import_module("trainmaster.wallet.ledger")
+        ("jobs.plugins", "jobs.spec", 6, FUNCTION),  # "trainmaster.jobs.spec" + name: the modules it may name
     }
 
 
 def test_checker_reports_rule_violations_with_file_line_and_rule(synthetic):
     edges, _ = synthetic
     assert rule_violations(edges) == [
-        "backends/base.py:4: imports trainmaster.broker.store (TYPE_CHECKING): backends may import only jobs (never broker)",
+        "backends/base.py:4: imports trainmaster.broker.store (TYPE_CHECKING): backends may import wallet, storage and jobs (never broker or verify)",
         "broker/service.py:3: imports trainmaster.nowhere (module-level): trainmaster.nowhere is not one of our subpackages",
+        "jobs/plugins/__init__.py:5: imports trainmaster.wallet.ledger (function-local): jobs imports nothing else of ours",
         "jobs/spec.py:4: imports trainmaster.broker.store (function-local): jobs imports nothing else of ours",
     ]
 

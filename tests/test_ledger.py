@@ -153,7 +153,7 @@ def test_lives_beside_the_broker_store_on_its_connection(tmp_path):
 
 
 def test_a_version_1_ledger_upgrades_without_resending_its_old_alerts(tmp_path):
-    from trainmaster.jobs import statedb
+    from trainmaster.storage import statedb
     from trainmaster.wallet import outbox
 
     db = sqlite3.connect(tmp_path / "state.db", isolation_level=None)

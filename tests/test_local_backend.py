@@ -175,6 +175,7 @@ def test_gpu_requests_are_matched_against_the_machine():
     """Planning on a described machine (as hardware.this_machine reports it from NVML and torch.cuda)."""
     import asyncio
 
+    from trainmaster.backends.base import OfferRequest
     from trainmaster.backends.hardware import Gpu, Machine
     from trainmaster.backends.local import LocalBackend
     from trainmaster.jobs.spec import JobSpec
@@ -188,7 +189,6 @@ def test_gpu_requests_are_matched_against_the_machine():
     assert "needs 8 GPU(s); this machine has 2" in local.infeasible(job(gpus=8))[0]
     assert "of type H100" in local.infeasible(job(gpus=1, gpu_types=["H100"]))[0]
     assert "with ≥ 48 GB" in local.infeasible(job(gpus=1, min_vram_gb=48))[0]
-    assert "multi_node" in local.infeasible(job(nodes=2))[0]
-    [offer] = asyncio.run(local.offers(job(gpus=1, gpu_types=["L4"]))).offers
+    [offer] = asyncio.run(local.offers(OfferRequest(spec=job(gpus=1, gpu_types=["L4"])))).offers
     assert (offer.gpu_type, offer.gpu_count, offer.detail["gpu_indices"]) == ("NVIDIA L4", 1, [1])
     assert offer.price_per_hour_micro_usd == ((120 + 300) * 150_000 + 999) // 1000

@@ -31,7 +31,7 @@ def test_every_package_folder_is_listed():
 
 def test_nothing_importable_under_bare_names():
     out = subprocess.run(
-        [sys.executable, "-c", "import importlib.util as u; print([n for n in ('broker','backends','jobs','wallet','verify') if u.find_spec(n)])"],
+        [sys.executable, "-c", "import importlib.util as u; print([n for n in ('broker','backends','jobs','wallet','verify','storage') if u.find_spec(n)])"],
         capture_output=True, text=True, cwd="/", check=True,
     )
     assert out.stdout.strip() == "[]"
@@ -60,7 +60,7 @@ def test_configs_ship_as_package_data():
 def test_jobs_imports_nothing_else_of_ours():
     for path in (ROOT / "jobs").rglob("*.py"):
         text = path.read_text()
-        for other in ("broker", "backends", "verify", "wallet"):
+        for other in ("broker", "backends", "verify", "wallet", "storage"):
             assert f"trainmaster.{other}" not in text, f"{path} imports trainmaster.{other}"
 
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from trainmaster.backends.base import Backend, Offer, OfferSet
+from trainmaster.backends.base import Backend, Offer, OfferRequest, OfferSet
 from trainmaster.broker.cli.plan_table import render_plan
 from trainmaster.broker.planner import PlanError, gather_offers, plan, reference_hours
 from trainmaster.broker.policy import Policy, tier_name
@@ -448,19 +448,19 @@ def test_backend_reasons_and_render():
 class Slow(Backend):
     name, trusted = "slow", True
 
-    async def offers(self, spec):
+    async def offers(self, request):
         await asyncio.sleep(5)
 
     submit = status = logs = cancel = fetch = cost = None
 
 
 class Broken(Slow):
-    async def offers(self, spec):
+    async def offers(self, request):
         raise RuntimeError("boom")
 
 
 class Quick(Slow):
-    async def offers(self, spec):
+    async def offers(self, request):
         return OfferSet(backend="quick", offers=[offer("aws")])
 
 
@@ -468,7 +468,8 @@ Slow.__abstractmethods__ = frozenset()
 
 
 def test_gather_offers_times_out_and_survives_broken_backends():
-    found = asyncio.run(gather_offers(spec(), {"slow": Slow(), "broken": Broken(), "quick": Quick()}, timeout_s=0.2))
+    found = asyncio.run(gather_offers(OfferRequest(spec=spec()), {"slow": Slow(), "broken": Broken(), "quick": Quick()},
+                                     valid_s=60, rate_max_age_s=60, timeout_s=0.2))
     by = {s.backend: s for s in found}
     assert by["slow"].reasons == ["no answer within 0.2 s"]
     assert by["broken"].reasons == ["error while listing offers: boom"]

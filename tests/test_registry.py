@@ -23,7 +23,7 @@ def test_every_entry_resolves():
         assert issubclass(entry.config_model(), BackendConfig)
         entry.config_model()()  # every field has a default: a missing backends.yaml is valid
         module = importlib.import_module(entry.checks)
-        assert callable(module.found) and (entry.implemented or callable(module.check))
+        assert callable(module.found) and callable(module.check)
 
 
 def test_implemented_backends_agree_with_their_class():
@@ -32,7 +32,16 @@ def test_implemented_backends_agree_with_their_class():
         cls = backend_class(name)
         assert cls.name == name
         assert cls.config_model is REGISTRY[name].config_model()
-        assert cls.extra == REGISTRY[name].extra
+
+
+def test_extra_sdk_trust_and_readiness_are_declared_only_in_the_registry():
+    """One place for each fact: a backend class declares none of what its registry entry holds."""
+    from trainmaster.backends.base import Backend
+
+    for attribute in ("extra", "sdk", "trusted", "check", "checks"):
+        assert not hasattr(Backend, attribute), attribute
+        for name in BACKENDS:
+            assert attribute not in vars(backend_class(name)), (name, attribute)
 
 
 def test_planned_and_unknown_backends_have_no_class():

@@ -165,7 +165,7 @@ def test_a_challenged_segment_with_nan_weights_is_rejected_by_the_audit(tmp_path
     from trainmaster.jobs.runtime import RuntimeSettings, run
     from trainmaster.jobs.spec import JobSpec
     from trainmaster.verify.pipeline import Attempt, AuditSettings, verify_attempt
-    from trainmaster.verify.signing import sign_commitment
+    from trainmaster.jobs.signing import sign_commitment
     from bittensor.sp_core import Keypair
 
     job, bundle, seed, k = "dqn-nan", "dd" * 32, 3, 10

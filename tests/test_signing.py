@@ -12,7 +12,8 @@ from trainmaster.jobs.canonical import serialize
 from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.merkle import inclusion_proof, merkle_root
 from trainmaster.verify.errors import VerificationError
-from trainmaster.verify.signing import check_final, check_leaf, sign_commitment, verify_commitment
+from trainmaster.jobs.signing import sign_commitment
+from trainmaster.verify.signing import check_final, check_leaf, verify_commitment
 
 JOB, BUNDLE, K, N = "job-1", "cc" * 32, 25, 8
 

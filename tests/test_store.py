@@ -112,7 +112,7 @@ def test_two_processes_racing_one_move_one_wins(tmp_path):
 def test_a_database_of_the_first_schema_upgrades_in_place_and_its_jobs_still_read(tmp_path):
     """A state.db written by the previous version (schema 1: no plan, policy snapshot, seeds) is migrated."""
     from trainmaster.broker.store import MIGRATIONS
-    from trainmaster.jobs import statedb
+    from trainmaster.storage import statedb
 
     path = tmp_path / "state.db"
     db = statedb.connect(path)

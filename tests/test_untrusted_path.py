@@ -110,7 +110,7 @@ def _signature(job, attempt) -> str:
     from bittensor.sp_core import Keypair
 
     from trainmaster.jobs.commitment import read_commitment
-    from trainmaster.verify.signing import sign_commitment
+    from trainmaster.jobs.signing import sign_commitment
 
     return sign_commitment(read_commitment(paths.job_dir(job.id) / "outputs" / "commitment.json"),
                            Keypair.create_from_uri("//Alice"))

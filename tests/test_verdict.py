@@ -211,7 +211,7 @@ def spec(**verification) -> JobSpec:
 
 def untrusted(outputs: Path, miner, **kw) -> Attempt:
     from trainmaster.jobs.commitment import read_commitment
-    from trainmaster.verify.signing import sign_commitment
+    from trainmaster.jobs.signing import sign_commitment
 
     signature = sign_commitment(read_commitment(outputs / "commitment.json"), miner)
     fields = dict(job_id=JOB, attempt_id="a1", outputs=outputs, bundle_sha256=BUNDLE, spec=spec(), trusted=False,

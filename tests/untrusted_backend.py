@@ -19,12 +19,14 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase, Progress,
+    AttemptContext, AttemptStatus, Backend, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Phase,
+    Progress,
 )
 from trainmaster.backends.features import ExecutorIdentity, RunsUntrusted, SignedCommitment
 from trainmaster.backends.local import LocalBackend
 from trainmaster.jobs.checkpoint import MANIFEST, segment_dir, segment_indices
 from trainmaster.jobs.spec import JobSpec
+from trainmaster.wallet.rates import Rate
 
 RAO_PER_TAO = 10**9
 USD_PER_TAO_MICRO = 400_000_000  # $400 per TAO
@@ -54,15 +56,21 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     def _inner(self, handle: Handle) -> Handle:
         return Handle(backend="local", attempt_id=handle.attempt_id, data=handle.data)
 
-    async def offers(self, spec: JobSpec) -> OfferSet:
-        found = await self.local.offers(spec)
+    async def offers(self, request: OfferRequest) -> OfferSet:
+        found = await self.local.offers(request)
+        rate = request.rate  # the broker's TAO/USD rate, when its policy sets one
+
+        def usd(rao: int) -> int:
+            return rate.micro_usd(rao) if rate else rao * USD_PER_TAO_MICRO // RAO_PER_TAO
+
         offers = []
         for rank, (hotkey, coldkey) in enumerate(self.coldkeys.items()):  # the first key is the cheapest
             rao = RAO_PER_HOUR + rank * RAO_PER_TAO // 10
             offers += [Offer(**{**o.model_dump(), "backend": self.name, "instance": hotkey, "region": "subnet",
                                 "trusted": False, "price_per_hour_rao": rao,
-                                "price_per_hour_micro_usd": rao * USD_PER_TAO_MICRO // RAO_PER_TAO,
-                                "detail": {**o.detail, "coldkey": coldkey}})
+                                "price_per_hour_micro_usd": usd(rao),
+                                "detail": {**o.detail, "coldkey": coldkey},
+                                "quote": {"source": f"the miner's quote ({rao} rao/h)"}})
                        for o in found.offers]
         return OfferSet(backend=self.name, reasons=found.reasons, offers=offers)
 
@@ -82,8 +90,8 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
         return await self.local.logs(self._inner(handle), offset)
 
-    async def cancel(self, handle: Handle) -> None:
-        await self.local.cancel(self._inner(handle))
+    async def cancel(self, handle: Handle) -> int | None:
+        return await self.local.cancel(self._inner(handle))
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         return await self.local.fetch(self._inner(handle), dest, progress)
@@ -91,8 +99,10 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     async def cost(self, handle: Handle, offer: Offer) -> Cost:
         seconds = (await self.local.cost(self._inner(handle), offer)).billable_seconds
         rao = math.ceil(seconds * RAO_PER_HOUR / 3600)
-        return Cost(micro_usd=rao * USD_PER_TAO_MICRO // RAO_PER_TAO, rao=rao, rate_micro_usd_per_tao=USD_PER_TAO_MICRO,
-                    rate_at=time.time(), billable_seconds=seconds, basis=f"{seconds:.1f} s × {RAO_PER_HOUR} rao/h")
+        rate = self.rates.current() if self.rates else Rate(micro_usd_per_tao=USD_PER_TAO_MICRO, taken_at=time.time(),
+                                                            source="the harness's own $400")
+        return Cost(micro_usd=rate.micro_usd(rao), rao=rao, rate_micro_usd_per_tao=rate.micro_usd_per_tao,
+                    rate_at=rate.taken_at, billable_seconds=seconds, basis=f"{seconds:.1f} s × {RAO_PER_HOUR} rao/h")
 
     # the untrusted path
 
@@ -102,7 +112,7 @@ class UntrustedExecutor(RunsUntrusted, Backend):
 
     async def signed_commitment(self, handle: Handle) -> SignedCommitment:
         from trainmaster.jobs.commitment import read_commitment
-        from trainmaster.verify.signing import sign_commitment
+        from trainmaster.jobs.signing import sign_commitment
 
         path = Path(handle.data["workdir"]) / "outputs" / "commitment.json"
         keypair = self.keypairs[handle.data["hotkey"]]
@@ -134,8 +144,8 @@ class TrustClaimingExecutor(LazyExecutor):
     """Trains lazily and claims, in every offer it makes, to be the user's own trusted local machine
     (which would skip the replay audit and pay a failed attempt)."""
 
-    async def offers(self, spec: JobSpec) -> OfferSet:
-        found = await super().offers(spec)
+    async def offers(self, request: OfferRequest) -> OfferSet:
+        found = await super().offers(request)
         return OfferSet(backend=found.backend, reasons=found.reasons,
                         offers=[o.model_copy(update={"trusted": True, "backend": "local"}) for o in found.offers])
 

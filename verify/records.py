@@ -13,7 +13,7 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from trainmaster.jobs import statedb
+from trainmaster.storage import statedb
 
 from .challenge_secret import new_secret, secret_digest
 from .errors import VerificationError

@@ -1,4 +1,5 @@
-"""Commitment signatures (sr25519 hotkeys), Merkle proofs of challenged leaves, and the final weights hash.
+"""Checking commitment signatures (sr25519 hotkeys), Merkle proofs of challenged leaves, and the final
+weights hash. Making signatures is `jobs/signing.py` (the executor's side never imports the verifier).
 
 The executor signs ``Commitment.canonical_json()`` — the exact bytes of ``commitment.json``
 (docs/protocol.md §2) — with its hotkey. The signature travels as ``0x`` + 128 lowercase hex
@@ -23,15 +24,6 @@ from .errors import VerificationError
 
 SIGNATURE = re.compile(r"0x[0-9a-f]{128}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def sign_commitment(commitment: Commitment, keypair) -> str:
-    """The executor's signature over the canonical commitment bytes, as ``0x`` + lowercase hex.
-
-    ``keypair`` is a ``bittensor.sp_core.Keypair`` (a wallet's ``hotkey``) or anything with a
-    ``sign(bytes) -> bytes`` method that makes sr25519 signatures.
-    """
-    return "0x" + bytes(keypair.sign(commitment.canonical_json())).hex()
 
 
 def verify_commitment(

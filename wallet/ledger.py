@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from trainmaster.jobs import statedb
+from trainmaster.storage import statedb
 from trainmaster.jobs.money import display_usd
 from trainmaster.wallet import outbox
 from trainmaster.wallet.alerts import Alert, Overrun, log_alert

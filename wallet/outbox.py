@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from trainmaster.jobs import statedb
+from trainmaster.storage import statedb
 from trainmaster.wallet.alerts import redact_urls
 
 log = logging.getLogger("trainmaster.wallet.alerts")

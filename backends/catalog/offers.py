@@ -1,8 +1,10 @@
 """Offers priced from a catalog, for the clouds until their backends list offers themselves.
 
-Each catalog row that fits the spec's resources becomes an on-demand offer and, when spot is
-allowed and the row has a spot price, a spot offer. Offers carry `detail.price_source = "catalog"`
-and the catalog's date, so tables can mark them as list prices rather than live quotes.
+Each catalog row that fits the request's spec becomes an on-demand offer and, when the request's
+constraints allow spot and the row has a spot price, a spot offer. The catalog is read from where the
+request says (the user's override folder) and warned about past the request's maximum age. Offers
+carry `detail.price_source = "catalog"` and the catalog's date, and name the catalog row as their
+quote's source, so tables can mark them as list prices rather than live quotes.
 """
 
 from __future__ import annotations
@@ -11,21 +13,21 @@ from collections import Counter
 from datetime import date
 from pathlib import Path
 
-from trainmaster.backends.base import Offer, OfferSet
+from trainmaster.backends.base import Offer, OfferRequest, OfferSet
 from trainmaster.backends.catalog.gpus import gpu_matches
-from trainmaster.backends.catalog.load import DEFAULT_MAX_AGE_DAYS, Catalog, CatalogRow, load_catalog
+from trainmaster.backends.catalog.load import Catalog, CatalogRow, load_catalog
 from trainmaster.jobs.spec import JobSpec
 
 START_DELAY_S = {False: 300, True: 600}
 """Typical wait before a managed training job runs: about 5 minutes on demand; spot may wait for capacity."""
 
 
-def catalog_offers(
-    cloud: str, spec: JobSpec, *, spot_allowed: bool, catalog: Catalog | None = None, override_dir: Path | None = None,
-    max_age_days: int = DEFAULT_MAX_AGE_DAYS, today: date | None = None,
-) -> OfferSet:
-    """The offers `cloud`'s catalog makes for `spec`, or the reasons it makes none."""
-    catalog = catalog or load_catalog(cloud, override_dir=override_dir, max_age_days=max_age_days, today=today)
+def catalog_offers(cloud: str, request: OfferRequest, *, catalog: Catalog | None = None,
+                   today: date | None = None) -> OfferSet:
+    """The offers `cloud`'s catalog makes for the request, or the reasons it makes none."""
+    spec, spot_allowed, where = request.spec, request.constraints.spot_allowed, request.catalog
+    catalog = catalog or load_catalog(cloud, override_dir=Path(where.override_dir) if where.override_dir else None,
+                                      max_age_days=where.max_age_days, today=today)
     offers, misfits = [], Counter()
     for row in catalog.rows:
         why = unfit(row, spec)
@@ -63,4 +65,5 @@ def _offer(row: CatalogRow, spec: JobSpec, *, spot: bool, price: int) -> Offer:
         gpu_memory_mb=row.gpu_memory_gb * 1024 if row.gpu_memory_gb else None, cpus=row.vcpus, memory_mb=row.memory_mb,
         nodes=spec.resources.nodes, spot=spot, price_per_hour_micro_usd=price, expected_start_s=START_DELAY_S[spot],
         trusted=True, detail={"price_source": "catalog", "catalog_date": row.date.isoformat(), "catalog_row": row.source},
+        quote={"source": f"catalog {row.source} ({row.date.isoformat()})"},
     )

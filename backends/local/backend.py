@@ -37,12 +37,12 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase,
-    Progress,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet,
+    OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import (
     AllocatesMachine, CheckpointRef, KeepsSegments, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints,
-    SupportsMultiGpu, needed, unsupported,
+    SupportsMultiGpu,
 )
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
 from trainmaster.backends.local import allocation, processes
@@ -79,12 +79,6 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ResumesFromCheckpoints, Repo
         super().__init__(config)
         self._machine = machine
 
-    @classmethod
-    def check(cls, config: LocalConfig) -> list[str]:
-        import importlib.util
-
-        return [] if importlib.util.find_spec("torch") else ["torch is not installed (pip install torch)"]
-
     @property
     def power(self):
         return self.config.power
@@ -93,7 +87,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ResumesFromCheckpoints, Repo
     def machine(self) -> Machine:
         return self._machine or inventory(self.config)
 
-    async def offers(self, spec: JobSpec) -> OfferSet:
+    async def offers(self, request: OfferRequest) -> OfferSet:
+        spec = request.spec
         reasons = self.infeasible(spec)
         if reasons:
             return OfferSet(backend=self.name, reasons=reasons)
@@ -110,13 +105,14 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ResumesFromCheckpoints, Repo
             memory_mb=m.memory_mb,
             price_per_hour_micro_usd=self.power.price_per_hour_micro(len(gpus)),
             detail={"gpu_indices": [g.index for g in gpus], "nproc": res.nproc},
+            quote={"source": "power model"},
         )
         return OfferSet(backend=self.name, offers=[offer])
 
     def infeasible(self, spec: JobSpec) -> list[str]:
-        """Why this machine cannot run `spec` (empty when it can)."""
+        """Why this machine cannot run `spec` (empty when it can); features it lacks are the broker's check."""
         m, res = self.machine, spec.resources
-        reasons = [f"{feature}: {why}" for feature, why in unsupported(type(self)).items() if feature in needed(spec)]
+        reasons = []
         if res.gpus > len(m.gpus):
             have = f"{len(m.gpus)} ({', '.join(g.name for g in m.gpus)})" if m.gpus else "none"
             reasons.append(f"needs {res.gpus} GPU(s); this machine has {have}")

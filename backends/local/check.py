@@ -1,9 +1,16 @@
-"""What `trainmaster backends check` reports about this machine. Whether it can run jobs at all is
-`LocalBackend.check` (torch is installed)."""
+"""What `trainmaster backends check` reports about this machine: whether it can run jobs at all (torch
+is installed) and what it found (CPUs, memory, GPUs)."""
 
 from __future__ import annotations
 
 from trainmaster.backends.local.config import LocalConfig
+
+
+def check(config: LocalConfig) -> list[str]:
+    """Why this machine cannot run jobs (empty when it can). Cheap: torch is looked up, not imported."""
+    import importlib.util
+
+    return [] if importlib.util.find_spec("torch") else ["torch is not installed (pip install torch)"]
 
 
 def found(config: LocalConfig) -> list[str]:

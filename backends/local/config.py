@@ -18,6 +18,8 @@ class GpuEntry(BaseModel):
 
 
 class LocalConfig(BackendConfig):
+    overridable = ("power",)  # a policy may price your own machine its own way (policy `power:`)
+
     power: PowerModel = Field(default_factory=PowerModel, description="Prices runs on this machine.")
     envs_dir: str | None = Field(None, description="Where `environment: requirements` virtualenvs are cached.")
     cpus: int | None = Field(None, ge=1, description="CPU cores jobs may hold at once; default: all detected.")

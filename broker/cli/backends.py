@@ -1,4 +1,5 @@
-"""`trainmaster backends check | show`: whether each backend can run jobs here, and its settings.
+"""`trainmaster backends check | show`: whether each backend can run jobs here, and its settings as used
+(`broker.backend_config`: backends.yaml, then the policy's overrides), with where each came from.
 
 Both read `backends.yaml` in the user config dir (`backends.config`); neither uses the network nor
 imports a cloud SDK. Module-level imports stay typer-only so `trainmaster --help` stays fast.
@@ -53,25 +54,44 @@ def check(as_json: bool = JSON_OPT) -> None:
     console().print(table)
 
 
-def show(as_json: bool = JSON_OPT) -> None:
-    """Print each backend's settings as used: backends.yaml laid over the defaults. Credentials are
-    never kept there (only profile names and file paths); each SDK finds them itself."""
+def show(as_json: bool = JSON_OPT,
+         policy: str = typer.Option("default", "--policy", "-p", help="Policy whose overrides to apply.")) -> None:
+    """Print each backend's settings as jobs under the policy use them, and where each value came from:
+    its default, backends.yaml, the broker's default, or the policy (only for the fields a backend lets
+    a policy set, such as local.power). Credentials are never kept there (only profile names and file
+    paths); each SDK finds them itself."""
     from trainmaster.backends.config import config_file
     from trainmaster.broker import paths
+    from trainmaster.broker.backend_config import configured
+    from trainmaster.broker.policy import load_policy
 
     path = config_file(paths.config_dir())
-    settings = {name: config.model_dump(mode="json") for name, config in _configs().items()}
+    chosen = load(lambda: load_policy(policy))
+    used = {name: configured(config, chosen) for name, config in _configs().items()}
+    settings = {name: eff.config.model_dump(mode="json") for name, eff in used.items()}
+    sources = {name: eff.sources for name, eff in used.items()}
     if as_json:
-        print(json.dumps({"file": str(path), "exists": path.is_file(), "backends": settings}, indent=2))
+        print(json.dumps({"file": str(path), "exists": path.is_file(), "policy": chosen.name, "backends": settings,
+                          "sources": sources}, indent=2))
         return
-    import yaml
-
     out = console()
-    out.print(f"{escape(str(path))}" + ("" if path.is_file() else " (absent: defaults)"), highlight=False)
+    out.print(f"{escape(str(path))}" + ("" if path.is_file() else " (absent: defaults)")
+              + f"; policy {escape(chosen.name)}", highlight=False)
     for name, values in settings.items():
         out.print(f"[bold]{name}[/bold]:", highlight=False)
-        text = yaml.safe_dump(values, sort_keys=False, default_flow_style=False).rstrip()
-        out.print("\n".join(f"  {line}" for line in text.splitlines()), highlight=False, markup=False)
+        out.print("\n".join(_lines(values, sources[name])), highlight=False, markup=False)
+
+
+def _lines(values: dict, sources: dict[str, str]) -> list[str]:
+    """Each field as YAML, indented under its backend, its first line marked with where it came from."""
+    import yaml
+
+    lines = []
+    for field, value in values.items():
+        text = yaml.safe_dump({field: value}, sort_keys=False, default_flow_style=False).rstrip().splitlines()
+        text[0] += f"  # {sources[field]}"
+        lines += [f"  {line}" for line in text]
+    return lines
 
 
 def _configs() -> dict:

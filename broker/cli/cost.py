@@ -70,21 +70,19 @@ def _catalog_comparison(spec, policy) -> tuple[list, list[str]]:
 
     from trainmaster.backends.catalog import catalog_offers
     from trainmaster.backends.registry import REGISTRY
-    from trainmaster.broker import paths
+    from trainmaster.broker.offer_request import offer_request
     from trainmaster.broker.planner import CHOSEN, plan
 
     cls = policy.for_class(spec.workload)
+    request = offer_request(spec, policy, rate=None)
     sets = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for name in cls.chain:
             entry = REGISTRY[name]
             if not entry.implemented and entry.catalog:
-                sets.append(load(lambda: catalog_offers(
-                    name, spec, spot_allowed=cls.constraints.spot_allowed, override_dir=paths.config_dir() / "catalogs",
-                    max_age_days=policy.catalog.max_age_days,
-                ), usage_on_error=True))
-    rows = plan(spec, policy, sets).rows if sets else []
+                sets.append(load(lambda: catalog_offers(name, request), usage_on_error=True))
+    rows = plan(spec, policy, sets, data_bytes=request.data_bytes, total_steps=request.total_steps).rows if sets else []
     marked = [r._replace(verdict=COMPARED_BEST if r.verdict == CHOSEN else f"{r.verdict} ({COMPARISON})") for r in rows]
     return marked, list(dict.fromkeys(str(w.message) for w in caught))
 
@@ -217,9 +215,11 @@ def policy_show(
     if shown.budgets:
         out.print(_budgets_table(shown))
     power = shown.power
-    out.print(f"power: {power.gpu_watts} W per GPU + {power.host_watts} W host at "
-                  f"{display_usd(power.usd_per_kwh_micro)}/kWh; catalogs warn after {shown.catalog.max_age_days} days"
-                  + ("; local only" if shown.local_only else ""), highlight=False)
+    priced = (f"power: {power.gpu_watts} W per GPU + {power.host_watts} W host at "
+              f"{display_usd(power.usd_per_kwh_micro)}/kWh (over backends.yaml)" if power
+              else "power: backends.yaml's local.power (trainmaster backends show)")
+    out.print(f"{priced}; catalogs warn after {shown.catalog.max_age_days} days"
+              + ("; local only" if shown.local_only else ""), highlight=False)
     out.print(f"shipped policies: {', '.join(shipped())}", highlight=False)
 
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from trainmaster.broker import paths
 from trainmaster.broker.cli.safe_text import markup as safe
+from trainmaster.broker.cli.safe_text import visible
 from trainmaster.jobs.money import display_usd, format_usd
 
 STATE_STYLE = {"accepted": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
@@ -78,18 +79,22 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     console.print(f"[bold]{safe(job.id)}[/bold]  {_state(job.state, data['queue_position'])}  ({safe(job.workload)}, "
                   f"policy {safe(job.policy)})", highlight=False, soft_wrap=True)
     if job.reason:
-        console.print(f"  reason: {safe(job.reason)}", highlight=False, soft_wrap=True)
-    console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {safe(job.bundle_sha256[:16])}…", highlight=False, soft_wrap=True)
+        _print_folded(console, f"reason: {job.reason}")
+    console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {safe(job.bundle_sha256[:16])}…", highlight=False,
+                  soft_wrap=True)
     console.print(f"  job dir: {safe(data['job_dir'])}", highlight=False, soft_wrap=True)
     if data["outputs_dir"]:
         console.print(f"  outputs: [bold]{safe(data['outputs_dir'])}[/bold]", highlight=False, soft_wrap=True)
-    table = Table("#", "backend", "state", "started", "ended", "cost", "reason", box=None)
-    for column in table.columns[:6]:
+    table = Table("#", "backend", "state", "started", "ended", "cost", box=None)
+    for column in table.columns:
         column.no_wrap = True
     for a in data["attempts"]:
         table.add_row(safe(a["id"].rsplit(".", 1)[-1]), safe(a["backend"]), _state(a["state"]), _when(a["started_at"]),
-                      _when(a["ended_at"]), display_usd(a["cost_micro_usd"] or 0), safe(a["reason"] or ""))
+                      _when(a["ended_at"]), display_usd(a["cost_micro_usd"] or 0))
     console.print(table)
+    for a in data["attempts"]:  # below the table, folded to the terminal's width: a narrow column would hold a word a line
+        if a["reason"]:
+            _print_folded(console, f"#{a['id'].rsplit('.', 1)[-1]}: {a['reason']}")
     for a in data["attempts"]:
         for f in a["outputs"] if a["state"] == "accepted" else []:
             console.print(f"    {safe(f['path'])}  ({f['size']:,} bytes, sha256 {safe(f['sha256'][:12])}…)", highlight=False,
@@ -97,11 +102,22 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
         _print_opaque(console, a["opaque"] if a["state"] == "accepted" else [])
     if events:
         log = Table("time", "attempt", "event", box=None)
+        for column in log.columns[:2]:
+            column.no_wrap = True
         for e in data["events"]:
             what = f"{e['from'] or ''} → {e['to']}" if e["to"] else e["kind"]
             reason = (e["detail"] or {}).get("reason")
             log.add_row(_when(e["at"]), safe(e["attempt"] or ""), safe(what + (f" ({reason})" if reason else "")))
         console.print(log)
+
+
+def _print_folded(console: Console, text: str, indent: int = 2) -> None:
+    """`text` wrapped at word boundaries to the console's width, every line indented (a word longer than
+    a line is folded, never cut)."""
+    from rich.padding import Padding
+    from rich.text import Text
+
+    console.print(Padding(Text(visible(text), overflow="fold"), (0, 0, 0, indent)))
 
 
 def _print_opaque(console: Console, opaque: list[dict]) -> None:

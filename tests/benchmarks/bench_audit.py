@@ -125,7 +125,7 @@ def pipeline_attempt(recipe, config, calibration, k: int, q: int, root: Path, op
     from trainmaster.verify.openings import LocalOpenings
     from trainmaster.verify.pipeline import Attempt, AuditSettings
     from trainmaster.jobs.files import sha256_file
-    from trainmaster.verify.signing import sign_commitment
+    from trainmaster.jobs.signing import sign_commitment
 
     outputs = root / "out"
     options = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in config.model_dump().items())

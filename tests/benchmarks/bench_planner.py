@@ -49,7 +49,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import median_seconds, print_figures  # noqa: E402
 
-from trainmaster.backends.base import Offer, OfferSet  # noqa: E402
+from trainmaster.backends.base import Offer, OfferConstraints, OfferRequest, OfferSet  # noqa: E402
+from trainmaster.backends.power import PowerModel  # noqa: E402
 from trainmaster.backends.catalog import CLOUDS, catalog_offers, gpu_matches, load_catalog, throughput  # noqa: E402
 from trainmaster.broker.planner import plan  # noqa: E402
 from trainmaster.broker.policy import Policy, load_policy  # noqa: E402
@@ -158,7 +159,7 @@ def job(workload: str) -> JobSpec:
 def local_offers(policy: Policy) -> OfferSet:
     return OfferSet(backend="local", offers=[Offer(
         backend="local", instance="workstation", region="local", gpu_type="NVIDIA GeForce RTX 4090", gpu_count=1,
-        gpu_memory_mb=24_564, cpus=16, price_per_hour_micro_usd=policy.power.price_per_hour_micro(1), trusted=True,
+        gpu_memory_mb=24_564, cpus=16, price_per_hour_micro_usd=(policy.power or PowerModel()).price_per_hour_micro(1), trusted=True,
     )])
 
 
@@ -175,7 +176,7 @@ def miner_offers() -> OfferSet:
 
 
 def all_offers(spec: JobSpec, policy: Policy, catalogs: dict) -> list[OfferSet]:
-    clouds = [catalog_offers(c, spec, spot_allowed=True, catalog=catalogs[c]) for c in CLOUDS]
+    clouds = [catalog_offers(c, OfferRequest(spec=spec), catalog=catalogs[c]) for c in CLOUDS]
     return [local_offers(policy), miner_offers(), *clouds]
 
 
@@ -212,7 +213,8 @@ def oracle(spec: JobSpec, policy: Policy, offer_sets: list[OfferSet]) -> tuple[i
 def on_demand(spec: JobSpec, cloud: str, catalogs: dict) -> tuple[int, str]:
     """The job on `cloud`'s cheapest fitting on-demand instance."""
     policy = Policy.model_validate({"name": f"{cloud}-on-demand", "default": {"primary": f"{cloud}:on-demand"}})
-    chosen = plan(spec, policy, [catalog_offers(cloud, spec, spot_allowed=False, catalog=catalogs[cloud])]).chosen
+    request = OfferRequest(spec=spec, constraints=OfferConstraints(spot_allowed=False))
+    chosen = plan(spec, policy, [catalog_offers(cloud, request, catalog=catalogs[cloud])]).chosen
     return chosen.expected_micro_usd, chosen.offer.key
 
 

@@ -1,0 +1,96 @@
+"""The self-check's fresh process (`jobs/selfcheck.py` starts it): imports the recipe the way the audit
+does, then replays the segment it is handed and writes which entries of the state differ.
+
+Command line (internal)::
+
+    python -m trainmaster.jobs.selfcheck_child (--module NAME | --script PATH) --attr ATTR --result FILE
+
+It reads one JSON line ``{"checkpoint_dir": …, "segment": i, "k": k}`` from stdin (end of input: it
+exits quietly) and writes ``{"differ": [...]}`` or ``{"error": "..."}`` to ``FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from .recipe import Recipe
+from .selfcheck import MODULE
+
+_SCRIPT_MODULE = "__trainmaster_recipe__"
+
+
+def replayed_differences(recipe: Recipe, checkpoint_dir: Path, segment: int, k: int) -> list[str]:
+    """Replay ``segment`` from its committed S_i with its recorded decisions; the entries of the full
+    state reached that differ from the committed S_{i+1} (weights by name, then the rest), plus
+    ``decision <name>`` for decisions this replay would have taken otherwise."""
+    from .checkpoint import segment_dir
+    from .replay import load_state, replay_segment
+    from .state_diff import differing
+
+    here = segment_dir(checkpoint_dir, segment)
+    replayed = replay_segment(recipe, here, k, forced_decisions=here)
+    committed = load_state(segment_dir(checkpoint_dir, segment + 1))
+    differ = differing(replayed.state.weights, committed.weights) + differing(replayed.state.rest, committed.rest)
+    return differ + [f"decision {name}" for name, count in sorted(replayed.decisions.by_name.items()) if count]
+
+
+def _import_recipe(args: argparse.Namespace) -> Recipe:
+    if args.module:
+        module = importlib.import_module(args.module)
+    else:
+        spec = importlib.util.spec_from_file_location(_SCRIPT_MODULE, args.script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_SCRIPT_MODULE] = module
+        spec.loader.exec_module(module)
+    recipe = getattr(module, args.attr)
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"{args.attr} is a {type(recipe).__name__}, not a Recipe")
+    return recipe
+
+
+def _write(path: Path, found: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(found))
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--module")
+    where.add_argument("--script")
+    parser.add_argument("--attr", required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        recipe = _import_recipe(args)
+    except BaseException as exc:  # noqa: BLE001 — user code at import: whatever it raises is reported
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        _write(args.result, {"error": f"importing the recipe in a fresh process raised {last}"})
+        return 1
+    with contextlib.suppress(Exception):  # torch imports its compiler stack on the first optimizer built
+        importlib.import_module("torch._dynamo")  # (seconds): here, while the run trains, not at its end
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # the run ended before its check (it failed or was stopped)
+    request = json.loads(line)
+    try:
+        differ = replayed_differences(recipe, Path(request["checkpoint_dir"]), request["segment"], request["k"])
+    except Exception as exc:  # noqa: BLE001 — the recipe's own code, or a state it cannot load back
+        _write(args.result, {"error": f"replaying segment {request['segment']} raised {type(exc).__name__}: {exc}"})
+        return 1
+    _write(args.result, {"differ": differ})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
