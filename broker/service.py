@@ -542,7 +542,7 @@ class Broker:
             if chosen.too_big:
                 await self._attempt_failed(job, attempt, chosen.too_big, retry=False)
                 return
-            kept, dropped = await self._committed_only(attempt, dest, chosen.kept)
+            kept, dropped = _committed(attempt, chosen.kept)
             self.store.record_outputs(attempt.id, [(f.path, f.size, f.sha256) for f in files if f.path in kept])
             await self._record_cost(job, attempt)
             self.store.move_attempt(attempt.id, "verifying", job_target="verifying",
@@ -550,6 +550,8 @@ class Broker:
             hashed_now = True
         verdict = None if hashed_now else self._final_verdict(job, attempt)  # stored before the process died
         verdict = verdict or await self._verify(job, self.store.attempt(attempt.id), dest, backend, handle, hashed_now)
+        # judged with the rest (a pickle among them still rejects the attempt), never kept
+        await asyncio.to_thread(kept_outputs.remove, dest, self._dropped(job, attempt))
         if verdict.outcome == "accepted":
             opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
             await self._end_attempt(job, attempt, "accepted", job_target="accepted",
@@ -565,17 +567,6 @@ class Broker:
             ban_rejected(self.executors, hotkey=attempt.executor_hotkey, coldkey=attempt.executor_coldkey,
                          reason=why, job_id=job.id, attempt_id=attempt.id)
             await self._attempt_failed(job, attempt, why, retry=True, state="rejected")
-
-    async def _committed_only(self, attempt: Attempt, dest: Path, fetched: tuple[str, ...]) -> tuple[set[str], tuple[str, ...]]:
-        """From untrusted compute, only the files bound to the signed commitment are kept: the others are
-        deleted and returned as dropped (trusted compute's are all kept)."""
-        if Offer.model_validate_json(attempt.offer_json).trusted:
-            return set(fetched), ()
-        from trainmaster.verify.committed import committed_outputs
-
-        chosen = committed_outputs(fetched)
-        await asyncio.to_thread(kept_outputs.remove, dest, chosen.dropped)
-        return set(chosen.kept), chosen.dropped
 
     def _dropped(self, job: Job, attempt: Attempt) -> tuple[str, ...]:
         """The files dropped from the attempt's outputs when it was fetched (recorded on its move to verifying)."""
@@ -901,6 +892,17 @@ def banned_offers(offer_sets: list[OfferSet], hotkeys: frozenset[str], coldkeys:
 
     return {o.key for s in offer_sets for o in s.offers
             if not o.trusted and (o.instance in hotkeys or owner(o) in coldkeys)}
+
+
+def _committed(attempt: Attempt, fetched: tuple[str, ...]) -> tuple[set[str], tuple[str, ...]]:
+    """The fetched files kept, and those dropped: from untrusted compute only the files bound to the signed
+    commitment are kept (verify/committed.py); trusted compute's are all kept."""
+    if Offer.model_validate_json(attempt.offer_json).trusted:
+        return set(fetched), ()
+    from trainmaster.verify.committed import committed_outputs
+
+    chosen = committed_outputs(fetched)
+    return set(chosen.kept), chosen.dropped
 
 
 def _resumable_from(attempt: Attempt) -> bool:

@@ -5,7 +5,9 @@ integrity check refuses a `model.safetensors` with any other hash), itself by it
 checkpoint segments by the Merkle root over their manifests' leaves (the replay audit opens the
 challenged ones against it). Any other file an executor returns (`result.json`, `metrics.jsonl`, a
 `model_best.safetensors`) is its own say-so: it is dropped from the stored outputs and listed as
-dropped in the verdict's evidence, and the job's metrics come from the broker's own evaluation.
+dropped in the verdict's evidence, and the job's metrics come from the broker's own evaluation. The
+broker deletes the dropped files only after the verdict: the safety check judges them with the rest, so
+a pickle among them still rejects the attempt.
 """
 
 from __future__ import annotations

@@ -100,8 +100,8 @@ class Attempt:
     envs_dir: Path | None = None
     """Where the broker caches job virtualenvs by their requirements' hash (``jobs/venvs.py``)."""
     dropped: tuple[str, ...] = ()
-    """Files the executor returned that its commitment does not bind, dropped before verification
-    (verify/committed.py): listed in the integrity evidence."""
+    """Files the executor returned that its commitment does not bind (verify/committed.py): not recorded
+    as outputs, listed in the integrity evidence, judged by the safety check, deleted by the broker after."""
     outputs_trusted: bool | None = None
     """How the outputs are judged: pickle-capable files kept opaque (True) or refused (False), and a
     self-reported ``result.json`` taken as metrics or not; default ``trusted``. `trainmaster verify

@@ -6,6 +6,9 @@ idempotency key, UNIQUE in the table, so a retried or resumed call finds its fir
 nothing; the same key with a different request is an error, never a second payment. A reservation
 is settled at most once (a UNIQUE index on `reservation_key`).
 
+A charge that pays an untrusted executor writes its payment (wallet/payments.py) in the same
+transaction, keyed by the charge, so a payment exists exactly when its charge does.
+
 Budgets are checked and the reservation written in one `BEGIN IMMEDIATE` transaction, so concurrent
 submissions (threads or processes, each with its own connection) can never overshoot a hard cap.
 The tables live in the broker's SQLite file beside its own, with their own schema version row; rows
