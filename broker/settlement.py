@@ -61,10 +61,6 @@ class Receipt:
     created_at: float
     acknowledged_at: float | None
 
-    @property
-    def fields(self) -> dict:
-        return json.loads(self.receipt)
-
 
 class Settlement:
     """The settling stage on the broker's connection: `pending` finds the attempts to settle, `conclude` settles one."""
