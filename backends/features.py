@@ -43,6 +43,26 @@ class SignedCommitment(Frozen):
     signature: str
 
 
+class Conclusion(Frozen):
+    """What the broker tells an untrusted executor after its verdict (docs/protocol.md §8): the verdict,
+    the amount paid (rao), the attempt's challenge secret revealed (its sha256 is the digest published at
+    dispatch, so the executor can check its challenge was drawn honestly), and a receipt of all that: the
+    canonical JSON `receipt` and the broker's sr25519 `signature` over its bytes, by the key `broker`."""
+
+    verdict: str
+    amount_rao: int
+    challenge_secret: str
+    receipt: str
+    signature: str
+    broker: str
+
+
+class Acknowledgement(Frozen):
+    """The executor's answer to its conclusion: its hotkey's sr25519 signature over the receipt's bytes."""
+
+    countersignature: str
+
+
 class KeepsSegments:
     """Keeps the committed segments of a runtime job where the replay audit can have them opened
     (docs/runtime.md: a checkpoint directory of `segments/<i>/`)."""
@@ -115,12 +135,19 @@ class AllocatesMachine:
 class RunsUntrusted(KeepsSegments):
     """Runs on compute we do not control. Its work is paid only after the replay audit accepts it, so
     the backend gives the broker what the audit needs: who ran it, the signed commitment, and, only
-    after the commitment is stored, the segments the challenge names (docs/verification.md)."""
+    after the commitment is stored, the segments the challenge names (docs/verification.md); after the
+    verdict it is told its conclusion and countersigns the receipt (broker/settlement.py)."""
 
     async def executor(self, handle: Handle) -> ExecutorIdentity:
         raise NotImplementedError
 
     async def signed_commitment(self, handle: Handle) -> SignedCommitment:
+        raise NotImplementedError
+
+    async def conclude(self, handle: Handle, conclusion: Conclusion) -> Acknowledgement:
+        """Tell the executor its settlement, and have it countersign the receipt. Idempotent: the broker
+        sends the same conclusion again until it has an acknowledgement stored, so an executor told twice
+        answers the same way."""
         raise NotImplementedError
 
 

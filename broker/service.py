@@ -4,7 +4,8 @@ Every step reads the state from SQLite, does its work, and records the new state
 walks a job as far as it can go right now. Any process (the CLI that submitted, a later
 `trainmaster status`, the daemon) can call it after a crash, so no job is lost: a dispatch
 that died before recording its handle finds its run again (`Backend.submit` is idempotent on the
-attempt id), and a settle that died half-way is redone without recording anything twice.
+attempt id), and a settle that died half-way is redone without recording anything twice. After the
+verdict, an untrusted executor is paid and told its conclusion exactly once (broker/settlement.py).
 
 Everything here is a coroutine: the CLI calls `asyncio.run` once at its edge and the daemon runs
 the same calls on its own loop. Work that would block the loop (bundling, hashing, the
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster.backends.base import (
-    AttemptContext, Backend, BackendError, Handle, LocalEnvironmentError, Offer, OfferSet, Phase, Progress,
+    AttemptContext, Backend, BackendError, Cost, Handle, LocalEnvironmentError, Offer, OfferSet, Phase, Progress,
     TransientBackendError,
 )
 from trainmaster.backends.features import (
@@ -41,6 +42,7 @@ from trainmaster.backends.features import (
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import cost_cap, paths, states
 from trainmaster.broker.backend_config import configured
+from trainmaster.broker.agreed_price import agreed
 from trainmaster.broker.estimate import own_estimate, past_run
 from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.offer_request import current_rate, offer_request, provider_for
@@ -49,12 +51,14 @@ from trainmaster.broker.plans import StoredPlan, requote
 from trainmaster.broker.policy import Policy, load_policy
 from trainmaster.broker.predecessor import previous_metrics
 from trainmaster.broker.resuming import ResumePoint, raised_limits, resume_point
+from trainmaster.broker.settlement import Settlement
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs import outputs as kept_outputs
 from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 from trainmaster.wallet.rates import Rate, RateProvider
+from trainmaster.wallet.payments import ConclusionChannel, PaymentOrder, PaymentSender
 
 HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
 MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
@@ -90,9 +94,11 @@ class Broker:
     """The broker over one state database. `backends` replaces registry backends by name (tests)."""
 
     def __init__(self, store: Store | None = None, backends: dict[str, Backend] | None = None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, sender: PaymentSender | None = None):
         self.store = store or Store(paths.state_db())
         self.progress = progress
+        self._sender = sender or ConclusionChannel()
+        self._settlement: Settlement | None = None
         self._given = dict(backends or {})
         self._backends: dict[tuple[str, str], Backend] = {}
         self._policies: dict[str, Policy] = {}
@@ -267,10 +273,13 @@ class Broker:
 
     async def advance(self, job_id: str) -> Job:
         """Move a job as far as it can go now; safe to call from any process at any time. A queued job
-        first has the jobs that hold the machine brought up to date, so a run that ended frees its place."""
+        first has the jobs that hold the machine brought up to date, so a run that ended frees its place.
+        An untrusted attempt with a verdict is then settled with its executor (broker/settlement.py)."""
         if self.store.job(job_id).state == "queued":
             await self._advance_holders()
-        return await self._advance(job_id)
+        job = await self._advance(job_id)
+        await self._settle_with_executors(job_id)
+        return job
 
     async def _advance_holders(self) -> None:
         for holder in self.store.holders():
@@ -308,6 +317,11 @@ class Broker:
                 await self._advance(job.id)
             except Exception as exc:  # noqa: BLE001 — recorded on the job, retried by the next command
                 self.store.log_event(job.id, "error", {"message": f"{type(exc).__name__}: {exc}"})
+        for job_id in dict.fromkeys(job_id for job_id, _ in self.settlement.pending()):
+            try:
+                await self._settle_with_executors(job_id)
+            except Exception as exc:  # noqa: BLE001 — recorded on the job, retried by the next command
+                self.store.log_event(job_id, "error", {"message": f"{type(exc).__name__}: {exc}"})
 
     async def wait(self, job_id: str, *, poll_s: float = 0.2, timeout_s: float | None = None) -> Job:
         deadline = time.time() + timeout_s if timeout_s else None
@@ -323,6 +337,36 @@ class Broker:
     def _blocked(self, job: Job) -> frozenset[str]:
         return frozenset(Offer.model_validate_json(a.offer_json).key for a in self.store.attempts(job.id)
                          if a.state in ("failed", "rejected"))
+
+    @property
+    def settlement(self) -> Settlement:
+        """The settling stage after a verdict: payments sent and conclusions delivered, exactly once."""
+        if self._settlement is None:
+            self._settlement = Settlement(self.store.db, self.store.path, key_path=paths.home() / "keys" / "broker.key",
+                                          sender=self._sender)
+        return self._settlement
+
+    async def _settle_with_executors(self, job_id: str) -> None:
+        """Settle each of the job's untrusted attempts that has a verdict and no acknowledged conclusion:
+        its payment sent, its conclusion delivered. A failure (the executor unreachable, a bad
+        countersignature) is recorded on the job and tried again by the next command."""
+        pending = self.settlement.pending(job_id)
+        if not pending:
+            return
+        async with _locked(paths.job_dir(job_id) / ".lock"):
+            job = self.store.job(job_id)
+            for _, attempt_id in pending:
+                attempt = self.store.attempt(attempt_id)
+                backend = self.backend(attempt.backend, self.policy(job))
+                if not isinstance(backend, RunsUntrusted) or not attempt.handle_json:
+                    continue
+                charge = self._ledger(job).entry(f"charge:{attempt.id}")
+                try:
+                    await self.settlement.conclude(job, attempt, backend, Handle.model_validate_json(attempt.handle_json),
+                                                   amount_rao=charge.rao if charge else 0)
+                except BackendError as exc:
+                    self.store.log_event(job_id, "error", {"message": f"settling attempt {attempt.n} with its "
+                                                                      f"executor: {exc}"}, attempt.id)
 
     @property
     def executors(self) -> Executors:
@@ -362,9 +406,13 @@ class Broker:
         ledger = self._ledger(job)
         key = f"reserve:{job.id}.{n}.p{stored.seq}"
         self._release_orphans(job, ledger, keep=key)
+        price = None if offer.trusted else agreed(offer, stored.hours)  # what an untrusted executor's work is paid
         try:
             ledger.reserve(key, job_id=job.id, backend=offer.backend, workload=job.workload, project=job.project,
-                           micro_usd=stored.expected_micro_usd, detail={"offer": offer.key, "hours": stored.hours})
+                           micro_usd=stored.expected_micro_usd, rao=price.rao if price else 0,
+                           rate_micro_usd_per_tao=price.rate_micro_usd_per_tao if price else None,
+                           detail={"offer": offer.key, "hours": stored.hours,
+                                   **({"agreed_micro_usd": price.micro_usd} if price else {})})
         except BudgetExceeded as exc:
             self.store.move_job(job.id, "failed", reason=f"refused by budget: {exc}")
             return
@@ -589,12 +637,16 @@ class Broker:
             if chosen.too_big:
                 await self._attempt_failed(job, attempt, chosen.too_big, retry=False)
                 return
-            kept = set(chosen.kept)
+            kept, dropped = _committed(attempt, chosen.kept)
             self.store.record_outputs(attempt.id, [(f.path, f.size, f.sha256) for f in files if f.path in kept])
             await self._record_cost(job, attempt)
-            self.store.move_attempt(attempt.id, "verifying", job_target="verifying")
+            self.store.move_attempt(attempt.id, "verifying", job_target="verifying",
+                                    detail={"dropped": list(dropped)} if dropped else None)
             hashed_now = True
-        verdict = await self._verify(job, self.store.attempt(attempt.id), dest, backend, handle, hashed_now)
+        verdict = None if hashed_now else self._final_verdict(job, attempt)  # stored before the process died
+        verdict = verdict or await self._verify(job, self.store.attempt(attempt.id), dest, backend, handle, hashed_now)
+        # judged with the rest (a pickle among them still rejects the attempt), never kept
+        await asyncio.to_thread(kept_outputs.remove, dest, self._dropped(job, attempt))
         if verdict.outcome == "accepted":
             opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
             await self._end_attempt(job, attempt, "accepted", job_target="accepted",
@@ -630,6 +682,11 @@ class Broker:
             sizes = ", ".join(f"{kind} {size / 1e6:.1f} MB" for kind, size in reclaim.by_kind(freed).items() if size)
             self.store.log_event(job.id, "disk", {"reason": f"gave back {sizes} (retention.yaml; `trainmaster gc`)"})
 
+    def _dropped(self, job: Job, attempt: Attempt) -> tuple[str, ...]:
+        """The files dropped from the attempt's outputs when it was fetched (recorded on its move to verifying)."""
+        return tuple(path for e in self.store.events(job.id) if e.attempt_id == attempt.id and e.to_state == "verifying"
+                     for path in (e.detail or {}).get("dropped", []))
+
     async def _verify(self, job: Job, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
                       hashed_now: bool):
         """The verification pipeline (in a worker thread), with the checks the job's policy sets for this
@@ -661,6 +718,7 @@ class Broker:
             envs_dir=_envs_dir(backend), exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
             outputs_hashed=hashed_now, seed=attempt.seed, previous_metrics=previous_metrics(self.store, job),
+            dropped=self._dropped(job, attempt),
         )
         settings = self.policy(job).verification
         return await asyncio.to_thread(
@@ -669,6 +727,17 @@ class Broker:
             db_path=self.store.path,
             audit_settings=pipeline.AuditSettings(calibration_dir=paths.home() / "calibration", tau=settings.tau),
         )
+
+    def _final_verdict(self, job: Job, attempt: Attempt):
+        """The attempt's stored verdict when it is final (accepted or rejected): a verdict is reached once."""
+        from trainmaster.verify.records import VerdictStore
+
+        verdicts = VerdictStore(self.store.path)
+        try:
+            verdict = verdicts.latest(job.id, attempt.id)
+        finally:
+            verdicts.close()
+        return verdict if verdict is not None and verdict.outcome in ("accepted", "rejected") else None
 
     def _checks(self, job: Job, offer: Offer) -> list[str]:
         return checks_for(self.policy(job), self.spec(job), offer)
@@ -688,17 +757,20 @@ class Broker:
         """Charge what was actually spent, or release the reservation.
 
         Compute we pay for by the hour whatever happens (our own power, a cloud's bill) is charged
-        at its recorded cost on every end; an untrusted executor is paid only for accepted work. A
-        TAO cost is charged in rao with the exchange rate it was priced at.
+        at its recorded cost on every end; an untrusted executor is paid only for accepted work, the
+        price agreed at dispatch, and its payment is recorded with the charge (sent by the settling
+        stage, broker/settlement.py). A TAO cost is charged in rao with the exchange rate it was priced at.
         """
         offer = Offer.model_validate_json(attempt.offer_json)
         ledger = self._ledger(job)
         reservation = attempt.reserve_key or _legacy_reserve_key(attempt)
         if target == "accepted" or (offer.trusted and attempt.cost_micro_usd is not None):
+            payment = (PaymentOrder(attempt_id=attempt.id, payee=attempt.executor_hotkey, rao=attempt.cost_rao or 0)
+                       if not offer.trusted and attempt.executor_hotkey else None)
             ledger.charge(f"charge:{attempt.id}", reservation_key=reservation, micro_usd=attempt.cost_micro_usd or 0,
                           rao=attempt.cost_rao or 0, rate_micro_usd_per_tao=attempt.cost_rate_micro_usd_per_tao,
                           detail={"outcome": target, "rate_at": attempt.cost_rate_at} if attempt.cost_rao
-                          else {"outcome": target})
+                          else {"outcome": target}, payment=payment)
         else:
             ledger.release(f"release:{attempt.id}", reservation_key=reservation, detail={"outcome": target})
 
@@ -711,13 +783,18 @@ class Broker:
         return self._ledgers[key]
 
     async def _record_cost(self, job: Job, attempt: Attempt) -> None:
-        """Ask the backend what the attempt cost, once: a recorded cost is never asked for again."""
+        """Record what the attempt costs, once: a recorded cost is never asked for again. Trusted compute's
+        backend says what it billed; an untrusted executor's cost is the price agreed at dispatch, capped at
+        its reservation (`agreed_price`), whatever time it reports."""
         attempt = self.store.attempt(attempt.id)
         if attempt.cost_micro_usd is not None or not attempt.handle_json:
             return
         offer = Offer.model_validate_json(attempt.offer_json)
-        backend = self.backend(attempt.backend, self.policy(job))
-        cost = await retried(backend.cost, Handle.model_validate_json(attempt.handle_json), offer)
+        if offer.trusted:
+            backend = self.backend(attempt.backend, self.policy(job))
+            cost = await retried(backend.cost, Handle.model_validate_json(attempt.handle_json), offer)
+        else:
+            cost = self._agreed_cost(job, attempt, offer)
         if cost.rao:  # the rate a TAO charge is valued at, and whether it was stale when it was used
             rate = Rate(micro_usd_per_tao=cost.rate_micro_usd_per_tao, taken_at=cost.rate_at,
                         source=f"{attempt.backend}'s cost")
@@ -726,6 +803,15 @@ class Broker:
         self.store.record_cost(attempt.id, micro_usd=cost.micro_usd, rao=cost.rao,
                                billable_seconds=cost.billable_seconds, basis=cost.basis,
                                rate_micro_usd_per_tao=cost.rate_micro_usd_per_tao, rate_at=cost.rate_at)
+
+    def _agreed_cost(self, job: Job, attempt: Attempt, offer: Offer) -> Cost:
+        """The price agreed when the attempt was dispatched: the offer's price for the hours its reservation
+        was made for, never more than that reservation."""
+        reservation = self._ledger(job).entry(attempt.reserve_key or _legacy_reserve_key(attempt))
+        if reservation is None:
+            raise BackendError(f"attempt {attempt.id} has no reservation to take its agreed price from")
+        price = agreed(offer, float((reservation.detail or {}).get("hours", 0.0))).capped(reservation.micro_usd)
+        return price.cost(rate_at=reservation.at)
 
     # user actions on a job
 
@@ -931,6 +1017,17 @@ def banned_offers(offer_sets: list[OfferSet], hotkeys: frozenset[str], coldkeys:
 
     return {o.key for s in offer_sets for o in s.offers
             if not o.trusted and (o.instance in hotkeys or owner(o) in coldkeys)}
+
+
+def _committed(attempt: Attempt, fetched: tuple[str, ...]) -> tuple[set[str], tuple[str, ...]]:
+    """The fetched files kept, and those dropped: from untrusted compute only the files bound to the signed
+    commitment are kept (verify/committed.py); trusted compute's are all kept."""
+    if Offer.model_validate_json(attempt.offer_json).trusted:
+        return set(fetched), ()
+    from trainmaster.verify.committed import committed_outputs
+
+    chosen = committed_outputs(fetched)
+    return set(chosen.kept), chosen.dropped
 
 
 def _resumable_from(attempt: Attempt) -> bool:

@@ -419,6 +419,17 @@ class Store:
         ).fetchall()
         return [(Attempt(**{k: r[k] for k in r.keys() if k != "job_spec"}), r["job_spec"]) for r in rows]
 
+    def awaiting_conclusion(self) -> bool:
+        """Whether an untrusted attempt with a final verdict has no acknowledged conclusion yet
+        (broker/settlement.py, which makes the `conclusions` table): a command must then run its refresh,
+        which settles it, even when every job has ended."""
+        final = ("SELECT 1 FROM attempts a WHERE a.state IN ('accepted', 'rejected') AND a.executor_hotkey IS NOT NULL")
+        made = self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'conclusions'").fetchone()
+        if made:
+            final += (" AND NOT EXISTS (SELECT 1 FROM conclusions c WHERE c.attempt_id = a.id"
+                      " AND c.countersignature IS NOT NULL)")
+        return self.db.execute(final + " LIMIT 1").fetchone() is not None
+
     def next_attempt_number(self, job_id: str) -> int:
         return self.db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)).fetchone()[0]
 

@@ -12,7 +12,7 @@ import pytest
 
 from broker_support import SyncBroker
 from trainmaster.broker import paths
-from untrusted_backend import RAO_PER_TAO, USD_PER_TAO_MICRO, LazyExecutor, ReusingExecutor, UntrustedExecutor
+from untrusted_backend import RAO_PER_HOUR, RAO_PER_TAO, USD_PER_TAO_MICRO, LazyExecutor, ReusingExecutor, UntrustedExecutor
 
 pytestmark = pytest.mark.slow
 
@@ -73,14 +73,16 @@ def test_an_honest_untrusted_attempt_is_audited_accepted_and_paid_in_tao(tm_home
     assert verdict["checks"] == ["integrity", "safety", "replay", "outcome"]
     assert verdict["evidence"]["integrity"]["signature"] == f"valid for {executor.keypair.ss58_address}"
     assert executor.opened == [[0, 1, 2, 3]]
-    # paid once, in rao, with the exchange rate it was priced at
+    # paid once, in rao: the price agreed at dispatch (the offer's rao/h × the planned hours), reserved with
+    # the exchange rate it was priced at
     rows = _ledger_rows(done.id)
     assert [r.kind for r in rows] == ["reserve", "charge"]
-    charge = rows[1]
-    assert charge.rao == attempt.cost_rao > 0
+    reserve, charge = rows
+    assert charge.rao == attempt.cost_rao == reserve.rao == round(RAO_PER_HOUR * reserve.detail["hours"]) > 0
     assert charge.rate_micro_usd_per_tao == attempt.cost_rate_micro_usd_per_tao == USD_PER_TAO_MICRO
     assert charge.micro_usd == attempt.cost_micro_usd == attempt.cost_rao * USD_PER_TAO_MICRO // RAO_PER_TAO
-    assert attempt.cost_rate_at is not None and attempt.cost_rate_at >= attempt.created_at
+    assert charge.micro_usd <= reserve.micro_usd
+    assert attempt.cost_rate_at == reserve.at  # the rate was fixed at dispatch
     # it ran from a seed the broker derived from a nonce of its own, not the spec's 3
     from trainmaster.broker.service import attempt_seed
 

@@ -6,12 +6,18 @@ checkpoint folder through the shared transfer helper (announced size and sha256,
 It lives in tests only: it is the harness the Bittensor backend replaces. `LazyExecutor` cheats
 the way a real one would, training with a learning rate other than the spec's and committing
 honestly to what it computed.
+
+After the verdict the broker concludes with it: the executor keeps what it was told in its own
+folder (`told`, read by the tests across broker processes), checks the revealed challenge secret
+against the digest published at dispatch and the broker's signature on the receipt, and countersigns
+the receipt with its hotkey, answering a conclusion it was already told with the same countersignature.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import shutil
 import time
@@ -22,7 +28,7 @@ from trainmaster.backends.base import (
     AttemptContext, AttemptStatus, Backend, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Phase,
     Progress,
 )
-from trainmaster.backends.features import ExecutorIdentity, RunsUntrusted, SignedCommitment
+from trainmaster.backends.features import Acknowledgement, Conclusion, ExecutorIdentity, RunsUntrusted, SignedCommitment
 from trainmaster.backends.local import LocalBackend
 from trainmaster.jobs.checkpoint import MANIFEST, segment_dir, segment_indices
 from trainmaster.jobs.spec import JobSpec
@@ -81,6 +87,7 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
         self.published[ctx.attempt_id] = ctx.challenge_digest
         self.seeds[ctx.attempt_id] = ctx.seed
+        _publish(Path(ctx.workdir), ctx.challenge_digest)
         handle = await self.local.submit(bundle, self.executed(spec), offer, ctx)
         return Handle(backend=self.name, attempt_id=handle.attempt_id, data={**handle.data, "hotkey": offer.instance})
 
@@ -130,6 +137,65 @@ class UntrustedExecutor(RunsUntrusted, Backend):
                 target = segment_dir(dest, index) / path.name
                 await transfer.download(_reader(path), target, size=path.stat().st_size, sha256=_sha256(path))
         return dest
+
+
+    async def conclude(self, handle: Handle, conclusion: Conclusion) -> Acknowledgement:
+        """Keep what it is told; check the secret and the broker's signature; countersign the receipt
+        (the same countersignature for a conclusion it was already told)."""
+        from trainmaster.wallet.keys import signed_by
+
+        folder = Path(handle.data["workdir"]) / EXECUTOR_DIR
+        told = told_at(folder.parent)
+        if told and told[-1]["conclusion"]["receipt"] == conclusion.receipt:
+            countersignature = told[-1]["countersignature"]
+        else:
+            countersignature = "0x" + bytes(self.keypairs[handle.data["hotkey"]].sign(conclusion.receipt.encode())).hex()
+        published = (folder / "published").read_text()
+        receipt = json.loads(conclusion.receipt)
+        told.append({
+            "conclusion": conclusion.model_dump(), "countersignature": countersignature,
+            "secret_matches_published": hashlib.sha256(bytes.fromhex(conclusion.challenge_secret)).hexdigest() == published,
+            "receipt_names_published": receipt["challenge_digest"] == published,
+            "broker_signature_valid": signed_by(conclusion.receipt.encode(), conclusion.signature, conclusion.broker),
+        })
+        (folder / "told.json").write_text(json.dumps(told))
+        return Acknowledgement(countersignature=countersignature)
+
+
+class IdlingExecutor(UntrustedExecutor):
+    """Trains honestly, then idles `IDLE_S` seconds before it reports the run done, and bills that time."""
+
+    IDLE_S = 3.0
+
+    async def status(self, handle: Handle) -> AttemptStatus:
+        st = await super().status(handle)
+        if st.phase.done and time.time() < st.ended_at + self.IDLE_S:
+            return AttemptStatus(phase=Phase.running, started_at=st.started_at)
+        return st.model_copy(update={"ended_at": st.ended_at + self.IDLE_S}) if st.ended_at else st
+
+    async def cost(self, handle: Handle, offer: Offer) -> Cost:
+        cost = await super().cost(handle, offer)
+        rao = math.ceil((cost.billable_seconds + self.IDLE_S) * RAO_PER_HOUR / 3600)
+        return cost.model_copy(update={"rao": rao, "micro_usd": rao * USD_PER_TAO_MICRO // RAO_PER_TAO,
+                                       "billable_seconds": cost.billable_seconds + self.IDLE_S})
+
+
+FORGED = {"result.json": b'{"score": 0.99}\n', "metrics.jsonl": b'{"step": 100, "score": 0.99}\n'}
+
+
+class ForgingExecutor(UntrustedExecutor):
+    """Trains honestly and returns, beside its committed outputs, another model (`model_best.safetensors`)
+    and forged `result.json` and `metrics.jsonl`."""
+
+    async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
+        import torch
+        from safetensors.torch import save_file
+
+        outputs = Path(handle.data["workdir"]) / "outputs"
+        save_file({"w": torch.ones(4)}, str(outputs / "model_best.safetensors"))
+        for name, data in FORGED.items():
+            (outputs / name).write_bytes(data)
+        return await super().fetch(handle, dest, progress)
 
 
 class LazyExecutor(UntrustedExecutor):
@@ -189,7 +255,25 @@ class ReusingExecutor(LazyExecutor):
         self.published[ctx.attempt_id] = ctx.challenge_digest
         first = Path(ctx.workdir).parent / "1"
         await asyncio.to_thread(shutil.copytree, first, ctx.workdir, dirs_exist_ok=True, symlinks=True)
+        (Path(ctx.workdir) / EXECUTOR_DIR / "told.json").unlink(missing_ok=True)  # what the first attempt was told
+        _publish(Path(ctx.workdir), ctx.challenge_digest)
         return Handle(backend=self.name, attempt_id=ctx.attempt_id, data={"workdir": ctx.workdir, "hotkey": offer.instance})
+
+
+EXECUTOR_DIR = "executor"
+"""Where, in an attempt's work folder, the executor keeps what it was published and told."""
+
+
+def _publish(workdir: Path, digest: str | None) -> None:
+    folder = workdir / EXECUTOR_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "published").write_text(digest or "")
+
+
+def told_at(workdir: Path) -> list[dict]:
+    """Every conclusion the executor of the attempt in `workdir` was told, in order, with its checks."""
+    path = workdir / EXECUTOR_DIR / "told.json"
+    return json.loads(path.read_text()) if path.exists() else []
 
 
 def _reader(path: Path):

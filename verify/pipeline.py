@@ -102,6 +102,9 @@ class Attempt:
     ``envs_dir`` when its spec has one (``environment: {python: requirements}``), else the broker's."""
     envs_dir: Path | None = None
     """Where the broker caches job virtualenvs by their requirements' hash (``jobs/venvs.py``)."""
+    dropped: tuple[str, ...] = ()
+    """Files the executor returned that its commitment does not bind (verify/committed.py): not recorded
+    as outputs, listed in the integrity evidence, judged by the safety check, deleted by the broker after."""
     outputs_trusted: bool | None = None
     """How the outputs are judged: pickle-capable files kept opaque (True) or refused (False), and a
     self-reported ``result.json`` taken as metrics or not; default ``trusted``. `trainmaster verify
@@ -216,6 +219,8 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     evidence: dict[str, Any] = {
         "outputs_checked": _check_recorded(outputs, run.attempt.recorded_outputs, rehash=not run.attempt.outputs_hashed)
     }
+    if run.attempt.dropped:
+        evidence["dropped"] = list(run.attempt.dropped)
     _check_not_empty(outputs, run.attempt.spec)
     path = outputs / COMMITMENT_FILE
     if not os.path.lexists(path):  # a link or a FIFO of that name is refused by the read, never followed

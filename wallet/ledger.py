@@ -6,6 +6,9 @@ idempotency key, UNIQUE in the table, so a retried or resumed call finds its fir
 nothing; the same key with a different request is an error, never a second payment. A reservation
 is settled at most once (a UNIQUE index on `reservation_key`).
 
+A charge that pays an untrusted executor writes its payment (wallet/payments.py) in the same
+transaction, keyed by the charge, so a payment exists exactly when its charge does.
+
 Budgets are checked and the reservation written in one `BEGIN IMMEDIATE` transaction, so concurrent
 submissions (threads or processes, each with its own connection) can never overshoot a hard cap.
 The tables live in the broker's SQLite file beside its own, with their own schema version row; rows
@@ -27,7 +30,7 @@ from typing import Literal
 
 from trainmaster.storage import statedb
 from trainmaster.jobs.money import display_usd
-from trainmaster.wallet import outbox
+from trainmaster.wallet import outbox, payments
 from trainmaster.wallet.alerts import Alert, Overrun, log_alert
 from trainmaster.wallet.budget import Budget
 
@@ -203,6 +206,7 @@ class Ledger:
         with self._tx() as db:
             try:
                 statedb.migrate(db, version_table="ledger_schema", migrations=MIGRATIONS, what="the ledger")
+                payments.migrate(db)
             except statedb.SchemaTooNew as exc:
                 raise LedgerError(str(exc)) from None
 
@@ -234,10 +238,12 @@ class Ledger:
     def charge(
         self, key: str, *, reservation_key: str, micro_usd: int, rao: int = 0,
         rate_micro_usd_per_tao: int | None = None, detail: dict | None = None,
+        payment: payments.PaymentOrder | None = None,
     ) -> Entry:
         """Record what was actually paid and settle the reservation. Never refused by a budget: the
         money is spent; a charge above its reservation is sent to the notifier as an `Overrun`, and can push a
-        budget past its cap."""
+        budget past its cap. `payment`: what the charge pays an untrusted executor, recorded in the same
+        transaction and keyed by the charge (wallet/payments.py sends it, exactly once)."""
         _check_amounts(micro_usd, rao, rate_micro_usd_per_tao)
         with self._tx() as db:
             reservation, done = self._settle_target(
@@ -247,6 +253,8 @@ class Ledger:
                 return done
             now = self._clock()
             entry = _insert(db, key, _settlement(reservation, "charge", micro_usd, rao, rate_micro_usd_per_tao), now, detail)
+            if payment is not None:
+                payments.record(db, charge_key=key, job_id=entry.job_id, order=payment, at=now)
             matching = [b for b in self.budgets
                         if b.matches(backend=entry.backend, workload=entry.workload, project=entry.project)]
             alerts = _record_alerts(db, matching, now)
@@ -335,6 +343,10 @@ class Ledger:
         if job_id is not None:
             sql, args = sql + " WHERE job_id = ?", (job_id,)
         return [_entry(row) for row in self.db.execute(sql + " ORDER BY seq", args).fetchall()]
+
+    def entry(self, key: str) -> Entry | None:
+        """The movement recorded under `key`, if any."""
+        return _by_key(self.db, key)
 
     def outstanding(self) -> list[Reservation]:
         """Reservations not yet charged or released."""

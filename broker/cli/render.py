@@ -23,8 +23,8 @@ def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def _opaque(job, attempts) -> dict[str, list[dict]]:
-    """attempt id -> the opaque outputs its verdict lists (pickle-capable files kept, never loaded)."""
+def _verdicts(job, attempts) -> dict:
+    """attempt id -> the verdict of each attempt that has one (accepted or rejected)."""
     ended = [a for a in attempts if a.state in ("accepted", "rejected")]
     if not ended:
         return {}
@@ -35,14 +35,25 @@ def _opaque(job, attempts) -> dict[str, list[dict]]:
         verdicts = {a.id: store.latest(job.id, a.id) for a in ended}
     finally:
         store.close()
-    return {attempt_id: [{"path": o["path"], "kind": o["kind"], "what": o["what"]}
-                         for o in (v.evidence.get("safety") or {}).get("opaque", [])]
-            for attempt_id, v in verdicts.items() if v is not None}
+    return {attempt_id: v for attempt_id, v in verdicts.items() if v is not None}
+
+
+def _from_verdict(verdict) -> dict:
+    """What `status` shows of a verdict: the opaque outputs it lists (pickle-capable files kept, never loaded),
+    the files dropped as not bound to an untrusted executor's commitment, and the metrics of the broker's
+    own evaluation."""
+    if verdict is None:
+        return {"opaque": [], "dropped": [], "metrics": None}
+    evidence = verdict.evidence
+    return {"opaque": [{"path": o["path"], "kind": o["kind"], "what": o["what"]}
+                       for o in (evidence.get("safety") or {}).get("opaque", [])],
+            "dropped": list((evidence.get("integrity") or {}).get("dropped", [])),
+            "metrics": (evidence.get("outcome") or {}).get("metrics")}
 
 
 def job_json(broker, job, *, events: bool = False) -> dict:
     attempts = broker.store.attempts(job.id)
-    opaque = _opaque(job, attempts)
+    verdicts = _verdicts(job, attempts)
     out = {
         "id": job.id, "name": job.name, "workload": job.workload, "project": job.project, "state": job.state,
         "reason": job.reason, "policy": job.policy, "bundle_sha256": job.bundle_sha256, "spec_path": job.spec_path,
@@ -56,7 +67,7 @@ def job_json(broker, job, *, events: bool = False) -> dict:
             {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": a.started_at,
              "ended_at": a.ended_at, "cost_micro_usd": a.cost_micro_usd, "billable_seconds": a.billable_seconds,
              "outputs": [{"path": p, "size": s, "sha256": h} for p, s, h in broker.store.outputs(a.id)],
-             "opaque": opaque.get(a.id, [])}
+             **_from_verdict(verdicts.get(a.id))}
             for a in attempts
         ],
     }
@@ -100,6 +111,7 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
             console.print(f"    {safe(f['path'])}  ({f['size']:,} bytes, sha256 {safe(f['sha256'][:12])}…)", highlight=False,
                           soft_wrap=True)
         _print_opaque(console, a["opaque"] if a["state"] == "accepted" else [])
+        _print_dropped(console, a["dropped"])
     if events:
         log = Table("time", "attempt", "event", box=None)
         for column in log.columns[:2]:
@@ -130,6 +142,15 @@ def _print_opaque(console: Console, opaque: list[dict]) -> None:
     for item in opaque:
         console.print(f"    {safe(item['path'])}: {safe(item['what'])}", highlight=False, soft_wrap=True)
     console.print(f"  to return weights trainmaster can check, {CONVERT}", highlight=False, soft_wrap=True, markup=False)
+
+
+def _print_dropped(console: Console, dropped: list[str]) -> None:
+    if not dropped:
+        return
+    console.print("  [yellow]dropped outputs[/yellow]: not bound to the executor's signed commitment, so not kept:",
+                  highlight=False, soft_wrap=True)
+    for path in dropped:
+        console.print(f"    {path}", highlight=False, soft_wrap=True, markup=False)
 
 
 def print_jobs(console: Console, broker, jobs) -> None:
