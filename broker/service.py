@@ -49,6 +49,7 @@ from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 
 HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
 MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
+MAX_FAILURE_RATE = 0.99  # a backend that failed every time is priced as nearly sure to fail (the planner needs < 1)
 LOG_POLL_S = 0.2
 WATCH_S = 1.0  # while `logs -f` follows a running job, it is watched (its cost cap checked) this often
 
@@ -847,7 +848,8 @@ def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[st
         if attempt.executor_hotkey and attempt.state in ("accepted", "failed", "rejected"):
             by_executor.setdefault(offer.key, []).append(attempt.state != "accepted")
     history = {w: statistics.median(hours[:HISTORY_RUNS]) for w, hours in runtimes.items()}
-    rates = {k: sum(fails) / len(fails) for k, fails in outcomes.items() if len(fails) >= MIN_ATTEMPTS_FOR_RATE}
+    rates = {k: min(sum(fails) / len(fails), MAX_FAILURE_RATE) for k, fails in outcomes.items()
+             if len(fails) >= MIN_ATTEMPTS_FOR_RATE}
     rates |= {k: sum(fails) / (len(fails) + 1) for k, fails in by_executor.items() if any(fails)}
     return history, rates
 

@@ -180,3 +180,17 @@ def test_an_executors_fault_is_blamed_only_on_compute_we_do_not_control():
     assert failures.reaction(ExecutorFault("x"), trusted=True) is failures.CORRUPTED
     with pytest.raises(TypeError):
         failures.reaction(ValueError("not a backend's"), trusted=True)
+
+
+def test_a_backend_that_failed_every_time_is_priced_as_nearly_sure_to_fail_and_planning_still_works(
+        tm_home, job_factory, fast_retries):
+    """Found by the cancel property test: five failed attempts of a backend made its failure rate 1.0,
+    and every later plan raised ValueError."""
+    from trainmaster.broker.service import MAX_FAILURE_RATE, Broker, learned
+
+    broker = SyncBroker(Broker(backends={"local": Scripted(name="local", script=Script(status=ended(Cause.script_failed)))}))
+    for _ in range(5):
+        broker.wait(broker.submit(job_factory("print(1)\n")).id, timeout_s=60)
+    assert learned(broker.store.ended_attempts())[1] == {"local:on-demand": MAX_FAILURE_RATE}
+    assert broker.submit(job_factory("print(1)\n")).state == "failed"  # planned and run, not a ValueError
+    broker.close()
