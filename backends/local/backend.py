@@ -38,7 +38,7 @@ from trainmaster.backends.base import (
 )
 from trainmaster.backends.features import AllocatesMachine, KeepsSegments, SupportsMultiGpu, needed, unsupported
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
-from trainmaster.backends.local import allocation, processes
+from trainmaster.backends.local import allocation, oom, processes
 from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
@@ -385,13 +385,16 @@ def _exit_reason(workdir: Path, code: int, oom_killed: bool | None = False) -> s
 
 
 def _how_it_exited(code: int, oom_killed: bool | None) -> str:
+    """`oom_killed`: whether the kernel's OOM killer struck while it ran (None: cannot tell)."""
+    if code not in oom.KILLED:
+        return f"exited with code {code}"
     if oom_killed:
         return (f"killed by the kernel's out-of-memory killer (SIGKILL, exit code {code}): the job needed more "
                 "memory than the machine had free")
     if oom_killed is None:
         return (f"killed by SIGKILL (exit code {code}): by the kernel's out-of-memory killer or by hand "
                 "(the kernel log, dmesg, says which)")
-    return f"exited with code {code}"
+    return f"killed by SIGKILL (exit code {code}), not by the out-of-memory killer"
 
 
 def _read_json(path: Path) -> dict | None:
