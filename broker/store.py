@@ -553,20 +553,20 @@ def _violations(db, job_id: str) -> list[str]:
     if job is not None and job["state"] in states.JOB_ENDS:
         found += [f"job {job_id} is {job['state']} but its attempt {a['n']} is {a['state']}"
                   for a in attempts if a["state"] not in states.ATTEMPT_ENDS]
-    held = _held_reservations(db, job_id)
-    found += [f"attempt {a['n']} of {job_id} is {a['state']} but its reservation {key} is still held"
-              for a in attempts if a["state"] in states.ATTEMPT_ENDS
-              and (key := a["reserve_key"] or f"reserve:{a['id']}") in held]
+    ended = {a["reserve_key"] or f"reserve:{a['id']}": a for a in attempts if a["state"] in states.ATTEMPT_ENDS}
+    found += [f"attempt {ended[key]['n']} of {job_id} is {ended[key]['state']} but its reservation {key} is still held"
+              for key in sorted(_unsettled(db, list(ended)))]
     return found
 
 
-def _held_reservations(db, job_id: str) -> set[str]:
-    """The job's reservations neither charged nor released (the ledger shares the state database)."""
-    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ledger_entries'").fetchone() is None:
+def _unsettled(db, keys: list[str]) -> set[str]:
+    """Those of the reservations `keys` neither charged nor released (the ledger shares the state database)."""
+    if not keys or db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ledger_entries'"
+                              ).fetchone() is None:
         return set()
     rows = db.execute(
-        "SELECT key FROM ledger_entries r WHERE job_id = ? AND kind = 'reserve' AND NOT EXISTS"
-        " (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key)", (job_id,)).fetchall()
+        f"SELECT key FROM ledger_entries r WHERE key IN ({','.join('?' * len(keys))}) AND kind = 'reserve'"
+        " AND NOT EXISTS (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key)", keys).fetchall()
     return {r["key"] for r in rows}
 
 
