@@ -1,5 +1,5 @@
-"""Retries of backend calls, in one place: `TransientBackendError` is retried (or what the caller names), a bounded number
-of times, with jittered exponential backoff (tenacity); anything else, or the last failure, is raised."""
+"""Retries of backend calls, in one place: `TransientBackendError` is retried (or what the caller names), a
+bounded number of times, with jittered exponential backoff (tenacity); anything else, or the last failure, is raised."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ The table (docs/architecture.md §2):
 | ExecutorFault (trusted)        | failed, after bounded retries | the next offer            |     |
 | verdict rejected               | rejected       | the next offer                           | yes |
 | LocalEnvironmentError          | keeps its state; an `error` event says what to fix | waits |  |
-| TransientBackendError          | keeps its state (retried, bounded) until unreachable longer than the policy's `unreachable_after_s`: then lost | | |
+| TransientBackendError          | keeps its state (each call retried, bounded) | waits; past the class's `unreachable_after_s`: lost, as above | |
 | any other BackendError         | failed         | the next offer                           |     |
 """
 

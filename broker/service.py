@@ -492,10 +492,12 @@ class Broker:
         after = reaction.job
         if after == "same_offer" and self._retries_left(job, attempt) <= 0:
             after = "fallback"
-        await self._end_attempt(job, attempt, reaction.attempt, job_target=after if after in states.JOB_ENDS else "planned",
-                                reason=reason, detail={"cause": reaction.name}, started_at=started_at, ended_at=ended_at)
+        job_target = after if after in states.JOB_ENDS else "planned"
+        await self._end_attempt(job, attempt, reaction.attempt, job_target=job_target, reason=reason,
+                                detail={"cause": reaction.name}, started_at=started_at, ended_at=ended_at)
         if after == "same_offer":  # the stored plan stands: the next attempt resumes from the last committed segment
-            self.store.log_event(job.id, "retry", {"after": reason, "offer": Offer.model_validate_json(attempt.offer_json).key,
+            offer_key = Offer.model_validate_json(attempt.offer_json).key
+            self.store.log_event(job.id, "retry", {"after": reason, "offer": offer_key,
                                                    "retries_left": self._retries_left(job, attempt) - 1}, attempt.id)
         elif after == "fallback":
             await self._replan(self.store.job(job.id), after=reason)
@@ -685,13 +687,14 @@ class Broker:
         job = self.store.find_job(job_id)
         async with _locked(paths.job_dir(job.id) / ".lock"):
             job = self.store.job(job.id)
-            ended = [a for a in self.store.attempts(job.id) if a.handle_json and a.state in states.ATTEMPT_ENDS]
+            stopped = {a.id for a in self.store.attempts(job.id) if a.state in states.ACTIVE_ATTEMPT}
             if job.state not in states.JOB_ENDS:
                 self.store.request_cancel(job.id)
                 await self._cancel_now(self.store.job(job.id))
-            for attempt in ended:
-                backend = self.backend(attempt.backend, self.policy(job))
-                await self._stop_leftovers(job, attempt, backend, Handle.model_validate_json(attempt.handle_json))
+            for attempt in self.store.attempts(job.id):  # what the cancel did not stop at its backend
+                if attempt.handle_json and attempt.id not in stopped:
+                    backend = self.backend(attempt.backend, self.policy(job))
+                    await self._stop_leftovers(job, attempt, backend, Handle.model_validate_json(attempt.handle_json))
         return self.store.job(job.id)
 
     async def _cancel_now(self, job: Job) -> None:

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cause, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile, Phase,
-    Progress,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cause, Cost, Handle, LogChunk, Offer, OfferSet, OutputFile,
+    Phase, Progress,
 )
 from trainmaster.backends.features import AllocatesMachine, KeepsSegments, SupportsMultiGpu, needed, unsupported
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
