@@ -16,6 +16,7 @@ The table (docs/architecture.md §2):
 | cause preempted, lost          | failed         | same offer while `retries` allow, resumed; then the next offer |  |
 | cause capacity, CapacityError  | failed         | the next offer (this one blocked)        |     |
 | cause cancelled                | cancelled      | cancelled                                |     |
+| cause cancelled (untrusted)    | failed         | the next offer (it abandoned the work; it never ends the job) | |
 | ExecutorFault (untrusted)      | rejected       | the next offer                           | yes |
 | ExecutorFault (trusted)        | failed, after bounded retries | the next offer            |     |
 | verdict rejected               | rejected       | the next offer                           | yes |
@@ -66,6 +67,8 @@ PREEMPTED = Reaction("preempted", "failed", "same_offer")
 LOST = Reaction("lost", "failed", "same_offer")
 CAPACITY = Reaction("capacity", "failed", "fallback")
 CANCELLED = Reaction("cancelled", "cancelled", "cancelled")
+ABANDONED = Reaction("abandoned", "failed", "fallback")
+"""An untrusted executor that reports its attempt cancelled (we did not ask): it gave the work up, unpaid."""
 EXECUTOR_FAULT = Reaction("executor_fault", "rejected", "fallback", ban=True)
 CORRUPTED = Reaction("corrupted", "failed", "fallback")
 """Bytes from our own compute that fail their check (after the bounded retries): not an executor's fault."""
@@ -86,7 +89,7 @@ BY_CAUSE: dict[Cause, Reaction] = {
 def reaction(failure: Failure, *, trusted: bool) -> Reaction:
     """The one reaction to `failure` on an attempt on trusted (ours) or untrusted compute."""
     if isinstance(failure, Cause):
-        return BY_CAUSE[failure]
+        return ABANDONED if failure is Cause.cancelled and not trusted else BY_CAUSE[failure]
     if failure == REJECTED:
         return VERDICT_REJECTED
     kind = failure if isinstance(failure, type) else type(failure)

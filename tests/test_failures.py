@@ -60,6 +60,9 @@ ROWS = [
         "accepted", ["charge", "charge"], "capacity"),
     Row("cancelled", Script(status=ended(Cause.cancelled, None)), [("local", "cancelled")], "cancelled", ["charge"],
         "cancelled"),
+    Row("an untrusted executor that cancels on its own abandons the work, not the job",
+        Script(status=ended(Cause.cancelled, None)), [("bittensor", "failed"), ("aws", "accepted")], "accepted",
+        ["release", "charge"], "abandoned", trusted=False),
     Row("CapacityError at submit: fallback", Script(submit=CapacityError("no free GPU")), FALLEN_BACK, "accepted",
         ["release", "charge"], "capacity"),
     Row("any other BackendError at submit: fallback", Script(submit=BackendError("bad request")), FALLEN_BACK,
@@ -169,7 +172,7 @@ def test_an_unreachable_attempt_records_when_it_was_first_unreachable_and_forget
 def test_every_failure_maps_to_exactly_one_row(failure, trusted):
     reaction = failures.reaction(failure, trusted=trusted)
     assert reaction in {failures.SCRIPT_FAILED, failures.PREEMPTED, failures.LOST, failures.CAPACITY,
-                        failures.CANCELLED, failures.EXECUTOR_FAULT, failures.CORRUPTED, failures.VERDICT_REJECTED,
+                        failures.CANCELLED, failures.ABANDONED, failures.EXECUTOR_FAULT, failures.CORRUPTED, failures.VERDICT_REJECTED,
                         failures.OUR_ENVIRONMENT, failures.TRANSIENT, failures.BACKEND_ERROR}
     assert reaction.ends == (reaction.job != "waits")
     assert reaction.ban == (reaction.attempt == "rejected")  # only an executor we do not control is banned
