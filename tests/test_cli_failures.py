@@ -1,10 +1,12 @@
 """The failure bugs of issue #15 §2, each through `trainmaster` itself, with the registry's backends
-pointed at scripted ones (tests/scripted_backend.py): a wrong-hash fetch, a backend that stays
-unreachable, and a capacity failure reported with an exit code."""
+pointed at scripted ones (tests/scripted_backend.py): a wrong-hash fetch (the bytes streamed through
+the broker's real transfer code under a false sha256), a backend that stays unreachable, and a
+capacity failure reported with an exit code."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -12,11 +14,12 @@ from typer.testing import CliRunner
 
 import scripted_backend as scripted
 from scripted_backend import Script
-from trainmaster.backends.base import AttemptStatus, Cause, ExecutorFault, Phase, TransientBackendError
+from trainmaster.backends.base import AttemptStatus, Cause, Phase, TransientBackendError
 from trainmaster.backends.retry import ATTEMPTS
 from trainmaster.broker import paths
 
-WRONG_HASH = "result.txt: sha256 1111 differs from the announced 2222"
+ANNOUNCED = "0" * 64  # not the sha256 of the bytes sent
+WRONG_HASH = f"result.txt: sha256 {hashlib.sha256(b'weights').hexdigest()} differs from the announced {ANNOUNCED}"
 
 
 @pytest.fixture
@@ -58,12 +61,12 @@ def ledger(job_id: str) -> list[str]:
 
 def test_a_wrong_hash_fetch_from_an_untrusted_executor_is_rejected_banned_and_never_fetched_again(
         tm_home, job_factory, tmp_path, registered):
-    registered.ScriptedBittensor.script.fetch = ExecutorFault(WRONG_HASH)
+    registered.ScriptedBittensor.script.announce = ANNOUNCED
     code, shown = tm("submit", str(job_factory("print(1)\n")), "--policy", policy(tmp_path, "bittensor"), "--wait",
                      "--json")
     assert code == 1, shown
     [attempt] = shown["attempts"]
-    assert attempt["state"] == "rejected" and "result.txt" in attempt["reason"], attempt
+    assert attempt["state"] == "rejected" and WRONG_HASH in attempt["reason"], attempt
     assert shown["state"] == "failed" and "its executor is banned" in shown["reason"], shown["reason"]
     assert ledger(shown["id"]) == ["reserve", "release"]  # nothing paid
     code, listed = tm("executors", "ls", "--json")
@@ -75,7 +78,7 @@ def test_a_wrong_hash_fetch_from_an_untrusted_executor_is_rejected_banned_and_ne
 
 def test_a_wrong_hash_fetch_from_our_own_compute_fails_after_bounded_retries_with_the_reason(
         tm_home, job_factory, tmp_path, registered):
-    registered.ScriptedLocal.script.fetch = ExecutorFault(WRONG_HASH)
+    registered.ScriptedLocal.script.announce = ANNOUNCED
     code, shown = tm("submit", str(job_factory("print(1)\n")), "--policy", policy(tmp_path, "local"), "--wait", "--json")
     assert code == 1, shown
     [attempt] = shown["attempts"]
