@@ -246,3 +246,16 @@ def test_trainmaster_cancel_ends_a_returned_or_verifying_attempt_and_settles_its
     again = CliRunner().invoke(app, ["cancel", job.id])  # cancelling again changes nothing
     assert again.exit_code == 0 and f"{job.id}: cancelled" in again.output
     broker.close()
+
+
+def test_a_resumed_job_is_not_cancelled_again_by_its_old_request(tm_home, job_factory, tmp_path):
+    from trainmaster.broker.service import Broker
+
+    script = Script(status=RUNNING)
+    broker = SyncBroker(Broker(backends=_backends(True, script)))
+    job = broker.submit(job_factory("print(1)\n"), _policy(tmp_path, True))
+    assert broker.cancel(job.id).state == "cancelled" and broker.store.job(job.id).cancel_requested_at is not None
+    resumed = broker.resume(job.id)
+    assert resumed.cancel_requested_at is None and resumed.state == "running"
+    assert [a.state for a in broker.store.attempts(job.id)] == ["cancelled", "running"]
+    broker.close()
