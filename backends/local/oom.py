@@ -1,9 +1,10 @@
 """Whether the kernel's out-of-memory killer struck: the supervisor's cgroup counts its kills.
 
-cgroup v2 keeps `oom_kill N` in `memory.events` of each cgroup; the supervisor reads the count when
-it starts and again when the job ends, so a job killed by SIGKILL while the count rose is reported
-as killed for its memory rather than as a bare signal. Where the file cannot be read (cgroup v1,
-macOS) the count is None and the end is reported as a SIGKILL from an unknown sender.
+The kernel keeps `oom_kill N` per memory cgroup (v2: `memory.events`; v1: `memory.oom_control`);
+the supervisor reads the count when it starts and again when the job ends, so a job killed by
+SIGKILL while the count rose is reported as killed for its memory rather than as a bare signal.
+Where no count can be read (macOS, an old kernel) it is None and the end is reported as a SIGKILL
+from an unknown sender.
 """
 
 from __future__ import annotations
@@ -16,14 +17,34 @@ KILLED = (-9, 137)
 
 
 def kills() -> int | None:
-    """The OOM kills counted so far in this process's cgroup (None when it cannot be read)."""
+    """The OOM kills counted so far in this process's memory cgroup (None when it cannot be read)."""
+    for events in _counters():
+        try:
+            counts = dict(row.split() for row in events.read_text().splitlines())
+            return int(counts["oom_kill"])
+        except (OSError, KeyError, ValueError):
+            continue
+    return None
+
+
+def _counters() -> list[Path]:
+    """Where the count may be: cgroup v2's `memory.events`, v1's `memory.oom_control` (kernel 4.13 on),
+    each in this process's own cgroup, then at the mount's root (a container sees its own cgroup there)."""
     try:
-        line = Path("/proc/self/cgroup").read_text().splitlines()[0]
-        events = CGROUP_ROOT / line.partition("::")[2].lstrip("/") / "memory.events"
-        counts = dict(row.split() for row in events.read_text().splitlines())
-        return int(counts["oom_kill"])
-    except (OSError, IndexError, KeyError, ValueError):
-        return None
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            found += [CGROUP_ROOT / path.lstrip("/") / "memory.events", CGROUP_ROOT / "memory.events"]
+        elif "memory" in controllers.split(","):
+            root = CGROUP_ROOT / "memory"
+            found += [root / path.lstrip("/") / "memory.oom_control", root / "memory.oom_control"]
+    return found
 
 
 def killed_for_memory(exit_code: int | None, before: int | None, after: int | None) -> bool | None:
