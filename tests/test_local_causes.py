@@ -53,6 +53,21 @@ def test_the_oom_killer_is_told_by_the_cgroup_count_rising():
     assert oom.kills() is None or oom.kills() >= 0
 
 
+@pytest.mark.parametrize(("line", "counter", "text"), [
+    ("0::/user.slice/job", "user.slice/job/memory.events", "low 0\nhigh 0\noom 2\noom_kill 2\n"),
+    ("4:memory:/docker/abc", "memory/docker/abc/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n"),
+    ("4:cpu,memory:/elsewhere", "memory/memory.oom_control", "oom_kill 7\n"),  # a container sees its own at the root
+])
+def test_the_oom_kill_count_is_read_from_cgroup_v1_and_v2(tmp_path, line, counter, text):
+    proc = tmp_path / "cgroup"
+    proc.write_text(f"9:name=systemd:/\n{line}\n")
+    (tmp_path / counter).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / counter).write_text(text)
+    assert oom.kills(proc, tmp_path) == int(text.rsplit(" ", 1)[1])
+    (tmp_path / counter).unlink()
+    assert oom.kills(proc, tmp_path) is None
+
+
 def test_through_the_cli_a_job_killed_by_sigkill_fails_saying_so(tm_home, job_factory):
     from trainmaster.broker.cli import app
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
 KILLED = (-9, 137)
 """How a job killed by SIGKILL exits: -9 from Popen, 128 + 9 through a shell or a launcher."""
 
 
-def kills() -> int | None:
+def kills(proc: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> int | None:
     """The OOM kills counted so far in this process's memory cgroup (None when it cannot be read)."""
-    for events in _counters():
+    for events in _counters(proc, root):
         try:
             counts = dict(row.split() for row in events.read_text().splitlines())
             return int(counts["oom_kill"])
@@ -27,11 +28,11 @@ def kills() -> int | None:
     return None
 
 
-def _counters() -> list[Path]:
+def _counters(proc: Path, root: Path) -> list[Path]:
     """Where the count may be: cgroup v2's `memory.events`, v1's `memory.oom_control` (kernel 4.13 on),
     each in this process's own cgroup, then at the mount's root (a container sees its own cgroup there)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = proc.read_text().splitlines()
     except OSError:
         return []
     found = []
@@ -40,10 +41,9 @@ def _counters() -> list[Path]:
             continue
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            found += [CGROUP_ROOT / path.lstrip("/") / "memory.events", CGROUP_ROOT / "memory.events"]
+            found += [root / path.lstrip("/") / "memory.events", root / "memory.events"]
         elif "memory" in controllers.split(","):
-            root = CGROUP_ROOT / "memory"
-            found += [root / path.lstrip("/") / "memory.oom_control", root / "memory.oom_control"]
+            found += [root / "memory" / path.lstrip("/") / "memory.oom_control", root / "memory" / "memory.oom_control"]
     return found
 
 
