@@ -35,6 +35,8 @@ from trainmaster.backends.base import (
 )
 
 JobNext = Literal["failed", "fallback", "same_offer", "cancelled", "waits"]
+
+
 class Waiting(LocalEnvironmentError):
     """An attempt waits on our own side (a full disk): recorded on it as an `error` event saying what to
     fix; raised so a command that follows the job (`submit --wait`) stops and says so."""

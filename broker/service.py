@@ -687,8 +687,10 @@ class Broker:
         job = self.store.find_job(job_id)
         async with _locked(paths.job_dir(job.id) / ".lock"):
             job = self.store.job(job.id)
-            stopped = {a.id for a in self.store.attempts(job.id) if a.state in states.ACTIVE_ATTEMPT}
-            if job.state not in states.JOB_ENDS:
+            attempts = self.store.attempts(job.id)
+            stopped = {a.id for a in attempts if a.state in states.ACTIVE_ATTEMPT}
+            # an ended job with an unfinished attempt is what an older version's cancel left: ended here too
+            if job.state not in states.JOB_ENDS or any(a.state not in states.ATTEMPT_ENDS for a in attempts):
                 self.store.request_cancel(job.id)
                 await self._cancel_now(self.store.job(job.id))
             for attempt in self.store.attempts(job.id):  # what the cancel did not stop at its backend
@@ -711,7 +713,8 @@ class Broker:
             await self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user",
                                     detail={"cause": failures.CANCELLED.name})
         self._release_orphans(job, self._ledger(job), keep=None)
-        self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
+        if job.state not in states.JOB_ENDS:
+            self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
 
     async def _stop_leftovers(self, job: Job, attempt: Attempt, backend: Backend, handle: Handle) -> None:
         """An attempt recorded as ended whose processes still run: the backend's cancel stops them and

@@ -461,7 +461,7 @@ class Store:
     ) -> bool:
         """Move an attempt (and, when given, its job) in one transaction; False if already there."""
         with self.tx() as db:
-            row = db.execute("SELECT job_id, state FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            row = db.execute("SELECT job_id, state, reserve_key FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no attempt {attempt_id!r}")
             current, job_id = row["state"], row["job_id"]
@@ -474,8 +474,9 @@ class Store:
                 (target, reason, started_at, ended_at, attempt_id, current),
             )
             self._event(db, job_id, attempt_id, "attempt", current, target, _with_reason(detail, reason))
-            if target in states.ATTEMPT_ENDS:
-                _refuse_violations(db, job_id)
+            key = row["reserve_key"] or f"reserve:{attempt_id}"
+            if target in states.ATTEMPT_ENDS and _unsettled(db, [key]):
+                raise InvariantBroken(f"attempt {attempt_id} cannot end {target}: its reservation {key} is still held")
             if job_target is not None:
                 self._move_job(db, job_id, job_target, reason=reason, attempt_id=attempt_id)
             return True

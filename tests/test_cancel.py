@@ -259,3 +259,33 @@ def test_a_resumed_job_is_not_cancelled_again_by_its_old_request(tm_home, job_fa
     assert resumed.cancel_requested_at is None and resumed.state == "running"
     assert [a.state for a in broker.store.attempts(job.id)] == ["cancelled", "running"]
     broker.close()
+
+
+def test_trainmaster_cancel_repairs_what_an_older_cancel_left(tm_home, job_factory, tmp_path, monkeypatch):
+    """An older version's cancel ended a job whose attempt was `returned` and left that attempt, and its
+    reservation, as they were: cancelling the job again ends the attempt and settles its money."""
+    import dataclasses
+
+    from trainmaster.backends import registry
+    from trainmaster.broker.cli import app
+    from scripted_backend import ScriptedLocal
+
+    target = "scripted_backend:ScriptedLocal"
+    monkeypatch.setitem(registry.REGISTRY, "local", dataclasses.replace(registry.REGISTRY["local"], target=target))
+    monkeypatch.setitem(registry.BACKENDS, "local", target)
+    monkeypatch.setattr(ScriptedLocal, "script", Script(status=RUNNING))
+    broker = sync_broker()
+    job = broker.submit(job_factory("print(1)\n"), _policy(tmp_path, True))
+    [attempt] = broker.store.attempts(job.id)
+    broker.store.move_attempt(attempt.id, "returned", job_target="returned")
+    with broker.store.tx() as db:  # what the older cancel wrote
+        db.execute("UPDATE jobs SET state = 'cancelled' WHERE id = ?", (job.id,))
+    assert broker.store.violations(job.id) == [f"job {job.id} is cancelled but its attempt 1 is returned"]
+    result = CliRunner().invoke(app, ["cancel", job.id, "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["state"] == "cancelled" and [a["state"] for a in shown["attempts"]] == ["cancelled"]
+    assert broker.store.violations(job.id) == []
+    reserved, settled = _settlements(broker.store, job.id)
+    assert set(settled) == reserved and set(settled.values()) == {1}
+    broker.close()
