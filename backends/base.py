@@ -139,8 +139,25 @@ class Phase(str, Enum):
         return self in (Phase.succeeded, Phase.failed, Phase.cancelled)
 
 
+class Cause(str, Enum):
+    """Why an attempt stopped without succeeding: what the broker's one reaction (`broker.failures`) keys on."""
+
+    script_failed = "script_failed"
+    """The job's own code failed (a non-zero exit, killed for its memory, its time limit): no fallback helps."""
+    preempted = "preempted"
+    """The provider took the machine back (spot): tried again on the same offer, resuming, then elsewhere."""
+    capacity = "capacity"
+    """The offer could not hold the run (no instance, no free GPU, a quota): the offer is blocked, the next tried."""
+    lost = "lost"
+    """The run vanished (its supervisor or machine died, unreachable past the policy's deadline): as preempted."""
+    cancelled = "cancelled"
+    """Stopped on request (the user, a cost cap)."""
+
+
 class AttemptStatus(Frozen):
     phase: Phase
+    cause: Cause | None = Field(None, description="Why a failed or cancelled attempt ended (None while it runs "
+                                                  "or once it succeeded; a backend that cannot tell leaves it None).")
     reason: str | None = None
     exit_code: int | None = None
     started_at: float | None = None

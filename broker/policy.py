@@ -126,6 +126,11 @@ class ClassPolicy(Model):
         0, ge=0, le=10, description="Attempts again on the same offer after a crash or preemption, each resuming "
         "from the last committed segment, before the offer is given up for the next one.",
     )
+    unreachable_after_s: float = Field(
+        600, ge=0, description="How long an attempt may stay unreachable (its backend answering only with "
+        "transient errors) before it is taken as lost: tried again on the same offer while `retries` allow, "
+        "then on the next offer.",
+    )
 
     @property
     def tiers(self) -> list[tuple[Step, ...]]:

@@ -33,16 +33,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster.backends.base import (
-    AttemptContext, Backend, BackendError, Cost, Handle, LocalEnvironmentError, Offer, OfferSet, Phase, Progress,
+    AttemptContext, Backend, BackendError, Cause, Cost, Handle, LocalEnvironmentError, Offer, OfferSet, Phase,
+    Progress,
     TransientBackendError,
 )
 from trainmaster.backends.features import (
     AllocatesMachine, CheckpointRef, KeepsSegments, ResumesFromCheckpoints, RunsUntrusted,
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
-from trainmaster.broker import cost_cap, paths, states
-from trainmaster.broker.backend_config import configured
+from trainmaster.broker import cost_cap, failures, paths, states
 from trainmaster.broker.agreed_price import agreed
+from trainmaster.broker.backend_config import configured
 from trainmaster.broker.estimate import own_estimate, past_run
 from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.offer_request import current_rate, offer_request, provider_for
@@ -62,6 +63,7 @@ from trainmaster.wallet.payments import ConclusionChannel, PaymentOrder, Payment
 
 HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
 MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
+MAX_FAILURE_RATE = 0.99  # a backend that failed every time is priced as nearly sure to fail (the planner needs < 1)
 LOG_POLL_S = 0.2
 WATCH_S = 1.0  # while `logs -f` follows a running job, it is watched (its cost cap checked) this often
 
@@ -285,6 +287,8 @@ class Broker:
         for holder in self.store.holders():
             try:
                 await self._advance(holder)
+            except failures.Waiting:
+                pass  # recorded on the attempt, with what to fix
             except Exception as exc:  # noqa: BLE001 — recorded on that job, retried by the next command
                 self.store.log_event(holder, "error", {"message": f"{type(exc).__name__}: {exc}"})
 
@@ -294,6 +298,9 @@ class Broker:
             return job
         async with _locked(paths.job_dir(job_id) / ".lock"):
             job = self.store.job(job_id)
+            if job.cancel_requested_at is not None and job.state not in states.JOB_ENDS:
+                await self._cancel_now(job)  # what a process that died while cancelling left
+                return self.store.job(job_id)
             if job.state == "submitted" or (job.state == "planned" and not job.plan_json):
                 await self._replan(job)  # recorded, but the process died before its plan was
             job = self.store.job(job_id)
@@ -315,6 +322,8 @@ class Broker:
         for job in self.store.jobs(states_in=moving, limit=1000) + self.store.queued_jobs():
             try:
                 await self._advance(job.id)
+            except failures.Waiting:
+                pass  # recorded on the attempt, with what to fix
             except Exception as exc:  # noqa: BLE001 — recorded on the job, retried by the next command
                 self.store.log_event(job.id, "error", {"message": f"{type(exc).__name__}: {exc}"})
         for job_id in dict.fromkeys(job_id for job_id, _ in self.settlement.pending()):
@@ -452,7 +461,7 @@ class Broker:
         claim = self.store.claim(job.id, f"{job.id}.{n}", offer.backend, lambda held: backend.fit(spec, held))
         return None if claim is None else backend.claimed(offer, claim)
 
-    def _release_orphans(self, job: Job, ledger: Ledger, *, keep: str) -> None:
+    def _release_orphans(self, job: Job, ledger: Ledger, *, keep: str | None) -> None:
         """Release reservations a process made for this job before dying without creating the attempt
         (a crash between `reserve` and `create_attempt`); the one about to be reused is kept."""
         held = {a.reserve_key or _legacy_reserve_key(a) for a in self.store.attempts(job.id)}
@@ -468,8 +477,9 @@ class Broker:
         try:
             handle = await retried(backend.submit, paths.bundles_dir() / f"{job.bundle_sha256}.tar", self.spec(job),
                                    offer, ctx)
-        except (BackendError, bundles.BundleError, OSError) as exc:
-            await self._attempt_failed(job, attempt, f"could not start on {offer.backend}: {exc}", retry=True)
+        except (BackendError, bundles.BundleError, OSError) as exc:  # a bundle or folder of ours: our side
+            failure = exc if isinstance(exc, BackendError) else LocalEnvironmentError(str(exc))
+            await self._react(job, attempt, failure, f"could not start on {offer.backend}: {exc}")
             return
         self.store.set_handle(attempt.id, handle.model_dump_json())
         await self._record_executor(backend, handle, attempt)
@@ -543,16 +553,15 @@ class Broker:
         found = await self._resume_ref(job, upcoming, self.backend(offer.backend, self.policy(job)))
         return resume_point(found, trusted=True)
 
-    async def _handle(self, job: Job, attempt: Attempt) -> Handle:
+    async def _handle(self, job: Job, attempt: Attempt) -> Handle | None:
+        """The attempt's handle; None when it could not be started (what stopped it is recorded)."""
         if attempt.handle_json:
             return Handle.model_validate_json(attempt.handle_json)
-        # dispatched, but the process that dispatched died before recording the handle: submit again,
-        # which finds the run it started (submit is idempotent on the attempt id)
+        # dispatched, but the process that dispatched died before recording the handle (or the backend
+        # could not be reached): submit again, which finds the run it started (idempotent on the attempt id)
         await self._start(job, attempt)
         attempt = self.store.attempt(attempt.id)
-        if not attempt.handle_json:
-            raise BackendError(f"attempt {attempt.id} could not be started again")
-        return Handle.model_validate_json(attempt.handle_json)
+        return Handle.model_validate_json(attempt.handle_json) if attempt.handle_json else None
 
     async def _watch(self, job: Job, attempt: Attempt) -> None:
         if attempt.state in ("returned", "verifying"):
@@ -560,10 +569,15 @@ class Broker:
             return
         handle = await self._handle(job, attempt)
         attempt = self.store.attempt(attempt.id)
-        if attempt.state in states.ATTEMPT_ENDS:
-            return  # it could not be started again and has been ended
+        if handle is None or attempt.state in states.ATTEMPT_ENDS:
+            return  # it could not be started (again): ended, or waiting, as its failure's reaction says
         backend = self.backend(attempt.backend, self.policy(job))
-        st = await retried(backend.status, handle)
+        try:
+            st = await retried(backend.status, handle)
+        except BackendError as exc:
+            await self._react(job, attempt, exc, f"asking {attempt.backend} for the status: {exc}")
+            return
+        self._reachable(attempt)
         if st.phase is Phase.running:
             if attempt.state == "dispatched":
                 self.store.move_attempt(attempt.id, "running", job_target="running", started_at=st.started_at)
@@ -577,16 +591,10 @@ class Broker:
             self.store.move_attempt(attempt.id, "returned", job_target="returned",
                                     started_at=st.started_at, ended_at=st.ended_at)
             await self._settle(job, self.store.attempt(attempt.id))
-        elif st.phase is Phase.cancelled:
-            await self._end_attempt(job, attempt, "cancelled", job_target="cancelled", reason=st.reason or "cancelled",
-                                    started_at=st.started_at, ended_at=st.ended_at)
-        elif st.phase is Phase.failed:
-            # a script that exits non-zero failed on its own; a process that vanished (a crash, a
-            # preemption) is tried again on the same offer as the policy allows, then elsewhere
-            crashed = st.exit_code is None
-            again = crashed and self._retries_left(job, attempt) > 0
-            await self._attempt_failed(job, attempt, st.reason or "failed", retry=crashed, same_offer=again,
-                                       started_at=st.started_at, ended_at=st.ended_at)
+        elif st.phase in (Phase.failed, Phase.cancelled):
+            cause = failures.cause_of(st.phase is Phase.cancelled, st.cause, st.exit_code)
+            await self._react(job, attempt, cause, st.reason or cause.value, started_at=st.started_at,
+                              ended_at=st.ended_at)
 
     async def _over_cap(self, job: Job, attempt: Attempt) -> bool:
         """Whether the job's spend, this ended attempt's cost recorded, has reached its limits.max_usd."""
@@ -610,16 +618,64 @@ class Broker:
                    if a.n < attempt.n and a.state == "failed" and Offer.model_validate_json(a.offer_json).key == key)
         return allowed - used
 
-    async def _attempt_failed(self, job: Job, attempt: Attempt, reason: str, *, retry: bool, state: str = "failed",
-                              same_offer: bool = False, started_at: float | None = None,
-                              ended_at: float | None = None) -> None:
-        await self._end_attempt(job, attempt, state, job_target="planned" if retry else "failed", reason=reason,
-                                started_at=started_at, ended_at=ended_at)
-        if same_offer:  # the stored plan stands: the next attempt resumes from the last committed segment
-            self.store.log_event(job.id, "retry", {"after": reason, "offer": Offer.model_validate_json(attempt.offer_json).key,
+    async def _react(self, job: Job, attempt: Attempt, failure: failures.Failure, reason: str, *,
+                     started_at: float | None = None, ended_at: float | None = None) -> None:
+        """The one reaction (`broker.failures`) to what stopped the attempt: end it, ban its executor,
+        and fail the job, fall back, start again on the same offer or cancel; or keep it waiting."""
+        reaction = failures.reaction(failure, trusted=Offer.model_validate_json(attempt.offer_json).trusted)
+        if reaction is failures.TRANSIENT:
+            await self._unreachable(job, attempt, reason)
+            return
+        if reaction is failures.OUR_ENVIRONMENT:
+            message = f"{reason} (on our side: the attempt waits until it is fixed)"
+            self.store.log_event(job.id, "error", {"message": message, "cause": reaction.name}, attempt.id)
+            raise failures.Waiting(message)
+        if reaction.ban:
+            ban_rejected(self.executors, hotkey=attempt.executor_hotkey, coldkey=attempt.executor_coldkey,
+                         reason=reason, job_id=job.id, attempt_id=attempt.id)
+        if reaction.attempt == "rejected":
+            await asyncio.to_thread(self._record_fault_verdict, job, attempt, reason)
+        after = reaction.job
+        if after == "same_offer" and self._retries_left(job, attempt) <= 0:
+            after = "fallback"
+        job_target = after if after in states.JOB_ENDS else "planned"
+        await self._end_attempt(job, attempt, reaction.attempt, job_target=job_target, reason=reason,
+                                detail={"cause": reaction.name}, started_at=started_at, ended_at=ended_at)
+        if after == "same_offer":  # the stored plan stands: the next attempt resumes from the last committed segment
+            offer_key = Offer.model_validate_json(attempt.offer_json).key
+            self.store.log_event(job.id, "retry", {"after": reason, "offer": offer_key,
                                                    "retries_left": self._retries_left(job, attempt) - 1}, attempt.id)
-        elif retry:
+        elif after == "fallback":
             await self._replan(self.store.job(job.id), after=reason)
+
+    def _record_fault_verdict(self, job: Job, attempt: Attempt, reason: str) -> None:
+        """An attempt rejected for what its executor sent, before any check ran, gets its verdict stored
+        like any other (once): `verify show` tells it, and its conclusion may reveal the challenge secret."""
+        from trainmaster.verify.records import VerdictStore
+        from trainmaster.verify.verdict import Verdict
+
+        verdicts = VerdictStore(self.store.path)
+        try:
+            if verdicts.latest(job.id, attempt.id) is None:
+                verdicts.record(Verdict(outcome="rejected", reasons=[reason], evidence={"executor_fault": reason},
+                                        job_id=job.id, attempt_id=attempt.id))
+        finally:
+            verdicts.close()
+
+    async def _unreachable(self, job: Job, attempt: Attempt, reason: str) -> None:
+        """A backend that answers only with transient errors (each call already retried, bounded): the
+        attempt keeps its state until it has been unreachable past the class's `unreachable_after_s`
+        (first-unreachable time stored), then it is lost: retried on the same offer, then elsewhere."""
+        since = self.store.mark_unreachable(attempt.id, reason)
+        limit = self.policy(job).for_class(job.workload).unreachable_after_s
+        if time.time() - since >= limit:
+            await self._react(job, self.store.attempt(attempt.id), Cause.lost,
+                              f"lost: unreachable for {time.time() - since:.0f} s, past the policy's "
+                              f"unreachable_after_s ({limit:g} s): {reason}")
+
+    def _reachable(self, attempt: Attempt) -> None:
+        if attempt.unreachable_since is not None:
+            self.store.mark_reachable(attempt.id)
 
     async def _settle(self, job: Job, attempt: Attempt) -> None:
         """Fetch outputs, record them and the cost, and decide. Each step is idempotent."""
@@ -630,12 +686,17 @@ class Broker:
         if attempt.state == "returned":
             if not self.store.outputs(attempt.id):  # an earlier attempt's folder is never judged as this one's
                 await asyncio.to_thread(shutil.rmtree, dest, True)
-            # a BackendError (e.g. disk full) leaves the attempt `returned`, to be fetched again later
-            files = await retried(backend.fetch, handle, dest, self.progress)
+            trusted = Offer.model_validate_json(attempt.offer_json).trusted
+            try:  # a full disk waits on us; an altered transfer is its executor's fault (ours: retried, then failed)
+                files = await retried(backend.fetch, handle, dest, self.progress, on=failures.retried_errors(trusted))
+            except BackendError as exc:
+                await self._react(job, attempt, exc, f"fetching the outputs from {attempt.backend}: {exc}")
+                return
+            self._reachable(attempt)
             chosen = kept_outputs.select([(f.path, f.size) for f in files], self.spec(job).outputs)
             await asyncio.to_thread(kept_outputs.remove, dest, chosen.dropped)  # excluded: not kept
             if chosen.too_big:
-                await self._attempt_failed(job, attempt, chosen.too_big, retry=False)
+                await self._react(job, attempt, Cause.script_failed, chosen.too_big)
                 return
             kept, dropped = _committed(attempt, chosen.kept)
             self.store.record_outputs(attempt.id, [(f.path, f.size, f.sha256) for f in files if f.path in kept])
@@ -657,12 +718,8 @@ class Broker:
             # attempt waits for `trainmaster verify JOB --again`
             why = f"cannot verify: {'; '.join(verdict.reasons)}"
             self.store.move_attempt(attempt.id, "unverified", job_target="unverified", reason=why)
-        else:
-            # rejected: nothing is paid, the offer is blocked, who ran it is banned, the next one tried
-            why = f"rejected: {'; '.join(verdict.reasons)}"
-            ban_rejected(self.executors, hotkey=attempt.executor_hotkey, coldkey=attempt.executor_coldkey,
-                         reason=why, job_id=job.id, attempt_id=attempt.id)
-            await self._attempt_failed(job, attempt, why, retry=True, state="rejected")
+        else:  # rejected: nothing is paid, the offer is blocked, who ran it is banned, the next one tried
+            await self._react(job, attempt, failures.REJECTED, f"rejected: {'; '.join(verdict.reasons)}")
 
     async def _give_back_disk(self, job: Job) -> None:
         """The retention policy once a job is accepted (broker/reclaim.py): what it frees is a `disk` event; a
@@ -748,7 +805,11 @@ class Broker:
         """Record the cost, settle the money, then move: each step idempotent, so a crash between
         them is repaired by running this again and nothing is paid twice."""
         if attempt.handle_json:
-            await self._record_cost(job, attempt)
+            try:
+                await self._record_cost(job, attempt)
+            except BackendError as exc:  # unreachable, say: it ends all the same, and nothing is charged
+                self.store.log_event(job.id, "error", {"message": f"the cost of attempt {attempt.n} could not be "
+                                                                  f"had from {attempt.backend}: {exc}"}, attempt.id)
         self._settle_money(job, self.store.attempt(attempt.id), target)
         self.store.move_attempt(attempt.id, target, job_target=job_target, reason=reason, detail=detail,
                                 started_at=started_at, ended_at=ended_at)
@@ -856,24 +917,41 @@ class Broker:
                             reason="raised for the resume: " + ", ".join(f"{k} {a} → {b}" for k, (a, b) in shown.items()))
 
     async def cancel(self, job_id: str) -> Job:
-        """Cancel an unfinished job; and for any job, whatever its recorded state, stop the processes of
-        its attempts that still run (what a crashed run left), each such stop recorded as a `stopped` event."""
+        """Cancel an unfinished job: the request is recorded on the job first, then each unfinished attempt
+        ends through its own end (`_cancel_now`), then the job; a process that dies half-way leaves the
+        request, which the next `advance` finishes. For any job, whatever its recorded state, the processes
+        its ended attempts still run (what a crashed run left) are stopped, each stop a `stopped` event."""
         job = self.store.find_job(job_id)
         async with _locked(paths.job_dir(job.id) / ".lock"):
             job = self.store.job(job.id)
-            for attempt in self.store.attempts(job.id):
-                if not attempt.handle_json:
-                    continue
-                backend = self.backend(attempt.backend, self.policy(job))
-                handle = Handle.model_validate_json(attempt.handle_json)
-                if attempt.state in states.ACTIVE_ATTEMPT | states.WAITING and job.state not in states.JOB_ENDS:
-                    await retried(backend.cancel, handle)
-                    await self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user")
-                else:
-                    await self._stop_leftovers(job, attempt, backend, handle)
-            if job.state not in states.JOB_ENDS:
-                self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
+            attempts = self.store.attempts(job.id)
+            stopped = {a.id for a in attempts if a.state in states.ACTIVE_ATTEMPT}
+            # an ended job with an unfinished attempt is what an older version's cancel left: ended here too
+            if job.state not in states.JOB_ENDS or any(a.state not in states.ATTEMPT_ENDS for a in attempts):
+                self.store.request_cancel(job.id)
+                await self._cancel_now(self.store.job(job.id))
+            for attempt in self.store.attempts(job.id):  # what the cancel did not stop at its backend
+                if attempt.handle_json and attempt.id not in stopped:
+                    backend = self.backend(attempt.backend, self.policy(job))
+                    await self._stop_leftovers(job, attempt, backend, Handle.model_validate_json(attempt.handle_json))
         return self.store.job(job.id)
+
+    async def _cancel_now(self, job: Job) -> None:
+        """End every unfinished attempt `cancelled` (a running one stopped at its backend first) with its
+        money settled, release what a dispatch that died left reserved, then end the job `cancelled`.
+        Compute we pay for by the hour is charged what it ran; an untrusted executor's reservation is
+        released (it is paid only for accepted work); a queued job just ends."""
+        for attempt in self.store.attempts(job.id):
+            if attempt.state in states.ATTEMPT_ENDS:
+                continue
+            if attempt.handle_json and attempt.state in states.ACTIVE_ATTEMPT:
+                backend = self.backend(attempt.backend, self.policy(job))
+                await retried(backend.cancel, Handle.model_validate_json(attempt.handle_json))
+            await self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user",
+                                    detail={"cause": failures.CANCELLED.name})
+        self._release_orphans(job, self._ledger(job), keep=None)
+        if job.state not in states.JOB_ENDS:
+            self.store.move_job(job.id, "cancelled", reason="cancelled by the user")
 
     async def _stop_leftovers(self, job: Job, attempt: Attempt, backend: Backend, handle: Handle) -> None:
         """An attempt recorded as ended whose processes still run: the backend's cancel stops them and
@@ -1003,7 +1081,8 @@ def learned(ended: list[tuple[Attempt, str]]) -> tuple[dict[str, float], dict[st
         if attempt.executor_hotkey and attempt.state in ("accepted", "failed", "rejected"):
             by_executor.setdefault(offer.key, []).append(attempt.state != "accepted")
     history = {w: statistics.median(hours[:HISTORY_RUNS]) for w, hours in runtimes.items()}
-    rates = {k: sum(fails) / len(fails) for k, fails in outcomes.items() if len(fails) >= MIN_ATTEMPTS_FOR_RATE}
+    rates = {k: min(sum(fails) / len(fails), MAX_FAILURE_RATE) for k, fails in outcomes.items()
+             if len(fails) >= MIN_ATTEMPTS_FOR_RATE}
     rates |= {k: sum(fails) / (len(fails) + 1) for k, fails in by_executor.items() if any(fails)}
     return history, rates
 

@@ -9,6 +9,13 @@ left. An attempt whose checks could not run (a missing package, a full disk: `ca
 `unverified`: nothing is paid or blocked, and it waits for `trainmaster verify JOB --again`. A
 `failed` or `cancelled` job goes back to `planned` only when the user resumes it. Every move is
 checked here, so a bug or a race cannot skip a step.
+
+Cancelling is requested, not forced: `trainmaster cancel` records the request on the job and ends
+each unfinished attempt through its own end (`cancelled`, its reservation settled), and only then
+the job; a process that dies half-way leaves the request, and the next `advance` finishes it. An
+executor's fault can reject an attempt at any step (an altered transfer, a garbled answer). The
+store refuses to end a job while an attempt of it is unfinished, and to end an attempt whose
+reservation is still held (`Store.violations`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ JOB_TRANSITIONS: dict[str, set[str]] = {
     "dispatched": {"running", "returned", "planned", "failed", "cancelled"},
     "running": {"returned", "planned", "failed", "cancelled"},
     "returned": {"verifying", "planned", "failed", "cancelled"},
-    "verifying": {"accepted", "planned", "failed", "unverified"},
+    "verifying": {"accepted", "planned", "failed", "unverified", "cancelled"},
     "unverified": {"verifying", "cancelled"},
     "accepted": set(),
     "failed": {"planned"},  # `trainmaster resume`
@@ -28,10 +35,10 @@ JOB_TRANSITIONS: dict[str, set[str]] = {
 }
 
 ATTEMPT_TRANSITIONS: dict[str, set[str]] = {
-    "dispatched": {"running", "returned", "failed", "cancelled"},
-    "running": {"returned", "failed", "cancelled"},
-    "returned": {"verifying", "failed", "cancelled"},
-    "verifying": {"accepted", "rejected", "failed", "unverified"},
+    "dispatched": {"running", "returned", "failed", "rejected", "cancelled"},
+    "running": {"returned", "failed", "rejected", "cancelled"},
+    "returned": {"verifying", "failed", "rejected", "cancelled"},
+    "verifying": {"accepted", "rejected", "failed", "unverified", "cancelled"},
     "unverified": {"verifying", "cancelled"},
     "accepted": set(),
     "rejected": set(),

@@ -96,6 +96,10 @@ MIGRATIONS: list[list[str]] = [
         at REAL NOT NULL
     )""",
     ],
+    [  # 5: failures and cancels: when an attempt was first found unreachable, and a cancel requested on a job
+        "ALTER TABLE attempts ADD COLUMN unreachable_since REAL",
+        "ALTER TABLE jobs ADD COLUMN cancel_requested_at REAL",
+    ],
 ]
 
 
@@ -119,6 +123,8 @@ class Job:
     """The current plan (`broker.plans.StoredPlan`): made at submit, remade only after a failed attempt."""
     queued_at: float | None = None
     """When the job last started waiting `queued` (its place in the queue)."""
+    cancel_requested_at: float | None = None
+    """When the user asked to cancel the unfinished job (each attempt is ended first, then the job)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,8 @@ class Attempt:
     cost_rate_at: float | None = None
     seed: int | None = None
     """The seed the attempt runs with (the spec's, or for an untrusted executor one derived from a nonce)."""
+    unreachable_since: float | None = None
+    """When its backend first answered only with transient errors (cleared once it answers again)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,11 @@ class Event:
 
 class NotFound(KeyError):
     pass
+
+
+class InvariantBroken(RuntimeError):
+    """A move would leave the store inconsistent: an ended job with an unfinished attempt, or an ended
+    attempt whose reservation is still held (a bug: the transaction is rolled back)."""
 
 
 class StateUnavailable(RuntimeError):
@@ -257,8 +270,30 @@ class Store:
             "UPDATE jobs SET state = ?, reason = COALESCE(?, reason), updated_at = ? WHERE id = ? AND state = ?",
             (target, reason, time.time(), job_id, current),
         )
+        if current in states.JOB_ENDS:  # resumed: an old cancel request is done with
+            db.execute("UPDATE jobs SET cancel_requested_at = NULL WHERE id = ?", (job_id,))
         self._event(db, job_id, attempt_id, "transition", current, target, _with_reason(detail, reason))
+        if target in states.JOB_ENDS:
+            _refuse_violations(db, job_id)
         return True
+
+    def request_cancel(self, job_id: str) -> bool:
+        """Record that the user wants the unfinished job cancelled (once, with an event); False when it
+        was already requested. `Broker.advance` ends each attempt and then the job."""
+        with self.tx() as db:
+            row = db.execute("SELECT cancel_requested_at FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no job {job_id!r}")
+            if row["cancel_requested_at"] is not None:
+                return False
+            db.execute("UPDATE jobs SET cancel_requested_at = ? WHERE id = ?", (time.time(), job_id))
+            self._event(db, job_id, None, "cancel_requested", None, None, None)
+            return True
+
+    def violations(self, job_id: str) -> list[str]:
+        """What breaks the store's invariants for this job (empty when none): an ended job has only
+        ended attempts, and every ended attempt's reservation is settled (charged or released)."""
+        return _violations(self.db, job_id)
 
     def set_plan(self, job_id: str, plan_json: str, *, detail: dict) -> None:
         """Record the job's plan (and a `planned` event); the job moves to `planned` unless it is there."""
@@ -453,7 +488,7 @@ class Store:
     ) -> bool:
         """Move an attempt (and, when given, its job) in one transaction; False if already there."""
         with self.tx() as db:
-            row = db.execute("SELECT job_id, state FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            row = db.execute("SELECT job_id, state, reserve_key FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no attempt {attempt_id!r}")
             current, job_id = row["state"], row["job_id"]
@@ -466,9 +501,30 @@ class Store:
                 (target, reason, started_at, ended_at, attempt_id, current),
             )
             self._event(db, job_id, attempt_id, "attempt", current, target, _with_reason(detail, reason))
+            key = row["reserve_key"] or f"reserve:{attempt_id}"
+            if target in states.ATTEMPT_ENDS and _unsettled(db, [key]):
+                raise InvariantBroken(f"attempt {attempt_id} cannot end {target}: its reservation {key} is still held")
             if job_target is not None:
                 self._move_job(db, job_id, job_target, reason=reason, attempt_id=attempt_id)
             return True
+
+    def mark_unreachable(self, attempt_id: str, reason: str) -> float:
+        """Since when the attempt's backend has answered only with transient errors: recorded the first
+        time (with an event), kept until it answers again."""
+        with self.tx() as db:
+            row = db.execute("SELECT job_id, unreachable_since FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            if row["unreachable_since"] is not None:
+                return row["unreachable_since"]
+            now = time.time()
+            db.execute("UPDATE attempts SET unreachable_since = ? WHERE id = ?", (now, attempt_id))
+            self._event(db, row["job_id"], attempt_id, "unreachable", None, None, {"message": reason})
+            return now
+
+    def mark_reachable(self, attempt_id: str) -> None:
+        """The attempt's backend answered again: its unreachable time starts afresh next time."""
+        with self.tx() as db:
+            db.execute("UPDATE attempts SET unreachable_since = NULL WHERE id = ? AND unreachable_since IS NOT NULL",
+                       (attempt_id,))
 
     def record_cost(self, attempt_id: str, *, micro_usd: int, rao: int, billable_seconds: float, basis: str,
                     rate_micro_usd_per_tao: int | None = None, rate_at: float | None = None) -> None:
@@ -515,6 +571,36 @@ class Store:
             (job_id, attempt_id, time.time(), kind, from_state, to_state,
              json.dumps(detail, sort_keys=True) if detail else None),
         )
+
+
+def _violations(db, job_id: str) -> list[str]:
+    job = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    attempts = db.execute("SELECT id, n, state, reserve_key FROM attempts WHERE job_id = ? ORDER BY n",
+                          (job_id,)).fetchall()
+    found = []
+    if job is not None and job["state"] in states.JOB_ENDS:
+        found += [f"job {job_id} is {job['state']} but its attempt {a['n']} is {a['state']}"
+                  for a in attempts if a["state"] not in states.ATTEMPT_ENDS]
+    ended = {a["reserve_key"] or f"reserve:{a['id']}": a for a in attempts if a["state"] in states.ATTEMPT_ENDS}
+    found += [f"attempt {ended[key]['n']} of {job_id} is {ended[key]['state']} but its reservation {key} is still held"
+              for key in sorted(_unsettled(db, list(ended)))]
+    return found
+
+
+def _unsettled(db, keys: list[str]) -> set[str]:
+    """Those of the reservations `keys` neither charged nor released (the ledger shares the state database)."""
+    if not keys or db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ledger_entries'"
+                              ).fetchone() is None:
+        return set()
+    rows = db.execute(
+        f"SELECT key FROM ledger_entries r WHERE key IN ({','.join('?' * len(keys))}) AND kind = 'reserve'"
+        " AND NOT EXISTS (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key)", keys).fetchall()
+    return {r["key"] for r in rows}
+
+
+def _refuse_violations(db, job_id: str) -> None:
+    if found := _violations(db, job_id):
+        raise InvariantBroken("; ".join(found))
 
 
 def _with_reason(detail: dict | None, reason: str | None) -> dict | None:

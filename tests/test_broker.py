@@ -131,8 +131,10 @@ def test_full_disk_while_fetching_leaves_the_attempt_returned_and_a_retry_succee
     while not supervisor_done.exists() and time.time() < deadline:
         time.sleep(0.05)
     out = subprocess.run([sys.executable, "-c", FETCH_WITH_SMALL_DISK, job.id], capture_output=True, text=True)
-    assert "ERROR no space left while writing to" in out.stdout, out.stdout + out.stderr
+    assert "ERROR fetching the outputs from local: no space left while writing to" in out.stdout, out.stdout + out.stderr
     assert broker.store.job(job.id).state == "returned"
+    [said] = [e.detail for e in broker.store.events(job.id) if e.kind == "error"]  # what to fix, on the attempt
+    assert said["cause"] == "our_environment" and "free some space" in said["message"], said
     job_dir = paths.job_dir(job.id)
     assert not (job_dir / "outputs").exists() and not list(job_dir.glob(".outputs*"))
     job = broker.wait(job.id, timeout_s=30)

@@ -37,15 +37,15 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet,
-    OutputFile, Phase, Progress,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cause, Cost, Handle, LogChunk, Offer, OfferRequest,
+    OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import (
     AllocatesMachine, CheckpointRef, KeepsSegments, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints,
     SupportsMultiGpu,
 )
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
-from trainmaster.backends.local import allocation, processes
+from trainmaster.backends.local import allocation, oom, processes
 from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
@@ -356,8 +356,9 @@ def _status(workdir: Path) -> AttemptStatus:
             phase = Phase.cancelled
         else:
             phase = Phase.succeeded if ended["exit_code"] == 0 else Phase.failed
-        reason = ended["reason"] or (None if phase is Phase.succeeded else _exit_reason(workdir, ended["exit_code"]))
-        return AttemptStatus(phase=phase, reason=reason, exit_code=ended["exit_code"],
+        reason = ended["reason"] or (None if phase is Phase.succeeded else
+                                     _exit_reason(workdir, ended["exit_code"], ended.get("oom_killed", False)))
+        return AttemptStatus(phase=phase, cause=_cause(ended, phase), reason=reason, exit_code=ended["exit_code"],
                              started_at=ended["started_at"], ended_at=ended["ended_at"])
     if started is None:
         return AttemptStatus(phase=Phase.pending)
@@ -421,15 +422,40 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _exit_reason(workdir: Path, code: int) -> str:
-    """`exited with code N`, and the last line the job printed (an error's message, e.g. a traceback's last line)."""
+def _cause(ended: dict, phase: Phase) -> Cause | None:
+    """Why the attempt ended: cancelled on request; lost when its supervisor vanished without recording
+    an exit code (killed, or the machine restarted); otherwise the job's own exit (its memory, its time
+    limit included): the script failed."""
+    if phase is Phase.succeeded:
+        return None
+    if ended["cancelled"]:
+        return Cause.cancelled
+    return Cause.lost if ended["exit_code"] is None else Cause.script_failed
+
+
+def _exit_reason(workdir: Path, code: int, oom_killed: bool | None = False) -> str:
+    """`exited with code N` (or who killed it), and the last line the job printed (an error's message,
+    e.g. a traceback's last line)."""
     try:
         with _open_log(workdir) as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
             lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
     except (OSError, HostileFile):
         lines = []
-    return f"exited with code {code}" + (f": {lines[-1][-500:]}" if lines else "")
+    return _how_it_exited(code, oom_killed) + (f": {lines[-1][-500:]}" if lines else "")
+
+
+def _how_it_exited(code: int, oom_killed: bool | None) -> str:
+    """`oom_killed`: whether the kernel's OOM killer struck while it ran (None: cannot tell)."""
+    if code not in oom.KILLED:
+        return f"exited with code {code}"
+    if oom_killed:
+        return (f"killed by the kernel's out-of-memory killer (SIGKILL, exit code {code}): the job needed more "
+                "memory than the machine had free")
+    if oom_killed is None:
+        return (f"killed by SIGKILL (exit code {code}): by the kernel's out-of-memory killer or by hand "
+                "(the kernel log, dmesg, says which)")
+    return f"killed by SIGKILL (exit code {code}), not by the out-of-memory killer"
 
 
 def _open_log(workdir: Path):

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmaster.backends.local import keeper, processes, venvs
+from trainmaster.backends.local import keeper, oom, processes, venvs
 from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment
 from trainmaster.jobs.files import write_json_atomic
 
@@ -58,7 +58,8 @@ def main(workdir: Path) -> int:
     os.umask(0o077)  # what the attempt and its job write under the home is the user's alone (docs/runtime.md)
     launch = json.loads((workdir / LAUNCH).read_text())
     started = time.time()
-    record = {"pid": os.getpid(), "create_time": process_start_time(os.getpid()), "started_at": started}
+    record = {"pid": os.getpid(), "create_time": process_start_time(os.getpid()), "started_at": started,
+              "oom_kills": oom.kills()}
     beat = Heartbeat(workdir / HEARTBEAT)
     write_json_atomic(workdir / SUPERVISOR, record)
     stopping: dict[str, str] = {}
@@ -82,7 +83,7 @@ def main(workdir: Path) -> int:
             result = run(*command(launch, python, env), launch, env, log, stopping, beat)
             code = 124 if result == "timeout" else result
             reason = stopping.get("reason") or ("time limit reached" if result == "timeout" else None)
-        finish(workdir, started, code, reason, stopping)
+        finish(workdir, started, code, reason, stopping, oom_kills=record["oom_kills"])
         stop_leftovers(record, launch, log, stopping)
     return 0
 
@@ -245,9 +246,12 @@ def _read_from(path: Path, offset: int, most: int = 2**16) -> str:
         return f.read().decode(errors="replace")
 
 
-def finish(workdir: Path, started: float, code: int, reason: str | None, stopping: dict) -> None:
+def finish(workdir: Path, started: float, code: int, reason: str | None, stopping: dict, *,
+           oom_kills: int | None = None) -> None:
+    """Record the end; `oom_killed` says whether the kernel's OOM killer took the job (None: cannot tell)."""
     write_json_atomic(workdir / EXIT, {"exit_code": code, "reason": reason, "cancelled": stopping.get("reason") == "cancelled",
-                                       "started_at": started, "ended_at": time.time()})
+                                       "started_at": started, "ended_at": time.time(),
+                                       "oom_killed": oom.killed_for_memory(code, oom_kills, oom.kills())})
 
 
 def stop_leftovers(record: dict, launch: dict, log, stopping: dict) -> None:
