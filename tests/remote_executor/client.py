@@ -23,12 +23,12 @@ from pydantic import BaseModel, ValidationError
 
 from remote_executor import protocol
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cost, ExecutorFault, Handle, LogChunk, Offer, OfferSet,
-    OutputFile, Progress, TransientBackendError,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cost, ExecutorFault, Handle, LogChunk, Offer, OfferRequest,
+    OfferSet, OutputFile, Progress, TransientBackendError,
 )
 from trainmaster.backends.features import (
-    CheckpointRef, ExecutorIdentity, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, RunsUntrusted,
-    SignedCommitment,
+    Acknowledgement, CheckpointRef, Conclusion, ExecutorIdentity, MetricsChunk, ReportsMetrics,
+    ResumesFromCheckpoints, RunsUntrusted, SignedCommitment,
 )
 from trainmaster.backends import transfer
 from trainmaster.jobs.spec import JobSpec
@@ -106,9 +106,9 @@ class RemoteBackend(ResumesFromCheckpoints, ReportsMetrics, Backend):
     def _path(self, template: str, handle: Handle, **values: str) -> str:
         return protocol.route(template, attempt_id=handle.data["attempt_id"], **values)
 
-    async def offers(self, spec: JobSpec) -> OfferSet:
+    async def offers(self, request: OfferRequest) -> OfferSet:
         found = await self.client.answer(OfferSet, "POST", protocol.OFFERS,
-                                         json_body={"spec": spec.model_dump(mode="json")})
+                                         json_body={"request": request.model_dump(mode="json")})
         offers = [o.model_copy(update={"backend": self.name}) for o in found.offers]
         return OfferSet(backend=self.name, offers=offers, reasons=found.reasons)
 
@@ -191,6 +191,10 @@ class RemoteExecutor(RunsUntrusted, RemoteBackend):
 
     async def signed_commitment(self, handle: Handle) -> SignedCommitment:
         return await self.client.answer(SignedCommitment, "GET", self._path(protocol.COMMITMENT, handle))
+
+    async def conclude(self, handle: Handle, conclusion: Conclusion) -> Acknowledgement:
+        return await self.client.answer(Acknowledgement, "POST", self._path(protocol.CONCLUDE, handle),
+                                        json_body=conclusion.model_dump(mode="json"))
 
     async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
         files = await self._manifest(self._path(protocol.OPENINGS, handle), json_body={"indices": list(indices)})

@@ -21,7 +21,7 @@ URL_ENV = "TRAINMASTER_TEST_EXECUTOR_URL"
 """Where the client finds the executor (the registry builds backends from their config only)."""
 
 HELLO = f"{PREFIX}/hello"  # GET -> {"protocol": 1, "hotkeys": [...]}
-OFFERS = f"{PREFIX}/offers"  # POST {"spec": ...} -> OfferSet
+OFFERS = f"{PREFIX}/offers"  # POST {"request": OfferRequest} -> OfferSet
 BUNDLE = PREFIX + "/bundles/{sha256}"  # PUT the tar as the body -> {"sha256", "size"}; refused on a mismatch
 ATTEMPTS = f"{PREFIX}/attempts"  # POST {"spec", "offer", "context"} -> {"attempt_id", "hotkey"}
 ATTEMPT = PREFIX + "/attempts/{attempt_id}"
@@ -37,6 +37,7 @@ EXECUTOR = ATTEMPT + "/executor"  # GET -> ExecutorIdentity
 COMMITMENT = ATTEMPT + "/commitment"  # GET -> SignedCommitment
 OPENINGS = ATTEMPT + "/openings"  # POST {"indices": [...]} -> {"files": [...]} (paths under the checkpoint dir)
 OPENED_FILE = ATTEMPT + "/openings/{path:.+}"  # GET ?offset= -> the file's bytes from offset
+CONCLUDE = ATTEMPT + "/conclude"  # POST Conclusion -> Acknowledgement (idempotent: the same countersignature)
 
 RESUME_SCHEME = "attempt:"
 """A checkpoint reference: `attempt:<attempt id>`, the newest committed segment of that attempt here."""

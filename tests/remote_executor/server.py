@@ -20,7 +20,8 @@ from aiohttp import web
 
 from remote_executor import protocol
 from trainmaster.backends import transfer
-from trainmaster.backends.base import AttemptContext, Handle, Offer
+from trainmaster.backends.base import AttemptContext, Handle, Offer, OfferRequest
+from trainmaster.backends.features import Conclusion
 from trainmaster.jobs.checkpoint import MANIFEST, segment_dir, segment_indices
 from trainmaster.jobs.files import sha256_file
 from trainmaster.jobs.spec import JobSpec
@@ -57,6 +58,7 @@ class ExecutorServer:
         app.router.add_get(p.COMMITMENT, self.commitment)
         app.router.add_post(p.OPENINGS, self.openings)
         app.router.add_get(p.OPENED_FILE, self.opened_file)
+        app.router.add_post(p.CONCLUDE, self.conclude)
         return app
 
     # offers and starting an attempt
@@ -65,8 +67,8 @@ class ExecutorServer:
         return web.json_response({"protocol": protocol.VERSION, "hotkeys": sorted(self.executor.keypairs)})
 
     async def offers(self, request: web.Request) -> web.Response:
-        spec = JobSpec.model_validate((await request.json())["spec"])
-        return _model(await self.executor.offers(spec))
+        asked = OfferRequest.model_validate((await request.json())["request"])
+        return _model(await self.executor.offers(asked))
 
     async def bundle(self, request: web.Request) -> web.Response:
         """The bundle streamed as the body, hashed as it arrives; kept only when its sha256 is the one named."""
@@ -165,6 +167,11 @@ class ExecutorServer:
         if not (Path(handle.data["workdir"]) / "outputs" / "commitment.json").is_file():
             raise _refused(web.HTTPConflict, "no commitment: the run has not committed")
         return _model(await self.executor.signed_commitment(handle))
+
+    async def conclude(self, request: web.Request) -> web.Response:
+        """The broker's conclusion after the verdict: kept, checked and countersigned by the executor."""
+        conclusion = Conclusion.model_validate(await request.json())
+        return _model(await self.executor.conclude(self._handle(request), conclusion))
 
     async def openings(self, request: web.Request) -> web.Response:
         """Every segment's manifest and the full files of each challenged segment and the state after it."""
