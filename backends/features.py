@@ -73,6 +73,29 @@ class KeepsSegments:
         raise NotImplementedError
 
 
+class HeldSegment(Frozen):
+    """One segment an attempt's backend still holds on its disk: its index, or None for a half-written one
+    (a kill left it; never resumed from, never opened), and how many bytes it takes."""
+
+    index: int | None = Field(None, ge=0)
+    bytes: int = Field(ge=0)
+
+
+class ReleasesSegments:
+    """Gives back the disk an attempt's segments take, keeping those the broker names (retention,
+    broker/reclaim.py). The broker decides which indices to keep; the backend alone knows where they
+    are, so the broker never opens the attempt's scratch folder itself."""
+
+    async def segments_held(self, handle: Handle) -> list[HeldSegment]:
+        """The segments the attempt holds now, complete ones by index, and the half-written ones (index None)."""
+        raise NotImplementedError
+
+    async def release_segments(self, handle: Handle, keep: set[int]) -> int:
+        """Remove every segment of the attempt but those in `keep` (half-written ones go too); returns the
+        bytes freed. Idempotent: what is gone is not counted again, and a kept index is never removed."""
+        raise NotImplementedError
+
+
 class CheckpointRef(Frozen):
     """Where an attempt's newest committed state is, in words only its backend understands: a local path,
     an `s3://` URI, a miner's attempt and segment. The broker never opens it: it passes it back as the

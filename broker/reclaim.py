@@ -2,48 +2,62 @@
 
 - `segments`: in a job accepted on trusted compute, the segments its trusted attempts wrote, except, in
   the accepted attempt, the last one (S_n: the state to continue training from) and those the replay
-  audit opened (S_i and S_i+1 for each challenged i), the evidence of its verdict. Half-written
-  segment directories left by a kill go too. The commitment, outputs, logs and verdicts are kept.
+  audit opened (S_i and S_i+1 for each challenged i, from its stored verdict), the evidence of its
+  verdict. Half-written segments left by a kill go too. The commitment, outputs, logs and verdicts are
+  kept. The broker decides only WHICH indices to keep: it asks each attempt's backend what it holds
+  (`segments_held`) and to release the rest (`release_segments`, backends/features.py `ReleasesSegments`);
+  it never opens a backend's scratch folder itself. A backend without that capability has nothing
+  reclaimed.
 - `environments`: cached job virtualenvs (`envs/`): unfinished or failed builds, and the least recently
   used beyond `envs_max_gb`. One that a running job uses (its lock held, backends/local/venvs.py) is
   kept and counted first.
 
 `reclaimable` says what would go (`trainmaster gc --dry-run`), `remove` removes it; the broker applies
-the policy to a job as it is accepted (`job_segments`, then `give_back`).
+the policy to a job as it is accepted (`job_segments`, then `give_back`). Both take `backend_of`, which
+gives an attempt's backend (`Broker.backend_of`), or None when this version has none by its name.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import fcntl
-import os
-import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmaster.backends.base import Offer
+from trainmaster.backends.base import Backend, Handle, Offer
+from trainmaster.backends.features import HeldSegment, ReleasesSegments
 from trainmaster.backends.local import venvs
+from trainmaster.backends.retry import retried
 from trainmaster.broker import paths
 from trainmaster.broker.retention import Retention
-from trainmaster.broker.store import Attempt, Store
+from trainmaster.broker.store import Attempt, Job, Store
+from trainmaster.jobs.files import tree_bytes
 
 KINDS = ("segments", "environments")
-SEGMENTS = "segments"  # the local backend's checkpoint layout: <checkpoint dir>/segments/<i as 8 digits>/
+
+BackendOf = Callable[[Job, Attempt], Backend | None]
 
 
 @dataclass(frozen=True)
 class Reclaimable:
-    """Paths of one kind that can go together (one attempt's segments, one environment), their size and why."""
+    """What can go together (one attempt's segments, one environment), how many directories, their size and
+    why. `where` is the attempt id for segments (its backend knows where they lie), the path of an environment."""
 
     kind: str
-    where: Path
-    paths: tuple[Path, ...]
+    where: str
+    count: int
     bytes: int
     why: str
+    path: Path | None = None  # an environment's directory
+    backend: ReleasesSegments | None = dataclasses.field(default=None, compare=False, repr=False)
+    handle: Handle | None = None  # the attempt's handle, for its backend
+    keep: frozenset[int] = frozenset()  # segment indices its backend must keep
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "where": str(self.where), "count": len(self.paths), "bytes": self.bytes,
-                "why": self.why}
+        return {"kind": self.kind, "where": self.where, "count": self.count, "bytes": self.bytes, "why": self.why}
 
 
 def envs_dir() -> Path:
@@ -54,48 +68,55 @@ def envs_dir() -> Path:
     return Path(configured) if configured else paths.home() / "envs"
 
 
-def reclaimable(store: Store, retention: Retention, envs: Path) -> list[Reclaimable]:
+async def reclaimable(store: Store, retention: Retention, envs: Path, backend_of: BackendOf) -> list[Reclaimable]:
     """Everything the retention policy lets go now, over every accepted job and the environment cache."""
     found = []
     if retention.drop_accepted_segments:
         for job in store.jobs(states_in={"accepted"}, limit=-1):
-            found += job_segments(store, job.id)
-    return found + environments(envs, retention.envs_max_bytes)
+            found += await job_segments(store, job.id, backend_of)
+    return found + await asyncio.to_thread(environments, envs, retention.envs_max_bytes)
 
 
-def give_back(segments: list[Reclaimable], envs_max_bytes: int) -> list[Reclaimable]:
-    """Once a job is accepted (in a worker thread: it walks the environments): remove its `segments` and the
-    environments over the cap; returns what was removed."""
-    return remove(segments + environments(envs_dir(), envs_max_bytes))
+async def give_back(segments: list[Reclaimable], envs_max_bytes: int) -> list[Reclaimable]:
+    """Once a job is accepted: remove its `segments` and the environments over the cap (walked in a worker
+    thread); returns what was removed."""
+    return await remove(segments + await asyncio.to_thread(environments, envs_dir(), envs_max_bytes))
 
 
-def job_segments(store: Store, job_id: str) -> list[Reclaimable]:
-    """The segments of an accepted job's trusted attempts that no resume or audit needs any more."""
+async def job_segments(store: Store, job_id: str, backend_of: BackendOf) -> list[Reclaimable]:
+    """The segments of an accepted job's trusted attempts that no resume or audit needs any more, as their
+    backends report them."""
     attempts = store.attempts(job_id)
     accepted = [a for a in attempts if a.state == "accepted" and _trusted(a)]
     if not accepted:
         return []
-    keep = _kept_segments(store, job_id, accepted[-1])
+    job = store.job(job_id)
     found = []
     for attempt in attempts:
-        if attempt.state not in ("accepted", "failed", "cancelled") or not _trusted(attempt):
+        if attempt.state not in ("accepted", "failed", "cancelled") or not _trusted(attempt) or not attempt.handle_json:
             continue
-        base = paths.attempt_dir(job_id, attempt.n) / "checkpoints" / SEGMENTS
-        kept = keep if attempt.id == accepted[-1].id else set()
-        dropped = tuple(p for p in _children(base) if not (p.name.isdigit() and int(p.name) in kept))
+        backend = backend_of(job, attempt)
+        if not isinstance(backend, ReleasesSegments):
+            continue  # a backend that cannot release segments has none reclaimed
+        handle = Handle.model_validate_json(attempt.handle_json)
+        held = await retried(backend.segments_held, handle)
+        last = attempt.id == accepted[-1].id
+        keep = _kept_segments(store, job_id, attempt, held) if last else frozenset()
+        dropped = [s for s in held if s.index is None or s.index not in keep]
         if dropped:
-            why = ("accepted: every segment but the last and the audited ones" if kept
+            why = ("accepted: every segment but the last and the audited ones" if last
                    else f"an earlier {attempt.state} attempt of an accepted job")
-            found.append(Reclaimable("segments", base, dropped, sum(map(size_of, dropped)), why))
+            found.append(Reclaimable("segments", attempt.id, len(dropped), sum(s.bytes for s in dropped), why,
+                                     backend=backend, handle=handle, keep=keep))
     return found
 
 
-def _kept_segments(store: Store, job_id: str, attempt: Attempt) -> set[int]:
-    """The last segment of the accepted attempt, and S_i, S_i+1 of each segment i its replay audit challenged."""
+def _kept_segments(store: Store, job_id: str, attempt: Attempt, held: list[HeldSegment]) -> frozenset[int]:
+    """The last complete segment the accepted attempt holds, and S_i, S_i+1 of each segment i its replay audit
+    challenged (its stored verdict says which)."""
     from trainmaster.verify.records import VerdictStore
 
-    base = paths.attempt_dir(job_id, attempt.n) / "checkpoints" / SEGMENTS
-    complete = [int(p.name) for p in _children(base) if p.name.isdigit()]
+    complete = [s.index for s in held if s.index is not None]
     verdicts = VerdictStore(store.path)
     try:
         verdict = verdicts.latest(job_id, attempt.id)
@@ -103,7 +124,7 @@ def _kept_segments(store: Store, job_id: str, attempt: Attempt) -> set[int]:
         verdicts.close()
     replay = (verdict.evidence.get("replay") or {}) if verdict else {}
     challenged = [i for i in (replay.get("challenge") or {}).get("segments", []) if isinstance(i, int)]
-    return set(complete[-1:] if complete else []) | {j for i in challenged for j in (i, i + 1)}
+    return frozenset(([max(complete)] if complete else []) + [j for i in challenged for j in (i, i + 1)])
 
 
 def environments(envs: Path, max_bytes: int) -> list[Reclaimable]:
@@ -113,7 +134,8 @@ def environments(envs: Path, max_bytes: int) -> list[Reclaimable]:
         if _in_use(venv):
             max_bytes -= size_of(venv)
         elif not (venv / venvs.READY).exists():
-            found.append(Reclaimable("environments", venv, (venv,), size_of(venv), "an unfinished or failed build"))
+            found.append(Reclaimable("environments", str(venv), 1, size_of(venv), "an unfinished or failed build",
+                                     path=venv))
         else:
             ready.append((_mtime(venv / venvs.READY), venv, size_of(venv)))
     total = 0
@@ -121,22 +143,22 @@ def environments(envs: Path, max_bytes: int) -> list[Reclaimable]:
         total += size
         if total > max_bytes:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last_use))
-            found.append(Reclaimable("environments", venv, (venv,), size,
-                                     f"least recently used (last {when}), beyond the environments' cap"))
+            found.append(Reclaimable("environments", str(venv), 1, size,
+                                     f"least recently used (last {when}), beyond the environments' cap", path=venv))
     return found
 
 
-def remove(items: list[Reclaimable]) -> list[Reclaimable]:
-    """Remove what `items` name; returns those removed (an environment taken into use meanwhile is left)."""
+async def remove(items: list[Reclaimable]) -> list[Reclaimable]:
+    """Remove what `items` name; returns those removed, segments with the bytes their backend freed (an
+    environment taken into use meanwhile is left)."""
     done = []
     for item in items:
         if item.kind == "environments":
-            if venvs.remove_unused(item.where):
+            if await asyncio.to_thread(venvs.remove_unused, item.path):
                 done.append(item)
             continue
-        for path in item.paths:
-            shutil.rmtree(path, ignore_errors=True)
-        done.append(item)
+        freed = await retried(item.backend.release_segments, item.handle, set(item.keep))
+        done.append(dataclasses.replace(item, bytes=freed))
     return done
 
 
@@ -146,16 +168,7 @@ def by_kind(items: list[Reclaimable]) -> dict[str, int]:
 
 def size_of(path: Path) -> int:
     """Bytes of the files under `path` (links not followed)."""
-    if not path.is_dir() or path.is_symlink():
-        return path.lstat().st_size if path.exists() or path.is_symlink() else 0
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-    return total
+    return tree_bytes(path)
 
 
 def _in_use(venv: Path) -> bool:

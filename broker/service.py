@@ -146,6 +146,16 @@ class Broker:
         found.rates = self.rates(policy)  # the broker's rate provider, injected
         return found
 
+    def backend_of(self, job: Job, attempt: Attempt) -> Backend | None:
+        """The backend an attempt ran on, as its job's policy configures it; None when this version has no
+        backend by that name (an attempt of a backend since removed, or one only a test provided)."""
+        from trainmaster.backends.registry import UnknownBackend
+
+        try:
+            return self.backend(attempt.backend, self.policy(job))
+        except UnknownBackend:
+            return None
+
     def rates(self, policy: Policy) -> RateProvider | None:
         """The TAO/USD rate provider of the policy (one per rate setting, kept for the process)."""
         key = policy.tao_rate.model_dump_json()
@@ -730,9 +740,10 @@ class Broker:
 
         try:
             retention = load_retention()
-            segments = reclaim.job_segments(self.store, job.id) if retention.drop_accepted_segments else []
-            freed = await asyncio.to_thread(reclaim.give_back, segments, retention.envs_max_bytes)
-        except (FileError, OSError) as exc:
+            segments = (await reclaim.job_segments(self.store, job.id, self.backend_of)
+                        if retention.drop_accepted_segments else [])
+            freed = await reclaim.give_back(segments, retention.envs_max_bytes)
+        except (FileError, OSError, BackendError) as exc:
             self.store.log_event(job.id, "error", {"message": f"giving disk back: {exc}"})
             return
         if freed:

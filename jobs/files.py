@@ -111,6 +111,25 @@ def sha256_file(path: Path | str) -> str:
     return digest.hexdigest()
 
 
+def tree_bytes(path: Path | str) -> int:
+    """Bytes of the files under `path` (a file: its own size), links never followed and counted as themselves."""
+    path = Path(path)
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(info.st_mode):
+        return info.st_size
+    total = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
 def fsync_dir(path: Path | str) -> None:
     """fsync a directory, making the renames and creations inside it durable."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

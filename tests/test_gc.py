@@ -1,9 +1,15 @@
 """Disk is given back: an accepted trusted run keeps only its last segment and those its audit opened
 (at once, by the retention policy, or later by `trainmaster gc`), job environments are kept by least
-recent use within the cap (never one in use), and `gc [--dry-run] [--json]` says what it frees per kind."""
+recent use within the cap (never one in use), and `gc [--dry-run] [--json]` says what it frees per kind.
+
+The broker decides which segments to keep; the attempt's backend walks, sizes and removes them
+(`ReleasesSegments`): the broker never opens a backend's scratch folder (issue #15 §1). The tests look
+into the local backend's folder (`paths.attempt_dir`) only to check what it did."""
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import fcntl
 import json
 import os
@@ -13,6 +19,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from trainmaster.backends.base import Handle
+from trainmaster.backends.local.backend import LocalBackend
 from trainmaster.broker import paths
 from trainmaster.broker.cli import app
 
@@ -77,6 +85,8 @@ def test_gc_drops_the_segments_of_an_accepted_run_but_the_last_and_says_how_much
     would = gc("--dry-run")
     assert would["dry_run"] and would["bytes"] == {"segments": sum(before[i] for i in range(4)), "environments": 0}
     assert segments(job_id) == before  # a dry run removes nothing
+    [attempt] = json.loads(cli("status", job_id, "--json").output)["attempts"]
+    assert [(i["kind"], i["where"], i["count"]) for i in would["items"]] == [("segments", attempt["id"], 4)]
     text = cli("gc", "--dry-run")
     [line] = [line for line in text.output.splitlines() if line.startswith("segments ")]
     assert text.exit_code == 0 and line.split() == ["segments", "would", "free",
@@ -187,3 +197,92 @@ def test_an_invalid_retention_file_never_fails_an_accepted_job(tm_home, job_fact
     events = json.loads(cli("status", job_id, "--json").output)["events"]
     [error] = [e for e in events if e["kind"] == "error"]
     assert error["detail"]["message"].startswith("giving disk back: ") and "retention.yaml:1: envs_max_gb" in error["detail"]["message"]
+
+
+def local_segments(workdir: Path, sizes: dict[str, int]) -> Path:
+    """A local backend's work dir whose `checkpoints/segments/` holds an entry per name, of `size` bytes."""
+    base = workdir / "checkpoints" / "segments"
+    for name, size in sizes.items():
+        (base / name).mkdir(parents=True)
+        (base / name / "state.bin").write_bytes(b"s" * size)
+    return base
+
+
+def test_the_local_backend_releases_every_segment_but_the_kept_ones_once(tmp_path):
+    workdir = tmp_path / "attempt"
+    base = local_segments(workdir, {"00000000": 100, "00000001": 200, "00000002": 300, "00000003.tmp": 50})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"p" * 1000)
+    (base / "00000004").symlink_to(outside, target_is_directory=True)  # a job's link: removed as a link, never followed
+    backend, handle = LocalBackend(), Handle(backend="local", attempt_id="a1", data={"workdir": str(workdir)})
+
+    held = asyncio.run(backend.segments_held(handle))
+    assert [(s.index, s.bytes) for s in held] == [(0, 100), (1, 200), (2, 300), (None, 50),
+                                                  (4, len(os.readlink(base / "00000004")))]
+    freed = asyncio.run(backend.release_segments(handle, {2, 7}))
+    assert freed == 100 + 200 + 50 + len(str(outside))
+    assert sorted(p.name for p in base.iterdir()) == ["00000002"]  # the kept one; the half-written one went too
+    assert (outside / "precious").is_file()
+    assert asyncio.run(backend.release_segments(handle, {2})) == 0  # idempotent
+    assert [(s.index, s.bytes) for s in asyncio.run(backend.segments_held(handle))] == [(2, 300)]
+
+
+def test_the_local_backend_never_follows_a_linked_segments_folder(tmp_path):
+    outside = local_segments(tmp_path / "elsewhere", {"00000000": 100})
+    workdir = tmp_path / "attempt"
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "checkpoints" / "segments").symlink_to(outside, target_is_directory=True)
+    backend, handle = LocalBackend(), Handle(backend="local", attempt_id="a1", data={"workdir": str(workdir)})
+    assert asyncio.run(backend.segments_held(handle)) == []
+    assert asyncio.run(backend.release_segments(handle, set())) == 0
+    assert (outside / "00000000" / "state.bin").is_file()
+
+
+def test_a_backend_that_cannot_release_segments_has_nothing_reclaimed(tm_home, job_factory):
+    from broker_support import SyncBroker
+    from scripted_backend import Script, Scripted
+    from trainmaster.backends.features import ReleasesSegments
+    from trainmaster.broker import reclaim
+    from trainmaster.broker.retention import Retention
+    from trainmaster.broker.service import Broker
+
+    assert not isinstance(Scripted(), ReleasesSegments)
+    broker = SyncBroker(Broker(backends={"local": Scripted(name="local", script=Script())}))
+    try:
+        job = broker.submit(job_factory("print('hi')\n"))
+        job = broker.wait(job.id, timeout_s=60)
+        assert job.state == "accepted"  # given back at acceptance: no error for the backend that cannot
+        assert not [e for e in broker.store.events(job.id) if e.kind == "error"]
+        # what lies where the local backend would keep segments is not the broker's to open
+        stray = local_segments(paths.attempt_dir(job.id, 1), {"00000000": 100, "00000001": 100})
+        assert asyncio.run(reclaim.job_segments(broker.store, job.id, broker.backend_of)) == []
+        found = asyncio.run(reclaim.reclaimable(broker.store, Retention(), tm_home / "envs", broker.backend_of))
+        assert [i for i in found if i.kind == "segments"] == []
+        assert sorted(p.name for p in stray.iterdir()) == ["00000000", "00000001"]
+    finally:
+        broker.close()
+
+
+BROKER = Path(__file__).resolve().parents[1] / "broker"
+CREATES_THE_FOLDER = {
+    ("paths.py", "attempt_dir"),  # its definition
+    ("service.py", "_context"),  # makes the attempt's work dir and hands it to the backend (AttemptContext.workdir)
+    ("service.py", "_verify"),  # the destination it hands `open_segments` (KeepsSegments) to copy openings into
+}
+
+
+def test_the_broker_names_an_attempts_folder_only_to_create_it_for_its_backend():
+    """`attempt_dir(` in broker/ (a grep, each hit named by the innermost function around it) only where the
+    folder is made for a backend, never where a backend's scratch folder would be read, walked or deleted."""
+    found = set()
+    for path in sorted(BROKER.rglob("*.py")):
+        text = path.read_text()
+        functions = [f for f in ast.walk(ast.parse(text)) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if "attempt_dir(" not in line:
+                continue
+            around = [f for f in functions if f.lineno <= line_no <= f.end_lineno]
+            innermost = max(around, key=lambda f: f.lineno).name if around else "<module>"
+            found.add((str(path.relative_to(BROKER)), innermost))
+    assert found == CREATES_THE_FOLDER

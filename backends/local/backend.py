@@ -7,7 +7,9 @@ once the supervisor is gone, however it went. Everything a later process needs t
 attempt again is in the work dir, so the handle is just its path, and a second `submit` of the
 same attempt finds the first run instead of starting another. Cost is wall time × the power model.
 The broker reads none of the work dir itself: it asks `last_checkpoint` (the checkpoint folder, once
-it holds a segment) and `metrics` (bytes of `outputs/metrics.jsonl` from an offset).
+it holds a segment) and `metrics` (bytes of `outputs/metrics.jsonl` from an offset), and under its
+retention policy it asks `segments_held` and `release_segments` (the segments of `checkpoints/segments/`
+it no longer needs, by index) rather than walking or deleting anything here.
 
 The machine is a resource (allocation.py): each attempt holds the GPUs it was given exclusively (it sees
 only those, through CUDA_VISIBLE_DEVICES), and its CPUs and memory by request; the broker queues a job
@@ -41,8 +43,8 @@ from trainmaster.backends.base import (
     OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import (
-    AllocatesMachine, CheckpointRef, KeepsSegments, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints,
-    SupportsMultiGpu,
+    AllocatesMachine, CheckpointRef, HeldSegment, KeepsSegments, MetricsChunk, ReleasesSegments, ReportsMetrics,
+    ResumesFromCheckpoints, SupportsMultiGpu,
 )
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
 from trainmaster.backends.local import allocation, oom, processes
@@ -50,7 +52,7 @@ from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
-from trainmaster.jobs.files import HostileFile, open_regular, read_regular, write_json_atomic
+from trainmaster.jobs.files import HostileFile, open_regular, read_regular, tree_bytes, write_json_atomic
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
@@ -63,7 +65,8 @@ and could replace one with a 4 GB file or a FIFO, so each is read bounded and ne
 SPAWNED = "spawned"  # created (exclusively) just before the supervisor is started: never start two
 
 
-class LocalBackend(SupportsMultiGpu, KeepsSegments, ResumesFromCheckpoints, ReportsMetrics, AllocatesMachine, Backend):
+class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFromCheckpoints, ReportsMetrics,
+                   AllocatesMachine, Backend):
     name = "local"
     unsupported = {
         "multi_node": "runs on this machine only",
@@ -257,6 +260,15 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ResumesFromCheckpoints, Repo
         return CheckpointRef(uri=str(checkpoints), segment=newest[0] if newest else None,
                              step=newest[1] if newest else None)
 
+    async def segments_held(self, handle: Handle) -> list[HeldSegment]:
+        """Each entry of `checkpoints/segments/`: a complete segment by its index, a half-written one (a name
+        that is not a number: a kill left it) with index None."""
+        return await asyncio.to_thread(held_segments, Path(handle.data["workdir"]))
+
+    async def release_segments(self, handle: Handle, keep: set[int]) -> int:
+        """Remove every entry of `checkpoints/segments/` but the segments in `keep`; the bytes freed."""
+        return await asyncio.to_thread(release_segments, Path(handle.data["workdir"]), set(keep))
+
     async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
         return await asyncio.to_thread(read_chunk, Path(handle.data["workdir"]) / "outputs" / METRICS_FILE, offset, limit)
 
@@ -301,6 +313,53 @@ def newest_segment(checkpoints: Path) -> tuple[int, int] | None:
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             return i, step
     return None
+
+
+def segments_dir(workdir: Path) -> Path | None:
+    """The attempt's `checkpoints/segments/`; None when there is none, or when the job replaced a folder on
+    that path by a link (never followed: releasing must not delete what lies outside the work dir)."""
+    base = workdir
+    for part in ("checkpoints", "segments"):
+        base = base / part
+        if base.is_symlink() or not base.is_dir():
+            return None
+    return base
+
+
+def _segment_index(name: str) -> int | None:
+    """A segment directory's index (`00000012` → 12); None for anything else (a half-written segment)."""
+    return int(name) if name.isascii() and name.isdigit() else None
+
+
+def held_segments(workdir: Path) -> list[HeldSegment]:
+    base = segments_dir(workdir)
+    if base is None:
+        return []
+    return [HeldSegment(index=_segment_index(p.name), bytes=tree_bytes(p)) for p in sorted(base.iterdir())]
+
+
+def release_segments(workdir: Path, keep: set[int]) -> int:
+    """Remove each entry of the attempt's `checkpoints/segments/` whose index is not in `keep` (half-written
+    ones included); links are removed as links. Returns the bytes freed (what is left of an entry that could
+    not be removed is not counted), so a second call frees and returns nothing."""
+    base = segments_dir(workdir)
+    if base is None:
+        return 0
+    freed = 0
+    for entry in sorted(base.iterdir()):
+        index = _segment_index(entry.name)
+        if index is not None and index in keep:
+            continue
+        before = tree_bytes(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            try:
+                entry.unlink()
+            except FileNotFoundError:
+                pass
+        freed += before - tree_bytes(entry)
+    return freed
 
 
 def inventory(config: LocalConfig) -> Machine:

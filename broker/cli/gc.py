@@ -10,7 +10,7 @@ import json
 
 import typer
 
-from trainmaster.broker.cli.exits import console, load
+from trainmaster.broker.cli.exits import console, guarded, load
 
 
 def register(app: typer.Typer) -> None:
@@ -21,25 +21,35 @@ def gc(
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be freed; remove nothing."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Free disk: segments of accepted trusted runs (keeping the last and the audited ones) and the least
-    recently used job environments beyond the cap, as retention.yaml says. Prints what it frees per kind."""
-    from trainmaster.broker import paths, reclaim
+    """Free disk: segments of accepted trusted runs (keeping the last and the audited ones; each attempt's
+    backend releases its own) and the least recently used job environments beyond the cap, as retention.yaml
+    says. Prints what it frees per kind."""
+    import asyncio
+
+    from trainmaster.broker import reclaim
     from trainmaster.broker.retention import load_retention
-    from trainmaster.broker.store import Store
 
     retention = load(load_retention)
     envs = load(reclaim.envs_dir)
-    store = Store(paths.state_db())
-    try:
-        found = reclaim.reclaimable(store, retention, envs)
-    finally:
-        store.close()
-    freed = found if dry_run else reclaim.remove(found)
+    freed = guarded(lambda: asyncio.run(_reclaim(retention, envs, dry_run)))
     if as_json:
         print(json.dumps({"dry_run": dry_run, "bytes": reclaim.by_kind(freed), "total_bytes": sum(i.bytes for i in freed),
                           "items": [i.to_json() for i in freed]}, indent=2))
         return
     _print(freed, dry_run)
+
+
+async def _reclaim(retention, envs, dry_run: bool) -> list:
+    """What the policy lets go (each attempt's segments as its backend reports them), removed unless a dry run."""
+    from trainmaster.broker import reclaim
+    from trainmaster.broker.service import Broker
+
+    broker = Broker()
+    try:
+        found = await reclaim.reclaimable(broker.store, retention, envs, broker.backend_of)
+        return found if dry_run else await reclaim.remove(found)
+    finally:
+        broker.close()
 
 
 def _print(freed: list, dry_run: bool) -> None:
@@ -48,7 +58,7 @@ def _print(freed: list, dry_run: bool) -> None:
     verb = "would free" if dry_run else "freed"
     out = console()
     for kind, size in reclaim.by_kind(freed).items():
-        count = sum(len(i.paths) for i in freed if i.kind == kind)
+        count = sum(i.count for i in freed if i.kind == kind)
         out.print(f"{kind:<13} {verb} {_mb(size):>10}  ({count} {'directory' if count == 1 else 'directories'})",
                   highlight=False)
     out.print(f"{'total':<13} {verb} {_mb(sum(i.bytes for i in freed)):>10}", highlight=False)
