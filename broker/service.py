@@ -775,7 +775,7 @@ class Broker:
                 self.store.log_event(job.id, "error", {"message": f"no signed commitment: {exc}"}, attempt.id)
         if "replay" in checks and isinstance(backend, KeepsSegments):
             open_segments = _SegmentOpener(asyncio.get_running_loop(), backend, handle,
-                                           paths.attempt_dir(job.id, attempt.n) / "openings", trusted=offer.trusted,
+                                           paths.job_dir(job.id) / "openings" / str(attempt.n), trusted=offer.trusted,
                                            deadline_s=self.policy(job).verification.challenge_deadline_s)
         workspace = paths.job_dir(job.id) / "verify"
         await asyncio.to_thread(shutil.rmtree, workspace, True)  # what a verification that died left (we hold the lock)

@@ -52,7 +52,9 @@ from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
-from trainmaster.jobs.files import HostileFile, open_regular, read_regular, tree_bytes, write_json_atomic
+from trainmaster.jobs.files import (
+    HostileFile, open_regular, read_regular, tree_bytes, write_bytes_atomic, write_json_atomic,
+)
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
@@ -246,8 +248,21 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
         return await asyncio.to_thread(_reap, workdir, started, cancelled=True)
 
     async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
-        """The attempt's checkpoint directory itself: nothing to transfer on this machine."""
-        return Path(handle.data["workdir"]) / "checkpoints"
+        """Every segment's manifest and the whole of each challenged segment and the one after it, laid out
+        in `dest` (the broker's) as the runtime's checkpoint directory: hard-linked where one filesystem holds
+        both (the run has ended, nothing writes to them), hashed as they go, so the broker reads nothing of
+        this backend's own folder."""
+        source = Path(handle.data["workdir"]) / "checkpoints" / "segments"
+        wanted = set(indices) | {i + 1 for i in indices}
+        names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())
+                                        if source.is_dir() and not source.is_symlink() else [])
+        for name in names:
+            here, there = source / name, Path(dest) / "segments" / name
+            if int(name) in wanted:
+                await transfer.copy_tree(here, there)
+            else:
+                await asyncio.to_thread(_copy_manifest, here / "manifest.json", there / "manifest.json")
+        return Path(dest)
 
     async def last_checkpoint(self, handle: Handle) -> CheckpointRef | None:
         """The attempt's checkpoint directory, once it holds anything (the runtime resumes from its newest
@@ -298,6 +313,16 @@ def read_chunk(path: Path, offset: int, limit: int) -> MetricsChunk:
         f.seek(offset)
         data = f.read(max(0, limit))
     return MetricsChunk(data=data, offset=offset, size=info.st_size, modified_at=info.st_mtime)
+
+
+def _copy_manifest(source: Path, target: Path) -> None:
+    """A segment manifest (a few hundred bytes; read bounded, never through a link), written atomically."""
+    try:
+        data = read_regular(source, 2**16)
+    except (FileNotFoundError, HostileFile):
+        return  # a segment half-written by a kill: the audit says what is missing
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(target, data)
 
 
 def newest_segment(checkpoints: Path) -> tuple[int, int] | None:
