@@ -268,7 +268,6 @@ BROKER = Path(__file__).resolve().parents[1] / "broker"
 CREATES_THE_FOLDER = {
     ("paths.py", "attempt_dir"),  # its definition
     ("service.py", "_context"),  # makes the attempt's work dir and hands it to the backend (AttemptContext.workdir)
-    ("service.py", "_verify"),  # the destination it hands `open_segments` (KeepsSegments) to copy openings into
 }
 
 
