@@ -76,3 +76,15 @@ def test_submit_dry_run_imports_neither_numpy_nor_torch(tm_home, job_factory):
     spec = job_factory("print('hi')\n")
     modules, out = imported(["submit", str(spec), "--dry-run"], ("numpy", "torch", "trainmaster.verify.safeload"))
     assert modules == [] and "dry run, nothing submitted" in out
+
+
+def test_status_of_an_accepted_job_reads_its_verdict_without_the_models(tm_home, job_factory):
+    """An accepted job has a stored verdict: `status` shows its opaque and dropped files from the stored JSON,
+    without importing pydantic's verdict model."""
+    spec = job_factory("import os, pathlib\npathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 'a.txt').write_text('x')\n")
+    done = subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(spec), "--wait", "--json"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    job_id = json.loads(done.stdout)["id"]
+    modules, out = imported(["status", job_id, "--json"], (*HEAVY, "trainmaster.verify.verdict", "pydantic"))
+    assert modules == [] and json.loads(out)["attempts"][0]["opaque"] == []

@@ -8,16 +8,20 @@ transaction.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainmaster.storage import statedb
 
 from .challenge_secret import new_secret, secret_digest
 from .errors import VerificationError
-from .verdict import Verdict
+
+if TYPE_CHECKING:
+    from .verdict import Verdict
 
 SCHEMA_VERSION = 1
 MIGRATIONS: list[list[str]] = [
@@ -107,9 +111,21 @@ class VerdictStore:
         if attempt_id is not None:
             query, args = query + " AND attempt_id = ?", [job_id, attempt_id]
         row = self.database.db.execute(query + " ORDER BY id DESC LIMIT 1", args).fetchone()
+        from .verdict import Verdict  # pydantic: not imported by what reads evidence only (`latest_evidence`)
+
         return Verdict.model_validate_json(row["verdict_json"]) if row else None
 
+    def latest_evidence(self, job_id: str, attempt_id: str) -> dict | None:
+        """The newest verdict of an attempt as stored (its JSON, not validated again): what `status` shows of
+        it, without building the model."""
+        row = self.database.db.execute(
+            "SELECT verdict_json FROM verdicts WHERE job_id = ? AND attempt_id = ? ORDER BY id DESC LIMIT 1",
+            (job_id, attempt_id)).fetchone()
+        return json.loads(row["verdict_json"]) if row else None
+
     def history(self, job_id: str) -> list[Verdict]:
+        from .verdict import Verdict
+
         rows = self.database.db.execute("SELECT verdict_json FROM verdicts WHERE job_id = ? ORDER BY id", (job_id,))
         return [Verdict.model_validate_json(r["verdict_json"]) for r in rows]
 

@@ -24,7 +24,7 @@ def _when(ts: float | None) -> str:
 
 
 def _verdicts(job, attempts) -> dict:
-    """attempt id -> the verdict of each attempt that has one (accepted or rejected)."""
+    """attempt id -> the stored verdict (its JSON) of each attempt that has one (accepted or rejected)."""
     ended = [a for a in attempts if a.state in ("accepted", "rejected")]
     if not ended:
         return {}
@@ -32,7 +32,7 @@ def _verdicts(job, attempts) -> dict:
 
     store = VerdictStore(paths.state_db())
     try:
-        verdicts = {a.id: store.latest(job.id, a.id) for a in ended}
+        verdicts = {a.id: store.latest_evidence(job.id, a.id) for a in ended}
     finally:
         store.close()
     return {attempt_id: v for attempt_id, v in verdicts.items() if v is not None}
@@ -44,7 +44,7 @@ def _from_verdict(verdict) -> dict:
     own evaluation."""
     if verdict is None:
         return {"opaque": [], "dropped": [], "metrics": None}
-    evidence = verdict.evidence
+    evidence = verdict.get("evidence") or {}
     return {"opaque": [{"path": o["path"], "kind": o["kind"], "what": o["what"]}
                        for o in (evidence.get("safety") or {}).get("opaque", [])],
             "dropped": list((evidence.get("integrity") or {}).get("dropped", [])),
