@@ -963,7 +963,7 @@ class Broker:
                 backend = self.backend(attempt.backend, self.policy(job))
                 await retried(backend.cancel, Handle.model_validate_json(attempt.handle_json))
             await self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user",
-                                    detail={"cause": failures.CANCELLED.name})
+                                    detail={"cause": failures.CANCELLED.name}, ended_at=time.time())
         self._release_orphans(job, self._ledger(job), keep=None)
         if job.state not in states.JOB_ENDS:
             self.store.move_job(job.id, "cancelled", reason="cancelled by the user")

@@ -160,12 +160,17 @@ def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
 
     since = time.time()
     broker, job = guarded(lambda: calls.cancel(job_id))
-    stopped = [e.detail["message"] for e in broker.store.events(job.id) if e.kind == "stopped" and e.at >= since]
+    now = [e for e in broker.store.events(job.id) if e.at >= since]
+    stopped = [e.detail["message"] for e in now if e.kind == "stopped"]
+    ended_before = not any(e.kind == "cancel_requested" for e in now)
+    nothing = (f"nothing was stopped: the job had already ended ({job.state}) and none of its processes was running"
+               if ended_before and not stopped else None)
     if as_json:
-        print(json.dumps({**render.job_json(broker, job), "stopped": stopped}, indent=2))
+        print(json.dumps({**render.job_json(broker, job), "stopped": stopped, "already_ended": ended_before},
+                         indent=2))
     else:
         console().print(f"{escape(job.id)}: {job.state}", highlight=False)
-        for message in stopped:
+        for message in stopped if stopped else [nothing] if nothing else []:
             console().print(f"  {escape(message)}", highlight=False)
 
 

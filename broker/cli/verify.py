@@ -140,6 +140,9 @@ def _check_directory(outputs: Path, *, trusted: bool, spec_path: Path | None):
         )
         checks = {"integrity", "safety"} | ({"outcome"} if loaded else set())
         verdict = verify_attempt(attempt, checks=checks, write_verdict=False)
+    from trainmaster.broker.cli.folder_evidence import as_folder
+
+    verdict = as_folder(verdict, outputs, trusted=trusted, spec_given=loaded is not None)
     return verdict if loaded else _outcome_not_checked(verdict)
 
 
@@ -175,7 +178,8 @@ def _print(verdict) -> None:
     """The verdict for people; every name and reason through `visible`, so no file name can draw on the terminal."""
     from trainmaster.broker.cli.safe_text import visible
 
-    where = visible(verdict.job_id or "?")
+    folder = (verdict.evidence.get("folder") or {}).get("path")
+    where = visible(verdict.job_id or (f"folder {folder}" if folder else "?"))
     if verdict.attempt_id:
         where += f" (attempt {visible(verdict.attempt_id)})"
     typer.echo(f"{where}: {verdict.outcome.replace('_', ' ').upper()}")
