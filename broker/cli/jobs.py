@@ -44,7 +44,7 @@ def _streamed(as_json: bool):
 
 
 def submit(
-    spec: Path = typer.Argument(..., help="The job file (job.yaml)."),
+    spec: Path = typer.Argument(..., help="The job file (job.yaml), or a directory holding one."),
     policy: str = typer.Option("default", "--policy", "-p", help="Policy name or file."),
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to finish, streaming its logs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check, bundle and plan, then print the plan; submit nothing."),
@@ -53,8 +53,7 @@ def submit(
     """Submit a job: check the spec, pick an offer by the policy, and start it."""
     from trainmaster.broker.cli import render
 
-    if not spec.is_file():
-        fail(f"{spec}: no such file", USAGE)
+    spec = _job_file(spec)
     if dry_run:
         prepared = guarded(lambda: calls.dry_run(spec, policy))
         if as_json:
@@ -89,6 +88,17 @@ def submit(
         render.print_job(console(), broker, job)
     if wait:
         raise typer.Exit(wait_exit(job.state))
+
+
+def _job_file(spec: Path) -> Path:
+    """The job file `submit` was given: a directory stands for the `job.yaml` in it."""
+    if spec.is_dir():
+        if not (spec / "job.yaml").is_file():
+            fail(f"{spec} is a directory with no job.yaml in it; give the job file's path", USAGE)
+        return spec / "job.yaml"
+    if not spec.is_file():
+        fail(f"{spec}: no such file", USAGE)
+    return spec
 
 
 def wait_exit(state: str) -> int:

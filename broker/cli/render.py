@@ -164,13 +164,14 @@ def _print_folded(console: Console, text: str, indent: int = 2) -> None:
 def _print_opaque(console: Console, opaque: list[dict]) -> None:
     if not opaque:
         return
-    from trainmaster.verify.output_kinds import CONVERT
+    from trainmaster.broker.cli.save_hints import save_hint
 
     console.print("  [yellow]opaque outputs[/yellow]: pickle-capable, kept and hashed but never loaded by trainmaster; "
                   "load them only if you trust the code that wrote them:", highlight=False, soft_wrap=True)
     for item in opaque:
         console.print(f"    {safe(item['path'])}: {safe(item['what'])}", highlight=False, soft_wrap=True)
-    console.print(f"  to return weights trainmaster can check, {CONVERT}", highlight=False, soft_wrap=True, markup=False)
+    hint = save_hint(" ".join(f"{item['path']} {item['what']}" for item in opaque))
+    console.print(f"  to return weights trainmaster can check: {hint}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _print_dropped(console: Console, dropped: list[str]) -> None:
@@ -222,7 +223,7 @@ def print_prepared(console: Console, prepared) -> None:
                   soft_wrap=True)
     console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
                   highlight=False)
-    console.print(render_plan(prepared.plan))
+    console.print(render_plan(prepared.plan, width=console.width))
     for backend, why in prepared.plan.reasons.items():
         console.print(f"  {safe(backend)}: {safe('; '.join(why))}", highlight=False, soft_wrap=True)
     console.print(f"  estimate: {safe(prepared.plan.basis)}", highlight=False, soft_wrap=True)
