@@ -1,5 +1,5 @@
-"""Why a job that failed has no other offer to fall back to, in the words its user needs: where it
-failed and why (the attempt's own reason, first: that is what to fix), then why nothing else may run it."""
+"""Why a job that failed has no other offer to fall back to, in the words its user needs: the attempt's
+own reason first (that is what to fix), then where it failed and why nothing else may run it."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ def no_fallback_reason(failure: str, plan, policy_name: str) -> str:
         return f"{failure}\nno other offer is left to try:\n" + plan.explain_failure().partition("\n")[2]
     where = ", ".join(blocked)
     if not plan.reasons:
-        return (f"the job failed on {where}: {failure}\n"
-                f"no other backend is allowed by the policy {policy_name!r} (chain: {' → '.join(plan.tiers)}), "
-                f"so nothing else was tried; fix the failure above and `trainmaster resume` the job")
+        return (f"{failure}\nthe job failed on {where}, and no other backend is allowed by the policy {policy_name!r} "
+                f"(chain: {' → '.join(plan.tiers)}), so nothing else was tried; fix the failure above and "
+                "`trainmaster resume` the job")
     unavailable = "; ".join(f"{name}: {'; '.join(why)}" for name, why in plan.reasons.items())
-    return (f"the job failed on {where}: {failure}\n"
-            f"no other backend can take it ({unavailable}); fix the failure above and `trainmaster resume` the job")
+    return (f"{failure}\nthe job failed on {where}, and no other backend can take it ({unavailable}); fix the "
+            "failure above and `trainmaster resume` the job")

@@ -26,7 +26,7 @@ def test_status_in_80_columns_folds_reasons_readably(tm_home, job_factory):
     shown = tm("status", job["id"], home=tm_home, columns=80).stdout
     lines = shown.splitlines()
     assert all(len(line) <= 80 for line in lines if "job dir:" not in line), shown  # a path stays whole, to copy
-    assert any(line.startswith("  reason: the job failed on local: rejected: the run wrote no outputs") for line in lines), shown
+    assert any(line.startswith("  reason: rejected: the run wrote no outputs: nothing is in its outputs") for line in lines), shown
     assert shown.count("the run wrote no outputs") == 1, shown  # the attempt's reason, held by the job's, is not repeated
     assert any("started" in line and "ended" in line and "cost" in line for line in lines)  # the table's header, whole
     words_alone = [line.strip() for line in lines if line.strip() and " " not in line.strip()]
