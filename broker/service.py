@@ -42,6 +42,7 @@ from trainmaster.backends.features import (
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import cost_cap, failures, paths, states
+from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
 from trainmaster.broker.backend_config import configured
 from trainmaster.broker.estimate import own_estimate, past_run
@@ -56,6 +57,7 @@ from trainmaster.broker.settlement import Settlement
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs import outputs as kept_outputs
+from trainmaster.jobs.launch_checks import launch_problems
 from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 from trainmaster.wallet.rates import Rate, RateProvider
@@ -231,6 +233,8 @@ class Broker:
         from trainmaster.jobs.yamlfile import FileError
 
         loaded = load_spec(spec_path)
+        if problems := launch_problems(loaded):
+            raise FileError(loaded.path, problems)
         if paths.overlaps_home(loaded.code_dir):
             raise FileError(loaded.path, [f"{loaded.path}: code: {loaded.code_dir} overlaps trainmaster's home "
                                           f"{paths.home()} (its state, job environments and secrets would be bundled); "
@@ -401,7 +405,7 @@ class Broker:
         if result.chosen is None:
             reason = result.explain_failure()
             if after:  # the attempt's own reason first: that is what the user must fix
-                reason = f"{after}\nno other offer is left to try:\n" + reason.partition("\n")[2]
+                reason = no_fallback_reason(after, result, job.policy)
             self.store.move_job(job.id, "failed", reason=reason)
             return
         seq = StoredPlan.model_validate_json(job.plan_json).seq + 1 if job.plan_json else 1
@@ -959,7 +963,7 @@ class Broker:
                 backend = self.backend(attempt.backend, self.policy(job))
                 await retried(backend.cancel, Handle.model_validate_json(attempt.handle_json))
             await self._end_attempt(job, attempt, "cancelled", job_target=None, reason="cancelled by the user",
-                                    detail={"cause": failures.CANCELLED.name})
+                                    detail={"cause": failures.CANCELLED.name}, ended_at=time.time())
         self._release_orphans(job, self._ledger(job), keep=None)
         if job.state not in states.JOB_ENDS:
             self.store.move_job(job.id, "cancelled", reason="cancelled by the user")

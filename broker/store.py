@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster.broker import states
+from trainmaster.broker import several, states
 from trainmaster.storage import statedb
 
 MIGRATIONS: list[list[str]] = [
@@ -235,14 +235,15 @@ class Store:
         if not prefix.strip():
             raise NotFound("empty job reference: give a job id or a unique prefix of one")
         rows = self.db.execute(
-            "SELECT * FROM jobs WHERE id = ? OR substr(id, 1, ?) = ? ORDER BY id LIMIT 3", (prefix, len(prefix), prefix),
+            "SELECT * FROM jobs WHERE id = ? OR substr(id, 1, ?) = ? ORDER BY id LIMIT ?",
+            (prefix, len(prefix), prefix, several.SHOWN + 1),
         ).fetchall()
         exact = [r for r in rows if r["id"] == prefix]
         if exact or len(rows) == 1:
             return Job(**(exact or rows)[0])
         if not rows:
             raise NotFound(f"no job {prefix!r}")
-        raise NotFound(f"{prefix!r} matches several jobs: {', '.join(r['id'] for r in rows)}, …")
+        raise NotFound(several.several_jobs(prefix, [r["id"] for r in rows]))
 
     def jobs(self, *, states_in: set[str] | None = None, limit: int = 100) -> list[Job]:
         sql, args = "SELECT * FROM jobs", []

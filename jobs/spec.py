@@ -158,7 +158,8 @@ class PythonEnv(Model):
 
 class JobSpec(Model):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$", description="Lowercase name; becomes part of the job id.")
-    workload: Workload = Field(Workload.development, description="The class the cost policy plans by.")
+    workload: Workload = Field(Workload.development.value,  # the value: a default is not validated, so not converted
+                               description="The class the cost policy plans by.")
     entrypoint: str = Field(min_length=1, description="Command run inside the bundle, e.g. `python train.py`.")
     recipe: str | None = Field(
         None,
@@ -174,7 +175,7 @@ class JobSpec(Model):
     estimated_hours: float | None = Field(None, gt=0, description="Expected run time, for cost estimates.")
     checkpoint: Checkpointing = Field(default_factory=Checkpointing)
     seed: int = Field(0, ge=0, lt=2**63)
-    precision: Precision = Precision.fp32
+    precision: Precision = Precision.fp32.value
     verification: Verification = Field(default_factory=Verification)
     outputs: Outputs = Field(default_factory=Outputs, description="Which output files are kept.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the job.")

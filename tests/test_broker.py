@@ -153,7 +153,7 @@ def test_a_vanished_attempt_replans_and_fails_when_no_backend_is_left(broker, jo
     time.sleep(0.3)
     job = broker.wait(job.id, timeout_s=30)
     assert job.state == "failed"
-    assert "blocked after a failed attempt" in job.reason
+    assert "the job failed on local, and no other backend is allowed by the policy" in job.reason  # the offer is blocked
     kinds = [(e.kind, e.to_state) for e in broker.store.events(job.id)]
     assert ("transition", "planned") in kinds[kinds.index(("attempt", "failed")):]
 

@@ -278,7 +278,7 @@ def test_an_empty_outputs_folder_fails_unless_outputs_are_optional(tm_home, tmp_
     assert job["state"] == "failed" and job["attempts"][0]["state"] == "rejected"
     # the reason leads with what went wrong, then says nothing else is left to try
     assert job["reason"].startswith("rejected: the run wrote no outputs")
-    assert "outputs: {optional: true}" in job["reason"] and "no other offer is left to try" in job["reason"]
+    assert "outputs: {optional: true}" in job["reason"] and "no other backend is allowed by the policy" in job["reason"]
     assert "no offer can run" not in job["reason"]
 
     spec = write_job(tmp_path / "optional", "print('evaluated only')\n", "outputs:\n  optional: true\n")

@@ -129,11 +129,11 @@ class VerdictStore:
         rows = self.database.db.execute("SELECT verdict_json FROM verdicts WHERE job_id = ? ORDER BY id", (job_id,))
         return [Verdict.model_validate_json(r["verdict_json"]) for r in rows]
 
-    def matching_jobs(self, ref: str) -> list[str]:
-        """Jobs with a verdict whose id is ``ref`` or starts with it (at most three; an exact id alone)."""
+    def matching_jobs(self, ref: str, most: int = 3) -> list[str]:
+        """Jobs with a verdict whose id is ``ref`` or starts with it (at most ``most``; an exact id alone)."""
         rows = self.database.db.execute(
-            "SELECT DISTINCT job_id FROM verdicts WHERE job_id = ? OR substr(job_id, 1, ?) = ? LIMIT 3",
-            (ref, len(ref), ref),
+            "SELECT DISTINCT job_id FROM verdicts WHERE job_id = ? OR substr(job_id, 1, ?) = ? ORDER BY job_id LIMIT ?",
+            (ref, len(ref), ref, most),
         ).fetchall()
         ids = [r["job_id"] for r in rows]
         return [ref] if ref in ids else ids

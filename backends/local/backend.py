@@ -56,6 +56,7 @@ from trainmaster.jobs.files import (
     HostileFile, open_regular, read_regular, tree_bytes, write_bytes_atomic, write_json_atomic,
 )
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
+from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
 CANCEL_GRACE_S = 10.0
@@ -201,7 +202,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             "python_names": sorted(PYTHON_NAMES),
             "cwd": str(workdir / "code"),
             "env": env,
-            "max_seconds": max_seconds(spec, offer, ctx),
+            "max_seconds": max_seconds(spec, offer, ctx), "time_limit": time_limit(spec, offer, ctx),
             "requirements": str(workdir / "code" / spec.environment.requirements)
             if spec.environment.python == "requirements" else None,
             "envs_dir": self.config.envs_dir or str(workdir.parent / "envs"),
@@ -409,6 +410,17 @@ def max_seconds(spec: JobSpec, offer: Offer, ctx: AttemptContext) -> float | Non
     return min(limits) if limits else None
 
 
+def time_limit(spec: JobSpec, offer: Offer, ctx: AttemptContext) -> str | None:
+    """Which limit `max_seconds` is and its value, for the reason of a job stopped by it."""
+    seconds = max_seconds(spec, offer, ctx)
+    if seconds is None:
+        return None
+    if spec.limits.max_hours and seconds == spec.limits.max_hours * 3600:
+        return f"limits.max_hours = {spec.limits.max_hours:g} ({seconds:,.0f} s)"
+    return (f"the attempt's share of limits.max_usd, {display_usd(ctx.max_micro_usd)} at "
+            f"{display_usd(offer.price_per_hour_micro_usd)}/hour ({seconds:,.0f} s)")
+
+
 def _carry_metrics(resume_from: Path, outputs: Path) -> None:
     """A resumed attempt starts with the `metrics.jsonl` of the attempt it resumes from (a work dir of this
     backend: `checkpoints/` beside `outputs/`); the runtime cuts it back to the resume step, so the job's
@@ -519,11 +531,12 @@ def _cause(ended: dict, phase: Phase) -> Cause | None:
 
 def _exit_reason(workdir: Path, code: int, oom_killed: bool | None = False) -> str:
     """`exited with code N` (or who killed it), and the last line the job printed (an error's message,
-    e.g. a traceback's last line)."""
+    e.g. a traceback's last line; never a line the supervisor wrote, such as its stopping of leftovers)."""
     try:
         with _open_log(workdir) as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()
+                     if line.strip() and not line.startswith(sup.LEFTOVERS)]  # the job's last line, not ours
     except (OSError, HostileFile):
         lines = []
     return _how_it_exited(code, oom_killed) + (f": {lines[-1][-500:]}" if lines else "")

@@ -46,6 +46,8 @@ HEARTBEAT = "heartbeat"
 HEARTBEAT_S = 1.0
 LEFTOVER_GRACE_S = keeper.GRACE_S
 PR_SET_PDEATHSIG = 1
+LEFTOVERS = "[trainmaster] the job left"
+"""How the log line on processes a job left starts: never taken for the job's own last line."""
 
 
 def process_start_time(pid: int) -> float:
@@ -82,7 +84,8 @@ def main(workdir: Path) -> int:
             env = interpreter_environment(python, {**os.environ, **launch["env"]})
             result = run(*command(launch, python, env), launch, env, log, stopping, beat)
             code = 124 if result == "timeout" else result
-            reason = stopping.get("reason") or ("time limit reached" if result == "timeout" else None)
+            reason = stopping.get("reason") or (f"time limit reached: {launch.get('time_limit')}" if result == "timeout"
+                                                else None)
         finish(workdir, started, code, reason, stopping, oom_kills=record["oom_kills"])
         stop_leftovers(record, launch, log, stopping)
     return 0
@@ -232,9 +235,9 @@ def _build_venv(venv: Path, requirements: Path, pins: str, held: dict[str, str],
     install = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements),
                "-c", str(venv / venvs.CONSTRAINTS)]
     if call(install, log, beat) != 0:
-        conflict = venvs.conflict_reason(_read_from(Path(log.name), start), held)
-        raise EnvironmentFailed(f"installing the requirements failed: {conflict}" if conflict
-                                else "installing the requirements failed; see the log")
+        output = _read_from(Path(log.name), start)
+        conflict = venvs.conflict_reason(output, held)
+        raise EnvironmentFailed(f"installing the requirements failed: {conflict or venvs.pip_error(output)}")
     venvs.link_console_scripts(python, venv / "bin")
     (venv / venvs.READY).touch()
 
@@ -260,7 +263,7 @@ def stop_leftovers(record: dict, launch: dict, log, stopping: dict) -> None:
     left = processes.attempt_processes(record["pid"], record["create_time"], marker=launch["env"][OUTPUT_DIR],
                                        until=None, exclude={os.getpid()})
     if left:
-        log.write(f"[trainmaster] the job left {len(left)} process(es) running "
+        log.write(f"{LEFTOVERS} {len(left)} process(es) running "
                   f"(pid {', '.join(str(p.pid) for p in left)}); stopping them\n".encode())
         processes.stop(left, grace=0 if stopping else LEFTOVER_GRACE_S, interrupted=lambda: bool(stopping))
 

@@ -96,6 +96,13 @@ def conflict_reason(pip_output: str, held: dict[str, str]) -> str | None:
             f"install the {' and '.join(names)} you need into the broker's own environment")
 
 
+def pip_error(pip_output: str, most: int = 300) -> str:
+    """pip's last `ERROR:` line (what it could not do), cut to `most` characters; a pointer to the log
+    when it printed none."""
+    errors = [line.strip() for line in pip_output.splitlines() if line.strip().startswith("ERROR:")]
+    return errors[-1][:most] + " (the job's log has pip's full output)" if errors else "see the job's log"
+
+
 def link_console_scripts(python: str, bindir: Path) -> None:
     """A wrapper in `bindir` running `python` for each console script of this environment it lacks."""
     for ep in importlib.metadata.entry_points(group="console_scripts"):

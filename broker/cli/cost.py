@@ -53,7 +53,7 @@ def offers(
         out = console()
         for line in warnings_seen:
             console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
-        out.print(render_plan(shown, limit=limit))
+        out.print(render_plan(shown, limit=limit, width=out.width))
         for backend, why in result.reasons.items():
             out.print(f"  {backend}: {escape('; '.join(why))}", highlight=False)
         if result.chosen is None:
@@ -96,7 +96,9 @@ def spend(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw a bar chart to this PNG file."),
 ) -> None:
-    """What was actually paid (charged on acceptance), from the ledger; not re-priced."""
+    """What was actually charged, from the ledger; not re-priced. Compute paid by the hour (the local
+    machine's power, a cloud) is charged what it ran however its attempt ended, failed and cancelled
+    attempts included; an untrusted executor is charged (paid) for accepted work only."""
     if by is not None and by not in SPEND_GROUPS:
         fail(f"cannot group spend by {by!r}; choose one of {', '.join(SPEND_GROUPS)}", USAGE)
     rows = guarded(lambda: _spend_rows(by))
@@ -106,6 +108,7 @@ def spend(
         console().print(_spend_table(rows, by))
     if plot is not None:
         _plot(rows, by, plot)
+        console(stderr=as_json).print(f"plot written to {escape(str(plot.resolve()))}", highlight=False, soft_wrap=True)
 
 
 def _spend_rows(by: str | None) -> list:

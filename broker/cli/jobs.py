@@ -44,7 +44,7 @@ def _streamed(as_json: bool):
 
 
 def submit(
-    spec: Path = typer.Argument(..., help="The job file (job.yaml)."),
+    spec: Path = typer.Argument(..., help="The job file (job.yaml), or a directory holding one."),
     policy: str = typer.Option("default", "--policy", "-p", help="Policy name or file."),
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to finish, streaming its logs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check, bundle and plan, then print the plan; submit nothing."),
@@ -53,8 +53,7 @@ def submit(
     """Submit a job: check the spec, pick an offer by the policy, and start it."""
     from trainmaster.broker.cli import render
 
-    if not spec.is_file():
-        fail(f"{spec}: no such file", USAGE)
+    spec = _job_file(spec)
     if dry_run:
         prepared = guarded(lambda: calls.dry_run(spec, policy))
         if as_json:
@@ -89,6 +88,17 @@ def submit(
         render.print_job(console(), broker, job)
     if wait:
         raise typer.Exit(wait_exit(job.state))
+
+
+def _job_file(spec: Path) -> Path:
+    """The job file `submit` was given: a directory stands for the `job.yaml` in it."""
+    if spec.is_dir():
+        if not (spec / "job.yaml").is_file():
+            fail(f"{spec} is a directory with no job.yaml in it; give the job file's path", USAGE)
+        return spec / "job.yaml"
+    if not spec.is_file():
+        fail(f"{spec}: no such file", USAGE)
+    return spec
 
 
 def wait_exit(state: str) -> int:
@@ -160,12 +170,17 @@ def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
 
     since = time.time()
     broker, job = guarded(lambda: calls.cancel(job_id))
-    stopped = [e.detail["message"] for e in broker.store.events(job.id) if e.kind == "stopped" and e.at >= since]
+    now = [e for e in broker.store.events(job.id) if e.at >= since]
+    stopped = [e.detail["message"] for e in now if e.kind == "stopped"]
+    ended_before = not any(e.kind == "cancel_requested" for e in now)
+    nothing = (f"nothing was stopped: the job had already ended ({job.state}) and none of its processes was running"
+               if ended_before and not stopped else None)
     if as_json:
-        print(json.dumps({**render.job_json(broker, job), "stopped": stopped}, indent=2))
+        print(json.dumps({**render.job_json(broker, job), "stopped": stopped, "already_ended": ended_before},
+                         indent=2))
     else:
         console().print(f"{escape(job.id)}: {job.state}", highlight=False)
-        for message in stopped:
+        for message in stopped if stopped else [nothing] if nothing else []:
             console().print(f"  {escape(message)}", highlight=False)
 
 

@@ -8,15 +8,24 @@ from trainmaster.broker.planner import CHOSEN, Considered, Plan
 from trainmaster.jobs.money import display_usd
 
 
-def render_plan(plan: Plan, *, limit: int = 15):
-    """The considered-offers table (a rich Table): the best `limit` rows, the rest summarised."""
+HEADERS = ("", "backend", "instance", "region", "GPUs", "spot", "$/hour", "hours", "expected", "of which",
+           "chosen / why not")
+NARROW = 120
+"""Below this many columns the table leaves out region, spot and the cost breakdown, so every header stays whole."""
+LEFT_OUT_WHEN_NARROW = {"region", "spot", "of which"}
+
+
+def render_plan(plan: Plan, *, limit: int = 15, width: int | None = None):
+    """The considered-offers table (a rich Table): the best `limit` rows, the rest summarised; on a
+    console narrower than NARROW (`width`), without the columns it can best do without."""
     from trainmaster.broker.cli.safe_text import markup as escape
     from rich.table import Table
 
-    table = Table(
-        "", "backend", "instance", "region", "GPUs", "spot", "$/hour", "hours", "expected", "of which", "chosen / why not",
-        title=escape(f"Considered offers: {plan.workload}, {plan.objective}, chain {' → '.join(plan.tiers)}"), box=None,
-    )
+    shown = [h for h in HEADERS if not (width and width < NARROW and h in LEFT_OUT_WHEN_NARROW)]
+    table = Table(*shown, box=None,
+                  title=escape(f"Considered offers: {plan.workload}, {plan.objective}, chain {' → '.join(plan.tiers)}"))
+    for column in table.columns[:-1]:
+        column.no_wrap = True
     catalog_dates = set()
     for i, row in enumerate(plan.rows[:limit]):
         o = row.offer
@@ -24,13 +33,13 @@ def render_plan(plan: Plan, *, limit: int = 15):
         if catalog:
             catalog_dates.add(o.detail.get("catalog_date", "?"))
         chosen = row.verdict == CHOSEN
-        cells = [
+        cells = dict(zip(HEADERS, [
             str(i + 1), o.backend, o.instance, o.region, f"{o.gpu_count}× {o.gpu_type}" if o.gpu_count else "CPU",
             "yes" if o.spot else "no", display_usd(o.price_per_hour_micro_usd * o.nodes) + ("*" if catalog else ""),
             f"{row.hours:.1f}", display_usd(row.expected_micro_usd), _extras(row),
-        ]
+        ]))
         verdict = "[bold green]✔ chosen[/bold green]" if chosen else escape(row.verdict)
-        table.add_row(*map(escape, cells), verdict, style="bold" if chosen else None)
+        table.add_row(*(escape(cells[h]) for h in shown[:-1]), verdict, style="bold" if chosen else None)
     lines = [f"runtime: {plan.basis}"] if plan.basis else []
     if catalog_dates:
         lines.append(f"* catalog list price (dated {', '.join(sorted(catalog_dates))}), not a live quote")

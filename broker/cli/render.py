@@ -104,7 +104,7 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
                       _when(a["ended_at"]), display_usd(a["cost_micro_usd"] or 0))
     console.print(table)
     for a in data["attempts"]:  # below the table, folded to the terminal's width: a narrow column would hold a word a line
-        if a["reason"]:
+        if a["reason"] and a["reason"] not in (job.reason or ""):  # the job's reason, printed above, holds it
             _print_folded(console, f"#{a['id'].rsplit('.', 1)[-1]}: {a['reason']}")
     for a in data["attempts"]:
         for f in a["outputs"] if a["state"] == "accepted" else []:
@@ -113,35 +113,65 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
         _print_opaque(console, a["opaque"] if a["state"] == "accepted" else [])
         _print_dropped(console, a["dropped"])
     if events:
-        log = Table("time", "attempt", "event", box=None)
-        for column in log.columns[:2]:
-            column.no_wrap = True
-        for e in data["events"]:
-            what = f"{e['from'] or ''} → {e['to']}" if e["to"] else e["kind"]
-            reason = (e["detail"] or {}).get("reason")
-            log.add_row(_when(e["at"]), safe(e["attempt"] or ""), safe(what + (f" ({reason})" if reason else "")))
-        console.print(log)
+        _print_events(console, data, shown={job.reason, *(a["reason"] for a in data["attempts"])} - {None})
 
+
+LONG_REASON = 40
+"""A reason longer than this is printed once: the event log points back to it rather than repeating it."""
+
+
+def _print_events(console: Console, data: dict, shown: set[str]) -> None:
+    """The event log: each transition once, labelled `job` or `attempt #n`; a long reason already printed
+    (above, or on an earlier event) is pointed to, not repeated; a cost event shows its amount and basis."""
+    log = Table("time", "of", "event", box=None)
+    for column in log.columns[:2]:
+        column.no_wrap = True
+    for e in data["events"]:
+        log.add_row(_when(e["at"]), safe(_subject(e)), safe(_event_text(e, shown)))
+    console.print(log)
+
+
+def _subject(event: dict) -> str:
+    """Whose event it is: the job's own transitions are `job`, whatever attempt caused them."""
+    if event["attempt"] is None or event["kind"] == "transition":
+        return "job"
+    return f"attempt #{event['attempt'].rsplit('.', 1)[-1]}"
+
+
+def _event_text(event: dict, shown: set[str]) -> str:
+    detail = event["detail"] or {}
+    if event["kind"] == "cost":
+        return f"cost {display_usd(detail.get('micro_usd') or 0)} ({detail.get('basis') or 'no basis recorded'})"
+    what = f"{event['from'] or ''} → {event['to']}" if event["to"] else event["kind"]
+    reason = detail.get("reason") or detail.get("message")
+    if not reason:
+        return what
+    if len(reason) > LONG_REASON and reason in shown:
+        return f"{what} (reason above)"
+    shown.add(reason)
+    return f"{what} ({reason})"
 
 def _print_folded(console: Console, text: str, indent: int = 2) -> None:
-    """`text` wrapped at word boundaries to the console's width, every line indented (a word longer than
-    a line is folded, never cut)."""
+    """`text` wrapped at word boundaries to the console's width, each of its lines on its own, every line
+    indented (a word longer than a line is folded, never cut)."""
     from rich.padding import Padding
     from rich.text import Text
 
-    console.print(Padding(Text(visible(text), overflow="fold"), (0, 0, 0, indent)))
+    for line in text.split("\n"):  # a reason's own lines stay lines; other control characters are made visible
+        console.print(Padding(Text(visible(line), overflow="fold"), (0, 0, 0, indent)))
 
 
 def _print_opaque(console: Console, opaque: list[dict]) -> None:
     if not opaque:
         return
-    from trainmaster.verify.output_kinds import CONVERT
+    from trainmaster.broker.cli.save_hints import save_hint
 
     console.print("  [yellow]opaque outputs[/yellow]: pickle-capable, kept and hashed but never loaded by trainmaster; "
                   "load them only if you trust the code that wrote them:", highlight=False, soft_wrap=True)
     for item in opaque:
         console.print(f"    {safe(item['path'])}: {safe(item['what'])}", highlight=False, soft_wrap=True)
-    console.print(f"  to return weights trainmaster can check, {CONVERT}", highlight=False, soft_wrap=True, markup=False)
+    hint = save_hint(" ".join(f"{item['path']} {item['what']}" for item in opaque))
+    console.print(f"  to return weights trainmaster can check: {hint}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _print_dropped(console: Console, dropped: list[str]) -> None:
@@ -193,7 +223,7 @@ def print_prepared(console: Console, prepared) -> None:
                   soft_wrap=True)
     console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
                   highlight=False)
-    console.print(render_plan(prepared.plan))
+    console.print(render_plan(prepared.plan, width=console.width))
     for backend, why in prepared.plan.reasons.items():
         console.print(f"  {safe(backend)}: {safe('; '.join(why))}", highlight=False, soft_wrap=True)
     console.print(f"  estimate: {safe(prepared.plan.basis)}", highlight=False, soft_wrap=True)

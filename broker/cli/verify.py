@@ -96,9 +96,11 @@ def _stored_verdict(job_ref: str):
         _fail(f"no verdicts yet: {db} does not exist")
     store = VerdictStore(db)
     try:
-        ids = store.matching_jobs(job_ref)
+        from trainmaster.broker.several import SHOWN, several_jobs
+
+        ids = store.matching_jobs(job_ref, most=SHOWN + 1)
         if len(ids) > 1:  # as `trainmaster status` says it
-            _fail(f"{job_ref!r} matches several jobs: {', '.join(ids)}, …")
+            _fail(several_jobs(job_ref, ids))
         verdict = store.latest(ids[0]) if ids else None
     finally:
         store.close()
@@ -140,6 +142,9 @@ def _check_directory(outputs: Path, *, trusted: bool, spec_path: Path | None):
         )
         checks = {"integrity", "safety"} | ({"outcome"} if loaded else set())
         verdict = verify_attempt(attempt, checks=checks, write_verdict=False)
+    from trainmaster.broker.cli.folder_evidence import as_folder
+
+    verdict = as_folder(verdict, outputs, trusted=trusted, spec_given=loaded is not None)
     return verdict if loaded else _outcome_not_checked(verdict)
 
 
@@ -175,15 +180,19 @@ def _print(verdict) -> None:
     """The verdict for people; every name and reason through `visible`, so no file name can draw on the terminal."""
     from trainmaster.broker.cli.safe_text import visible
 
-    where = visible(verdict.job_id or "?")
+    folder = (verdict.evidence.get("folder") or {}).get("path")
+    where = visible(verdict.job_id or (f"folder {folder}" if folder else "?"))
     if verdict.attempt_id:
         where += f" (attempt {visible(verdict.attempt_id)})"
     typer.echo(f"{where}: {verdict.outcome.replace('_', ' ').upper()}")
     typer.echo(f"checks: {visible(', '.join(verdict.checks) or 'none')}")
     if (verdict.evidence.get("outcome") or {}).get("checked") is False:
         typer.echo(f"{NO_SPEC} (a folder's own files are never run, nor read as its spec)")
+    from trainmaster.broker.cli.save_hints import with_hint
+    from trainmaster.verify.output_kinds import CONVERT
+
     for reason in verdict.reasons:
-        typer.echo(f"  - {visible(reason)}")
+        typer.echo(f"  - {visible(with_hint(reason, CONVERT))}")
     opaque = (verdict.evidence.get("safety") or {}).get("opaque") or []
     if opaque:
         typer.echo("opaque (kept, never loaded by trainmaster; load them only if you trust where they came from):")
