@@ -1,29 +1,34 @@
 """What each returned file is, judged by its content and never by loading it.
 
-Five kinds (docs/verification.md, "Safety"):
+The judge is positive: a file is data only when its content is identified as a safe format. Five kinds
+(docs/verification.md, "Safety"):
 
 - ``safetensors``: a ``.safetensors`` file, checked in full by verify/safeload.py;
-- ``pickle``: a file that can run code when loaded: a pickle (protocol 2–5, recognised by its first
-  bytes, also zlib/gzip/bz2/xz-compressed as joblib writes it), a zip archive holding one (a
-  ``torch.save`` file — ``<name>/data.pkl`` — whatever it is called, a Stable-Baselines3 model — a
-  ``data`` member with base64 cloudpickle in ``:serialized:`` fields, ``policy.pth`` — or an
-  ``.npz`` with object arrays), a numpy file of Python objects, or a file whose suffix names a
-  pickle format (``.pt``, ``.pth``, ``.pkl``, ``.ckpt``, …: protocol 0 and 1 pickles have no magic
-  bytes, so the name is all there is);
-- ``unchecked``: a model format trainmaster does not inspect (``.onnx``, ``.h5``, ``.keras``,
-  ``.gguf``, …), an archive inside an archive, or an archive too large or too damaged to list;
-- ``data``: anything else (logs, JSON, CSV, numeric numpy arrays);
+- ``pickle``: a file that can run code when loaded: a pickle of any protocol (2–5 by their first
+  bytes; 0 and 1, which have no magic bytes and may look like text, by parsing their opcodes:
+  verify/pickle_stream.py), also compressed (zlib/gzip/bz2/xz, as joblib writes it), a zip or tar
+  archive holding one (a ``torch.save`` file — ``<name>/data.pkl`` — whatever it is called, the
+  legacy ``torch.save`` tar, a Stable-Baselines3 model — a ``data`` member with base64 cloudpickle
+  in ``:serialized:`` fields, ``policy.pth`` — or an ``.npz`` with object arrays), a numpy file of
+  Python objects, or a file whose suffix names a pickle format (``.pt``, ``.pth``, ``.pkl``, …);
+- ``unchecked``: anything not identified: unrecognised binary data, a model format trainmaster does
+  not inspect (``.onnx``, ``.h5``, ``.keras``, ``.gguf``, …), a zstd stream, an archive inside an
+  archive, an archive member not identified, or an archive too large, too damaged or holding links;
+- ``data``: content identified as safe (verify/safe_formats.py): UTF-8 text that is no pickle stream
+  (logs, JSON, CSV, YAML), PNG/JPEG/GIF/WebP/BMP images, numeric numpy arrays, a compressed one of
+  those, and zip or tar archives whose members all are;
 - ``hostile``: a zip archive whose entries overlap (a zip bomb): refused whatever the trust.
 
 On trusted compute ``pickle`` and ``unchecked`` files are kept OPAQUE (recorded and hashed, never
 loaded by the broker, listed in the verdict); from untrusted compute they are refused.
 
-Reading is bounded: the first 64 KiB of a regular file (1 MiB of a bz2 stream; a link or special
-file is never opened), a zip's central directory (not read when its end record announces more than
-``MAX_MEMBERS`` members or a directory over ``MAX_DIRECTORY_BYTES``), and, unless its entries
-overlap or declare too much (verify/zip_bounds.py), the first bytes of each member and a JSON
-member searched in chunks, all archives of a verification together within one budget
-(``zip_bounds.MAX_INSPECTED_BYTES``). The safety check looks into archives in a child process
+Reading is bounded: the first MiB of a regular file (64 KiB of an archive; a link or special file
+is never opened), a zip's
+central directory (not read when its end record announces more than ``MAX_MEMBERS`` members or a
+directory over ``MAX_DIRECTORY_BYTES``), a tar's headers one by one (verify/tar_bounds.py), and,
+unless a zip's entries overlap or declare too much (verify/zip_bounds.py), the first 10 KB of each
+member and a JSON member searched in chunks, all archives of a verification together within one
+budget (``zip_bounds.MAX_INSPECTED_BYTES``). The safety check looks into archives in a child process
 under CPU and memory limits (verify/archive_child.py).
 """
 

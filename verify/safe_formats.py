@@ -41,8 +41,7 @@ def _bmp_header(head: bytes) -> bool:
 def text_kind(head: bytes, *, complete: bool) -> str | None:
     """What UTF-8 text ``head`` is ("JSON text", "CSV text", "UTF-8 text"), or None when it is not
     text: bytes that do not decode, or a control byte (:data:`CONTROL`). ``complete``: ``head`` is
-    the whole file (otherwise a
-    character cut at its end is allowed)."""
+    the whole file (otherwise a character cut at its end is allowed)."""
     if CONTROL.search(head):
         return None
     try:
