@@ -22,8 +22,8 @@ The judge is positive: a file is data only when its content is identified as a s
 On trusted compute ``pickle`` and ``unchecked`` files are kept OPAQUE (recorded and hashed, never
 loaded by the broker, listed in the verdict); from untrusted compute they are refused.
 
-Reading is bounded: the first MiB of a regular file (64 KiB of an archive; a link or special file
-is never opened), a zip's
+Reading is bounded: the first 64 KiB of a regular file (1 MiB of a bz2 stream; a link or special
+file is never opened), a zip's
 central directory (not read when its end record announces more than ``MAX_MEMBERS`` members or a
 directory over ``MAX_DIRECTORY_BYTES``), a tar's headers one by one (verify/tar_bounds.py), and,
 unless a zip's entries overlap or declare too much (verify/zip_bounds.py), the first 10 KB of each
@@ -48,7 +48,7 @@ from pathlib import Path, PurePosixPath
 
 from trainmaster.jobs.files import open_regular
 
-from .pickle_stream import SCAN_BYTES, pickle_stream
+from .pickle_stream import pickle_stream
 from .safe_formats import image_kind, text_kind
 from .tar_bounds import tar_verdict
 from .zip_bounds import Budget, declared_too_big, overlapping
@@ -107,16 +107,14 @@ def classify(path: Path, budget: Budget | None = None, *, archives: bool = True)
         head = handle.read(HEAD_BYTES)
         if head.startswith(b"BZh"):
             head += handle.read(BZ2_HEAD_BYTES - len(head))  # bz2 outputs nothing before its first block is whole
-        elif len(head) == HEAD_BYTES and not _magic_archive(head):
-            head += handle.read(SCAN_BYTES - len(head))  # what a pickle stream is followed for
         complete = not handle.read(1)
     found = _by_content(path, head, complete, budget, archives)
     if found.kind not in (DATA, UNCHECKED):
         return found
     if suffix in PICKLE_SUFFIXES:
         return FileKind(PICKLE, f"a {suffix} file (a pickle-based format by its name)")
-    if found.kind == DATA and (suffix in NUMPY_SUFFIXES) == found.what.startswith("a numpy"):
-        return found  # numeric arrays are read with allow_pickle=False; other data under a numpy name is not
+    if found.kind == DATA and suffix in NUMPY_SUFFIXES and found.what.startswith("a numpy"):
+        return found  # numeric arrays, read with allow_pickle=False
     if found.kind == DATA and suffix not in UNCHECKED_SUFFIXES:
         return found
     if suffix in UNCHECKED_SUFFIXES:

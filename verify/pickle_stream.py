@@ -2,8 +2,8 @@
 bytes (protocol 0 is printable ASCII), so a pickle named ``notes.txt`` is found only by parsing it.
 
 The bytes are walked with ``pickletools.genops`` (parsing, never loading), within what the caller
-read (bounded: verify/output_kinds.py reads at most :data:`SCAN_BYTES` of a file, less of an archive
-member). They are a pickle when
+read (bounded: verify/output_kinds.py reads the first 64 KiB of a file, 10 KB of an archive member:
+at most one opcode per byte). They are a pickle when
 
 - the opcodes run to a STOP and ``pickletools.dis`` finds the stack and memo consistent (a complete
   pickle: ``pickle.load`` returns an object), or
@@ -22,8 +22,6 @@ import io
 import pickletools
 import re
 
-SCAN_BYTES = 1024 * 1024
-"""The most of a file walked as opcodes: text fails in its first bytes, a pickle this long is refused."""
 IMPORTS = frozenset({"GLOBAL", "INST", "STACK_GLOBAL", "EXT1", "EXT2", "EXT4"})
 CALLS = frozenset({"REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX"})
 DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
