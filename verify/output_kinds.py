@@ -432,7 +432,9 @@ def output_rule(trusted: bool, where: str) -> str:
                 "are kept OPAQUE: never loaded by trainmaster, listed in the verdict. Files written elsewhere are not "
                 "kept, and a run that writes none fails unless the spec says outputs.optional: true")
     return (f"outputs on {where} (untrusted compute): pickle-capable files (.pt, .ckpt, .pkl, torch.save or pickle "
-            f"content, zips holding pickles) are REFUSED and the attempt is rejected, not paid; {CONVERT}")
+            "content of any protocol whatever the name, archives holding pickles) and files whose content is not "
+            "identified as safe (safetensors, text, JSON, CSV, images, numeric numpy, archives of those) are REFUSED "
+            f"and the attempt is rejected, not paid; {CONVERT}")
 
 
 def dry_run_warnings(code_dir: Path, *, trusted: bool, where: str, max_bundle_bytes: int) -> list[str]:
