@@ -23,12 +23,12 @@ On trusted compute ``pickle`` and ``unchecked`` files are kept OPAQUE (recorded 
 loaded by the broker, listed in the verdict); from untrusted compute they are refused.
 
 Reading is bounded: the first 64 KiB of a regular file (1 MiB of a bz2 stream; a link or special
-file is never opened), a zip's
-central directory (not read when its end record announces more than ``MAX_MEMBERS`` members or a
-directory over ``MAX_DIRECTORY_BYTES``), a tar's headers one by one (verify/tar_bounds.py), and,
-unless a zip's entries overlap or declare too much (verify/zip_bounds.py), the first 10 KB of each
-member and a JSON member searched in chunks, all archives of a verification together within one
-budget (``zip_bounds.MAX_INSPECTED_BYTES``). The safety check looks into archives in a child process
+file is never opened) and 64 KiB of what a compressed one decompresses to, a zip's central directory
+(not read when its end record announces more than ``MAX_MEMBERS`` members or a directory over
+``MAX_DIRECTORY_BYTES``), a tar's headers one by one (verify/tar_bounds.py), and, unless a zip's
+entries overlap or declare too much (verify/zip_bounds.py), the first 10 KB of each member and a
+JSON member searched in chunks, all archives of a verification together within one budget
+(``zip_bounds.MAX_INSPECTED_BYTES``). The safety check looks into archives in a child process
 under CPU and memory limits (verify/archive_child.py).
 """
 
@@ -125,30 +125,31 @@ def classify(path: Path, budget: Budget | None = None, *, archives: bool = True)
 def _by_content(path: Path, head: bytes, complete: bool, budget: Budget, archives: bool) -> FileKind:
     """The kind ``head`` (a file's first bytes; ``complete``: all of them) shows, archives looked into
     unless ``archives`` is False; UNCHECKED "unrecognised binary data" when nothing is identified."""
-    if (found := _by_prefix(head)) is not None:
+    inner = _decompressed(head)
+    if (found := _by_prefix(head, inner[0])) is not None:
         return found
-    if _magic_archive(head) and not archives:
+    if _magic_archive(head, inner[0]) and not archives:
         return FileKind(ARCHIVE, "an archive, looked into in a child process")
     if head.startswith(b"PK\x03\x04"):
         return _zip_kind(path, budget)
-    if _is_tar(head) or _is_tar(_decompressed(head)[0]):
+    if _is_tar(head) or _is_tar(inner[0]):
         return _tar_kind(path, budget, compressed=not _is_tar(head))
     if head.startswith(b"\x93NUMPY"):
         with _open(path) as handle:
             return _npy_kind(handle)
-    return _plain_kind(head, complete)
+    return _plain_kind(head, complete, inner)
 
 
-def _plain_kind(head: bytes, complete: bool, *, compressed: bool = True) -> FileKind:
+def _plain_kind(head: bytes, complete: bool, inner: tuple[bytes, bool] | None = None) -> FileKind:
     """The kind of bytes that are no archive: a pickle stream of any protocol, an image, a compressed
-    one of those (``compressed``: looked into), text, or unrecognised data."""
+    one of those (``inner``: what ``head`` decompresses to, and whether it ended; None: not looked
+    for), text, or unrecognised data."""
     if (stream := pickle_stream(head, complete=complete)) is not None:
         return FileKind(PICKLE, stream)
     if (what := image_kind(head)) is not None:
         return FileKind(DATA, what)
-    inner, ended = _decompressed(head)
-    if compressed and inner:
-        found = _plain_kind(inner, ended, compressed=False)
+    if inner is not None and inner[0]:
+        found = _plain_kind(*inner)
         return replace(found, what=f"a compressed {found.what.removeprefix('a ')}")
     if (what := text_kind(head, complete=complete)) is not None:
         return FileKind(DATA, what)
@@ -163,23 +164,24 @@ def _open(path: Path):
     return os.fdopen(fd, "rb")
 
 
-def _by_prefix(head: bytes) -> FileKind | None:
-    """The kind the first bytes of a file show by their magic (``head``: up to HEAD_BYTES of them), if any."""
+def _by_prefix(head: bytes, inner: bytes) -> FileKind | None:
+    """The kind the first bytes of a file show by their magic (``head``: up to HEAD_BYTES of them;
+    ``inner``: what they decompress to), if any."""
     from .safeload import pickle_protocol  # numpy: not imported by `submit --dry-run`, which scans sources only
 
     if (protocol := pickle_protocol(head)) is not None:
         return FileKind(PICKLE, f"a pickle (protocol {protocol})")
     if head.startswith(b"\x89HDF\r\n\x1a\n"):
         return FileKind(UNCHECKED, "an HDF5 file (Keras models in it may hold code)")
-    inner, _ = _decompressed(head)
     if pickle_protocol(inner) is not None:
         return FileKind(PICKLE, f"a compressed pickle (protocol {inner[1]}, as joblib writes)")
     return None
 
 
-def _magic_archive(head: bytes) -> bool:
-    """Whether ``head`` starts a zip or a tar (plain or compressed): archives, looked into apart."""
-    return head.startswith(b"PK\x03\x04") or _is_tar(head) or _is_tar(_decompressed(head)[0])
+def _magic_archive(head: bytes, inner: bytes) -> bool:
+    """Whether ``head`` (decompressing to ``inner``) starts a zip or a tar, plain or compressed:
+    archives, looked into apart."""
+    return head.startswith(b"PK\x03\x04") or _is_tar(head) or _is_tar(inner)
 
 
 def _is_tar(head: bytes) -> bool:
@@ -297,7 +299,7 @@ def _member_kind(member, budget: Budget) -> str | bytes | None:
         return NUMPY_ARRAY if kind == DATA else kind
     if pickle_protocol(head) is not None:
         return PICKLE
-    if _magic_archive(head) or _decompressed(head)[0]:
+    if _magic_archive(head, b"") or _decompressed(head)[0]:
         return UNCHECKED  # an archive or compressed stream inside the archive is not opened
     if pickle_stream(head, complete=complete) is not None:
         return PICKLE
