@@ -309,7 +309,7 @@ def test_wrong_signer_is_rejected_before_any_audit(outputs, miner, db_path):
     other = Keypair.create_from_mnemonic(Keypair.generate_mnemonic())
     verdict = verify_attempt(untrusted(outputs, miner, hotkey=other.ss58_address), db_path=db_path, audit=crashing_audit)
     assert verdict.outcome == "rejected" and "not valid for the dispatched hotkey" in verdict.reasons[0]
-    assert verdict.checks == ["integrity"]
+    assert verdict.checks == ["integrity", "safety"]  # safety still runs, to report every fault together
 
 
 def test_wrong_n_is_rejected(outputs, miner, db_path):

@@ -1,6 +1,6 @@
-"""Looking into returned zip archives in a child process under CPU and memory limits.
+"""Looking into returned zip and tar archives in a child process under CPU and memory limits.
 
-A zip is the one output whose inspection does work out of proportion to its size (a 76 KB archive
+An archive is the one output whose inspection does work out of proportion to its size (a 76 KB archive
 made 200 decompressions of 64 MiB). verify/zip_bounds.py bounds that work by design; this child is
 the defence in depth, as for safetensors (verify/safeload.py's ``check_files_isolated``): the
 archives of one verification are classified together, with one inspection budget, in a process that
@@ -32,7 +32,7 @@ CPU_SECONDS = 20
 
 def classify_archives(paths: Sequence[Path], *, memory_bytes: int = MEMORY_BYTES,
                       cpu_seconds: int = CPU_SECONDS) -> dict[str, FileKind]:
-    """``{str(path): kind}`` of each zip archive, classified in a limited child process."""
+    """``{str(path): kind}`` of each zip or tar archive, classified in a limited child process."""
     request = {"paths": [str(p) for p in paths], "memory_bytes": memory_bytes, "cpu_seconds": cpu_seconds}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True,

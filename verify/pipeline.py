@@ -2,7 +2,8 @@
 
 Which checks run is the caller's decision (the broker takes it from the policy); the safe default
 is all four for an untrusted executor and all but the replay audit for a trusted one. The checks
-run in order and stop at the first that fails. A failed check gives ``rejected`` or
+run in order and stop at the first that fails, except that the safety check still runs after the
+integrity check rejects, so that every bad file is reported together. A failed check gives ``rejected`` or
 ``cannot_verify`` with its reason; any other exception gives ``cannot_verify`` — never an accept.
 """
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from .recipe_run import RecipeRun, UserRecipeRun
 
 CHECKS = ("integrity", "safety", "replay", "outcome")
+COLLECTED_WITH_INTEGRITY = "safety"
+"""The check that still runs after the integrity check rejects, so the two report together."""
 TRUSTED_CHECKS = frozenset({"integrity", "safety", "outcome"})
 UNTRUSTED_CHECKS = frozenset(CHECKS)
 
@@ -42,6 +45,8 @@ SIGNATURE_FILE = "commitment.sig"
 MODEL_FILE = "model.safetensors"
 WEIGHTS_FILES = {MODEL_FILE, "weights.safetensors"}
 CHECKPOINTS_DIR = "checkpoints"
+LISTED = 20
+"""How many bad files a reason names before "and N more"."""
 SEGMENT_FILES = f"{CHECKPOINTS_DIR}/segments/*"
 """Every file under the checkpoint segments (docs/runtime.md, "Checkpoints on disk"; ``*`` spans folders)."""
 
@@ -174,26 +179,39 @@ def verify_attempt(
 
 
 def _run_checks(run: _Run, names: list[str], stages: Mapping[str, Callable[[], dict[str, Any]]]) -> Verdict:
-    """Run the checks in order until one fails; the verdict."""
+    """Run the checks in order until one fails; the verdict. A rejection by the integrity check still
+    runs the safety check (which needs nothing integrity establishes), so that a wrong hash does not
+    hide an unsafe or corrupt file: both are reported together."""
     ran: list[str] = []
     outcome, reasons = "accepted", []
     for name in names:
         ran.append(name)
-        try:
-            run.evidence[name] = stages[name]()
-        except VerificationError as exc:
-            outcome, reasons = exc.kind, [exc.reason]
-        except HostileFile as exc:  # a link, FIFO, device or oversized file the executor left: its fault
-            outcome, reasons = "rejected", [f"the {name} check refused {exc}"]
-        except Exception as exc:  # noqa: BLE001 — any failure to check is "cannot verify", never an accept
-            outcome, reasons = "cannot_verify", [f"the {name} check failed to run: {type(exc).__name__}: {exc}"]
+        outcome, reasons = _run_check(run, name, stages[name])
         if outcome != "accepted":
-            run.evidence.setdefault(name, {"failed": reasons[0]})
+            if name == "integrity" and outcome == "rejected" and COLLECTED_WITH_INTEGRITY in names:
+                ran.append(COLLECTED_WITH_INTEGRITY)
+                also, more = _run_check(run, COLLECTED_WITH_INTEGRITY, stages[COLLECTED_WITH_INTEGRITY])
+                reasons += more if also == "rejected" else []
             break
     return Verdict(
         outcome=outcome, reasons=reasons, checks=ran, evidence=run.evidence,
         job_id=run.attempt.job_id, attempt_id=run.attempt.attempt_id,
     )
+
+
+def _run_check(run: _Run, name: str, stage: Callable[[], dict[str, Any]]) -> tuple[str, list[str]]:
+    """One check: its outcome and reasons, its evidence stored (``{"failed": reason}`` when it failed)."""
+    try:
+        run.evidence[name] = stage()
+        return "accepted", []
+    except VerificationError as exc:
+        outcome, reasons = exc.kind, [exc.reason]
+    except HostileFile as exc:  # a link, FIFO, device or oversized file the executor left: its fault
+        outcome, reasons = "rejected", [f"the {name} check refused {exc}"]
+    except Exception as exc:  # noqa: BLE001 — any failure to check is "cannot verify", never an accept
+        outcome, reasons = "cannot_verify", [f"the {name} check failed to run: {type(exc).__name__}: {exc}"]
+    run.evidence.setdefault(name, {"failed": reasons[0]})
+    return outcome, reasons
 
 
 def _record(verdict: Verdict, run: _Run, write_verdict: bool) -> None:
@@ -450,7 +468,8 @@ def _safety(run: _Run) -> dict[str, Any]:
         else:
             checked[relative] = {"bytes": result.size, "tensors": result.tensors}
     if refused:
-        problems.append("refused from untrusted compute, since loading them can run code: " + _few(refused, "; ") + "; " + CONVERT)
+        problems.append("refused from untrusted compute, since loading them can run code or their content is not a "
+                        "format identified as safe: " + _few(refused, "; ") + "; " + CONVERT)
     if problems:
         raise VerificationError("unsafe outputs: " + _few(problems, "; "))
     return {
@@ -478,7 +497,8 @@ def _kinds(files) -> list[tuple[tuple[str, os.DirEntry], FileKind]]:
 
 
 def _few(items: list[str], sep: str) -> str:
-    return sep.join(items[:5]) + (f"{sep}and {len(items) - 5} more" if len(items) > 5 else "")
+    shown = items[:LISTED]
+    return sep.join(shown) + (f"{sep}and {len(items) - len(shown)} more" if len(items) > len(shown) else "")
 
 
 # replay audit
