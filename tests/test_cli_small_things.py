@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -70,23 +71,32 @@ def test_ls_limit_0_lists_every_job_and_an_ambiguous_prefix_is_refused_like_stat
 
 
 def test_ctrl_c_while_waiting_leaves_the_job_running_and_says_how_to_stop_it(tmp_path):
+    """Synchronised on states, not on output or time: the interrupt is sent once the entrypoint runs (a file it
+    writes) and the CLI is waiting (it printed the job's first log line), however slow the machine is."""
+    started = tmp_path / "started"
     code = tmp_path / "code"
     code.mkdir()
     (code / "job.yaml").write_text("name: long\nentrypoint: python t.py\n")
-    (code / "t.py").write_text("import time\nprint('working', flush=True)\ntime.sleep(600)\n")  # cancelled below
+    (code / "t.py").write_text(f"import pathlib, time\nprint('working', flush=True)\n"
+                               f"pathlib.Path({str(started)!r}).write_text('x')\ntime.sleep(3600)\n")
     home = tmp_path / "home"
     env = {**os.environ, "TRAINMASTER_HOME": str(home)}
     proc = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(code / "job.yaml"),
                              "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 60
-    line = ""
-    while "working" not in line and time.time() < deadline:
-        line = proc.stdout.readline()
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 600  # only a bound on a hang: the loop ends as soon as both have happened
+    while not (started.exists() and any("working" in line for line in seen)):
+        assert proc.poll() is None and time.time() < deadline, (proc.returncode, seen, started.exists())
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=180)  # generous: a loaded machine; the job runs on long after it
-    assert proc.returncode == 130
+    err = proc.stderr.read()
+    proc.wait(timeout=600)
+    reader.join(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err, seen)
     [job_id] = [w.rstrip(".") for w in err.split() if w.startswith("long-")][:1]
-    assert "keeps running" in err and f"trainmaster cancel {job_id}" in err
+    assert "keeps running" in err and f"trainmaster cancel {job_id}" in err, err
     status = cli("status", job_id, "--json", home=home)
-    assert json.loads(status.stdout)["state"] == "running"
+    assert json.loads(status.stdout)["state"] == "running", status.stdout
     assert cli("cancel", job_id, home=home).returncode == 0
