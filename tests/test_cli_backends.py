@@ -233,13 +233,14 @@ ALICE = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"  # a well-known dev k
     ],
 )
 def test_a_miner_address_is_checked_with_its_checksum_naming_file_line_and_field(env, tm_home, miner, why):
-    path = write_config(tm_home, f"bittensor:\n  netuid: 12\n  miners:\n    - {ALICE}\n    - {miner}\n")
+    path = write_config(tm_home, f"bittensor:\n  netuid: 12\n  miners:\n    - hotkey: {ALICE}\n"
+                                 f"      url: http://127.0.0.1:8091\n    - hotkey: {miner}\n      url: http://127.0.0.1:8092\n")
     for command in ("check", "show"):
         result = tm(env, "backends", command)
         assert result.exit_code == 1, result.output
-        assert f"{path}:5: bittensor.miners.1: " in result.stderr and why in " ".join(result.stderr.split())
+        assert f"{path}:6: bittensor.miners.1.hotkey: " in result.stderr and why in " ".join(result.stderr.split())
 
 
 def test_a_valid_miner_address_passes(env, tm_home):
-    write_config(tm_home, f"bittensor:\n  miners:\n    - {ALICE}\n")
+    write_config(tm_home, f"bittensor:\n  miners:\n    - hotkey: {ALICE}\n      url: http://127.0.0.1:8091\n")
     assert "1 miners listed" in checked(env)["bittensor"]["found"]

@@ -45,11 +45,24 @@ class Wallet(BaseModel):
     hotkey: str = Field("default", description="Hotkey of that wallet used to sign requests.")
 
 
+class StaticMiner(BaseModel):
+    """A miner named in backends.yaml: who it is and where it answers (instead of the subnet's metagraph)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hotkey: Ss58 = Field(description="The miner's hotkey (ss58): the receiver of our requests, the key of its statements.")
+    url: str = Field(pattern=r"^https?://[^/\s]+/?$", description="Where its miner service answers, e.g. http://10.0.0.5:8091.")
+    coldkey: Ss58 | None = Field(None, description="Its owner's coldkey, for bans across hotkeys and for payment.")
+
+
 class BittensorConfig(BackendConfig):
     network: str = Field("finney", description="finney, test, local, or a ws:// or wss:// endpoint.")
     netuid: int | None = Field(None, ge=0, description="Subnet of the training miners.")
     wallet: Wallet = Field(default_factory=Wallet)
-    miners: list[Ss58] = Field(
-        default_factory=list, description="Miner hotkeys (ss58) to use instead of the subnet's metagraph."
+    miners: list[StaticMiner] = Field(
+        default_factory=list, description="Miners to use instead of the subnet's metagraph (hotkey and url each)."
     )
-
+    min_stake_tao: str = Field("0", pattern=r"^[0-9]+(\.[0-9]{1,9})?$",
+                               description="Leave out metagraph miners with less stake than this (TAO, as text).")
+    quote_timeout_s: float = Field(3.0, gt=0, le=60, description="How long one miner may take to quote.")
+    max_miners: int = Field(256, ge=1, description="At most this many miners are asked for a quote per plan.")
