@@ -22,13 +22,13 @@ def backend(sandbox: Sandbox | None) -> LocalBackend:
     return LocalBackend(LocalConfig(sandbox=sandbox))
 
 
-def submit(local: LocalBackend, root: Path, script: str, spec: str = "") -> Handle:
+def submit(local: LocalBackend, root: Path, script: str, spec: str = "", entrypoint: str = "python train.py") -> Handle:
     """Bundle `script` as train.py of a job under `root` and start it; the handle."""
     n = next(_ids)
     code = root / f"code{n}"
     code.mkdir(parents=True)
     (code / "train.py").write_text(textwrap.dedent(script))
-    (code / "job.yaml").write_text(f"name: sandboxed\nentrypoint: python train.py\n{textwrap.dedent(spec)}")
+    (code / "job.yaml").write_text(f"name: sandboxed\nentrypoint: {entrypoint}\n{textwrap.dedent(spec)}")
     loaded = load_spec(code / "job.yaml")
     info = build_bundle(loaded.code_dir, loaded.spec.canonical_json(), root / "bundles")
     offer = Offer(backend="local", instance="here", price_per_hour_micro_usd=1, trusted=True, detail={"nproc": 1})
