@@ -22,12 +22,15 @@ def backend(sandbox: Sandbox | None) -> LocalBackend:
     return LocalBackend(LocalConfig(sandbox=sandbox))
 
 
-def submit(local: LocalBackend, root: Path, script: str, spec: str = "", entrypoint: str = "python train.py") -> Handle:
-    """Bundle `script` as train.py of a job under `root` and start it; the handle."""
+def submit(local: LocalBackend, root: Path, script: str, spec: str = "", entrypoint: str = "python train.py",
+           files: dict[str, str] | None = None) -> Handle:
+    """Bundle `script` as train.py (and `files`, by name) of a job under `root` and start it; the handle."""
     n = next(_ids)
     code = root / f"code{n}"
     code.mkdir(parents=True)
     (code / "train.py").write_text(textwrap.dedent(script))
+    for name, text in (files or {}).items():
+        (code / name).write_text(text)
     (code / "job.yaml").write_text(f"name: sandboxed\nentrypoint: {entrypoint}\n{textwrap.dedent(spec)}")
     loaded = load_spec(code / "job.yaml")
     info = build_bundle(loaded.code_dir, loaded.spec.canonical_json(), root / "bundles")

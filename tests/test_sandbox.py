@@ -102,3 +102,12 @@ def test_the_same_job_without_the_sandbox_reads_the_wallet(tmp_path, miner):
     assert bytes.fromhex(seen["wallet"]) == WALLET_BYTES
     assert seen["uid"] == os.getuid() and seen["write_outside"] == "written"
 
+
+
+def test_a_confined_job_with_requirements_is_refused_not_built_as_root(tmp_path, miner):
+    local = backend(sandbox_for(miner))
+    handle = submit(local, tmp_path, "print('never')\n", "environment:\n  python: requirements\n",
+                    files={"requirements.txt": "six\n"})
+    st = wait(local, handle)
+    assert st.phase.value == "failed" and "environment: requirements" in st.reason, st.reason
+    assert not (tmp_path / "attempts" / "envs").exists() and "python:" not in log(handle)

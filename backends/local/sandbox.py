@@ -40,6 +40,8 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 JOB_DIRS = ("code", "outputs", "checkpoints", "scratch")
 PR_SET_NO_NEW_PRIVS = 38
 NEEDS_ROOT = "confining jobs needs root (it drops each job to its own unprivileged user)"
+NO_REQUIREMENTS = ("a confined job cannot have `environment: requirements` yet (its virtualenv would be built "
+                   "unconfined); use `environment: current`")
 PACKAGE = str(Path(__file__).resolve().parents[2])
 """trainmaster's own code, which the job's runtime imports."""
 

@@ -76,6 +76,8 @@ def main(workdir: Path) -> int:
         jail = None
         try:
             jail = sandbox.Jail.of(launch["sandbox"], workdir) if launch.get("sandbox") else None
+            if jail and launch.get("requirements"):  # pip would run the stranger's build code as root
+                raise sandbox.SandboxFailed(sandbox.NO_REQUIREMENTS)
         except (sandbox.SandboxFailed, OSError) as exc:
             python, reason = None, f"cannot confine the job: {exc}"
             log.write(f"[trainmaster] {reason}\n".encode())
