@@ -6,7 +6,7 @@ for a machine that runs strangers' jobs (a Bittensor miner), the `sandbox` each 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trainmaster.backends.base import BackendConfig
 from trainmaster.backends.power import PowerModel
@@ -35,6 +35,13 @@ class Sandbox(BaseModel):
     processes: int = Field(512, ge=1, description="Processes and threads of its user (RLIMIT_NPROC).")
     file_size_gb: int = Field(64, ge=1, description="The largest file it may write (RLIMIT_FSIZE).")
     network: bool = Field(False, description="Keep the machine's network; default: only a loopback of its own.")
+
+    @field_validator("hide")
+    @classmethod
+    def _absolute(cls, paths: list[str]) -> list[str]:
+        if bad := [p for p in paths if not p.startswith("/")]:
+            raise ValueError(f"hide: paths must be absolute: {', '.join(bad)}")
+        return paths
 
 
 class LocalConfig(BackendConfig):
