@@ -39,15 +39,15 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cause, Cost, Handle, LogChunk, Offer, OfferRequest,
-    OfferSet, OutputFile, Phase, Progress,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cause, Cost, Handle, LocalEnvironmentError, LogChunk, Offer,
+    OfferRequest, OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import (
     AllocatesMachine, CheckpointRef, HeldSegment, KeepsSegments, MetricsChunk, ReleasesSegments, ReportsMetrics,
     ResumesFromCheckpoints, SupportsMultiGpu,
 )
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
-from trainmaster.backends.local import allocation, oom, processes
+from trainmaster.backends.local import allocation, oom, processes, sandbox
 from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
@@ -149,6 +149,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
     # running
 
     async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
+        if self.config.sandbox and (reason := sandbox.cannot_confine()):
+            raise LocalEnvironmentError(reason)
         workdir = Path(ctx.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         try:
@@ -206,6 +208,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             "requirements": str(workdir / "code" / spec.environment.requirements)
             if spec.environment.python == "requirements" else None,
             "envs_dir": self.config.envs_dir or str(workdir.parent / "envs"),
+            "sandbox": self.config.sandbox.model_dump() if self.config.sandbox else None,
         }
 
     @staticmethod

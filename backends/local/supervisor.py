@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmaster.backends.local import keeper, oom, processes, venvs
+from trainmaster.backends.local import keeper, oom, processes, sandbox, venvs
 from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment
 from trainmaster.jobs.files import write_json_atomic
 
@@ -73,7 +73,15 @@ def main(workdir: Path) -> int:
     signal.signal(signal.SIGINT, on_term)
     with open(workdir / LOG, "ab", buffering=0) as log:
         python, code, reason = launch["python"], 1, None
-        if launch.get("requirements"):
+        jail = None
+        try:
+            jail = sandbox.Jail.of(launch["sandbox"], workdir) if launch.get("sandbox") else None
+            if jail and launch.get("requirements"):  # pip would run the stranger's build code as root
+                raise sandbox.SandboxFailed(sandbox.NO_REQUIREMENTS)
+        except (sandbox.SandboxFailed, OSError) as exc:
+            python, reason = None, f"cannot confine the job: {exc}"
+            log.write(f"[trainmaster] {reason}\n".encode())
+        if python is not None and launch.get("requirements"):
             try:
                 python = prepare_venv(Path(launch["requirements"]), Path(launch["envs_dir"]), log, beat)
             except EnvironmentFailed as exc:
@@ -81,13 +89,18 @@ def main(workdir: Path) -> int:
                 log.write(f"[trainmaster] {exc}\n".encode())
         if python is not None:
             log.write(f"[trainmaster] python: {python}\n".encode())
-            env = interpreter_environment(python, {**os.environ, **launch["env"]})
-            result = run(*command(launch, python, env), launch, env, log, stopping, beat)
+            env = interpreter_environment(python, jail.environment(launch["env"]) if jail else {**os.environ, **launch["env"]})
+            if jail:
+                jail.hand_over()
+                log.write(f"[trainmaster] confined: user {jail.uid}, network {'kept' if jail.settings.get('network') else 'none'}\n".encode())
+            result = run(*command(launch, python, env), launch, env, log, stopping, beat, jail)
             code = 124 if result == "timeout" else result
             reason = stopping.get("reason") or (f"time limit reached: {launch.get('time_limit')}" if result == "timeout"
                                                 else None)
         finish(workdir, started, code, reason, stopping, oom_kills=record["oom_kills"])
         stop_leftovers(record, launch, log, stopping)
+        if jail:
+            jail.take_back()
     return 0
 
 
@@ -116,11 +129,12 @@ def command(launch: dict, python: str, env: dict[str, str]) -> tuple[list[str], 
     return prefix + words, " ".join([*map(shlex.quote, prefix), launch["entrypoint"]])
 
 
-def run(argv: list[str], shown: str, launch: dict, env: dict[str, str], log, stopping: dict, beat: Heartbeat) -> int | str:
+def run(argv: list[str], shown: str, launch: dict, env: dict[str, str], log, stopping: dict, beat: Heartbeat,
+        jail: sandbox.Jail | None = None) -> int | str:
     log.write(f"[trainmaster] $ {shown}\n".encode())
     try:
-        child = subprocess.Popen(argv, cwd=launch["cwd"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
+        child = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 **start_in(launch["cwd"], jail))
     except OSError as exc:
         log.write(f"[trainmaster] cannot start {argv[0]}: {exc}\n".encode())
         return 127
@@ -147,6 +161,13 @@ def wait(proc: subprocess.Popen, beat: Heartbeat, timeout: float) -> int | None:
             beat()
             if time.time() >= deadline:
                 return None
+
+
+def start_in(cwd: str, jail: sandbox.Jail | None) -> dict:
+    """Popen's `cwd` and `preexec_fn`: a confined job enters its folder only once its view is made."""
+    if jail is None:
+        return {"cwd": cwd, "preexec_fn": die_with_parent()}
+    return {"cwd": None, "preexec_fn": jail.enter(cwd, die_with_parent())}
 
 
 def die_with_parent() -> Callable[[], None] | None:
