@@ -70,6 +70,12 @@ def test_ls_limit_0_lists_every_job_and_an_ambiguous_prefix_is_refused_like_stat
     assert cli("ls", "--limit", "-1", home=home).returncode == 2
 
 
+def _sigint_default() -> None:
+    """Ctrl-C's default reaction in the CLI's process: a test run started in the background by a shell without
+    job control inherits SIGINT ignored, and a Python started so keeps ignoring it (as `nohup` and `&` mean)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_waiting_leaves_the_job_running_and_says_how_to_stop_it(tmp_path):
     """Synchronised on states, not on output or time: the interrupt is sent once the entrypoint runs (a file it
     writes) and the CLI is waiting (it printed the job's first log line), however slow the machine is."""
@@ -82,7 +88,8 @@ def test_ctrl_c_while_waiting_leaves_the_job_running_and_says_how_to_stop_it(tmp
     home = tmp_path / "home"
     env = {**os.environ, "TRAINMASTER_HOME": str(home)}
     proc = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(code / "job.yaml"),
-                             "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_sigint_default)
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(proc.stdout), daemon=True)
     reader.start()
