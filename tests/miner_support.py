@@ -141,8 +141,9 @@ class MinerClient:
         signed_over = b"" if path.startswith(protocol.PREFIX + "/bundles/") else body
         return self.send(method, path, body, {**self.headers(method, path, signed_over), **(headers or {})})
 
-    def send(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> Response:
-        """Send exactly these bytes and headers (to replay a request, or send one unsigned)."""
+    def send(self, method: str, path: str, body=b"", headers: dict[str, str] | None = None) -> Response:
+        """Send exactly these bytes (or these chunks, an iterator: sent chunked, no length announced) and
+        headers (to replay a request, or send one unsigned)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.miner.port, timeout=60)
         try:
             conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})

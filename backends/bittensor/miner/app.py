@@ -124,12 +124,12 @@ class Miner:
             return web.json_response({"sha256": sha256, "size": target.stat().st_size})
         limit = self.config.max_bundle_bytes
         if (request.content_length or 0) > limit:
-            raise refusal(web.HTTPRequestEntityTooLarge, f"bundles are at most {self.config.max_bundle_mb} MiB here")
+            raise refusal(files.BodyTooLarge, f"bundles are at most {self.config.max_bundle_mb} MiB here")
         await self._disk_left(request.content_length or 0)
         try:
             size = await files.receive_bundle(request, target, sha256, limit)
         except files.TooLarge:
-            raise refusal(web.HTTPRequestEntityTooLarge, f"bundles are at most {self.config.max_bundle_mb} MiB here") from None
+            raise refusal(files.BodyTooLarge, f"bundles are at most {self.config.max_bundle_mb} MiB here") from None
         except files.Mismatch as got:
             raise refusal(web.HTTPUnprocessableEntity, f"the body's sha256 is {got}, not the one named") from None
         return web.json_response({"sha256": sha256, "size": size})

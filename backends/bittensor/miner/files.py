@@ -30,6 +30,12 @@ CHUNK = 4 << 20
 RANGE = re.compile(r"^bytes=(\d{1,19})-$")
 
 
+class BodyTooLarge(web.HTTPClientError):
+    """413 with a body of ours (aiohttp's own HTTPRequestEntityTooLarge writes its own text)."""
+
+    status_code = 413
+
+
 class TooLarge(Exception):
     """A body past its limit."""
 
