@@ -32,7 +32,8 @@ async def gather(miners: list[Miner], signer, broker: str, request: OfferRequest
     ask = protocol.QuoteRequest(spec=spec, total_steps=request.total_steps)
 
     async def one(miner: Miner) -> Offer:
-        client = MinerClient(miner, signer, timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=timeout_s))
+        # the session's own timeout is a backstop only: `wait_for` is the one that says "no quote within"
+        client = MinerClient(miner, signer, timeout=aiohttp.ClientTimeout(total=2 * timeout_s, sock_connect=timeout_s))
         try:
             signed = await asyncio.wait_for(client.answer(protocol.SignedQuote, "POST", protocol.QUOTE, ask),
                                             timeout_s)
