@@ -151,3 +151,17 @@ def test_a_resent_dispatch_gets_the_same_answer_another_body_409_and_one_too_man
     assert changed.status == 409
     assert clients["other"].call("POST", protocol.ATTEMPTS, body).status == 403
     client.call("POST", protocol.route(protocol.CANCEL, attempt_id="t2"))
+
+
+def test_past_its_disk_limit_a_miner_takes_no_more_bundles(tmp_path):
+    keys = {name: make_wallet(tmp_path / "wallets", name) for name in ("miner", "broker")}
+    miner = MinerProcess(tmp_path / "miner", keys["miner"], config={**CONFIG, "max_disk_gb": 1e-6}).start()
+    try:
+        client = MinerClient(miner, keys["broker"])
+        small, large = os.urandom(500), os.urandom(1500)  # the limit is 1073 bytes
+        assert upload(client, small).status == 200
+        full = upload(client, large)
+        assert (full.status, full.json()["error"]) == (503, "disk full: this miner keeps at most 1e-06 GiB")
+        assert len(os.listdir(miner.home / "bundles")) == 1
+    finally:
+        miner.stop()

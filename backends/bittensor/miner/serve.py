@@ -13,9 +13,6 @@ import signal
 import sys
 from pathlib import Path
 
-DEFAULT_HOME = "~/.trainmaster-miner"
-DEFAULT_WALLETS = "~/.bittensor/wallets"
-
 
 class StartError(Exception):
     """The miner cannot start; the message says why in one line."""
