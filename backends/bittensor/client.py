@@ -94,16 +94,19 @@ class MinerClient:
 
         return read
 
-    def _url(self, target: str):
-        from yarl import URL
+    def _url(self, target: str) -> str:
+        return self.miner.url + target  # `target` is in the form aiohttp sends as it is (see `target`)
 
-        return URL(self.miner.url + target, encoded=True)  # sent exactly as signed
+
+PATH_SAFE = "/!$&'()*+,;=:@"
+"""What a file's path keeps unencoded in a target: its slashes and the characters RFC 3986 allows in a path
+segment, which aiohttp (yarl) would otherwise decode, so that the target sent is the target signed."""
 
 
 def target(template: str, query: dict[str, int] | None = None, **values: str) -> str:
     """The request target of a route, as it is signed and sent: placeholders filled (a file's path
-    percent-encoded, its slashes kept) and an integer query appended."""
-    filled = protocol.route(template, **{k: quote(v, safe="/" if k == "path" else "") for k, v in values.items()})
+    percent-encoded but for PATH_SAFE) and an integer query appended."""
+    filled = protocol.route(template, **{k: quote(v, safe=PATH_SAFE if k == "path" else "") for k, v in values.items()})
     return filled + ("?" + "&".join(f"{k}={int(v)}" for k, v in query.items()) if query else "")
 
 
