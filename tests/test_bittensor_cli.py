@@ -78,7 +78,7 @@ def _state(tm_home, sql: str, *args) -> list[sqlite3.Row]:
 def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_miner(tmp_path, tm_home, miners):
     down = make_wallet(tmp_path / "wallets", "gone")
     listed = [{"hotkey": down.hotkey.ss58_address, "url": f"http://127.0.0.1:{free_port()}"}, *map(_listed, miners)]
-    broker, spec, policy = _setup(tmp_path, tm_home, listed)
+    _, spec, policy = _setup(tmp_path, tm_home, listed)
     offered = _shown(_tm("offers", str(spec), "--policy", str(policy), "--json"))
     assert {r["offer"]["instance"] for r in offered["considered"]} == {m.hotkey for m in miners}
     [gone] = offered["unavailable"]["bittensor"]  # the miner that is down, with its reason
@@ -95,8 +95,8 @@ def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_
 
     verdict = json.loads((tm_home / "jobs" / shown["id"] / "verdict.json").read_text())
     assert verdict["checks"] == ["integrity", "safety", "replay", "outcome"]
-    assert verdict["evidence"]["integrity"]["signature"] == f"valid for {ran.hotkey}" or \
-        ran.hotkey in verdict["evidence"]["integrity"]["signature"]
+    signature = verdict["evidence"]["integrity"]["signature"]
+    assert signature.startswith("valid for ") and ran.hotkey in signature, signature
     assert verdict["evidence"]["replay"]["challenge"]["segments"]  # segments opened over the protocol
 
     charges = _state(tm_home, "SELECT kind, rao FROM ledger_entries WHERE job_id = ? ORDER BY seq", shown["id"])
