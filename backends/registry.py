@@ -3,8 +3,8 @@
 Everything else derives from it: the names a policy may use, the backends the broker dispatches
 to, `trainmaster offers` and `trainmaster backends check`. Classes, config models and checks are
 named as "module:attribute" strings and imported on demand, so reading the list imports no backend
-and no SDK. Only `local` dispatches in this version; the clouds' offers come from the price
-catalogs in `backends/catalog/`, and Bittensor's live quotes are not gathered yet.
+and no SDK. `local` and `bittensor` (miners' signed quotes, gathered live over the miner protocol)
+dispatch in this version; the clouds' offers come from the price catalogs in `backends/catalog/`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ REGISTRY: dict[str, BackendEntry] = {
             config="trainmaster.backends.local.config:LocalConfig", checks="trainmaster.backends.local.check",
         ),
         BackendEntry(
-            "bittensor", None, extra="bittensor", sdk=("bittensor",), trusted=False,
+            "bittensor", "trainmaster.backends.bittensor.backend:BittensorBackend", extra="bittensor", sdk=("bittensor",), trusted=False,
             config="trainmaster.backends.bittensor.config:BittensorConfig",
             checks="trainmaster.backends.bittensor.check",
         ),

@@ -54,8 +54,9 @@ def test_check_lists_every_registered_backend_with_its_reasons(env):
         assert not row["ready"] and not row["implemented"]
         assert any(r.startswith("no credentials found") for r in row["reasons"]), row
         assert row["reasons"][-1] == "dispatch not available in this version (catalog prices only)"
-    assert rows["bittensor"]["reasons"][-1] == "dispatch not available in this version"
+    assert rows["bittensor"]["implemented"] and "dispatch not available in this version" not in rows["bittensor"]["reasons"]
     assert any("no hotkey file" in r for r in rows["bittensor"]["reasons"])
+    assert any(r.startswith("no miners: list them under bittensor.miners") for r in rows["bittensor"]["reasons"])
 
 
 def test_a_missing_extra_is_named_with_its_pip_command(env, monkeypatch):
@@ -146,7 +147,7 @@ def test_bittensor_hotkey_file_from_the_configured_wallet(env, tm_home, tmp_path
     (wallets / "trainer" / "hotkeys").mkdir(parents=True)
     (wallets / "trainer" / "hotkeys" / "h1").write_text("{}")
     row = checked(env)["bittensor"]
-    assert row["reasons"][-1:] == ["dispatch not available in this version"]
+    assert "dispatch not available in this version" not in row["reasons"]
     assert not any("hotkey" in r for r in row["reasons"]) and "network: finney, subnet 12" in row["found"]
 
 

@@ -27,7 +27,7 @@ def test_every_entry_resolves():
 
 
 def test_implemented_backends_agree_with_their_class():
-    assert list(BACKENDS) == [n for n, e in REGISTRY.items() if e.implemented] == ["local"]
+    assert list(BACKENDS) == [n for n, e in REGISTRY.items() if e.implemented] == ["local", "bittensor"]
     for name in BACKENDS:
         cls = backend_class(name)
         assert cls.name == name

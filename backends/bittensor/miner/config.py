@@ -1,0 +1,66 @@
+"""The miner's settings, `miner.yaml` in its home (or --config): what it charges, how long a quote holds,
+how much it takes on (concurrent jobs, bundle size, disk), whom it serves, and the inventory its local
+backend allocates. Loaded with jobs/yamlfile, so a mistake is reported as `file:line: field: why`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trainmaster.backends.local.config import LocalConfig
+from trainmaster.jobs.yamlfile import load_model
+
+FILENAME = "miner.yaml"
+CPU = "cpu"
+"""The price key of a job that asks for no GPU."""
+
+
+class Prices(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rao_per_gpu_hour: dict[str, int] = Field(
+        default_factory=dict,
+        description="GPU type (as the local backend names it, e.g. H100) or `cpu` -> rao per GPU-hour "
+                    "(a job pays it × max(GPUs, 1) × its hours).")
+
+    @field_validator("rao_per_gpu_hour")
+    @classmethod
+    def _whole_rao(cls, prices: dict[str, int]) -> dict[str, int]:
+        for name, rao in prices.items():
+            if rao < 0:
+                raise ValueError(f"{name}: a price is never negative")
+        return prices
+
+
+class MinerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prices: Prices = Field(default_factory=Prices)
+    default_hours: float = Field(1.0, gt=0, description="Hours priced when a spec gives neither estimated_hours "
+                                                       "nor limits.max_hours.")
+    quote_valid_s: int = Field(120, ge=1, le=86_400, description="How long a quote holds.")
+    max_concurrent_jobs: int = Field(1, ge=1, description="Attempts run at once; one more is refused (503).")
+    max_bundle_mb: int = Field(2048, ge=1, description="The largest bundle accepted (MiB).")
+    max_disk_gb: float | None = Field(None, gt=0, description="Bundles and attempt folders may take at most this "
+                                                              "(GiB); past it uploads and dispatches are refused.")
+    allow: list[str] = Field(default_factory=list, description="Broker hotkeys served (ss58); empty: anyone who signs.")
+    local: LocalConfig = Field(default_factory=LocalConfig,
+                               description="The local backend's settings (its inventory: cpus, memory_gb, gpus).")
+
+    @property
+    def max_bundle_bytes(self) -> int:
+        return self.max_bundle_mb << 20
+
+    @property
+    def max_disk_bytes(self) -> int | None:
+        return None if self.max_disk_gb is None else int(self.max_disk_gb * (1 << 30))
+
+
+def load_config(home: Path, path: Path | None = None) -> MinerConfig:
+    """The settings in `path`, else in `<home>/miner.yaml`, else the defaults; FileError when one is wrong
+    (a missing --config is an error, a missing miner.yaml in the home is not)."""
+    if path is not None:
+        return load_model(path, MinerConfig)
+    default = home / FILENAME
+    return load_model(default, MinerConfig) if default.exists() else MinerConfig()

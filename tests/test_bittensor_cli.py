@@ -1,0 +1,111 @@
+"""The Bittensor backend end to end through the real CLI: `trainmaster submit JOB --wait` under a policy whose
+primary is bittensor, with backends.yaml naming real `trainmaster miner serve` processes on 127.0.0.1 (real
+wallets made without passwords, every request btauth-signed) and a fixed TAO/USD rate. The job is the
+harness's tiny LM (it commits segments): quote → upload → run → signed commitment → challenge → audit →
+accept → conclude (countersigned), paid exactly once; a listed miner that is down is left out with its
+reason and another is chosen."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from miner_support import MinerProcess, free_port, make_wallet
+from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from trainmaster.wallet.keys import signed_by
+
+pytestmark = pytest.mark.slow
+
+PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}
+POLICY = "name: tao\ndefault:\n  primary: bittensor\ntao_rate:\n  usd_per_tao: 400\nverification:\n  tau: 0.01\n"
+
+
+@pytest.fixture
+def miners(tmp_path):
+    wallets = tmp_path / "wallets"
+    procs = [MinerProcess(tmp_path / f"miner{i}", make_wallet(wallets, f"miner{i}"), config=PRICES).start()
+             for i in range(2)]
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+def _setup(tmp_path, tm_home, listed: list[dict]) -> tuple:
+    """The job, the policy and backends.yaml (the broker's own wallet beside the miners')."""
+    broker = make_wallet(tmp_path / "wallets", "broker")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=100)))
+    (job / "evaluate.py").write_text(EVALUATOR)
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    lines = "".join(f"    - hotkey: {m['hotkey']}\n      url: {m['url']}\n"
+                    + (f"      coldkey: {m['coldkey']}\n" if m.get("coldkey") else "") for m in listed)
+    (tm_home / "config").mkdir(parents=True)
+    (tm_home / "config" / "backends.yaml").write_text(
+        f"bittensor:\n  wallet:\n    name: broker\n    path: {tmp_path / 'wallets'}\n  quote_timeout_s: 5\n"
+        f"  miners:\n{lines}")
+    return broker, job / "job.yaml", tmp_path / "policy.yaml"
+
+
+def _tm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=280)
+
+
+def _shown(done: subprocess.CompletedProcess) -> dict:
+    assert "{" in done.stdout, done.stdout + done.stderr
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
+def _listed(proc: MinerProcess) -> dict:
+    return {"hotkey": proc.hotkey, "url": proc.url, "coldkey": proc.wallet.coldkeypub.ss58_address}
+
+
+def _state(tm_home, sql: str, *args) -> list[sqlite3.Row]:
+    db = sqlite3.connect(tm_home / "state.db")
+    db.row_factory = sqlite3.Row
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_miner(tmp_path, tm_home, miners):
+    down = make_wallet(tmp_path / "wallets", "gone")
+    listed = [{"hotkey": down.hotkey.ss58_address, "url": f"http://127.0.0.1:{free_port()}"}, *map(_listed, miners)]
+    _, spec, policy = _setup(tmp_path, tm_home, listed)
+    offered = _shown(_tm("offers", str(spec), "--policy", str(policy), "--json"))
+    assert {r["offer"]["instance"] for r in offered["considered"]} == {m.hotkey for m in miners}
+    [gone] = offered["unavailable"]["bittensor"]  # the miner that is down, with its reason
+    assert gone.startswith(f"miner {down.hotkey.ss58_address[:8]}… at {listed[0]['url']} is unreachable"), gone
+    done = _tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = _shown(done)
+    assert shown["state"] == "accepted", shown
+    [attempt] = shown["attempts"]
+    assert attempt["backend"] == "bittensor"
+    ran = next(m for m in miners if (m.home / "jobs" / attempt["id"]).exists())  # where it ran: one miner's home
+    [row] = _state(tm_home, "SELECT executor_hotkey, executor_coldkey FROM attempts WHERE id = ?", attempt["id"])
+    assert tuple(row) == (ran.hotkey, ran.wallet.coldkeypub.ss58_address)  # the directory's word
+
+    verdict = json.loads((tm_home / "jobs" / shown["id"] / "verdict.json").read_text())
+    assert verdict["checks"] == ["integrity", "safety", "replay", "outcome"]
+    signature = verdict["evidence"]["integrity"]["signature"]
+    assert signature.startswith("valid for ") and ran.hotkey in signature, signature
+    assert verdict["evidence"]["replay"]["challenge"]["segments"]  # segments opened over the protocol
+
+    charges = _state(tm_home, "SELECT kind, rao FROM ledger_entries WHERE job_id = ? ORDER BY seq", shown["id"])
+    assert [c["kind"] for c in charges] == ["reserve", "charge"] and charges[1]["rao"] > 0
+    payments = _state(tm_home, "SELECT payee, rao, attempt_id FROM payments WHERE job_id = ?", shown["id"])
+    assert [tuple(p) for p in payments] == [(ran.hotkey, charges[1]["rao"], attempt["id"])]  # exactly once
+
+    [told] = _state(tm_home, "SELECT receipt, countersignature FROM conclusions WHERE attempt_id = ?", attempt["id"])
+    assert signed_by(told["receipt"].encode(), told["countersignature"], ran.hotkey)  # concluded, countersigned
+    again = _shown(_tm("status", shown["id"], "--json"))
+    assert again["state"] == "accepted"
+    assert len(_state(tm_home, "SELECT * FROM payments WHERE job_id = ?", shown["id"])) == 1
