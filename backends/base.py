@@ -43,6 +43,10 @@ class Offer(Frozen):
     price_per_hour_micro_usd: int = Field(ge=0)
     price_per_hour_rao: int | None = Field(None, ge=0, description="For backends paid in TAO.")
     expected_start_s: int = Field(0, ge=0)
+    job_price_micro_usd: int | None = Field(None, ge=0, description="A fixed price for the job's whole work (a "
+                                                                   "miner's signed quote), planned and paid instead "
+                                                                   "of the hourly price × hours.")
+    job_price_rao: int | None = Field(None, ge=0, description="That fixed price in rao, as the executor quoted it.")
     trusted: bool = Field(False, description="Runs on compute we control; untrusted offers get the replay audit. "
                                              "Stamped by the broker from the registry, never taken from a backend.")
     detail: dict[str, Any] = Field(default_factory=dict)

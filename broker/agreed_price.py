@@ -40,8 +40,14 @@ class AgreedPrice:
 
 
 def agreed(offer: Offer, hours: float) -> AgreedPrice:
-    """The price of `hours` of the job's work on `offer`: in rao at the rate its two prices imply for a TAO
-    offer (the micro-USD value of those rao), else in micro-USD."""
+    """The price of `hours` of the job's work on `offer`: its fixed job price when it quoted one (a miner's
+    signed quote), else the hourly price × hours; in rao at the rate its two prices imply for a TAO offer
+    (the micro-USD value of those rao), else in micro-USD."""
+    if offer.job_price_rao is not None and offer.job_price_micro_usd is not None:
+        rate = offer.job_price_micro_usd * RAO_PER_TAO // offer.job_price_rao if offer.job_price_rao else None
+        return AgreedPrice(micro_usd=offer.job_price_micro_usd, rao=offer.job_price_rao, rate_micro_usd_per_tao=rate,
+                           hours=hours, basis=f"agreed at dispatch: the quoted {offer.job_price_rao} rao for the "
+                                              f"job's whole work")
     if offer.price_per_hour_rao:
         rao = round(offer.price_per_hour_rao * hours)
         rate = offer.price_per_hour_micro_usd * RAO_PER_TAO // offer.price_per_hour_rao

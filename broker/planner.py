@@ -388,7 +388,7 @@ class _Context:
     # so nine attribute reads cost about twice this. (gpu_memory_mb and memory_mb are read only
     # when the job sets a minimum.)
     _fields = itemgetter("spot", "region", "gpu_count", "cpus", "nodes", "gpu_type", "price_per_hour_micro_usd",
-                         "trusted", "expected_start_s")
+                         "trusted", "expected_start_s", "job_price_micro_usd")
 
     def evaluate(self, offer_set: OfferSet, by_tier: list[list[tuple]], filtered: list[Considered]) -> None:
         """Each offer of one backend becomes a candidate of its tier, appended to `by_tier[tier]` as
@@ -431,7 +431,7 @@ class _Context:
         append_filtered, new_row, fields = filtered.append, tuple.__new__, self._fields
         seq = sum(map(len, by_tier))  # unique and increasing within a tier: ties keep the offers' order
         for offer in offer_set.offers:
-            spot, region, gpu_count, cpus, nodes, gpu_type, price, trusted, start = fields(offer.__dict__)
+            spot, region, gpu_count, cpus, nodes, gpu_type, price, trusted, start, fixed = fields(offer.__dict__)
             reason, tier, rate_n, rate_d1, rate_d, append = spot_capacity if spot else on_demand
             try:  # a miss (once per GPU type, and per region, in a plan) fills the cache
                 gpu_reason, seconds, hours, a, b1, b = gpus[gpu_type]
@@ -463,7 +463,10 @@ class _Context:
             # the expected cost (every row shows it, so filtered offers are costed too); zero parts
             # are skipped, not added: each integer operation allocates
             hourly = price if nodes == 1 else price * nodes
-            compute = hourly * a if b == 1 else (hourly * a + b1) // b  # ⌈hourly × seconds / 3600⌉
+            if fixed is None:
+                compute = hourly * a if b == 1 else (hourly * a + b1) // b  # ⌈hourly × seconds / 3600⌉
+            else:  # a quoted price for the job's whole work
+                compute = fixed
             total = compute + transfer
             audit = audit_trusted if trusted else audit_untrusted
             if audit:

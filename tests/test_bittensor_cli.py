@@ -100,7 +100,8 @@ def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_
     assert verdict["evidence"]["replay"]["challenge"]["segments"]  # segments opened over the protocol
 
     charges = _state(tm_home, "SELECT kind, rao FROM ledger_entries WHERE job_id = ? ORDER BY seq", shown["id"])
-    assert [c["kind"] for c in charges] == ["reserve", "charge"] and charges[1]["rao"] > 0
+    assert [c["kind"] for c in charges] == ["reserve", "charge"]
+    assert charges[1]["rao"] == 2_000_000_000 * 0.25  # the quoted price of the job's work, not hours × rate
     payments = _state(tm_home, "SELECT payee, rao, attempt_id FROM payments WHERE job_id = ?", shown["id"])
     assert [tuple(p) for p in payments] == [(ran.hotkey, charges[1]["rao"], attempt["id"])]  # exactly once
 

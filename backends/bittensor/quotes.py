@@ -80,7 +80,7 @@ def offer(miner: Miner, signed: protocol.SignedQuote, quote: protocol.Quote, rat
         backend="bittensor", instance=miner.hotkey, region="subnet", gpu_type=quote.gpu_type,
         gpu_count=quote.gpu_count, cpus=quote.cpus, memory_mb=quote.memory_mb,
         price_per_hour_rao=quote.rao_per_hour, price_per_hour_micro_usd=rate.micro_usd(quote.rao_per_hour),
-        valid_until=float(quote.valid_until),
+        job_price_rao=quote.rao, job_price_micro_usd=rate.micro_usd(quote.rao), valid_until=float(quote.valid_until),
         detail={"url": miner.url, "coldkey": miner.coldkey, "signed_quote": signed.model_dump(),
                 "rao": quote.rao, "hours": quote.hours},
         quote={"source": "the miner's signed quote"},
