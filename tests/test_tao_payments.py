@@ -9,7 +9,7 @@ import inspect
 
 import pytest
 
-from tests.fake_chain import FakeSubstrate
+from fake_chain import FakeSubstrate
 from trainmaster.broker.settlement import Settlement
 from trainmaster.wallet import tao_wallet
 from trainmaster.wallet.chain import ERA_PERIOD, Chain
