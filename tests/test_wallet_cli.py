@@ -141,3 +141,23 @@ def test_balance_reads_integer_rao_from_the_chain(tmp_path, tm_home, monkeypatch
                                           "free_rao": 12_000_000_001}
     shown = runner.invoke(app, ["wallet", "balance", "--name", "b", "--path", str(tmp_path / "w"), "--network", "test"])
     assert "12.000000001 TAO" in shown.stdout
+
+
+@pytest.mark.slow
+def test_an_encrypted_coldkey_is_unlocked_only_with_its_password(tmp_path, tm_home, monkeypatch):
+    """Encrypting and decrypting cost seconds each (argon2i at 512 MiB): one wallet, made through the CLI."""
+    from trainmaster.wallet import tao_wallet
+
+    wallets, password = tmp_path / "wallets", "correct horse battery staple"
+    made = tm("wallet", "create", "--name", "enc", "--path", str(wallets), "--password-file",
+              str(_secret_file(tmp_path / "pw", password)), "--json", home=tm_home, extra_env=DEBUG)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["coldkey_encrypted"] is True and password not in made.stdout + made.stderr
+    monkeypatch.setenv("BT_PW__" + str(wallets).upper(), password)  # the SDK's env lookup is never used
+    with pytest.raises(tao_wallet.WalletError, match="no password file is set"):
+        tao_wallet.coldkey_password("enc", str(wallets), password_file=None, prompt=False)
+    with pytest.raises(tao_wallet.WalletError, match="cannot unlock") as refused:
+        tao_wallet.unlock_coldkey("enc", str(wallets), password="wrong")
+    assert "wrong" not in str(refused.value)
+    found = tao_wallet.coldkey_password("enc", str(wallets), password_file=str(tmp_path / "pw"), prompt=False)
+    assert tao_wallet.unlock_coldkey("enc", str(wallets), password=found).ss58_address == json.loads(made.stdout)["coldkey_ss58"]
