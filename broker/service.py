@@ -849,8 +849,10 @@ class Broker:
                        if not offer.trusted and attempt.executor_hotkey else None)
             ledger.charge(f"charge:{attempt.id}", reservation_key=reservation, micro_usd=attempt.cost_micro_usd or 0,
                           rao=attempt.cost_rao or 0, rate_micro_usd_per_tao=attempt.cost_rate_micro_usd_per_tao,
-                          detail={"outcome": target, "rate_at": attempt.cost_rate_at} if attempt.cost_rao
-                          else {"outcome": target}, payment=payment)
+                          detail={"outcome": target, "rate_at": attempt.cost_rate_at,
+                                  "rate_stale": attempt.cost_rate_at is None
+                                  or time.time() - attempt.cost_rate_at > self.policy(job).tao_rate.max_age_s}
+                          if attempt.cost_rao else {"outcome": target}, payment=payment)
         else:
             ledger.release(f"release:{attempt.id}", reservation_key=reservation, detail={"outcome": target})
 
