@@ -48,7 +48,7 @@ def create(name: str = typer.Option(..., "--name", help="Wallet (coldkey) name."
         console().print(f"mnemonic of the coldkey (shown this once; write it down, offline):\n  {escape(mnemonic)}",
                         highlight=False, soft_wrap=True)
     else:
-        console(stderr=True).print("note: the mnemonic is shown only on a terminal; it is kept in the coldkey file",
+        console(stderr=True).print("note: the mnemonic is shown only on a terminal without --json; the coldkey file keeps it",
                                    highlight=False)
     del mnemonic
     _print(info, as_json, f"created wallet {name}")
