@@ -61,7 +61,7 @@ from trainmaster.jobs.launch_checks import launch_problems
 from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 from trainmaster.wallet.rates import Rate, RateProvider
-from trainmaster.wallet.payments import ConclusionChannel, PaymentOrder, PaymentSender
+from trainmaster.wallet.payments import PaymentOrder, PaymentSender
 
 HISTORY_RUNS = 20  # newest accepted runs of a class that estimate its runtime
 MIN_ATTEMPTS_FOR_RATE = 5  # ended attempts of a backend before its failure rate prices risk
@@ -101,7 +101,8 @@ class Broker:
                  progress: Progress | None = None, sender: PaymentSender | None = None):
         self.store = store or Store(paths.state_db())
         self.progress = progress
-        self._sender = sender or ConclusionChannel()
+        self._sender = sender
+        """The payment sender given (tests); None: the one backends.yaml names (`broker.payment_sender`)."""
         self._settlement: Settlement | None = None
         self._given = dict(backends or {})
         self._backends: dict[tuple[str, str], Backend] = {}
@@ -365,8 +366,11 @@ class Broker:
     def settlement(self) -> Settlement:
         """The settling stage after a verdict: payments sent and conclusions delivered, exactly once."""
         if self._settlement is None:
+            from trainmaster.broker.payment_sender import configured_sender
+
+            sender = self._sender or configured_sender(self._configs(), self.store.db)
             self._settlement = Settlement(self.store.db, self.store.path, key_path=paths.home() / "keys" / "broker.key",
-                                          sender=self._sender)
+                                          sender=sender)
         return self._settlement
 
     async def _settle_with_executors(self, job_id: str) -> None:
@@ -845,8 +849,10 @@ class Broker:
                        if not offer.trusted and attempt.executor_hotkey else None)
             ledger.charge(f"charge:{attempt.id}", reservation_key=reservation, micro_usd=attempt.cost_micro_usd or 0,
                           rao=attempt.cost_rao or 0, rate_micro_usd_per_tao=attempt.cost_rate_micro_usd_per_tao,
-                          detail={"outcome": target, "rate_at": attempt.cost_rate_at} if attempt.cost_rao
-                          else {"outcome": target}, payment=payment)
+                          detail={"outcome": target, "rate_at": attempt.cost_rate_at,
+                                  "rate_stale": attempt.cost_rate_at is None
+                                  or time.time() - attempt.cost_rate_at > self.policy(job).tao_rate.max_age_s}
+                          if attempt.cost_rao else {"outcome": target}, payment=payment)
         else:
             ledger.release(f"release:{attempt.id}", reservation_key=reservation, detail={"outcome": target})
 

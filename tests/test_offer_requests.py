@@ -161,6 +161,7 @@ def test_the_rate_is_recorded_at_offer_and_at_settle(tm_home, tmp_path, harness)
     with Ledger(paths.state_db()) as ledger:
         [charge] = [e for e in ledger.entries() if e.job_id == job["id"] and e.kind == "charge"]
     assert charge.micro_usd == math.ceil(charge.rao * 500_000_000 / 10**9)
+    assert charge.detail["rate_stale"] is False and charge.detail["rate_at"] == settled["rate_at"]
 
 
 # what the planner is given: data sizes and total steps

@@ -5,7 +5,7 @@ optionally, a fixed list of miners instead of the subnet's metagraph."""
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -66,3 +66,9 @@ class BittensorConfig(BackendConfig):
                                description="Leave out metagraph miners with less stake than this (TAO, as text).")
     quote_timeout_s: float = Field(3.0, gt=0, le=60, description="How long one miner may take to quote.")
     max_miners: int = Field(256, ge=1, description="At most this many miners are asked for a quote per plan.")
+    payments: Literal["receipt", "tao"] = Field(
+        "receipt", description="How an accepted miner is paid: `receipt` (the amount in its signed receipt only) "
+                               "or `tao` (a TAO transfer from the wallet's coldkey, exactly once).")
+    coldkey_password_file: str | None = Field(
+        None, description="File (mode 0600) holding the coldkey's password for `payments: tao`; without it the "
+                          "broker asks at its terminal. Never read from the environment.")

@@ -142,6 +142,8 @@ def _event_text(event: dict, shown: set[str]) -> str:
     detail = event["detail"] or {}
     if event["kind"] == "cost":
         return f"cost {display_usd(detail.get('micro_usd') or 0)} ({detail.get('basis') or 'no basis recorded'})"
+    if event["kind"] == "rate":
+        return rate_text(detail)
     what = f"{event['from'] or ''} → {event['to']}" if event["to"] else event["kind"]
     reason = detail.get("reason") or detail.get("message")
     if not reason:
@@ -150,6 +152,15 @@ def _event_text(event: dict, shown: set[str]) -> str:
         return f"{what} (reason above)"
     shown.add(reason)
     return f"{what} ({reason})"
+
+def rate_text(detail: dict) -> str:
+    """A recorded TAO/USD rate: where it was used, its value, its source and time, and STALE when it was older than
+    the policy's `tao_rate.max_age_s` there."""
+    per_tao = display_usd(detail.get("micro_usd_per_tao") or 0)
+    stale = " — STALE" if detail.get("rate_stale") else ""
+    return (f"TAO rate at {detail.get('at') or '?'}: {per_tao} per TAO from {detail.get('rate_source') or '?'}, "
+            f"taken {_when(detail.get('rate_at'))}{stale}")
+
 
 def _print_folded(console: Console, text: str, indent: int = 2) -> None:
     """`text` wrapped at word boundaries to the console's width, each of its lines on its own, every line
