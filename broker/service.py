@@ -845,7 +845,8 @@ class Broker:
         ledger = self._ledger(job)
         reservation = attempt.reserve_key or _legacy_reserve_key(attempt)
         if target == "accepted" or (offer.trusted and attempt.cost_micro_usd is not None):
-            payment = (PaymentOrder(attempt_id=attempt.id, payee=attempt.executor_hotkey, rao=attempt.cost_rao or 0)
+            payee = attempt.executor_coldkey or attempt.executor_hotkey  # TAO goes to the owner's coldkey when known
+            payment = (PaymentOrder(attempt_id=attempt.id, payee=payee, rao=attempt.cost_rao or 0)
                        if not offer.trusted and attempt.executor_hotkey else None)
             ledger.charge(f"charge:{attempt.id}", reservation_key=reservation, micro_usd=attempt.cost_micro_usd or 0,
                           rao=attempt.cost_rao or 0, rate_micro_usd_per_tao=attempt.cost_rate_micro_usd_per_tao,

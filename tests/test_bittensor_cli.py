@@ -103,7 +103,8 @@ def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_
     assert [c["kind"] for c in charges] == ["reserve", "charge"]
     assert charges[1]["rao"] == 2_000_000_000 * 0.25  # the quoted price of the job's work, not hours × rate
     payments = _state(tm_home, "SELECT payee, rao, attempt_id FROM payments WHERE job_id = ?", shown["id"])
-    assert [tuple(p) for p in payments] == [(ran.hotkey, charges[1]["rao"], attempt["id"])]  # exactly once
+    owner = ran.wallet.coldkeypub.ss58_address
+    assert [tuple(p) for p in payments] == [(owner, charges[1]["rao"], attempt["id"])]  # once, to the owner
 
     [told] = _state(tm_home, "SELECT receipt, countersignature FROM conclusions WHERE attempt_id = ?", attempt["id"])
     assert signed_by(told["receipt"].encode(), told["countersignature"], ran.hotkey)  # concluded, countersigned

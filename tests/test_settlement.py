@@ -154,7 +154,8 @@ def test_payment_and_conclusion_happen_exactly_once_across_kill_9_at_every_step(
     assert (reserve.kind, charge.kind) == ("reserve", "charge")
     transfers = [json.loads(line) for line in (state / "transfers.jsonl").read_text().splitlines()]
     [payment] = Payments(store.db).all(job_id=job_id)
-    assert transfers == [{"key": f"pay:charge:{attempt.id}", "payee": attempt.executor_hotkey, "rao": charge.rao,
+    payee = attempt.executor_coldkey or attempt.executor_hotkey
+    assert transfers == [{"key": f"pay:charge:{attempt.id}", "payee": payee, "rao": charge.rao,
                           "transfer": "tx-1"}]
     assert (payment.key, payment.rao, payment.transfer) == (f"pay:charge:{attempt.id}", charge.rao, "tx-1")
     verdicts = VerdictStore(paths.state_db())

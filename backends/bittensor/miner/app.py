@@ -39,14 +39,15 @@ METRICS_LIMIT = 1 << 16
 class Miner:
     """One miner: its hotkey (a Keypair: signs quotes, commitments and countersignatures), home and settings."""
 
-    def __init__(self, home: Path, hotkey, config: MinerConfig):
+    def __init__(self, home: Path, hotkey, config: MinerConfig, *, wallet_dir: Path | None = None):
         self.home, self.hotkey, self.config = home, hotkey, config
         self.ss58 = hotkey.ss58_address
         for sub in ("bundles", "jobs"):
             (home / sub).mkdir(parents=True, exist_ok=True)
         self.nonces = auth.SqliteNonces(home / "nonces.db")
         self.store = AttemptStore(home / "miner.db")
-        self.local = runner.local_backend(config.local)
+        hide = [home] + ([wallet_dir] if wallet_dir is not None else [])
+        self.local = runner.local_backend(config.local, confine=config.confine, hide=hide)
         self._lock = asyncio.Lock()
 
     def app(self) -> web.Application:

@@ -45,6 +45,9 @@ class MinerConfig(BaseModel):
     max_disk_gb: float | None = Field(None, gt=0, description="Bundles and attempt folders may take at most this "
                                                               "(GiB); past it uploads and dispatches are refused.")
     allow: list[str] = Field(default_factory=list, description="Broker hotkeys served (ss58); empty: anyone who signs.")
+    confine: bool = Field(True, description="Run each job as its own unprivileged user in a private view of the "
+                                            "files, without the miner's home, wallet or other jobs (needs root). "
+                                            "false runs jobs as the miner's own user: they can read all it can.")
     local: LocalConfig = Field(default_factory=LocalConfig,
                                description="The local backend's settings (its inventory: cpus, memory_gb, gpus).")
 

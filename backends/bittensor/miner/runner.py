@@ -13,11 +13,17 @@ from pathlib import Path
 from trainmaster.backends.base import AttemptContext, Handle, Offer, OfferRequest
 from trainmaster.backends.bittensor.protocol import Dispatch
 from trainmaster.backends.local import LocalBackend, LocalConfig
+from trainmaster.backends.local.config import Sandbox
 from trainmaster.jobs.spec import JobSpec
 
 
-def local_backend(config: LocalConfig) -> LocalBackend:
-    """The backend every attempt of this miner runs on."""
+def local_backend(config: LocalConfig, *, confine: bool, hide: list[Path]) -> LocalBackend:
+    """The backend every attempt of this miner runs on: with `confine`, each job is its own unprivileged user
+    that sees none of `hide` (the miner's home but its own folder, the wallet) nor other jobs."""
+    if confine:
+        sandbox = config.sandbox or Sandbox()
+        hidden = sorted({*sandbox.hide, *(str(p.resolve()) for p in hide)})
+        config = config.model_copy(update={"sandbox": sandbox.model_copy(update={"hide": hidden})})
     return LocalBackend(config)
 
 

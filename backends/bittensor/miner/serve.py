@@ -61,15 +61,20 @@ def serve(*, wallet: str, wallet_path: str, hotkey: str, host: str, port: int, h
     root = prepare_home(home)
     settings = load_settings(root, config)
     keypair = load_hotkey(wallet, hotkey, wallet_path)
-    asyncio.run(_serve(root, keypair, settings, host, port))
+    if settings.confine and os.geteuid() != 0:
+        raise StartError("confining strangers' jobs needs root (each job runs as its own unprivileged user); start "
+                         "the miner as root, or set `confine: false` in miner.yaml to run jobs as yourself (they can "
+                         "then read your wallet and home)")
+    wallet_dir = Path(wallet_path).expanduser() / wallet
+    asyncio.run(_serve(root, keypair, settings, host, port, wallet_dir))
 
 
-async def _serve(home: Path, keypair, settings, host: str, port: int) -> None:
+async def _serve(home: Path, keypair, settings, host: str, port: int, wallet_dir: Path) -> None:
     from aiohttp import web
 
     from trainmaster.backends.bittensor.miner.app import Miner
 
-    runner = web.AppRunner(Miner(home, keypair, settings).app(), access_log=None)
+    runner = web.AppRunner(Miner(home, keypair, settings, wallet_dir=wallet_dir).app(), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
