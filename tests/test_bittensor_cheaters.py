@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from cheating_miners.miners import REPLAY_TO_ENV, REPLAYS
+from cheating_miners.miners import CUT_LOG, REPLAY_TO_ENV, REPLAYS
 from cheating_miners.process import TESTS, CheaterProcess
 from miner_support import MinerProcess, make_wallet
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
@@ -150,3 +150,36 @@ def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallet
     assert shown["state"] == "failed" and BANNED in shown["reason"], shown  # no other miner to go to
     assert not _state(tm_home, "SELECT * FROM payments")
     assert not _state(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")
+
+
+def test_a_download_cut_halfway_resumes_and_the_honest_work_is_paid_once(tmp_path, tm_home, wallets, started):
+    cutter = _cheater("cut", tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [cutter])
+    shown = _submit(spec, policy)
+    assert shown["state"] == "accepted", shown
+    [attempt] = shown["attempts"]
+    assert "model.safetensors" in {f["path"] for f in attempt["outputs"]}
+    cut = (cutter.home / CUT_LOG).read_text().splitlines()
+    assert "model.safetensors" in cut  # its first download was cut halfway
+    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
+    assert [tuple(p) for p in payments] == [(cutter.hotkey, attempt["id"])]
+    assert not _shown(_tm("executors", "ls", "--json"))["bans"]
+
+
+def test_a_replayed_dispatch_is_refused_by_every_miner_and_gains_nothing(tmp_path, tm_home, wallets, started,
+                                                                         monkeypatch):
+    honest = _honest(tmp_path, wallets, started)
+    monkeypatch.setenv(REPLAY_TO_ENV, honest.url)
+    replayer = _cheater("replay", tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [replayer])
+    shown = _submit(spec, policy)
+    assert shown["state"] == "accepted", shown
+    [attempt] = shown["attempts"]
+    replays = [json.loads(line) for line in (replayer.home / REPLAYS).read_text().splitlines()]
+    assert [(r["to"], r["status"], r["error"]) for r in replays] == [
+        (replayer.url, 401, "ReplayedRequest"),  # its own nonce store has seen it
+        (honest.url, 401, "WrongReceiver")]  # signed for the replayer only
+    assert not (honest.home / "jobs").exists() or not any((honest.home / "jobs").iterdir())
+    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
+    assert [tuple(p) for p in payments] == [(replayer.hotkey, attempt["id"])]  # once, for its one attempt
+    assert len(_state(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")) == 1

@@ -26,6 +26,8 @@ REPLAY_TO_ENV = "CHEATING_REPLAY_TO"
 """The URL of another miner the `replay` cheat sends the broker's signed dispatch to."""
 REPLAYS = "replays.jsonl"
 """Where in its home the `replay` cheat notes each replay and its answer: {"to", "status", "error"}."""
+CUT_LOG = "cut.log"
+"""Where in its home the `cut` cheat notes each output whose download it cut."""
 STASH = "stash"
 """Where in its home the `reuse` cheat keeps the first run it made."""
 
@@ -92,7 +94,7 @@ class Silent(Miner):
 
 
 class Cutting(Miner):
-    """Drops the connection halfway through the first download of each output (a Range request is answered)."""
+    """Drops the connection halfway through the first download of each output; a resumed one is answered."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -102,9 +104,11 @@ class Cutting(Miner):
         path = request.match_info["path"]
         root = files.real_dir(_workdir(self._attempt(request)), "outputs")
         found = root and files.regular_file(root, path)
-        if "Range" in request.headers or path in self.cut or found is None or found.stat().st_size < 2:
+        if _resumed(request) or path in self.cut or found is None or found.stat().st_size < 2:
             return await super().output_file(request)
         self.cut.add(path)
+        with open(self.home / CUT_LOG, "a") as f:
+            f.write(path + "\n")
         data = found.read_bytes()
         response = web.StreamResponse()
         response.content_length, response.content_type = len(data), "application/octet-stream"
@@ -120,12 +124,17 @@ class BadHash(Miner):
     async def output_file(self, request: web.Request) -> web.StreamResponse:
         root = files.real_dir(_workdir(self._attempt(request)), "outputs")
         found = root and files.regular_file(root, request.match_info["path"])
-        if found is None or "Range" in request.headers:
+        if found is None or _resumed(request):
             return await super().output_file(request)
         data = bytearray(found.read_bytes())
         if data:
             data[-1] ^= 0xFF
         return web.Response(body=bytes(data), content_type="application/octet-stream")
+
+
+def _resumed(request: web.Request) -> bool:
+    """Whether the download asks for the file from a byte other than the first."""
+    return request.headers.get("Range", "bytes=0-").strip() != "bytes=0-"
 
 
 CHEATS: dict[str, type[Miner]] = {"wrong_key": WrongKey, "replay": Replaying, "silent": Silent, "cut": Cutting,
