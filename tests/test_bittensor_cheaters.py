@@ -115,7 +115,7 @@ def _caught(tm_home, shown: dict, cheater: MinerProcess, spec, policy) -> dict:
     ran = {r["id"] for r in _state(tm_home, "SELECT id FROM attempts WHERE executor_hotkey = ?", cheater.hotkey)}
     [attempt] = [a for a in shown["attempts"] if a["id"] in ran]
     assert attempt["state"] == "rejected" and attempt["reason"], shown
-    assert not _state(tm_home, "SELECT * FROM payments WHERE payee = ?", cheater.hotkey)
+    assert not _state(tm_home, "SELECT * FROM payments WHERE attempt_id = ?", attempt["id"])
     bans = _shown(_tm("executors", "ls", "--json"))["bans"]
     assert {(b["kind"], b["key"]) for b in bans if b["active"]} >= {("hotkey", cheater.hotkey),
                                                                       ("coldkey", _coldkey(cheater))}
@@ -145,7 +145,6 @@ def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallet
     cheater = _cheater(kind, tmp_path, wallets, started)
     spec, policy = _setup(tmp_path, tm_home, [cheater])
     shown = _submit(spec, policy)
-    (tmp_path.parent / f"{kind}.json").write_text(json.dumps(shown, indent=1))
     assert CAUGHT[kind] in _caught(tm_home, shown, cheater, spec, policy)["reason"], shown
     assert shown["state"] == "failed" and BANNED in shown["reason"], shown  # no other miner to go to
     assert not _state(tm_home, "SELECT * FROM payments")
@@ -183,3 +182,22 @@ def test_a_replayed_dispatch_is_refused_by_every_miner_and_gains_nothing(tmp_pat
     payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
     assert [tuple(p) for p in payments] == [(replayer.hotkey, attempt["id"])]  # once, for its one attempt
     assert len(_state(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")) == 1
+
+
+def test_returning_another_jobs_run_is_rejected_unpaid_and_banned_after_an_honest_first_job(
+        tmp_path, tm_home, wallets, started):
+    reuser = _cheater("reuse", tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [reuser])
+    first = _submit(spec, policy)
+    assert first["state"] == "accepted", first  # its first run is its own, honest
+    second = _submit(spec, policy)
+    [attempt] = second["attempts"]
+    assert (reuser.home / "jobs" / attempt["id"] / "outputs" / "commitment.json").read_bytes() == \
+        (reuser.home / "stash" / "outputs" / "commitment.json").read_bytes()  # the first job's run, sent again
+    reason = _caught(tm_home, second, reuser, spec, policy)["reason"]
+    assert f"the commitment is for job '{first['id']}', not '{second['id']}'" in reason, second
+    assert second["state"] == "failed" and BANNED in second["reason"], second
+    payments = _state(tm_home, "SELECT attempt_id FROM payments")
+    assert [p["attempt_id"] for p in payments] == [first["attempts"][0]["id"]]  # the honest first job only
+    charged = _state(tm_home, "SELECT job_id FROM ledger_entries WHERE kind = 'charge'")
+    assert [c["job_id"] for c in charged] == [first["id"]]
