@@ -31,7 +31,7 @@ HONEST_PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "defaul
 CHEAP_PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 1_000_000_000}}, "default_hours": 0.25}
 BANNED = "its executor is banned (trainmaster executors ls)"
 CAUGHT = {
-    "skip_half": "the replay audit failed: segment 1: S_2",
+    "skip_half": "the replay audit failed: segment 2: r = 1 exceeds τ = 0.01: the committed S_3 is not what",
     "freeze": "the replay audit failed: segment 1: S_2's optimizer/state/*/exp_avg_sq is not what these k steps "
               "produce",
     "wrong_key": "the commitment signature is not valid for the dispatched hotkey",
@@ -40,7 +40,10 @@ CAUGHT = {
 }
 """What the cheater's attempt is rejected for (its reason in `status --json`), by kind."""
 POLICY = ("name: tao\ndefault:\n  primary: bittensor\ntao_rate:\n  usd_per_tao: 400\n"
-          "verification:\n  tau: 0.01\n  challenge_deadline_s: 20\n")
+          "verification:\n  tau: 0.01\n  challenge_deadline_s: {deadline}\n")
+DEADLINE_S = {"silent": 15}
+"""The policy's challenge_deadline_s: short where the miner goes silent (its attempt waits that long), generous
+elsewhere, so an honest answer on a loaded machine is never late."""
 
 
 @pytest.fixture
@@ -65,13 +68,13 @@ def _honest(tmp_path, wallets, started) -> MinerProcess:
     return started(MinerProcess(tmp_path / "honest", make_wallet(wallets, "honest"), config=HONEST_PRICES))
 
 
-def _setup(tmp_path, tm_home, listed: list[MinerProcess]):
+def _setup(tmp_path, tm_home, listed: list[MinerProcess], deadline_s: float = 600):
     make_wallet(tmp_path / "wallets", "broker")
     job = tmp_path / "job"
     job.mkdir(exist_ok=True)
     (job / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=100)))
     (job / "evaluate.py").write_text(EVALUATOR)
-    (tmp_path / "policy.yaml").write_text(POLICY)
+    (tmp_path / "policy.yaml").write_text(POLICY.format(deadline=deadline_s))
     lines = "".join(f"    - hotkey: {m.hotkey}\n      url: {m.url}\n      coldkey: {_coldkey(m)}\n" for m in listed)
     (tm_home / "config").mkdir(parents=True, exist_ok=True)
     (tm_home / "config" / "backends.yaml").write_text(
@@ -143,12 +146,13 @@ def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_t
 @pytest.mark.parametrize("kind", ["freeze", "wrong_key", "silent", "bad_hash"])
 def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallets, started):
     cheater = _cheater(kind, tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [cheater])
+    spec, policy = _setup(tmp_path, tm_home, [cheater], DEADLINE_S.get(kind, 600))
     shown = _submit(spec, policy)
     assert CAUGHT[kind] in _caught(tm_home, shown, cheater, spec, policy)["reason"], shown
     assert shown["state"] == "failed" and BANNED in shown["reason"], shown  # no other miner to go to
     assert not _state(tm_home, "SELECT * FROM payments")
-    assert not _state(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")
+    [spent] = json.loads(_tm("spend", "--json").stdout)
+    assert (spent["group"], spent["rao"], spent["charges"]) == ("total", 0, 0)  # nothing paid to anyone
 
 
 def test_a_download_cut_halfway_resumes_and_the_honest_work_is_paid_once(tmp_path, tm_home, wallets, started):
