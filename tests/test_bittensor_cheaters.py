@@ -6,7 +6,8 @@ state, returning another job's run); the others sign with another hotkey, go sil
 serve bytes other than the sha256 they announced. Each is rejected with its reason in `status --json`,
 unpaid (no payment row, `spend` shows nothing paid to it), banned (`executors ls --json`: hotkey and
 coldkey), and left out of later jobs with the ban as the reason. A miner that replays the broker's signed
-dispatch is refused by the miners it replays to and gains nothing; a download cut halfway resumes.
+dispatch is refused by the miners it replays to and gains nothing; a download cut halfway resumes; a miner
+that vanishes after committing is lost (no ban: nothing proves a fault) and the job goes to another miner.
 The tiny job has 4 segments and the spec's q = 8 challenges them all, so every cheat is sampled.
 """
 
@@ -39,7 +40,8 @@ CAUGHT = {
     "bad_hash": "differs from the announced",
 }
 """What the cheater's attempt is rejected for (its reason in `status --json`), by kind."""
-POLICY = ("name: tao\ndefault:\n  primary: bittensor\ntao_rate:\n  usd_per_tao: 400\n"
+POLICY = ("name: tao\ndefault:\n  primary: bittensor\n  unreachable_after_s: {unreachable}\n"
+          "tao_rate:\n  usd_per_tao: 400\n"
           "verification:\n  tau: 0.01\n  challenge_deadline_s: {deadline}\n")
 DEADLINE_S = {"silent": 15}
 """The policy's challenge_deadline_s: short where the miner goes silent (its attempt waits that long), generous
@@ -68,13 +70,13 @@ def _honest(tmp_path, wallets, started) -> MinerProcess:
     return started(MinerProcess(tmp_path / "honest", make_wallet(wallets, "honest"), config=HONEST_PRICES))
 
 
-def _setup(tmp_path, tm_home, listed: list[MinerProcess], deadline_s: float = 600):
+def _setup(tmp_path, tm_home, listed: list[MinerProcess], deadline_s: float = 600, unreachable_s: float = 600):
     make_wallet(tmp_path / "wallets", "broker")
     job = tmp_path / "job"
     job.mkdir(exist_ok=True)
     (job / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=100)))
     (job / "evaluate.py").write_text(EVALUATOR)
-    (tmp_path / "policy.yaml").write_text(POLICY.format(deadline=deadline_s))
+    (tmp_path / "policy.yaml").write_text(POLICY.format(deadline=deadline_s, unreachable=unreachable_s))
     lines = "".join(f"    - hotkey: {m.hotkey}\n      url: {m.url}\n      coldkey: {_coldkey(m)}\n" for m in listed)
     (tm_home / "config").mkdir(parents=True, exist_ok=True)
     (tm_home / "config" / "backends.yaml").write_text(
@@ -205,3 +207,19 @@ def test_returning_another_jobs_run_is_rejected_unpaid_and_banned_after_an_hones
     assert [p["attempt_id"] for p in payments] == [first["attempts"][0]["id"]]  # the honest first job only
     charged = _state(tm_home, "SELECT job_id FROM ledger_entries WHERE kind = 'charge'")
     assert [c["job_id"] for c in charged] == [first["id"]]
+
+
+def test_a_miner_that_vanishes_after_committing_is_lost_unpaid_unbanned_and_the_job_goes_elsewhere(
+        tmp_path, tm_home, wallets, started):
+    vanisher, honest = _cheater("vanish", tmp_path, wallets, started), _honest(tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [vanisher, honest], unreachable_s=3)
+    shown = _submit(spec, policy)
+    assert shown["state"] == "accepted", shown
+    first, second = shown["attempts"]
+    assert (vanisher.home / "jobs" / first["id"] / "outputs" / "commitment.json").is_file()  # it had committed
+    assert vanisher.proc.poll() is not None  # and is gone
+    assert first["state"] == "failed" and first["reason"].startswith("lost: unreachable"), shown
+    assert (honest.home / "jobs" / second["id"]).is_dir() and second["state"] == "accepted"
+    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
+    assert [tuple(p) for p in payments] == [(honest.hotkey, second["id"])]
+    assert not _shown(_tm("executors", "ls", "--json"))["bans"]  # a loss is nobody's proven fault

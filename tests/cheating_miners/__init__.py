@@ -9,9 +9,10 @@ last state, `freeze` inflates Adam's second moments at a segment boundary so tra
 `reuse` answers every job after its first with that first job's run. The others change one route of the
 miner (miners.py): `wrong_key` signs its commitment with another hotkey, `replay` sends the broker's signed
 dispatch again (to itself and to the miner named by CHEATING_REPLAY_TO), `silent` never answers a challenge,
-`cut` drops the connection halfway through each output's first download, `bad_hash` serves outputs whose
-bytes differ from the sha256 it announced. process.py starts one from a test.
+`vanish` is gone (killed) once its run has committed, `cut` drops the connection halfway through each
+output's first download, `bad_hash` serves outputs whose bytes differ from the sha256 it announced.
+process.py starts one from a test.
 """
 
-KINDS = ("skip_half", "freeze", "reuse", "wrong_key", "replay", "silent", "cut", "bad_hash")
+KINDS = ("skip_half", "freeze", "reuse", "wrong_key", "replay", "silent", "vanish", "cut", "bad_hash")
 TRAINING = ("skip_half", "freeze", "reuse")

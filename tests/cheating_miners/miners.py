@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import shlex
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -93,6 +94,16 @@ class Silent(Miner):
         await asyncio.Event().wait()
 
 
+class Vanishing(Miner):
+    """Runs and commits honestly, then is gone (SIGKILL to itself) the first time it is asked how the run went."""
+
+    async def status(self, request: web.Request) -> web.Response:
+        answer = await super().status(request)
+        if json.loads(answer.text)["phase"] in ("succeeded", "failed", "cancelled"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return answer
+
+
 class Cutting(Miner):
     """Drops the connection halfway through the first download of each output; a resumed one is answered."""
 
@@ -137,5 +148,6 @@ def _resumed(request: web.Request) -> bool:
     return request.headers.get("Range", "bytes=0-").strip() != "bytes=0-"
 
 
-CHEATS: dict[str, type[Miner]] = {"wrong_key": WrongKey, "replay": Replaying, "silent": Silent, "cut": Cutting,
+CHEATS: dict[str, type[Miner]] = {"wrong_key": WrongKey, "replay": Replaying, "silent": Silent, "vanish": Vanishing,
+                                  "cut": Cutting,
                                   "bad_hash": BadHash}
