@@ -1,0 +1,18 @@
+"""Cheating miners for the tests: the reference miner (`trainmaster miner serve`) started as a process of its
+own with one behaviour changed, run as
+
+    python -m cheating_miners KIND <miner serve options>
+
+KIND is one of KINDS. Three run the job's training for real but altered (train.py is put in place of the
+job's entrypoint): `skip_half` trains the first half of the segments and commits the rest as copies of the
+last state, `freeze` inflates Adam's second moments at a segment boundary so training stalls from there,
+`reuse` answers every job after its first with that first job's run. The others change one route of the
+miner (miners.py): `wrong_key` signs its commitment with another hotkey, `replay` sends the broker's signed
+dispatch again (to itself and to the miner named by CHEATING_REPLAY_TO), `silent` never answers a challenge,
+`vanish` is gone (killed) once its run has committed, `cut` drops the connection halfway through each
+output's first download, `bad_hash` serves outputs whose bytes differ from the sha256 it announced.
+process.py starts one from a test.
+"""
+
+KINDS = ("skip_half", "freeze", "reuse", "wrong_key", "replay", "silent", "vanish", "cut", "bad_hash")
+TRAINING = ("skip_half", "freeze", "reuse")

@@ -1,0 +1,153 @@
+"""The cheats, each the reference miner (backends/bittensor/miner/app.py) with one thing changed.
+
+`install(kind)` puts the cheat in place in this process before `trainmaster miner serve` starts: a training
+cheat rewrites the entrypoint of every attempt the miner starts to run train.py around it; every other
+cheat is a subclass of `Miner` overriding one route, served instead of the honest one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from cheating_miners import TRAINING
+from trainmaster.backends.bittensor.miner import app, files, runner
+from trainmaster.backends.bittensor.miner.app import Miner, _model, _workdir
+from trainmaster.backends.features import SignedCommitment
+from trainmaster.jobs.signing import sign_commitment
+
+REPLAY_TO_ENV = "CHEATING_REPLAY_TO"
+"""The URL of another miner the `replay` cheat sends the broker's signed dispatch to."""
+REPLAYS = "replays.jsonl"
+"""Where in its home the `replay` cheat notes each replay and its answer: {"to", "status", "error"}."""
+CUT_LOG = "cut.log"
+"""Where in its home the `cut` cheat notes each output whose download it cut."""
+STASH = "stash"
+"""Where in its home the `reuse` cheat keeps the first run it made."""
+
+
+def install(kind: str) -> None:
+    if kind in TRAINING:
+        runner.start = _altered(kind, runner.start)
+    else:
+        app.Miner = CHEATS[kind]
+
+
+def _altered(kind: str, start):
+    """`runner.start` running the job's entrypoint inside train.py, which alters its training."""
+
+    async def altered(local, home: Path, dispatch, spec, offer):
+        entrypoint = (f"python -m cheating_miners.train {kind} --stash {shlex.quote(str(home / STASH))} -- "
+                      f"{spec.entrypoint}")
+        return await start(local, home, dispatch, spec.model_copy(update={"entrypoint": entrypoint}), offer)
+
+    return altered
+
+
+class WrongKey(Miner):
+    """Signs its commitment with a fresh hotkey, not the one it was dispatched to."""
+
+    def __init__(self, *args, **kwargs):
+        from bittensor.sp_core import Keypair
+
+        super().__init__(*args, **kwargs)
+        self.other = Keypair.create_from_mnemonic(Keypair.generate_mnemonic())
+
+    async def commitment(self, request: web.Request) -> web.Response:
+        commitment, data = await self._committed(self._attempt(request))
+        return _model(SignedCommitment(commitment=data.decode(), signature=sign_commitment(commitment, self.other)))
+
+
+class Replaying(Miner):
+    """Runs its attempt honestly, then sends the broker's signed dispatch, byte for byte, to itself again and
+    to another miner (CHEATING_REPLAY_TO), hoping for a second attempt or work done for free."""
+
+    async def dispatch(self, request: web.Request) -> web.Response:
+        answer = await super().dispatch(request)
+        others = os.environ.get(REPLAY_TO_ENV, "").split()
+        for url in [f"http://{request.host}", *others]:
+            await self._replay(request, url)
+        return answer
+
+    async def _replay(self, request: web.Request, url: str) -> None:
+        headers = {k: v for k, v in request.headers.items() if k.lower().startswith("x-bittensor-")}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            async with session.post(url + request.path_qs, data=request["body"],
+                                    headers={**headers, "Content-Type": "application/json"}) as r:
+                got = {"to": url, "status": r.status, "error": (await r.json(content_type=None)).get("error")}
+        with open(self.home / REPLAYS, "a") as f:
+            f.write(json.dumps(got) + "\n")
+
+
+class Silent(Miner):
+    """Runs and commits honestly, then never answers its challenge."""
+
+    async def challenge(self, request: web.Request) -> web.Response:
+        self._attempt(request)
+        await asyncio.Event().wait()
+
+
+class Vanishing(Miner):
+    """Runs and commits honestly, then is gone (SIGKILL to itself) the first time it is asked how the run went."""
+
+    async def status(self, request: web.Request) -> web.Response:
+        answer = await super().status(request)
+        if json.loads(answer.text)["phase"] in ("succeeded", "failed", "cancelled"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return answer
+
+
+class Cutting(Miner):
+    """Drops the connection halfway through the first download of each output; a resumed one is answered."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cut: set[str] = set()
+
+    async def output_file(self, request: web.Request) -> web.StreamResponse:
+        path = request.match_info["path"]
+        root = files.real_dir(_workdir(self._attempt(request)), "outputs")
+        found = root and files.regular_file(root, path)
+        if _resumed(request) or path in self.cut or found is None or found.stat().st_size < 2:
+            return await super().output_file(request)
+        self.cut.add(path)
+        with open(self.home / CUT_LOG, "a") as f:
+            f.write(path + "\n")
+        data = found.read_bytes()
+        response = web.StreamResponse()
+        response.content_length, response.content_type = len(data), "application/octet-stream"
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
+        request.transport.close()
+        return response
+
+
+class BadHash(Miner):
+    """Serves each output with its last byte changed: the bytes differ from the sha256 its manifest announced."""
+
+    async def output_file(self, request: web.Request) -> web.StreamResponse:
+        root = files.real_dir(_workdir(self._attempt(request)), "outputs")
+        found = root and files.regular_file(root, request.match_info["path"])
+        if found is None or _resumed(request):
+            return await super().output_file(request)
+        data = bytearray(found.read_bytes())
+        if data:
+            data[-1] ^= 0xFF
+        return web.Response(body=bytes(data), content_type="application/octet-stream")
+
+
+def _resumed(request: web.Request) -> bool:
+    """Whether the download asks for the file from a byte other than the first."""
+    return request.headers.get("Range", "bytes=0-").strip() != "bytes=0-"
+
+
+CHEATS: dict[str, type[Miner]] = {"wrong_key": WrongKey, "replay": Replaying, "silent": Silent, "vanish": Vanishing,
+                                  "cut": Cutting,
+                                  "bad_hash": BadHash}

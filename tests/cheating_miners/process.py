@@ -1,0 +1,22 @@
+"""A cheating miner as a process of its own (tests/miner_support.py `MinerProcess`, started as
+`python -m cheating_miners KIND ...`). The test's environment must have tests/ on PYTHONPATH (TESTS): the
+miner and the jobs it runs import this package."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from miner_support import MinerProcess
+
+TESTS = Path(__file__).resolve().parent.parent
+
+
+class CheaterProcess(MinerProcess):
+    def __init__(self, kind: str, home: Path, wallet, **kwargs):
+        super().__init__(home, wallet, **kwargs)
+        self.kind = kind
+
+    def command(self) -> list[str]:
+        serve = super().command()
+        return [sys.executable, "-m", "cheating_miners", self.kind, *serve[serve.index("serve") + 1:]]

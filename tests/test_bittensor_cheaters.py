@@ -1,0 +1,225 @@
+"""Cheating miners as real processes (tests/cheating_miners), caught through the real CLI: `trainmaster submit
+JOB --wait` with backends.yaml listing the cheater (the cheapest miner where an honest one is listed too).
+
+Each cheat that runs training runs it for real, altered (skipping half the segments, freezing through Adam's
+state, returning another job's run); the others sign with another hotkey, go silent when challenged, or
+serve bytes other than the sha256 they announced. Each is rejected with its reason in `status --json`,
+unpaid (no payment row, `spend` shows nothing paid to it), banned (`executors ls --json`: hotkey and
+coldkey), and left out of later jobs with the ban as the reason. A miner that replays the broker's signed
+dispatch is refused by the miners it replays to and gains nothing; a download cut halfway resumes; a miner
+that vanishes after committing is lost (no ban: nothing proves a fault) and the job goes to another miner.
+The tiny job has 4 segments and the spec's q = 8 challenges them all, so every cheat is sampled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from cheating_miners.miners import CUT_LOG, REPLAY_TO_ENV, REPLAYS
+from cheating_miners.process import TESTS, CheaterProcess
+from miner_support import MinerProcess, make_wallet
+from test_remote_harness import EVALUATOR, JOB, TINY_LM
+
+pytestmark = pytest.mark.slow
+
+HONEST_PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}
+CHEAP_PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 1_000_000_000}}, "default_hours": 0.25}
+BANNED = "its executor is banned (trainmaster executors ls)"
+CAUGHT = {
+    "skip_half": "the replay audit failed: segment 2: r = 1 exceeds τ = 0.01: the committed S_3 is not what",
+    "freeze": "the replay audit failed: segment 1: S_2's optimizer/state/*/exp_avg_sq is not what these k steps "
+              "produce",
+    "wrong_key": "the commitment signature is not valid for the dispatched hotkey",
+    "silent": "did not open the challenged segments",
+    "bad_hash": "differs from the announced",
+}
+"""What the cheater's attempt is rejected for (its reason in `status --json`), by kind."""
+POLICY = ("name: tao\ndefault:\n  primary: bittensor\n  unreachable_after_s: {unreachable}\n"
+          "tao_rate:\n  usd_per_tao: 400\n"
+          "verification:\n  tau: 0.01\n  challenge_deadline_s: {deadline}\n")
+DEADLINE_S = {"silent": 15}
+"""The policy's challenge_deadline_s: short where the miner goes silent (its attempt waits that long), generous
+elsewhere, so an honest answer on a loaded machine is never late."""
+
+
+@pytest.fixture
+def wallets(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    return tmp_path / "wallets"
+
+
+@pytest.fixture
+def started():
+    procs: list[MinerProcess] = []
+    yield lambda proc: procs.append(proc.start()) or proc
+    for proc in procs:
+        proc.stop()
+
+
+def _cheater(kind: str, tmp_path, wallets, started) -> CheaterProcess:
+    return started(CheaterProcess(kind, tmp_path / kind, make_wallet(wallets, kind), config=CHEAP_PRICES))
+
+
+def _honest(tmp_path, wallets, started) -> MinerProcess:
+    return started(MinerProcess(tmp_path / "honest", make_wallet(wallets, "honest"), config=HONEST_PRICES))
+
+
+def _setup(tmp_path, tm_home, listed: list[MinerProcess], deadline_s: float = 600, unreachable_s: float = 600):
+    make_wallet(tmp_path / "wallets", "broker")
+    job = tmp_path / "job"
+    job.mkdir(exist_ok=True)
+    (job / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=100)))
+    (job / "evaluate.py").write_text(EVALUATOR)
+    (tmp_path / "policy.yaml").write_text(POLICY.format(deadline=deadline_s, unreachable=unreachable_s))
+    lines = "".join(f"    - hotkey: {m.hotkey}\n      url: {m.url}\n      coldkey: {_coldkey(m)}\n" for m in listed)
+    (tm_home / "config").mkdir(parents=True, exist_ok=True)
+    (tm_home / "config" / "backends.yaml").write_text(
+        f"bittensor:\n  wallet:\n    name: broker\n    path: {tmp_path / 'wallets'}\n  quote_timeout_s: 5\n"
+        f"  miners:\n{lines}")
+    return job / "job.yaml", tmp_path / "policy.yaml"
+
+
+def _coldkey(miner: MinerProcess) -> str:
+    return miner.wallet.coldkeypub.ss58_address
+
+
+def _tm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=280)
+
+
+def _shown(done: subprocess.CompletedProcess) -> dict:
+    assert "{" in done.stdout, done.stdout + done.stderr
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
+def _submit(spec, policy) -> dict:
+    done = _tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
+    shown = _shown(done)
+    return _shown(_tm("status", shown["id"], "--json"))
+
+
+def _state(tm_home, sql: str, *args) -> list[sqlite3.Row]:
+    db = sqlite3.connect(tm_home / "state.db")
+    db.row_factory = sqlite3.Row
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def _caught(tm_home, shown: dict, cheater: MinerProcess, spec, policy) -> dict:
+    """The cheater's attempt rejected with a reason, unpaid, the cheater banned (hotkey and coldkey) and left
+    out of the next job's offers with the ban as the reason; the attempt as `status --json` shows it."""
+    ran = {r["id"] for r in _state(tm_home, "SELECT id FROM attempts WHERE executor_hotkey = ?", cheater.hotkey)}
+    [attempt] = [a for a in shown["attempts"] if a["id"] in ran]
+    assert attempt["state"] == "rejected" and attempt["reason"], shown
+    assert not _state(tm_home, "SELECT * FROM payments WHERE attempt_id = ?", attempt["id"])
+    bans = _shown(_tm("executors", "ls", "--json"))["bans"]
+    assert {(b["kind"], b["key"]) for b in bans if b["active"]} >= {("hotkey", cheater.hotkey),
+                                                                      ("coldkey", _coldkey(cheater))}
+    offered = _shown(_tm("offers", str(spec), "--policy", str(policy), "--json"))
+    verdicts = {r["offer"]["instance"]: r["verdict"] for r in offered["considered"]}
+    assert verdicts[cheater.hotkey] == BANNED, offered
+    return attempt
+
+
+def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_to_an_honest_miner(
+        tmp_path, tm_home, wallets, started):
+    cheater, honest = _cheater("skip_half", tmp_path, wallets, started), _honest(tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [cheater, honest])
+    shown = _submit(spec, policy)
+    assert shown["state"] == "accepted", shown
+    first, second = shown["attempts"]
+    assert (cheater.home / "jobs" / first["id"]).is_dir() and (honest.home / "jobs" / second["id"]).is_dir()
+    assert CAUGHT["skip_half"] in _caught(tm_home, shown, cheater, spec, policy)["reason"]
+    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
+    assert [tuple(p) for p in payments] == [(honest.hotkey, second["id"])]
+    charges = _state(tm_home, "SELECT rao FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", shown["id"])
+    assert [c["rao"] for c in charges] == [p["rao"] for p in _state(tm_home, "SELECT rao FROM payments")]
+
+
+@pytest.mark.parametrize("kind", ["freeze", "wrong_key", "silent", "bad_hash"])
+def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallets, started):
+    cheater = _cheater(kind, tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [cheater], DEADLINE_S.get(kind, 600))
+    shown = _submit(spec, policy)
+    assert CAUGHT[kind] in _caught(tm_home, shown, cheater, spec, policy)["reason"], shown
+    assert shown["state"] == "failed" and BANNED in shown["reason"], shown  # no other miner to go to
+    assert not _state(tm_home, "SELECT * FROM payments")
+    [spent] = json.loads(_tm("spend", "--json").stdout)
+    assert (spent["group"], spent["rao"], spent["charges"]) == ("total", 0, 0)  # nothing paid to anyone
+
+
+def test_a_download_cut_halfway_resumes_and_the_honest_work_is_paid_once(tmp_path, tm_home, wallets, started):
+    cutter = _cheater("cut", tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [cutter])
+    shown = _submit(spec, policy)
+    assert shown["state"] == "accepted", shown
+    [attempt] = shown["attempts"]
+    assert "model.safetensors" in {f["path"] for f in attempt["outputs"]}
+    cut = (cutter.home / CUT_LOG).read_text().splitlines()
+    assert "model.safetensors" in cut  # its first download was cut halfway
+    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
+    assert [tuple(p) for p in payments] == [(cutter.hotkey, attempt["id"])]
+    assert not _shown(_tm("executors", "ls", "--json"))["bans"]
+
+
+def test_a_replayed_dispatch_is_refused_by_every_miner_and_gains_nothing(tmp_path, tm_home, wallets, started,
+                                                                         monkeypatch):
+    honest = _honest(tmp_path, wallets, started)
+    monkeypatch.setenv(REPLAY_TO_ENV, honest.url)
+    replayer = _cheater("replay", tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [replayer])
+    shown = _submit(spec, policy)
+    assert shown["state"] == "accepted", shown
+    [attempt] = shown["attempts"]
+    replays = [json.loads(line) for line in (replayer.home / REPLAYS).read_text().splitlines()]
+    assert [(r["to"], r["status"], r["error"]) for r in replays] == [
+        (replayer.url, 401, "ReplayedRequest"),  # its own nonce store has seen it
+        (honest.url, 401, "WrongReceiver")]  # signed for the replayer only
+    assert not (honest.home / "jobs").exists() or not any((honest.home / "jobs").iterdir())
+    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
+    assert [tuple(p) for p in payments] == [(replayer.hotkey, attempt["id"])]  # once, for its one attempt
+    assert len(_state(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")) == 1
+
+
+def test_returning_another_jobs_run_is_rejected_unpaid_and_banned_after_an_honest_first_job(
+        tmp_path, tm_home, wallets, started):
+    reuser = _cheater("reuse", tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [reuser])
+    first = _submit(spec, policy)
+    assert first["state"] == "accepted", first  # its first run is its own, honest
+    second = _submit(spec, policy)
+    [attempt] = second["attempts"]
+    assert (reuser.home / "jobs" / attempt["id"] / "outputs" / "commitment.json").read_bytes() == \
+        (reuser.home / "stash" / "outputs" / "commitment.json").read_bytes()  # the first job's run, sent again
+    reason = _caught(tm_home, second, reuser, spec, policy)["reason"]
+    assert f"the commitment is for job '{first['id']}', not '{second['id']}'" in reason, second
+    assert second["state"] == "failed" and BANNED in second["reason"], second
+    payments = _state(tm_home, "SELECT attempt_id FROM payments")
+    assert [p["attempt_id"] for p in payments] == [first["attempts"][0]["id"]]  # the honest first job only
+    charged = _state(tm_home, "SELECT job_id FROM ledger_entries WHERE kind = 'charge'")
+    assert [c["job_id"] for c in charged] == [first["id"]]
+
+
+def test_a_miner_that_vanishes_after_committing_is_lost_unpaid_unbanned_and_the_job_goes_elsewhere(
+        tmp_path, tm_home, wallets, started):
+    vanisher, honest = _cheater("vanish", tmp_path, wallets, started), _honest(tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [vanisher, honest], unreachable_s=3)
+    shown = _submit(spec, policy)
+    assert shown["state"] == "accepted", shown
+    first, second = shown["attempts"]
+    assert (vanisher.home / "jobs" / first["id"] / "outputs" / "commitment.json").is_file()  # it had committed
+    assert vanisher.proc.poll() is not None  # and is gone
+    assert first["state"] == "failed" and first["reason"].startswith("lost: unreachable"), shown
+    assert (honest.home / "jobs" / second["id"]).is_dir() and second["state"] == "accepted"
+    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
+    assert [tuple(p) for p in payments] == [(honest.hotkey, second["id"])]
+    assert not _shown(_tm("executors", "ls", "--json"))["bans"]  # a loss is nobody's proven fault
