@@ -3,10 +3,10 @@
 Every request is read whole but bounded (protocol.MAX_JSON_BYTES, else 413), checked with btauth for this
 miner's hotkey with a nonce store in the home (auth.py: a replay is refused after a restart too), then
 against whom it serves (miner/callers.py: its allowlist and minimum stake, 403; 503 when the stake cannot be
-read now); a bundle upload is checked over an empty body, before one byte of it is read.
-Only the broker that dispatched an attempt may read or act on it, and
-each runs on the terms of its quote (miner/terms.py: one dispatch per quote, at most its hours). Refusals are {"error": reason}, never
-echoing what was signed.
+read now); a bundle upload is checked over an empty body, before one byte of it is read. Only the broker
+that dispatched an attempt may read or act on it, and each attempt runs on the terms of its quote
+(miner/terms.py: one dispatch per quote, at most its hours). Refusals are {"error": reason}, never echoing
+what was signed.
 """
 
 from __future__ import annotations
