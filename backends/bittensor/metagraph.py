@@ -5,7 +5,8 @@ await client.subnets.metagraph(netuid, commitments=False)`, which returns the SD
 `neurons`: `MetagraphNeuron`s with hotkey, coldkey, stakes as `Balance`, and `axon`, the served
 "ip:port" or None). Of those, a miner is a neuron that serves an axon (`http://ip:port`) and whose
 total stake (as the metagraph reports it, in rao) is at least `min_stake_tao`; the largest stakes
-first, at most `max_miners`. Tests replace only the `Subtensor` object (tests/test_metagraph.py).
+first, at most `max_miners`. Tests replace only the `Subtensor` object (tests/test_metagraph.py). The miner's
+stake rule for its callers reads the same metagraph through `read_neurons` (miner/callers.py).
 """
 
 from __future__ import annotations
@@ -64,18 +65,23 @@ class MetagraphDirectory:
         return found[: self.config.max_miners]
 
     async def _neurons(self) -> list:
-        config = self.config
-        if config.netuid is None:
+        if self.config.netuid is None:
             raise BackendError("bittensor.netuid is not set: the metagraph of which subnet? (or list bittensor.miners)")
-        bt = sdk.bittensor()
-        subtensor = self._subtensor or bt.Subtensor
-        unreachable = (bt.RpcConnectionError, bt.ConnectionNotReady, ConnectionError, TimeoutError, OSError)
-        try:
-            async with subtensor(config.network) as client:
-                graph = await client.subnets.metagraph(config.netuid, commitments=False)
-        except unreachable as exc:
-            raise TransientBackendError(f"the {config.network} chain is unreachable (reading the metagraph of subnet "
-                                        f"{config.netuid}): {exc}") from None
-        if graph is None:
-            raise BackendError(f"subnet {config.netuid} does not exist on {config.network}")
-        return list(graph.neurons)
+        return await read_neurons(self.config.network, self.config.netuid, subtensor=self._subtensor)
+
+
+async def read_neurons(network: str, netuid: int, *, subtensor=None) -> list:
+    """The neurons of subnet `netuid` on `network`, in one metagraph read (`subtensor`: the SDK's class, tests: a
+    fake). TransientBackendError when the chain cannot be reached, BackendError when the subnet does not exist."""
+    bt = sdk.bittensor()
+    subtensor = subtensor or bt.Subtensor
+    unreachable = (bt.RpcConnectionError, bt.ConnectionNotReady, ConnectionError, TimeoutError, OSError)
+    try:
+        async with subtensor(network) as client:
+            graph = await client.subnets.metagraph(netuid, commitments=False)
+    except unreachable as exc:
+        raise TransientBackendError(f"the {network} chain is unreachable (reading the metagraph of subnet "
+                                    f"{netuid}): {exc}") from None
+    if graph is None:
+        raise BackendError(f"subnet {netuid} does not exist on {network}")
+    return list(graph.neurons)

@@ -2,9 +2,11 @@
 
 Every request is read whole but bounded (protocol.MAX_JSON_BYTES, else 413), checked with btauth for this
 miner's hotkey with a nonce store in the home (auth.py: a replay is refused after a restart too), then
-against the allowlist (403); a bundle upload is checked over an empty body, before one byte of it is read.
-Only the broker that dispatched an attempt may read or act on it. Refusals are {"error": reason}, never
-echoing what was signed.
+against whom it serves (miner/callers.py: its allowlist and minimum stake, 403; 503 when the stake cannot be
+read now); a bundle upload is checked over an empty body, before one byte of it is read. Only the broker
+that dispatched an attempt may read or act on it, and each attempt runs on the terms of its quote
+(miner/terms.py: one dispatch per quote, at most its hours). Refusals are {"error": reason}, never echoing
+what was signed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from trainmaster.backends.base import Handle
 from trainmaster.backends.bittensor import auth, protocol
-from trainmaster.backends.bittensor.miner import files, pricing, runner
+from trainmaster.backends.bittensor.miner import callers, files, pricing, runner, terms
 from trainmaster.backends.bittensor.miner.config import MinerConfig
 from trainmaster.backends.bittensor.miner.files import refusal
 from trainmaster.backends.bittensor.miner.store import Attempt, AttemptStore
@@ -37,15 +39,17 @@ METRICS_LIMIT = 1 << 16
 
 
 class Miner:
-    """One miner: its hotkey (a Keypair: signs quotes, commitments and countersignatures), home and settings."""
+    """One miner: its hotkey (a Keypair: signs quotes, commitments and countersignatures), home and settings.
+    `subtensor`: the SDK's class its stake rule reads the chain with (tests: a fake)."""
 
-    def __init__(self, home: Path, hotkey, config: MinerConfig, *, wallet_dir: Path | None = None):
+    def __init__(self, home: Path, hotkey, config: MinerConfig, *, wallet_dir: Path | None = None, subtensor=None):
         self.home, self.hotkey, self.config = home, hotkey, config
         self.ss58 = hotkey.ss58_address
         for sub in ("bundles", "jobs"):
             (home / sub).mkdir(parents=True, exist_ok=True)
         self.nonces = auth.SqliteNonces(home / "nonces.db")
         self.store = AttemptStore(home / "miner.db")
+        self.callers = callers.Callers(config, subtensor=subtensor)
         hide = [home] + ([wallet_dir] if wallet_dir is not None else [])
         self.local = runner.local_backend(config.local, confine=config.confine, hide=hide)
         self._lock = asyncio.Lock()
@@ -76,7 +80,7 @@ class Miner:
 
     @web.middleware
     async def _checked(self, request: web.Request, handler):
-        """The body (bounded), the signature, the allowlist; then the route. Unexpected errors are a 500."""
+        """The body (bounded), the signature, whom it serves; then the route. Unexpected errors are a 500."""
         if request.match_info.route.name == BUNDLE_ROUTE:
             body = b""  # signed over an empty body: the path's sha256 binds the stream (auth.py)
         else:
@@ -89,8 +93,10 @@ class Miner:
                                 miner_hotkey=self.ss58, nonces=self.nonces)
         except auth.AuthRefused as refused:
             return _error(refused.status, refused.reason)
-        if self.config.allow and caller not in self.config.allow:
-            return _error(403, "this miner does not serve your hotkey")
+        try:
+            await self.callers.check(caller)
+        except callers.Refused as refused:
+            return _error(refused.status, refused.reason)
         request["caller"], request["body"] = caller, body
         try:
             return await handler(request)
@@ -143,7 +149,9 @@ class Miner:
             known = self.store.get(dispatch.attempt_id)
             if known is not None:
                 return _resent(known, caller, body_sha256)
-            self._check_quote(dispatch, caller)
+            quote = self._check_quote(dispatch, caller)
+            if self.store.on_quote(quote.quote_id) is not None:
+                raise refusal(web.HTTPConflict, terms.QUOTE_USED)
             spec = _parse_spec(dispatch.spec)
             if not runner.bundle_path(self.home, dispatch.bundle_sha256).is_file():
                 raise refusal(web.HTTPConflict, "the bundle was not uploaded")
@@ -153,7 +161,7 @@ class Miner:
                               f"busy: {self.config.max_concurrent_jobs} attempt(s) run here at once")
             await self._disk_left(0)
             accepted = protocol.Accepted(attempt_id=dispatch.attempt_id, hotkey=self.ss58, accepted_at=time.time())
-            handle = await runner.start(self.local, self.home, dispatch, spec, offer)
+            handle = await runner.start(self.local, self.home, dispatch, terms.held_to(spec, quote), offer)
             self.store.add(Attempt(
                 attempt_id=dispatch.attempt_id, caller=caller, body_sha256=body_sha256,
                 quote_json=dispatch.quote.quote, challenge_digest=dispatch.challenge_digest,
@@ -161,8 +169,8 @@ class Miner:
                 created_at=accepted.accepted_at, concluded_at=None, told_json=None, countersignature=None))
         return _model(accepted)
 
-    def _check_quote(self, dispatch: protocol.Dispatch, caller: str) -> None:
-        """The quote is this miner's own signature, made for this caller, unexpired, for this very spec."""
+    def _check_quote(self, dispatch: protocol.Dispatch, caller: str) -> protocol.Quote:
+        """The quote, when it is this miner's own signature, made for this caller, unexpired, for this very spec."""
         signed = dispatch.quote
         if not signed_by(signed.quote.encode(), signed.signature, self.ss58):
             raise refusal(web.HTTPUnprocessableEntity, "the quote is not signed by this miner")
@@ -177,6 +185,7 @@ class Miner:
             "the spec is not the one quoted" if protocol.spec_sha256(dispatch.spec) != quote.spec_sha256 else None)
         if problem:
             raise refusal(web.HTTPUnprocessableEntity, problem)
+        return quote
 
     async def _offer(self, spec: JobSpec):
         offer, reasons = await runner.offer_for(self.local, spec)
@@ -212,7 +221,8 @@ class Miner:
         return attempt
 
     async def status(self, request: web.Request) -> web.Response:
-        return _model(await self.local.status(_handle(self._attempt(request))))
+        attempt = self._attempt(request)
+        return _model(terms.told(await self.local.status(_handle(attempt)), _quote(attempt)))
 
     async def logs(self, request: web.Request) -> web.Response:
         return _model(await self.local.logs(_handle(self._attempt(request)), _int(request, "offset")))
@@ -305,6 +315,10 @@ def _resent(known: Attempt, caller: str, body_sha256: str) -> web.Response:
 
 def _handle(attempt: Attempt) -> Handle:
     return Handle.model_validate_json(attempt.handle_json)
+
+
+def _quote(attempt: Attempt) -> protocol.Quote:
+    return protocol.Quote.model_validate_json(attempt.quote_json)
 
 
 def _workdir(attempt: Attempt) -> Path:

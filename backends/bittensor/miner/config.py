@@ -1,13 +1,15 @@
 """The miner's settings, `miner.yaml` in its home (or --config): what it charges, how long a quote holds,
-how much it takes on (concurrent jobs, bundle size, disk), whom it serves, and the inventory its local
+how much it takes on (concurrent jobs, bundle size, disk), whom it serves (an allowlist, a minimum stake on a
+subnet's metagraph, or both), and the inventory its local
 backend allocates. Loaded with jobs/yamlfile, so a mistake is reported as `file:line: field: why`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainmaster.backends.bittensor.metagraph import stake_rao
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs.yamlfile import load_model
 
@@ -45,11 +47,30 @@ class MinerConfig(BaseModel):
     max_disk_gb: float | None = Field(None, gt=0, description="Bundles and attempt folders may take at most this "
                                                               "(GiB); past it uploads and dispatches are refused.")
     allow: list[str] = Field(default_factory=list, description="Broker hotkeys served (ss58); empty: anyone who signs.")
+    min_caller_stake_tao: str | None = Field(
+        None, pattern=r"^[0-9]+(\.[0-9]{1,9})?$",
+        description="Serve only callers whose hotkey holds at least this stake (TAO, as text: `\"1.5\"`) on subnet "
+                    "`netuid` of `network`, as its metagraph reports it; none: no stake rule.")
+    network: str = Field("finney", description="The chain whose metagraph the stake rule reads (finney, test, local "
+                                               "or a ws:// URL).")
+    netuid: int | None = Field(None, ge=0, description="The subnet whose metagraph the stake rule reads.")
+    stake_refresh_s: int = Field(300, ge=1, le=86_400, description="Stakes are read from the chain at most this "
+                                                                  "often and kept in between.")
     confine: bool = Field(True, description="Run each job as its own unprivileged user in a private view of the "
                                             "files, without the miner's home, wallet or other jobs (needs root). "
                                             "false runs jobs as the miner's own user: they can read all it can.")
     local: LocalConfig = Field(default_factory=LocalConfig,
                                description="The local backend's settings (its inventory: cpus, memory_gb, gpus).")
+
+    @model_validator(mode="after")
+    def _stake_on_a_subnet(self) -> MinerConfig:
+        if self.min_caller_stake_tao is not None and self.netuid is None:
+            raise ValueError("min_caller_stake_tao needs netuid: the stake on which subnet?")
+        return self
+
+    @property
+    def min_caller_stake_rao(self) -> int | None:
+        return None if self.min_caller_stake_tao is None else stake_rao(self.min_caller_stake_tao)
 
     @property
     def max_bundle_bytes(self) -> int:

@@ -1,8 +1,8 @@
 """The miner's attempts in SQLite (`<home>/miner.db`): who dispatched each, the hash of the body it came
-with (a resend is compared against it), the quote it was made on and the challenge digest published with it, the local backend's handle, when it was
-accepted and concluded, and what the broker told it at `conclude` with the countersignature given, so a
-miner killed with kill -9 and started again answers for every attempt it ran and every conclusion it
-acknowledged."""
+with (a resend is compared against it), the quote it was made on (found by its quote_id: one attempt per
+quote) and the challenge digest published with it, the local backend's handle, when it was accepted and
+concluded, and what the broker told it at `conclude` with the countersignature given, so a miner killed
+with kill -9 and started again answers for every attempt it ran and every conclusion it acknowledged."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     told_json TEXT,
     countersignature TEXT
 )"""
+QUOTE_INDEX = "CREATE INDEX IF NOT EXISTS attempts_by_quote ON attempts (json_extract(quote_json, '$.quote_id'))"
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,19 @@ class AttemptStore:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(SCHEMA)
+        self._db.execute(QUOTE_INDEX)
         self._lock = threading.Lock()
 
     def get(self, attempt_id: str) -> Attempt | None:
         with self._lock:
             row = self._db.execute("SELECT * FROM attempts WHERE attempt_id = ?", (attempt_id,)).fetchone()
+        return Attempt(*row) if row else None
+
+    def on_quote(self, quote_id: str) -> Attempt | None:
+        """The attempt dispatched on the quote `quote_id`, if any."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM attempts WHERE json_extract(quote_json, '$.quote_id') = ?",
+                                   (quote_id,)).fetchone()
         return Attempt(*row) if row else None
 
     def unconcluded(self) -> list[Attempt]:
