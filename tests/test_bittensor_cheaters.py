@@ -140,7 +140,7 @@ def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_t
     assert (cheater.home / "jobs" / first["id"]).is_dir() and (honest.home / "jobs" / second["id"]).is_dir()
     assert CAUGHT["skip_half"] in _caught(tm_home, shown, cheater, spec, policy)["reason"]
     payments = _state(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
-    assert [tuple(p) for p in payments] == [(honest.hotkey, second["id"])]
+    assert [tuple(p) for p in payments] == [(_coldkey(honest), second["id"])]  # paid to its owner
     charges = _state(tm_home, "SELECT rao FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", shown["id"])
     assert [c["rao"] for c in charges] == [p["rao"] for p in _state(tm_home, "SELECT rao FROM payments")]
 
@@ -167,7 +167,7 @@ def test_a_download_cut_halfway_resumes_and_the_honest_work_is_paid_once(tmp_pat
     cut = (cutter.home / CUT_LOG).read_text().splitlines()
     assert "model.safetensors" in cut  # its first download was cut halfway
     payments = _state(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
-    assert [tuple(p) for p in payments] == [(cutter.hotkey, attempt["id"])]
+    assert [tuple(p) for p in payments] == [(_coldkey(cutter), attempt["id"])]
     assert not _shown(_tm("executors", "ls", "--json"))["bans"]
 
 
@@ -186,7 +186,7 @@ def test_a_replayed_dispatch_is_refused_by_every_miner_and_gains_nothing(tmp_pat
         (honest.url, 401, "WrongReceiver")]  # signed for the replayer only
     assert not (honest.home / "jobs").exists() or not any((honest.home / "jobs").iterdir())
     payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
-    assert [tuple(p) for p in payments] == [(replayer.hotkey, attempt["id"])]  # once, for its one attempt
+    assert [tuple(p) for p in payments] == [(_coldkey(replayer), attempt["id"])]  # once, for its one attempt
     assert len(_state(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")) == 1
 
 
@@ -221,5 +221,5 @@ def test_a_miner_that_vanishes_after_committing_is_lost_unpaid_unbanned_and_the_
     assert first["state"] == "failed" and first["reason"].startswith("lost: unreachable"), shown
     assert (honest.home / "jobs" / second["id"]).is_dir() and second["state"] == "accepted"
     payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
-    assert [tuple(p) for p in payments] == [(honest.hotkey, second["id"])]
+    assert [tuple(p) for p in payments] == [(_coldkey(honest), second["id"])]  # paid to its owner
     assert not _shown(_tm("executors", "ls", "--json"))["bans"]  # a loss is nobody's proven fault

@@ -85,9 +85,10 @@ def test_an_honest_miner_is_paid_and_concluded_exactly_once_across_kill_9_at_eve
     assert [c["kind"] for c in charges] == ["reserve", "charge"] and charges[1]["rao"] > 0
     [payment] = _rows(db, "SELECT key, payee, rao, attempt_id, transfer FROM payments WHERE job_id = ?", job_id)
     transfers = [json.loads(line) for line in (state / "transfers.jsonl").read_text().splitlines()]
-    assert transfers == [{"key": payment["key"], "payee": miner.hotkey, "rao": charges[1]["rao"], "transfer": "tx-1"}]
+    owner = miner.wallet.coldkeypub.ss58_address  # TAO goes to the miner's coldkey
+    assert transfers == [{"key": payment["key"], "payee": owner, "rao": charges[1]["rao"], "transfer": "tx-1"}]
     assert (payment["payee"], payment["rao"], payment["attempt_id"], payment["transfer"]) == \
-        (miner.hotkey, charges[1]["rao"], attempt["id"], "tx-1")
+        (owner, charges[1]["rao"], attempt["id"], "tx-1")
     verdicts = _rows(db, "SELECT outcome FROM verdicts WHERE job_id = ?", job_id)
     assert [v["outcome"] for v in verdicts] == ["accepted"]  # not verified again after a crash
 

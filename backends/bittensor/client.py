@@ -6,7 +6,7 @@ failures as the broker's typed errors (broker/failures.py reacts to each):
 | what happened                                    | error                 |
 |--------------------------------------------------|-----------------------|
 | connection refused or dropped, a timeout, a 5xx  | TransientBackendError |
-| 503, 413 (it has no room for this job now)       | CapacityError         |
+| 503, 413 (it cannot take this job now)           | CapacityError         |
 | an answer too large, not JSON, not the model     | ExecutorFault         |
 | 404 for an attempt it accepted                   | ExecutorFault         |
 | 401 (our signature refused), 403, other 4xx      | BackendError          |
@@ -133,7 +133,7 @@ def _raise_for(status: int, text: str, who: str, target: str) -> None:
     reason = _reason(text, status)
     said = f"{who} refused {_route(target)} ({status} {reason})"
     if status in (503, 413):
-        raise CapacityError(f"{said}: it has no room for this job now")
+        raise CapacityError(f"{said}: it cannot take this job now")
     if status >= 500:
         raise TransientBackendError(f"{who} failed on {_route(target)} ({status} {reason})")
     if status == 401:

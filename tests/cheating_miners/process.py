@@ -13,8 +13,12 @@ TESTS = Path(__file__).resolve().parent.parent
 
 
 class CheaterProcess(MinerProcess):
-    def __init__(self, kind: str, home: Path, wallet, **kwargs):
-        super().__init__(home, wallet, **kwargs)
+    """A cheater runs its own altered training unconfined (`confine: false`): its jobs are its own code, which
+    imports this package from the test's PYTHONPATH, and confinement protects a miner from jobs, not brokers
+    from miners."""
+
+    def __init__(self, kind: str, home: Path, wallet, *, config: dict | None = None, **kwargs):
+        super().__init__(home, wallet, config={**(config or {}), "confine": False}, **kwargs)
         self.kind = kind
 
     def command(self) -> list[str]:
