@@ -1,6 +1,6 @@
 """Bittensor backend (issue #17): quotes, artifact download, and a DQN job end to end through a miner.
 
-1. Quote round trip against 16 miners: one miner's quote as BittensorBackend asks it (quotes.gather for that
+1. Quote round trip against 16 miners (4 from each farm of 2.): one miner's quote as BittensorBackend asks it (quotes.gather for that
    miner: a btauth-signed request, the miner's btauth check with its SQLite nonce store, its priced and signed
    quote, the broker's checks of that signature against the directory's hotkey), median and p99 over every
    miner × rounds; and all 16 at once through `BittensorBackend.offers`.
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import print_figures  # noqa: E402
 from bittensor_setup import HERE, backend, broker_wallet, farms, miner_process, rate  # noqa: E402
 
-FULL = {"quote_farms": [4, 4, 4, 4], "rounds": 20, "subnet_farms": [64, 64, 64, 64], "subnet_rounds": 5,
+FULL = {"farms": [64, 64, 64, 64], "per_farm": 4, "rounds": 20, "subnet_rounds": 5,
         "artifact_bytes": 2 * 2**30, "download_repeat": 2}
-SMOKE = {"quote_farms": [2, 2], "rounds": 2, "subnet_farms": [4, 4], "subnet_rounds": 1,
+SMOKE = {"farms": [4, 4], "per_farm": 2, "rounds": 2, "subnet_rounds": 1,
          "artifact_bytes": 2 * 2**20, "download_repeat": 1}
 DEADLINE_S = 600.0
 MAKE_ARTIFACT = """\
@@ -97,22 +97,21 @@ async def subnet_times(tm, rounds: int) -> list[float]:
 
 
 def quote_figures(root: Path, sizes: dict) -> dict[str, float]:
+    """Both quote figures from one set of farms: the first few miners of every farm, then all of them."""
     wallet = broker_wallet(root)
-    with farms(root / "quoting", sizes["quote_farms"]) as miners:
-        n = len(miners)
-        one, together = asyncio.run(quote_times(backend(wallet, miners), sizes["rounds"]))
-    with farms(root / "subnet", sizes["subnet_farms"]) as miners:
-        m = len(miners)
-        subnet = asyncio.run(subnet_times(backend(wallet, miners), sizes["subnet_rounds"]))
-    p = len(sizes["quote_farms"])
-    q = len(sizes["subnet_farms"])
+    with farms(root / "subnet", sizes["farms"]) as served:
+        few = [m for farm in served for m in farm[: sizes["per_farm"]]]
+        one, together = asyncio.run(quote_times(backend(wallet, few), sizes["rounds"]))
+        every = [m for farm in served for m in farm]
+        subnet = asyncio.run(subnet_times(backend(wallet, every), sizes["subnet_rounds"]))
+    n, m, p = len(few), len(every), len(served)
     return {
         f"{n} miners ({p} farm processes): one quote round trip, median (ms)": statistics.median(one) * 1e3,
         f"{n} miners ({p} farm processes): one quote round trip, p99 (ms)": percentile(one, 99) * 1e3,
         f"{n} miners ({p} farm processes): all at once through offers, median (ms)": statistics.median(together) * 1e3,
         f"{n} miners ({p} farm processes): all at once through offers, p99 (ms)": percentile(together, 99) * 1e3,
-        f"{m} miners ({q} farm processes): offers gathered, median (s)": statistics.median(subnet),
-        f"{m} miners ({q} farm processes): offers gathered, slowest of {len(subnet)} (s)": max(subnet),
+        f"{m} miners ({p} farm processes): offers gathered, median (s)": statistics.median(subnet),
+        f"{m} miners ({p} farm processes): offers gathered, slowest of {len(subnet)} (s)": max(subnet),
     }
 
 

@@ -17,12 +17,12 @@ TESTS = HERE.parent
 sys.path.insert(0, str(TESTS))
 START_S = 180.0
 RATE_MICRO_USD_PER_TAO = 400_000_000
-PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}
+PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 100_000_000}}, "default_hours": 0.25}
 
 
 @contextmanager
 def farms(root: Path, counts: list[int]):
-    """Miner farms of these sizes (one process each); yields every miner listed ({hotkey, coldkey, url})."""
+    """Miner farms of these sizes (one process each); yields each farm's miners ({hotkey, coldkey, url} each)."""
     from miner_farm import ready_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ def farms(root: Path, counts: list[int]):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the miner farms did not start within {START_S:.0f} s")
             time.sleep(0.1)
-        yield [m for f in firsts for m in json.loads(ready_file(root, f).read_text())]
+        yield [json.loads(ready_file(root, f).read_text()) for f in firsts]
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
