@@ -174,16 +174,16 @@ async def download(
 
 
 class _Sink:
-    """A partial download's file, appended to and hashed on a worker thread one batch (CHUNK bytes) at a
-    time while the next batch arrives: the event loop never waits on the disk, the fsync or the hash, and
-    at most two batches are held in memory."""
+    """A partial download's file, appended to and hashed on two worker threads at once (both release the
+    GIL), one batch (CHUNK bytes) at a time while the next batch arrives: the event loop never waits on the
+    disk, the fsync or the hash, and at most two batches are held in memory."""
 
     def __init__(self, path: Path, digest):
         self.path, self.digest = path, digest
         self.file = None
         self.batch: list[bytes] = []
         self.batched = 0
-        self.flight: concurrent.futures.Future | None = None
+        self.flight: list[concurrent.futures.Future] = []
 
     async def open(self) -> None:
         self.file = await asyncio.to_thread(open, self.path, "ab")
@@ -193,39 +193,42 @@ class _Sink:
         self.batched += len(chunk)
         if self.batched >= CHUNK:
             await self._landed()
-            self.flight = _WRITER.submit(self._append, self.batch)
+            self.flight = [_HASHER.submit(self._hash, self.batch), _WRITER.submit(self.file.writelines, self.batch)]
             self.batch, self.batched = [], 0
 
     async def finish(self) -> None:
-        """The last batch written, and the file flushed to disk."""
+        """The last batch hashed and written, and the file flushed to disk."""
         await self._landed()
-        await asyncio.to_thread(self._append, self.batch, True)
+        await asyncio.to_thread(self._last, self.batch)
         self.batch, self.batched = [], 0
 
     async def close(self) -> None:
-        """Close the file once no write is in flight (also when the download failed or was cancelled)."""
-        if self.flight is not None:
-            await asyncio.to_thread(concurrent.futures.wait, [self.flight])
+        """Close the file once nothing is in flight (also when the download failed or was cancelled)."""
+        if self.flight:
+            await asyncio.to_thread(concurrent.futures.wait, self.flight)
         if self.file is not None:
             await asyncio.to_thread(self.file.close)
 
     async def _landed(self) -> None:
-        """Wait for the batch in flight; its OSError is raised here."""
-        if self.flight is not None:
-            await asyncio.wrap_future(self.flight)
-            self.flight = None
+        """Wait for the batch in flight; an OSError of its write is raised here."""
+        for future in self.flight:
+            await asyncio.wrap_future(future)
+        self.flight = []
 
-    def _append(self, batch: list[bytes], sync: bool = False) -> None:
-        data = b"".join(batch)
-        self.digest.update(data)
-        self.file.write(data)
-        if sync:
-            self.file.flush()
-            os.fsync(self.file.fileno())
+    def _hash(self, batch: list[bytes]) -> None:
+        for chunk in batch:
+            self.digest.update(chunk)
+
+    def _last(self, batch: list[bytes]) -> None:
+        self._hash(batch)
+        self.file.writelines(batch)
+        self.file.flush()
+        os.fsync(self.file.fileno())
 
 
+_HASHER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="transfer-hash")
 _WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="transfer-write")
-"""The threads downloads write on (one batch in flight per download)."""
+"""The threads downloads hash and write on (one batch of each download in flight on each)."""
 
 
 def _resume_state(part: Path, size: int):
