@@ -12,8 +12,9 @@
    file written by the job): the miner's outputs/{path} Range route → backends.transfer.download (what
    BittensorBackend.fetch runs per file: btauth, sha256 as it arrives, fsync), in a process of its own, vs a
    raw loopback copy of the same file (aiohttp's FileResponse → a plain aiohttp GET written to disk, fsync, no
-   hash): throughput ratio ≥ 0.7 (medians, interleaved); the broker process's peak RSS ≤ 256 MB; the longest
-   stall of its event loop (a 5 ms ticker), which shows whether writes and hashing are off the loop.
+   hash; and `curl -o` from the same server, then fsync): throughput ratio ≥ 0.7 (medians, interleaved); the
+   broker process's peak RSS ≤ 256 MB; the longest stall of its event loop (a 5 ms ticker), which shows
+   whether writes and hashing are off the loop (the plain aiohttp client, which writes on its loop, stalls).
 4. bittensor_dqn.py: the shipped DQN job through a miner, from `trainmaster submit --wait`.
 
 Run: python tests/benchmarks/bench_bittensor.py   (a few minutes; smoke: tiny sizes)
@@ -168,9 +169,11 @@ def download_figures(root: Path, sizes: dict) -> dict[str, float]:
                                        "url": proc.url, "attempt_id": handle.data["attempt_id"],
                                        "path": artifact.path, "size": artifact.size, "sha256": artifact.sha256,
                                        "dest": str(dest)}))
-            ours, raw = [], []
-            for _ in range(sizes["download_repeat"]):  # interleaved, so a busy moment hits both alike
+            ours, raw, curl = [], [], []
+            for _ in range(sizes["download_repeat"]):  # interleaved, so a busy moment hits all alike
                 raw.append(child("raw", url, str(root / "raw.bin")))
+                os.unlink(root / "raw.bin")
+                curl.append(child("curl", url, str(root / "raw.bin")))
                 os.unlink(root / "raw.bin")
                 ours.append(child("ours", str(job)))
                 assert dest.stat().st_size == artifact.size
@@ -180,11 +183,14 @@ def download_figures(root: Path, sizes: dict) -> dict[str, float]:
             server.wait()
     rate_ours = statistics.median(r["bytes"] / r["seconds"] for r in ours)
     rate_raw = statistics.median(r["bytes"] / r["seconds"] for r in raw)
+    rate_curl = statistics.median(r["bytes"] / r["seconds"] for r in curl)
     mb = artifact.size / 2**20
     return {
         f"{mb:.0f} MiB artifact: miner route → transfer.download (MiB/s)": rate_ours / 2**20,
         f"{mb:.0f} MiB artifact: raw loopback copy (MiB/s)": rate_raw / 2**20,
         f"{mb:.0f} MiB artifact: throughput ratio ours / raw": rate_ours / rate_raw,
+        f"{mb:.0f} MiB artifact: curl to a file, then fsync (MiB/s)": rate_curl / 2**20,
+        f"{mb:.0f} MiB artifact: throughput ratio ours / curl": rate_ours / rate_curl,
         f"{mb:.0f} MiB artifact: broker process peak RSS (MiB)": max(r["peak_rss_mb"] for r in ours),
         f"{mb:.0f} MiB artifact: broker process RSS before the download (MiB)": max(r["rss_before_mb"] for r in ours),
         f"{mb:.0f} MiB artifact: broker event loop longest stall (ms)": max(r["max_loop_stall_ms"] for r in ours),

@@ -3,6 +3,7 @@
     python bittensor_download.py ours   JOB.json   # the broker: a miner's outputs/{path} (Range route, btauth)
                                                    #   → backends.transfer.download, as BittensorBackend.fetch
     python bittensor_download.py raw    URL DEST   # the bar: a plain aiohttp GET written to DEST, nothing checked
+    python bittensor_download.py curl   URL DEST   # the other bar: `curl -o DEST URL` (C, no event loop), then fsync
     python bittensor_download.py serve  FILE       # the bar's server: aiohttp's FileResponse (sendfile); prints its URL
 
 A client prints one JSON line: seconds, bytes, its peak RSS (ru_maxrss) and its RSS before the transfer (after
@@ -98,10 +99,25 @@ async def serve(path: str) -> None:
     await asyncio.Event().wait()
 
 
+def curl(url: str, dest: str) -> dict:
+    import subprocess
+
+    started = time.perf_counter()
+    subprocess.run(["curl", "-sSf", "-o", dest, url], check=True)
+    fd = os.open(dest, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"seconds": time.perf_counter() - started, "bytes": os.path.getsize(dest)}
+
+
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
     if mode == "serve":
         asyncio.run(serve(args[0]))
+    elif mode == "curl":
+        print(json.dumps(curl(*args)))
     else:
         work = ours(json.loads(Path(args[0]).read_text())) if mode == "ours" else raw(*args)
         print(json.dumps(asyncio.run(timed(work))))
