@@ -38,7 +38,7 @@ from _common import print_figures  # noqa: E402
 from bittensor_setup import HERE, backend, broker_wallet, farms, miner_process, rate  # noqa: E402
 
 FULL = {"farms": [64, 64, 64, 64], "per_farm": 4, "rounds": 20, "subnet_rounds": 5,
-        "artifact_bytes": 2 * 2**30, "download_repeat": 2}
+        "artifact_bytes": 2 * 2**30, "download_repeat": 3}
 SMOKE = {"farms": [4, 4], "per_farm": 2, "rounds": 2, "subnet_rounds": 1,
          "artifact_bytes": 2 * 2**20, "download_repeat": 1}
 DEADLINE_S = 600.0
