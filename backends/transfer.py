@@ -10,6 +10,7 @@ bar without backends knowing about terminals.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import hashlib
 import os
@@ -148,20 +149,21 @@ async def download(
     part = dest.with_name(dest.name + PARTIAL)
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest, have = await asyncio.to_thread(_resume_state, part, size)
+    sink = _Sink(part, digest)
     try:
-        with open(part, "ab") as sink:
-            async for chunk in read(have):
-                have += len(chunk)
-                if have > size:
-                    raise ExecutorFault(f"{dest.name}: the sender sent more than the {size} bytes it announced")
-                digest.update(chunk)
-                sink.write(chunk)
-                if progress:
-                    progress(have, size)
-            sink.flush()
-            os.fsync(sink.fileno())
+        await sink.open()
+        async for chunk in read(have):
+            have += len(chunk)
+            if have > size:
+                raise ExecutorFault(f"{dest.name}: the sender sent more than the {size} bytes it announced")
+            await sink.add(chunk)
+            if progress:
+                progress(have, size)
+        await sink.finish()
     except OSError as exc:
         raise _disk_error(exc, dest, size) from None
+    finally:
+        await sink.close()
     if have < size:
         raise TransientBackendError(f"{dest.name}: the transfer stopped at {have} of {size} bytes; it resumes on retry")
     if digest.hexdigest() != sha256:
@@ -169,6 +171,64 @@ async def download(
         raise ExecutorFault(f"{dest.name}: sha256 {digest.hexdigest()} differs from the announced {sha256}")
     os.replace(part, dest)
     return OutputFile(path=dest.name, size=size, sha256=sha256)
+
+
+class _Sink:
+    """A partial download's file, appended to and hashed on two worker threads at once (both release the
+    GIL), one batch (CHUNK bytes) at a time while the next batch arrives: the event loop never waits on the
+    disk, the fsync or the hash, and at most two batches are held in memory."""
+
+    def __init__(self, path: Path, digest):
+        self.path, self.digest = path, digest
+        self.file = None
+        self.batch: list[bytes] = []
+        self.batched = 0
+        self.flight: list[concurrent.futures.Future] = []
+
+    async def open(self) -> None:
+        self.file = await asyncio.to_thread(open, self.path, "ab")
+
+    async def add(self, chunk: bytes) -> None:
+        self.batch.append(chunk)
+        self.batched += len(chunk)
+        if self.batched >= CHUNK:
+            await self._landed()
+            self.flight = [_HASHER.submit(self._hash, self.batch), _WRITER.submit(self.file.writelines, self.batch)]
+            self.batch, self.batched = [], 0
+
+    async def finish(self) -> None:
+        """The last batch hashed and written, and the file flushed to disk."""
+        await self._landed()
+        await asyncio.to_thread(self._last, self.batch)
+        self.batch, self.batched = [], 0
+
+    async def close(self) -> None:
+        """Close the file once nothing is in flight (also when the download failed or was cancelled)."""
+        if self.flight:
+            await asyncio.to_thread(concurrent.futures.wait, self.flight)
+        if self.file is not None:
+            await asyncio.to_thread(self.file.close)
+
+    async def _landed(self) -> None:
+        """Wait for the batch in flight; an OSError of its write is raised here."""
+        for future in self.flight:
+            await asyncio.wrap_future(future)
+        self.flight = []
+
+    def _hash(self, batch: list[bytes]) -> None:
+        for chunk in batch:
+            self.digest.update(chunk)
+
+    def _last(self, batch: list[bytes]) -> None:
+        self._hash(batch)
+        self.file.writelines(batch)
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+
+_HASHER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="transfer-hash")
+_WRITER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="transfer-write")
+"""The threads downloads hash and write on (one batch of each download in flight on each)."""
 
 
 def _resume_state(part: Path, size: int):

@@ -52,6 +52,34 @@ def test_a_download_that_lies_about_its_hash_or_size_is_refused(tmp_path):
     assert not dest.exists()
 
 
+def test_a_download_of_many_batches_is_hashed_and_written_in_order_and_resumes_after_a_drop_or_a_cancel(tmp_path):
+    big = bytes(range(251)) * (3 * transfer.CHUNK // 251 + 7)  # several batches written off the event loop
+    sha = hashlib.sha256(big).hexdigest()
+    dest = tmp_path / "big.bin"
+    with pytest.raises(TransientBackendError, match="stopped at"):
+        asyncio.run(transfer.download(sender(big, stop_at=2 * transfer.CHUNK + 12345), dest, size=len(big), sha256=sha))
+    assert (tmp_path / "big.bin.partial").stat().st_size == 2 * transfer.CHUNK + 12345  # every byte received kept
+
+    async def cancelled_midway():
+        arrived = asyncio.Event()
+
+        def seen(done, _total):
+            if done > 5 * transfer.CHUNK // 2:
+                arrived.set()
+
+        task = asyncio.create_task(transfer.download(sender(big), dest, size=len(big), sha256=sha, progress=seen))
+        await arrived.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_midway())  # the file is closed only once its write in flight has landed
+    kept = (tmp_path / "big.bin.partial").read_bytes()
+    assert big.startswith(kept)
+    got = asyncio.run(transfer.download(sender(big), dest, size=len(big), sha256=sha))
+    assert got.sha256 == sha and dest.read_bytes() == big and not (tmp_path / "big.bin.partial").exists()
+
+
 def test_copy_tree_is_atomic_hashes_every_file_and_reports_progress(tmp_path):
     source = tmp_path / "out"
     (source / "sub").mkdir(parents=True)
