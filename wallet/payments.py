@@ -8,8 +8,10 @@ did not; then the transfer is recorded. A send and its record are not one transa
 what makes a resend safe: it must answer `sent(key)` for every transfer it made.
 
 The table lives in the broker's SQLite file beside the ledger's, with its own schema version row.
-Until TAO transfers land (issue #17) the default sender, `ConclusionChannel`, moves no money of its
-own: the amount reaches the executor in the signed receipt of its conclusion (broker/settlement.py).
+The default sender, `ConclusionChannel`, moves no money of its own: the amount reaches the executor in the
+signed receipt of its conclusion (broker/settlement.py), for whoever pays outside trainmaster.
+`backends.yaml` `bittensor.payments: tao` picks `wallet/tao.py`'s `TaoSender`, a TAO transfer from the
+broker's coldkey reconciled by its extrinsic hash before any resend.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class PaymentSender(Protocol):
 
 
 class ConclusionChannel:
-    """No transfer of its own: the amount is told to the executor in its signed receipt (until issue #17)."""
+    """No transfer of its own: the amount is told to the executor in its signed receipt (`payments: receipt`)."""
 
     async def sent(self, key: str) -> str | None:
         return None
