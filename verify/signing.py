@@ -73,7 +73,7 @@ def check_fields(
 
 def check_signature(commitment: Commitment, signature_hex: str | None, hotkey_ss58: str) -> None:
     """Raise unless ``signature_hex`` is the sr25519 signature of ``hotkey_ss58`` over the canonical commitment."""
-    from bittensor.sp_core import CRYPTO_SR25519, verify
+    from bittensor_core import CRYPTO_SR25519, verify
 
     if not signature_hex:
         raise VerificationError("the commitment is not signed")

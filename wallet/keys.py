@@ -27,7 +27,7 @@ class BrokerKey:
     """The broker's keypair: `ss58` is its public address, `sign` signs bytes."""
 
     def __init__(self, seed: bytes):
-        from bittensor.sp_core import Keypair
+        from bittensor_core import Keypair
 
         self._keypair = Keypair.create_from_seed(seed)
         self.ss58: str = self._keypair.ss58_address
@@ -70,7 +70,7 @@ def _create(path: Path) -> None:
 
 def signed_by(data: bytes, signature: str, ss58: str) -> bool:
     """Whether `signature` (``0x`` + hex) is `ss58`'s sr25519 signature over `data`."""
-    from bittensor.sp_core import CRYPTO_SR25519, verify
+    from bittensor_core import CRYPTO_SR25519, verify
 
     if not isinstance(signature, str) or not SIGNATURE.fullmatch(signature):
         return False

@@ -25,7 +25,7 @@ from trainmaster.backends.base import (
     AttemptContext, AttemptStatus, Backend, BackendError, Cost, ExecutorFault, Handle, LocalEnvironmentError, LogChunk,
     Offer, OfferRequest, OfferSet, OutputFile, Progress,
 )
-from trainmaster.backends.bittensor import protocol, quotes
+from trainmaster.backends.bittensor import auth, protocol, quotes
 from trainmaster.backends.bittensor.client import CHUNK, STREAM_TIMEOUT, MinerClient, target
 from trainmaster.backends.bittensor.config import BittensorConfig
 from trainmaster.backends.bittensor.directory import Miner, MinerDirectory, StaticDirectory
@@ -67,14 +67,10 @@ class BittensorBackend(RunsUntrusted, ReportsMetrics, SupportsMultiGpu, Backend)
             missing = check.hotkey_missing(self.config)
             if missing:
                 raise LocalEnvironmentError(missing[0])
-            from bittensor.wallet import Wallet
-
-            wallet = self.config.wallet
             try:
-                self._signer = Wallet(wallet.name, wallet.hotkey, path=str(Path(wallet.path).expanduser())).hotkey
-            except Exception as exc:  # the SDK's keyfile errors: an unreadable or encrypted hotkey
-                raise LocalEnvironmentError(f"cannot use the hotkey {check.hotkey_file(self.config)}: "
-                                            f"{type(exc).__name__} {exc}") from None
+                self._signer = auth.load_hotkey(check.hotkey_file(self.config))
+            except (OSError, ValueError) as exc:
+                raise LocalEnvironmentError(f"cannot use the hotkey {check.hotkey_file(self.config)}: {exc}") from None
         return self._signer
 
     def directory(self) -> MinerDirectory:

@@ -16,6 +16,7 @@
    broker process's peak RSS ≤ 256 MB; the longest stall of its event loop (a 5 ms ticker), which shows
    whether writes and hashing are off the loop (the plain aiohttp client, which writes on its loop, stalls).
 4. bittensor_dqn.py: the shipped DQN job through a miner, from `trainmaster submit --wait`.
+5. bittensor_overhead.py: the broker's overhead on this path, submit → the entrypoint's first line on the miner.
 
 Run: python tests/benchmarks/bench_bittensor.py   (a few minutes; smoke: tiny sizes)
 """
@@ -200,6 +201,7 @@ def download_figures(root: Path, sizes: dict) -> dict[str, float]:
 
 def run(smoke: bool = False) -> dict[str, float]:
     from bittensor_dqn import dqn_figures
+    from bittensor_overhead import overhead_figures
 
     sizes = SMOKE if smoke else FULL
     figures: dict[str, float] = {}
@@ -207,11 +209,12 @@ def run(smoke: bool = False) -> dict[str, float]:
         figures.update(quote_figures(Path(tmp) / "quotes", sizes))
         figures.update(download_figures(Path(tmp) / "download", sizes))
         figures.update(dqn_figures(Path(tmp) / "dqn", smoke))
+        figures.update(overhead_figures(Path(tmp) / "overhead", smoke))
     return figures
 
 
 TARGETS = {"offers gathered, slowest": "≤ 1 s", "throughput ratio": "≥ 0.7", "peak RSS": "≤ 256 MiB",
-           "replay / training": "≤ 0.05"}
+           "replay / training": "≤ 0.05", "submit → entrypoint": "≤ 0.5 s"}
 
 if __name__ == "__main__":
     results = run()
