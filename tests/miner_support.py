@@ -15,7 +15,6 @@ from __future__ import annotations
 import http.client
 import json as jsonlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from process_tree import kill_tree
 from trainmaster.backends.bittensor import auth, protocol
 
 START_S = 60.0
@@ -86,18 +86,7 @@ class MinerProcess:
 
     def kill9(self) -> int:
         """SIGKILL to the server and every process it started; returns how many there were."""
-        import psutil
-
-        server = psutil.Process(self.proc.pid)
-        victims = [server, *server.children(recursive=True)]
-        for proc in victims:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(victims, timeout=10)
-        self.proc.wait()
-        return len(victims)
+        return kill_tree(self.proc)
 
     def restart(self) -> MinerProcess:
         """Start again on the same home and port (after kill9 or stop)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from process_tree import kill_tree
 from remote_executor import protocol
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -55,18 +55,7 @@ class ExecutorProcess:
 
     def kill9(self) -> int:
         """SIGKILL to the server and every process it started; returns how many there were."""
-        import psutil
-
-        server = psutil.Process(self.proc.pid)
-        victims = [server, *server.children(recursive=True)]
-        for proc in victims:
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(victims, timeout=10)
-        self.proc.wait()
-        return len(victims)
+        return kill_tree(self.proc)
 
     def stop(self) -> None:
         """Stop what is left of the executor (after a test)."""
