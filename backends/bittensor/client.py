@@ -111,10 +111,15 @@ def target(template: str, query: dict[str, int] | None = None, **values: str) ->
 
 
 async def _bounded(response: aiohttp.ClientResponse, who: str, target: str) -> str:
-    raw = await response.content.read(protocol.MAX_JSON_BYTES + 1)
-    if len(raw) > protocol.MAX_JSON_BYTES:
-        raise ExecutorFault(f"{who}: {_route(target)}: an answer larger than {protocol.MAX_JSON_BYTES} bytes")
-    return raw.decode("utf-8", errors="replace")
+    """The whole answer, read to its end (one `read(n)` returns only what has arrived), but never more than
+    protocol.MAX_JSON_BYTES: past that it is the miner's fault."""
+    raw, size = [], 0
+    async for chunk in response.content.iter_chunked(CHUNK):
+        size += len(chunk)
+        if size > protocol.MAX_JSON_BYTES:
+            raise ExecutorFault(f"{who}: {_route(target)}: an answer larger than {protocol.MAX_JSON_BYTES} bytes")
+        raw.append(chunk)
+    return b"".join(raw).decode("utf-8", errors="replace")
 
 
 def _json_object(text: str, who: str, target: str) -> dict:
