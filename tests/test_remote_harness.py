@@ -172,7 +172,12 @@ def test_after_kill_9_of_the_executor_resume_continues_from_its_last_checkpoint(
     job = _shown(_tm("submit", str(spec), "--policy", policy, "--json", trusted=True, check=True))
     [first] = job["attempts"]
     client = TrustedRemoteExecutor(url=executor.url)
-    while not _steps_past(client, _handle(first["id"]), 50):
+    deadline = time.monotonic() + 240  # a bound on a hang only: the loop ends once both hold
+    # past step 50 by its metrics, and a complete segment on the executor's disk: the segments are written
+    # behind the training steps, so on a loaded machine the metrics alone run ahead of them
+    checkpoints = executor.home / "attempts" / first["id"] / "checkpoints"  # the test looks
+    while not (_steps_past(client, _handle(first["id"]), 50) and _complete_segment(checkpoints)):
+        assert time.monotonic() < deadline, "the run committed no segment"
         time.sleep(0.05)
     assert executor.kill9() >= 2  # the server and the run it started
     down = _tm("status", job["id"], "--json", trusted=True)
@@ -199,6 +204,12 @@ def test_after_kill_9_of_the_executor_resume_continues_from_its_last_checkpoint(
     finals = [json.loads((tm_home / "jobs" / j / "outputs" / "commitment.json").read_text())["final_sha256"]
               for j in (job["id"], whole["id"])]
     assert finals[0] == finals[1]
+
+
+def _complete_segment(checkpoints: Path) -> bool:
+    from trainmaster.backends.local.backend import newest_segment
+
+    return checkpoints.is_dir() and newest_segment(checkpoints) is not None
 
 
 def _steps_past(client, handle: Handle, step: int) -> bool:
