@@ -16,6 +16,7 @@ from miner_support import MinerProcess, make_wallet
 from trainmaster.backends.base import (
     AttemptContext, CapacityError, ExecutorFault, OfferRequest, Phase, TransientBackendError,
 )
+from trainmaster.backends.bittensor import protocol
 from trainmaster.backends.bittensor.backend import BittensorBackend
 from trainmaster.backends.bittensor.config import BittensorConfig
 from trainmaster.broker.failures import reaction
@@ -85,6 +86,14 @@ def test_a_run_is_resent_refused_when_busy_followed_cancelled_and_unreachable_af
             assert time.monotonic() < deadline
             await asyncio.sleep(0.1)
         assert status.phase is Phase.cancelled
+
+        # a retry on the same offer: its quote bought a1 (409 "quote already used"), so it is quoted again,
+        # at the same price, and dispatched on the fresh quote
+        again = await backend.submit(path, job, offer, _context(tmp_path, "a3", sha256))
+        assert again.data["quote"]["quote"] != handle.data["quote"]["quote"]
+        assert protocol.SignedQuote.model_validate(again.data["quote"]).parsed().rao == \
+            protocol.SignedQuote.model_validate(handle.data["quote"]).parsed().rao
+        await backend.cancel(again)
 
         miner.kill9()
         with pytest.raises(TransientBackendError, match=f"miner {miner.hotkey[:8]}… at {miner.url} is unreachable"):

@@ -22,11 +22,11 @@ import aiohttp
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cost, ExecutorFault, Handle, LocalEnvironmentError, LogChunk,
-    Offer, OfferRequest, OfferSet, OutputFile, Progress,
+    AttemptContext, AttemptStatus, Backend, BackendError, CapacityError, Cost, ExecutorFault, Handle,
+    LocalEnvironmentError, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Progress,
 )
 from trainmaster.backends.bittensor import auth, protocol, quotes
-from trainmaster.backends.bittensor.client import CHUNK, STREAM_TIMEOUT, MinerClient, target
+from trainmaster.backends.bittensor.client import CHUNK, STREAM_TIMEOUT, MinerClient, QuoteUsed, target
 from trainmaster.backends.bittensor.config import BittensorConfig
 from trainmaster.backends.bittensor.directory import Miner, MinerDirectory, StaticDirectory
 from trainmaster.backends.features import (
@@ -130,10 +130,32 @@ class BittensorBackend(RunsUntrusted, ReportsMetrics, SupportsMultiGpu, Backend)
             quote=protocol.SignedQuote.model_validate(offer.detail["signed_quote"]),
             bundle_sha256=ctx.bundle_sha256, seed=ctx.seed, challenge_digest=ctx.challenge_digest)
         client = self._client(handle)
-        got = await client.answer(protocol.Accepted, "POST", protocol.ATTEMPTS, dispatch)
+        try:
+            got = await client.answer(protocol.Accepted, "POST", protocol.ATTEMPTS, dispatch)
+        except QuoteUsed:  # a retry on the same offer: its quote bought the earlier attempt
+            fresh = await self._requote(offer, spec, dispatch.quote)
+            handle = handle.model_copy(update={"data": {**handle.data, "quote": fresh.model_dump()}})
+            got = await client.answer(protocol.Accepted, "POST", protocol.ATTEMPTS,
+                                      dispatch.model_copy(update={"quote": fresh}))
         if got.attempt_id != ctx.attempt_id:
             raise ExecutorFault(f"{client.who} accepted attempt {got.attempt_id[:80]!r}, not {ctx.attempt_id}")
         return handle
+
+    async def _requote(self, offer: Offer, spec: JobSpec, used: protocol.SignedQuote) -> protocol.SignedQuote:
+        """A fresh quote of the offer's miner for the same work at the same price (what the attempt was planned
+        and reserved at); CapacityError, so the next offer is tried, when the miner now asks otherwise."""
+        miner = Miner(hotkey=offer.instance, url=offer.detail["url"], coldkey=offer.detail.get("coldkey"))
+        old, signer = used.parsed(), self.signer()
+        ask = protocol.QuoteRequest(spec=spec.model_dump(mode="json"), total_steps=old.total_steps)
+        signed = await MinerClient(miner, signer).answer(protocol.SignedQuote, "POST", protocol.QUOTE, ask)
+        try:
+            new = quotes.believed(signed, miner, signer.ss58_address, ask.spec)
+        except quotes.QuoteRefused as exc:
+            raise ExecutorFault(f"asked again for its quote: {exc}") from None
+        if (new.rao, new.gpu_type, new.gpu_count) != (old.rao, old.gpu_type, old.gpu_count):
+            raise CapacityError(f"miner {miner.hotkey[:8]}… quotes {new.rao} rao now, not the {old.rao} rao the "
+                                f"attempt was planned at")
+        return signed
 
     async def _upload(self, handle: Handle, bundle: Path, sha256: str) -> None:
         async def chunks():

@@ -132,11 +132,17 @@ def _json_object(text: str, who: str, target: str) -> dict:
     return got
 
 
+class QuoteUsed(BackendError):
+    """The miner refused a dispatch because its quote already bought an attempt (a retry on the same offer)."""
+
+
 def _raise_for(status: int, text: str, who: str, target: str) -> None:
     if status < 400:
         return
     reason = _reason(text, status)
     said = f"{who} refused {_route(target)} ({status} {reason})"
+    if status == 409 and reason == protocol.QUOTE_USED:
+        raise QuoteUsed(said)
     if status in (503, 413):
         raise CapacityError(f"{said}: it cannot take this job now")
     if status >= 500:

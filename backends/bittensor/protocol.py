@@ -41,6 +41,9 @@ OUTPUT_FILE = ATTEMPT + "/outputs/{path:.+}"  # GET (Range) -> the file's bytes
 CANCEL = ATTEMPT + "/cancel"  # POST -> Cancelled
 CONCLUDE = ATTEMPT + "/conclude"  # POST backends.features.Conclusion -> Acknowledgement (idempotent)
 
+QUOTE_USED = "quote already used"
+"""The reason of the 409 a dispatch on a quote that already bought an attempt gets (a quote buys one)."""
+
 MAX_JSON_BYTES = 1 << 20
 """No JSON body either side sends is larger (a request above it gets 413; an answer above it is a fault)."""
 MAX_FILES = 100_000

@@ -151,7 +151,7 @@ class Miner:
                 return _resent(known, caller, body_sha256)
             quote = self._check_quote(dispatch, caller)
             if self.store.on_quote(quote.quote_id) is not None:
-                raise refusal(web.HTTPConflict, terms.QUOTE_USED)
+                raise refusal(web.HTTPConflict, protocol.QUOTE_USED)
             spec = _parse_spec(dispatch.spec)
             if not runner.bundle_path(self.home, dispatch.bundle_sha256).is_file():
                 raise refusal(web.HTTPConflict, "the bundle was not uploaded")

@@ -11,7 +11,6 @@ from trainmaster.backends.base import AttemptStatus
 from trainmaster.backends.bittensor.protocol import Quote
 from trainmaster.jobs.spec import JobSpec
 
-QUOTE_USED = "quote already used"
 TIMED_OUT = 124
 """The exit code the local supervisor records for a run it stopped at its time limit."""
 TIME_LIMIT_REASON = "time limit reached"
