@@ -92,7 +92,7 @@ def test_offers_table_marks_catalog_prices_and_bittensor_has_a_reason(cli, train
     assert result.exit_code == 1, result.stderr
     assert "best catalog comparison" in result.stdout and "p4d.24xlarge" in result.stdout
     assert "catalog list price (dated 2025-07-01), not a live quote" in result.stdout
-    assert "bittensor: dispatch is not available in this version" in result.stdout
+    assert "bittensor: no TAO/USD rate: set the policy's tao_rate" in result.stdout  # dispatchable, but unpriced
 
 
 def test_offers_prefers_the_users_override(cli, training_job, tm_home):
