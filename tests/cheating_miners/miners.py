@@ -19,7 +19,7 @@ from aiohttp import web
 
 from cheating_miners import TRAINING
 from trainmaster.backends.bittensor.miner import app, files, runner
-from trainmaster.backends.bittensor.miner.app import Miner, _model, _workdir
+from trainmaster.backends.bittensor.miner.app import BODY, Miner, _model, _workdir
 from trainmaster.backends.features import SignedCommitment
 from trainmaster.jobs.signing import sign_commitment
 
@@ -79,7 +79,7 @@ class Replaying(Miner):
     async def _replay(self, request: web.Request, url: str) -> None:
         headers = {k: v for k, v in request.headers.items() if k.lower().startswith("x-bittensor-")}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-            async with session.post(url + request.path_qs, data=request["body"],
+            async with session.post(url + request.path_qs, data=request[BODY],
                                     headers={**headers, "Content-Type": "application/json"}) as r:
                 got = {"to": url, "status": r.status, "error": (await r.json(content_type=None)).get("error")}
         with open(self.home / REPLAYS, "a") as f:

@@ -35,6 +35,10 @@ from trainmaster.wallet.keys import signed_by
 
 log = logging.getLogger(__name__)
 BUNDLE_ROUTE = "bundle"
+CALLER = web.RequestKey("caller", str)
+"""The hotkey that signed the request (checked by the middleware before any route runs)."""
+BODY = web.RequestKey("body", bytes)
+"""The request's raw body, read once (bounded) by the middleware."""
 METRICS_LIMIT = 1 << 16
 
 
@@ -97,7 +101,7 @@ class Miner:
             await self.callers.check(caller)
         except callers.Refused as refused:
             return _error(refused.status, refused.reason)
-        request["caller"], request["body"] = caller, body
+        request[CALLER], request[BODY] = caller, body
         try:
             return await handler(request)
         except web.HTTPException:
@@ -112,12 +116,12 @@ class Miner:
         return _model(protocol.Hello(protocol=protocol.VERSION, hotkey=self.ss58))
 
     async def quote(self, request: web.Request) -> web.Response:
-        asked = _parse(protocol.QuoteRequest, request["body"])
+        asked = _parse(protocol.QuoteRequest, request[BODY])
         spec = _parse_spec(asked.spec)
         offer = await self._offer(spec)
         try:
             quote = pricing.make_quote(asked.spec, spec, offer, self.config, miner=self.ss58,
-                                       broker=request["caller"], total_steps=asked.total_steps)
+                                       broker=request[CALLER], total_steps=asked.total_steps)
         except pricing.Unpriced as exc:
             raise refusal(web.HTTPUnprocessableEntity, str(exc)) from None
         return _model(pricing.signed(quote, self.hotkey))
@@ -142,7 +146,7 @@ class Miner:
         return web.json_response({"sha256": sha256, "size": size})
 
     async def dispatch(self, request: web.Request) -> web.Response:
-        body, caller = request["body"], request["caller"]
+        body, caller = request[BODY], request[CALLER]
         dispatch = _parse(protocol.Dispatch, body)
         body_sha256 = hashlib.sha256(body).hexdigest()
         async with self._lock:
@@ -216,7 +220,7 @@ class Miner:
         attempt = self.store.get(attempt_id) if protocol.ATTEMPT_ID.fullmatch(attempt_id) else None
         if attempt is None:
             raise refusal(web.HTTPNotFound, "no such attempt here")
-        if attempt.caller != request["caller"]:
+        if attempt.caller != request[CALLER]:
             raise refusal(web.HTTPForbidden, "the attempt was dispatched by another broker")
         return attempt
 
@@ -256,7 +260,7 @@ class Miner:
 
     async def challenge(self, request: web.Request) -> web.Response:
         attempt = self._attempt(request)
-        asked = _parse(protocol.Challenge, request["body"])
+        asked = _parse(protocol.Challenge, request[BODY])
         if attempt.concluded_at is not None:
             raise refusal(web.HTTPConflict, "the attempt is concluded; its segments are removed")
         await self._committed(attempt)
@@ -284,7 +288,7 @@ class Miner:
         """Check the broker's receipt and revealed secret, keep what it was told, countersign the receipt, and
         then free the attempt's segments. Told the same again, it answers the same."""
         attempt = self._attempt(request)
-        told = _parse(Conclusion, request["body"])
+        told = _parse(Conclusion, request[BODY])
         async with self._lock:
             attempt = self.store.get(attempt.attempt_id)
             if attempt.told_json is not None:
