@@ -156,3 +156,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tm(*args: str) -> subprocess.CompletedProcess:
+    """`trainmaster ARGS` in a process of its own, as a user runs it (this test's environment)."""
+    return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=280)
+
+
+def shown(done: subprocess.CompletedProcess) -> dict:
+    """The JSON object a `--json` command printed."""
+    assert "{" in done.stdout, done.stdout + done.stderr
+    return jsonlib.loads(done.stdout[done.stdout.index("{"):])

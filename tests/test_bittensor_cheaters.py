@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
 from cheating_miners.miners import CUT_LOG, REPLAY_TO_ENV, REPLAYS
 from cheating_miners.process import TESTS, CheaterProcess
+from miner_support import shown as _shown, tm as _tm
 from miner_support import MinerProcess, make_wallet
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
 
@@ -88,15 +87,6 @@ def _setup(tmp_path, tm_home, listed: list[MinerProcess], deadline_s: float = 60
 def _coldkey(miner: MinerProcess) -> str:
     return miner.wallet.coldkeypub.ss58_address
 
-
-def _tm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=280)
-
-
-def _shown(done: subprocess.CompletedProcess) -> dict:
-    assert "{" in done.stdout, done.stdout + done.stderr
-    return json.loads(done.stdout[done.stdout.index("{"):])
 
 
 def _submit(spec, policy) -> dict:

@@ -8,13 +8,11 @@ reason and another is chosen."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
+from miner_support import shown as _shown, tm as _tm
 from miner_support import MinerProcess, free_port, make_wallet
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
 from trainmaster.wallet.keys import signed_by
@@ -51,15 +49,6 @@ def _setup(tmp_path, tm_home, listed: list[dict]) -> tuple:
         f"  miners:\n{lines}")
     return broker, job / "job.yaml", tmp_path / "policy.yaml"
 
-
-def _tm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=280)
-
-
-def _shown(done: subprocess.CompletedProcess) -> dict:
-    assert "{" in done.stdout, done.stdout + done.stderr
-    return json.loads(done.stdout[done.stdout.index("{"):])
 
 
 def _listed(proc: MinerProcess) -> dict:
