@@ -279,6 +279,9 @@ class Backend(abc.ABC):
     """The broker's TAO/USD rate provider, injected by the broker (backends that charge in TAO value
     their costs with it)."""
 
+    progress: Progress | None = None
+    """Called as a bundle is uploaded at submit (a remote backend), injected by the broker (the CLI draws it)."""
+
     def __init__(self, config: BackendConfig | None = None):
         self.config = config if config is not None else self.config_model()
 

@@ -147,6 +147,7 @@ class Broker:
                 self._backends[key] = cls(config)
             found = self._backends[key]
         found.rates = self.rates(policy)  # the broker's rate provider, injected
+        found.progress = self.progress  # the CLI's transfer bar, for uploads at submit
         return found
 
     def backend_of(self, job: Job, attempt: Attempt) -> Backend | None:

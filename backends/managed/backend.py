@@ -1,0 +1,276 @@
+"""One backend over a managed training service and its object store (SageMaker + S3, Vertex AI + GCS, Azure ML
++ Blob): the clouds differ only in their `TrainingService` and `ObjectStore` (each in its own folder).
+
+An attempt lives under `attempts/<attempt id>/` in the store: the service syncs the container's synced folder
+there (jobs/launch_plan.py: the outputs, the checkpoints, the log and the exit record node 0 writes), so status,
+logs, metrics, the resume point and the outputs are read from the store, the same way on every cloud. The
+bundle is stored once under its sha256 (`bundles/<sha256>.tar`), so a bundle already there is not sent again.
+
+Resuming: a re-submitted attempt gets the previous attempt's checkpoints (and its metrics) copied, on the
+store's side, into its own synced folder before its job starts; the launcher resumes from whatever complete
+segment it finds there, which is also how a service's own restart of a spot job (its checkpoints restored)
+resumes. Cost is the price recorded at dispatch × the billable seconds the service reports × instances,
+plus the estimated egress of fetching the outputs and the storage they took, each named in the basis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from trainmaster.backends import transfer
+from trainmaster.backends.base import (
+    AttemptContext, AttemptStatus, Backend, BackendError, Cost, ExecutorFault, Handle, LogChunk, Offer, OfferRequest,
+    OfferSet, OutputFile, Phase, Progress,
+)
+from trainmaster.backends.catalog.offers import catalog_offers
+from trainmaster.backends.catalog.transfer import EGRESS_MICRO_USD_PER_GB
+from trainmaster.backends.features import (
+    CheckpointRef, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu, SupportsMultiNode,
+    SupportsSpot,
+)
+from trainmaster.backends.local.backend import max_seconds
+from trainmaster.backends.managed.config import ManagedConfig
+from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
+from trainmaster.backends.managed.store import ObjectStore
+from trainmaster.jobs import launch_plan as plan
+from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS
+from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
+from trainmaster.jobs.spec import JobSpec
+
+LOG_CHUNK = 2**20
+MAX_RECORD_BYTES = 2**16
+STORAGE_MICRO_USD_PER_GB_MONTH = 23_000
+"""Standard object storage, about $0.023 per GB-month on all three clouds: the estimate of what an attempt's
+files cost while they are kept."""
+MONTH_S = 30 * 86400
+
+
+class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesFromCheckpoints, ReportsMetrics,
+                     Backend):
+    unsupported = {"remote_data": "reads its inputs from the bundle; remote data is not mounted yet"}
+    service_name: ClassVar[str]
+    """The launcher's name for the service (jobs/launch_plan.SERVICES)."""
+    config: ManagedConfig
+
+    def __init__(self, config: ManagedConfig | None = None):
+        super().__init__(config)
+        self._store: ObjectStore | None = None
+        self._service: TrainingService | None = None
+
+    # what each cloud provides
+
+    def make_store(self) -> ObjectStore:
+        raise NotImplementedError
+
+    def make_service(self) -> TrainingService:
+        raise NotImplementedError
+
+    def default_image(self, offer: Offer) -> str:
+        raise NotImplementedError
+
+    def regions(self) -> list[str] | None:
+        """The regions this backend creates jobs in (its configured one), None when any catalog region goes."""
+        return None
+
+    def job_name(self, attempt_id: str) -> str:
+        """The service's job name for an attempt: derived from its id (so a second submit finds the job)."""
+        return "tm-" + attempt_id.lower().replace("_", "-")[:60]
+
+    # shared
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = self.make_store()
+        return self._store
+
+    @property
+    def service(self) -> TrainingService:
+        if self._service is None:
+            self._service = self.make_service()
+        return self._service
+
+    async def offers(self, request: OfferRequest) -> OfferSet:
+        found = await asyncio.to_thread(catalog_offers, self.name, request)
+        regions = self.regions()
+        if regions is None or not found.offers:
+            return found
+        kept = [o for o in found.offers if o.region in regions]
+        if kept:
+            return found.model_copy(update={"offers": kept})
+        return OfferSet(backend=self.name, reasons=[f"no catalog row fits in region {', '.join(regions)} (where "
+                                                    f"this backend creates jobs; set {self.name}.region)"])
+
+    async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
+        bundle_key = f"bundles/{ctx.bundle_sha256}.tar"
+        size = (await asyncio.to_thread(os.stat, bundle)).st_size
+        if await self.store.size(bundle_key) != size:  # content-addressed: a bundle already there is not sent
+            await self.store.upload(bundle, bundle_key, self.progress)
+        sync = f"attempts/{ctx.attempt_id}/sync/"
+        if ctx.resume_from:
+            await self._carry(ctx.resume_from, sync)
+        name = self.job_name(ctx.attempt_id)
+        await self.service.start(self._service_job(name, spec, offer, ctx, bundle_key, sync))
+        return Handle(backend=self.name, attempt_id=ctx.attempt_id,
+                      data={"name": name, "sync": sync, "instances": spec.resources.nodes})
+
+    def _service_job(self, name: str, spec: JobSpec, offer: Offer, ctx: AttemptContext, bundle_key: str,
+                     sync: str) -> ServiceJob:
+        res = spec.resources
+        launch = plan.LaunchPlan(
+            service=self.service_name, entrypoint=spec.entrypoint, launcher=spec.launcher, nproc=res.nproc,
+            nodes=res.nodes, bundle=self.store.uri(bundle_key) if self.service_name == "vertex" else "",
+            bundle_sha256=ctx.bundle_sha256, sync="",
+            env={**spec.env, JOB_ID: ctx.job_id, SEED: str(ctx.seed), SEGMENT_STEPS: str(spec.checkpoint.segment_steps),
+                 BUNDLE_SHA256: ctx.bundle_sha256, "PYTHONUNBUFFERED": "1"},
+        )
+        launcher = "python -m trainmaster.jobs.launcher"
+        command = ["bash", "-c", f"{self.config.setup} && exec {launcher}"] if self.config.setup.strip() else shlex.split(launcher)
+        limit = max_seconds(spec, offer, ctx)
+        return ServiceJob(
+            name=name, image=self.config.image or self.default_image(offer), command=command,
+            env={plan.VARIABLE: launch.model_dump_json()}, instance=offer.instance, instance_count=res.nodes,
+            gpu_type=offer.gpu_type, gpu_count=offer.gpu_count, spot=offer.spot,
+            max_seconds=int(limit) if limit else None, bundle_uri=self.store.uri(bundle_key),
+            sync_uri=self.store.uri(sync), model_uri=self.store.uri(f"attempts/{ctx.attempt_id}/model/"),
+            labels={"trainmaster-job": ctx.job_id, "trainmaster-attempt": ctx.attempt_id},
+        )
+
+    async def _carry(self, resume_from: str, sync: str) -> None:
+        """Copy an earlier attempt's checkpoints and metrics (a synced folder of this store) into `sync`."""
+        root = self.store.uri("attempts/")
+        if not resume_from.startswith(root):
+            raise BackendError(f"cannot resume from {resume_from}: not an attempt of this {self.name} store ({root})")
+        source = resume_from[len(self.store.uri()):].rstrip("/") + "/"
+        wanted = [source + plan.SYNC_CHECKPOINTS + "/", source + plan.SYNC_OUTPUTS + "/" + METRICS_FILE]
+        for prefix in wanted:
+            for found in await self.store.list(prefix):
+                await self.store.copy(found.key, sync + found.key[len(source):])
+
+    async def _state(self, handle: Handle) -> tuple[ServiceState, dict | None]:
+        state = await self.service.describe(handle.data["name"])
+        ended = await self._record(handle, plan.SYNC_EXIT) if state.phase.done else None
+        return state, ended
+
+    async def _record(self, handle: Handle, name: str) -> dict | None:
+        """A small JSON record of the synced folder; None when it is missing or does not parse."""
+        data = await self.store.read(handle.data["sync"] + name, 0, MAX_RECORD_BYTES)
+        try:
+            found = json.loads(data) if data else None
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
+    async def status(self, handle: Handle) -> AttemptStatus:
+        state, ended = await self._state(handle)
+        status = AttemptStatus(phase=state.phase, cause=state.cause, reason=state.reason, exit_code=state.exit_code,
+                               started_at=state.started_at, ended_at=state.ended_at)
+        if ended and state.phase in (Phase.failed, Phase.succeeded):
+            code = ended.get("exit_code")
+            if isinstance(code, int) and not isinstance(code, bool):
+                status = status.model_copy(update={"exit_code": code})
+                if state.phase is Phase.failed and code != 0 and isinstance(ended.get("reason"), str):
+                    status = status.model_copy(update={"reason": ended["reason"][:2000]})
+        return status
+
+    async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
+        done = (await self.service.describe(handle.data["name"])).phase.done  # before the log: nothing after it is missed
+        data = await self.store.read(handle.data["sync"] + plan.SYNC_LOG, offset, LOG_CHUNK + 1) or b""
+        more = len(data) > LOG_CHUNK
+        data = data[:LOG_CHUNK]
+        return LogChunk(text=data.decode(errors="replace"), offset=offset, next_offset=offset + len(data),
+                        complete=done and not more)
+
+    async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
+        key = handle.data["sync"] + plan.SYNC_OUTPUTS + "/" + METRICS_FILE
+        size = await self.store.size(key)
+        if size is None:
+            return MetricsChunk(data=b"", offset=offset, size=0)
+        data = await self.store.read(key, offset, limit) or b""
+        return MetricsChunk(data=data, offset=offset, size=size, modified_at=time.time())
+
+    async def cancel(self, handle: Handle) -> int | None:
+        await self.service.stop(handle.data["name"])
+        return None
+
+    async def last_checkpoint(self, handle: Handle) -> CheckpointRef | None:
+        """The attempt's synced folder, once its checkpoints hold a segment whose manifest reads."""
+        base = handle.data["sync"] + plan.SYNC_CHECKPOINTS + "/segments/"
+        names = {obj.key[len(base):].split("/", 1)[0] for obj in await self.store.list(base)
+                 if obj.key[len(base):].endswith("/manifest.json")}
+        for index in sorted((int(n) for n in names if n.isascii() and n.isdigit()), reverse=True):
+            data = await self.store.read(f"{base}{index:08d}/manifest.json", 0, MAX_RECORD_BYTES)
+            try:
+                step = json.loads(data or b"")["step"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                return CheckpointRef(uri=self.store.uri(handle.data["sync"]), segment=index, step=step)
+        return None
+
+    async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
+        """The outputs the launcher listed in its manifest (sizes and sha256 it took on the machine), each
+        checked as it arrives, into `dest` atomically; a file the listing and the manifest disagree on is refused."""
+        if dest.exists():
+            return transfer.list_files(dest)
+        base = handle.data["sync"] + plan.SYNC_OUTPUTS + "/"
+        manifest = await self._manifest(handle)
+        stored = {obj.key[len(base):]: obj.size for obj in await self.store.list(base)}
+        if set(stored) != set(manifest) or any(stored[p] != manifest[p][0] for p in stored):
+            extra, missing = sorted(set(stored) - set(manifest)), sorted(set(manifest) - set(stored))
+            raise BackendError(f"the outputs in {self.store.uri(base)} differ from the launcher's manifest "
+                               f"(not listed: {extra[:5]}, missing: {missing[:5]})")
+        tmp = dest.with_name(f".{dest.name}{transfer.PARTIAL}")
+        total, done, files = sum(size for size, _ in manifest.values()), 0, []
+        for path, (size, sha256) in sorted(manifest.items()):
+            target = tmp / path
+            if not target.resolve().is_relative_to(tmp.resolve()):
+                raise ExecutorFault(f"output path {path!r} leaves the outputs folder")
+
+            def step(have: int, _all: int | None, before=done) -> None:
+                if progress:
+                    progress(before + have, total)
+
+            files.append((await transfer.download(lambda offset, key=base + path: self.store.stream(key, offset),
+                                                  target, size=size, sha256=sha256, progress=step))
+                         .model_copy(update={"path": path}))
+            done += size
+        if not files:
+            await asyncio.to_thread(tmp.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(os.replace, tmp, dest)
+        return files
+
+    async def _manifest(self, handle: Handle) -> dict[str, tuple[int, str]]:
+        found = await self._record(handle, plan.SYNC_MANIFEST)
+        if found is None:
+            raise BackendError(f"no output manifest in {self.store.uri(handle.data['sync'])}: the launcher did not "
+                               "finish (see the attempt's log)")
+        try:
+            return {str(p): (int(v["size"]), str(v["sha256"])) for p, v in found["files"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BackendError(f"the output manifest does not read: {exc}") from None
+
+    async def cost(self, handle: Handle, offer: Offer) -> Cost:
+        state = await self.service.describe(handle.data["name"])
+        instances = int(handle.data.get("instances", 1))
+        if state.billable_seconds is not None:
+            seconds, source = state.billable_seconds, "billable seconds as the service reports them"
+        elif state.started_at is not None:
+            seconds, source = max(0.0, (state.ended_at or time.time()) - state.started_at), "run time"
+        else:
+            return Cost(micro_usd=0, billable_seconds=0, basis="never started")
+        compute = -(-int(seconds * 1000) * instances * offer.price_per_hour_micro_usd // 3_600_000)
+        stored = sum(obj.size for obj in await self.store.list(handle.data["sync"]))
+        outputs = sum(obj.size for obj in await self.store.list(handle.data["sync"] + plan.SYNC_OUTPUTS + "/"))
+        egress = -(-outputs * EGRESS_MICRO_USD_PER_GB[self.name] // 10**9)
+        storage = -(-stored * STORAGE_MICRO_USD_PER_GB_MONTH // 10**9)  # a month of keeping what it wrote
+        basis = (f"compute {seconds:.0f} s × {instances} instance(s) × {offer.price_per_hour_micro_usd} µUSD/h "
+                 f"({source}; price recorded at dispatch) = {compute} µUSD; egress (estimated) {outputs} B of outputs "
+                 f"= {egress} µUSD; storage (estimated) {stored} B for a month = {storage} µUSD")
+        return Cost(micro_usd=compute + egress + storage, billable_seconds=seconds * instances, basis=basis)

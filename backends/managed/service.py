@@ -1,0 +1,60 @@
+"""A managed training service as the managed backends use it: start a container job, describe it, stop it.
+
+Each cloud implements it over its SDK (`backends/aws/sagemaker.py`, `backends/gcp/vertex.py`,
+`backends/azure/azureml.py`). `start` is idempotent on the job's name (derived from the attempt id): started
+again after a crash it finds the job it started. `describe` maps the service's states to ours, with the
+cause of a stop (preempted, capacity, lost, the script failed) and the billable time as the service reports
+it. Capacity refusals raise `CapacityError`, throttling and 5xx `TransientBackendError`.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from pydantic import Field
+
+from trainmaster.backends.base import Cause, Frozen, Phase
+
+
+class ServiceJob(Frozen):
+    """One container job, as the backend asks the service for it."""
+
+    name: str = Field(description="The service's job name: derived from the attempt id, so a second start finds it.")
+    image: str
+    command: list[str] = Field(description="The container's argv.")
+    env: dict[str, str]
+    instance: str = Field(description="The service's instance type (`ml.g5.xlarge`, `n1-standard-8`, a VM size).")
+    instance_count: int = Field(1, ge=1)
+    gpu_type: str | None = None
+    gpu_count: int = 0
+    spot: bool = False
+    max_seconds: int | None = Field(None, ge=1, description="The run's time limit (limits.max_hours, the cost cap).")
+    bundle_uri: str = Field(description="The bundle in the object store (what the service mounts or copies in).")
+    sync_uri: str = Field(description="The attempt's synced folder in the object store.")
+    model_uri: str = Field(description="Where the service keeps its own copy of the model (its output path).")
+    labels: dict[str, str] = Field(default_factory=dict, description="trainmaster's job and attempt ids, as tags.")
+
+
+class ServiceState(Frozen):
+    phase: Phase
+    cause: Cause | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    billable_seconds: float | None = Field(None, ge=0, description="Per instance, as the service bills it "
+                                                                   "(SageMaker's BillableTimeInSeconds: spot savings "
+                                                                   "included); None when it reports none.")
+
+
+class TrainingService(abc.ABC):
+    @abc.abstractmethod
+    async def start(self, job: ServiceJob) -> None:
+        """Create the job; a job of that name already there is the one started before (no second one)."""
+
+    @abc.abstractmethod
+    async def describe(self, name: str) -> ServiceState: ...
+
+    @abc.abstractmethod
+    async def stop(self, name: str) -> None:
+        """Ask the service to stop the job; a job already ended is left as it is."""

@@ -1,0 +1,54 @@
+"""What a backend tells the launcher it starts inside a machine it does not run itself (a cloud container).
+
+The managed backends (SageMaker, Vertex AI, Azure ML) start `python -m trainmaster.jobs.launcher` in the
+cloud's PyTorch training image with one variable, `TRAINMASTER_LAUNCH`: this plan as JSON. The launcher
+(jobs/launcher.py) finds the bundle and the synced folder where the service puts them, checks the bundle's
+sha256, maps the service's own variables (model dir, checkpoint dir, hosts, rendezvous) to ours and runs the
+entrypoint under torchrun across the service's instances. The plan is the whole contract between the broker's
+side and the container: nothing else is shared.
+
+The synced folder (`sync`) is the one place both sides see: the service copies it to the attempt's prefix in
+the object store as the run goes (SageMaker's checkpoint sync, Vertex's and Azure ML's mounted buckets). Node 0
+keeps there, under fixed names (`SYNC_*`): the job's outputs and checkpoints, its log, and its exit record.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VARIABLE = "TRAINMASTER_LAUNCH"
+SERVICES = ("sagemaker", "vertex", "azureml")
+
+SYNC_OUTPUTS = "outputs"
+"""The job's TRAINMASTER_OUTPUT_DIR under the synced folder (fetched as the attempt's outputs)."""
+SYNC_CHECKPOINTS = "checkpoints"
+"""The job's TRAINMASTER_CHECKPOINT_DIR (the runtime's segments; resumed from when it holds one)."""
+SYNC_LOG = "job.log"
+"""Everything the entrypoint printed on node 0, and the launcher's own lines (read by offset)."""
+SYNC_MANIFEST = "outputs.json"
+"""Written once the entrypoint ended, before the exit record: {"files": {path: {"size", "sha256"}}} of outputs/."""
+SYNC_EXIT = "exit.json"
+"""Written once the entrypoint ended: {"exit_code", "reason", "started_at", "ended_at"}."""
+
+
+class LaunchPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    service: Literal["sagemaker", "vertex", "azureml"]
+    entrypoint: str
+    launcher: Literal["auto", "torchrun", "direct"] = "auto"
+    nproc: int = Field(1, ge=1, description="Processes per node (torchrun --nproc-per-node).")
+    nodes: int = Field(1, ge=1, description="Instances the service runs the container on.")
+    bundle: str = Field("", description="Where the bundle is: a path, a gs:// URI (Vertex: read through its "
+                                        "/gcs mount), or empty for the service's input (SageMaker's `bundle` "
+                                        "channel, Azure ML's `bundle` input).")
+    bundle_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sync: str = Field("", description="The synced folder: a path (SageMaker's checkpoint LocalPath), or empty "
+                                      "for the service's (Vertex AIP_CHECKPOINT_DIR, Azure ML's `sync` output).")
+    env: dict[str, str] = Field(default_factory=dict, description="The spec's env and trainmaster's job variables "
+                                                                  "(job id, seed, segment steps, bundle sha256); the "
+                                                                  "launcher adds the folders.")
+    master_port: int = Field(29500, ge=1, le=65535, description="torchrun's rendezvous port on node 0 when the "
+                                                                "service names none.")
