@@ -81,8 +81,8 @@ REGISTRY: dict[str, BackendEntry] = {
             config="trainmaster.backends.aws.config:AwsConfig", checks="trainmaster.backends.aws.check",
         ),
         BackendEntry(
-            "gcp", None, extra="gcp", sdk=("google.cloud.aiplatform", "google.cloud.storage"), trusted=True,
-            catalog=True,
+            "gcp", "trainmaster.backends.gcp.backend:GcpBackend", extra="gcp",
+            sdk=("google.cloud.aiplatform", "google.cloud.storage"), trusted=True, catalog=True,
             config="trainmaster.backends.gcp.config:GcpConfig", checks="trainmaster.backends.gcp.check",
         ),
         BackendEntry(

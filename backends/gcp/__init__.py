@@ -1,1 +1,1 @@
-"""Google Cloud (planned: offers come from the price catalog; runs are not dispatched in this version)."""
+"""Google Cloud: Vertex AI training jobs over a Cloud Storage bucket (offers priced from the catalog)."""

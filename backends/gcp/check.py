@@ -1,31 +1,58 @@
 """Whether Google Cloud credentials can be found here, without network access: the configured key
 file, GOOGLE_APPLICATION_CREDENTIALS, or the Application Default Credentials file `gcloud auth
-application-default login` writes. (The metadata server of a GCE VM takes the network; not seen.)"""
+application-default login` writes (the metadata server of a GCE VM takes the network; not seen), and whether
+the staging bucket and the project jobs are created in are configured."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from trainmaster.backends.gcp.config import GcpConfig
 
 
-def credentials(config: GcpConfig) -> tuple[str | None, str | None]:
-    """(where credentials come from, None) or (None, why none were found)."""
+def located(config: GcpConfig) -> tuple[str, Path | None]:
+    """(which setting names the credentials file, the file) or (why none was found, None)."""
     named = [(config.credentials_file, "credentials_file"),
              (os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"), "GOOGLE_APPLICATION_CREDENTIALS")]
     for value, source in named:
         if value:
             path = Path(value).expanduser()
-            return (f"{source} ({path})", None) if path.is_file() else (None, f"{source} names {path}, which does not exist")
+            return (source, path) if path.is_file() else (f"{source} names {path}, which does not exist", None)
     adc = _gcloud_dir() / "application_default_credentials.json"
     if adc.is_file():
-        return f"application default credentials ({adc})", None
-    return None, "no credentials found (set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`)"
+        return "application default credentials", adc
+    return "no credentials found (set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`)", None
+
+
+def credentials(config: GcpConfig) -> tuple[str | None, str | None]:
+    """(where credentials come from, None) or (None, why none were found)."""
+    said, path = located(config)
+    return (f"{said} ({path})", None) if path else (None, said)
+
+
+def project(config: GcpConfig) -> str | None:
+    """The project from the config, GOOGLE_CLOUD_PROJECT, or the credentials file (read here, no network)."""
+    if config.project or os.environ.get("GOOGLE_CLOUD_PROJECT"):
+        return config.project or os.environ["GOOGLE_CLOUD_PROJECT"]
+    path = located(config)[1]
+    try:
+        info = json.loads(path.read_text()) if path else {}
+    except (OSError, ValueError):
+        return None
+    found = (info.get("project_id") or info.get("quota_project_id")) if isinstance(info, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 def check(config: GcpConfig) -> list[str]:
-    return [why] if (why := credentials(config)[1]) else []
+    reasons = [why] if (why := credentials(config)[1]) else []
+    if not config.staging_bucket:
+        reasons.append("no staging bucket to dispatch to (set gcp.staging_bucket: gs://bucket/prefix)")
+    if not project(config):
+        reasons.append("no project to create jobs in (set gcp.project or GOOGLE_CLOUD_PROJECT, or use a key "
+                       "file that names one)")
+    return reasons
 
 
 def found(config: GcpConfig) -> list[str]:

@@ -78,6 +78,10 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         """The regions this backend creates jobs in (its configured one), None when any catalog region goes."""
         return None
 
+    def sync_key(self, attempt_id: str) -> str:
+        """The attempt's synced folder in the store (Vertex AI fixes it as `<its output folder>/checkpoints/`)."""
+        return f"attempts/{attempt_id}/sync/"
+
     def job_name(self, attempt_id: str) -> str:
         """The service's job name for an attempt: derived from its id (so a second submit finds the job)."""
         return "tm-" + attempt_id.lower().replace("_", "-")[:60]
@@ -112,7 +116,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         size = (await asyncio.to_thread(os.stat, bundle)).st_size
         if await self.store.size(bundle_key) != size:  # content-addressed: a bundle already there is not sent
             await self.store.upload(bundle, bundle_key, self.progress)
-        sync = f"attempts/{ctx.attempt_id}/sync/"
+        sync = self.sync_key(ctx.attempt_id)
         if ctx.resume_from:
             await self._carry(ctx.resume_from, sync)
         name = self.job_name(ctx.attempt_id)
