@@ -92,6 +92,15 @@ def test_a_bad_plan_exits_2_and_says_why(tmp_path, launch_json, said):
     assert not (tmp_path / "opt_ml").exists()
 
 
+def test_the_direct_launcher_refuses_a_job_of_several_nodes(tmp_path):
+    bundle, digest = make_bundle(tmp_path / "in", {}, "python -c 'print(1)'")
+    env = sagemaker_env(tmp_path, bundle.parent, hosts=("algo-1", "algo-2"))
+    done = launch(plan("sagemaker", "python -c 'print(1)'", digest, launcher="direct", nodes=2), env, tmp_path / "tmp")
+    assert done.returncode == 2
+    assert "the launcher 'direct' runs one process; this job has 2 nodes" in done.stderr
+    assert not (tmp_path / "opt_ml").exists()
+
+
 def test_links_in_the_outputs_are_left_out_of_the_manifest_and_the_model_dir(tmp_path):
     entrypoint = "bash -c 'echo weights > $TRAINMASTER_OUTPUT_DIR/w.bin; ln -s /etc/hostname $TRAINMASTER_OUTPUT_DIR/link'"
     done, sync = _run(tmp_path, entrypoint)
