@@ -61,8 +61,10 @@ def _sagemaker(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
     opt_ml = Path(environ.get(OPT_ML, "/opt/ml"))
     channel = environ.get("SM_CHANNEL_BUNDLE", str(opt_ml / "input" / "data" / "bundle"))
     hosts = _json(environ, "SM_HOSTS", '["localhost"]')
-    current = environ.get("SM_CURRENT_HOST", hosts[0] if hosts else "")
-    if not isinstance(hosts, list) or current not in hosts:
+    if not isinstance(hosts, list) or not hosts:
+        raise PlacementError(f"SM_HOSTS is not a list of hosts: {hosts!r}")
+    current = environ.get("SM_CURRENT_HOST", hosts[0])
+    if current not in hosts:
         raise PlacementError(f"SM_CURRENT_HOST {current!r} is not one of SM_HOSTS {hosts!r}")
     model = environ.get("SM_MODEL_DIR")
     return {"bundle": Path(plan.bundle) if plan.bundle else _only_file(Path(channel), "SM_CHANNEL_BUNDLE"),
@@ -84,12 +86,12 @@ def _vertex(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
     spec = _json(environ, "CLUSTER_SPEC", "{}")
     try:
         cluster, task = spec["cluster"], spec["task"]
-        host, _, port = cluster["workerpool0"][0].rpartition(":")
+        host, _, port = cluster["workerpool0"][0].partition(":")
         others = cluster.get("workerpool1", [])
         rank = 0 if task["type"] == "workerpool0" else 1 + int(task["index"])
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise PlacementError(f"CLUSTER_SPEC lacks the cluster's workerpool0 or this task ({exc!r})") from exc
-    return {**found, "nnodes": 1 + len(others), "node_rank": rank, "master_addr": host, "master_port": port}
+    return {**found, "nnodes": 1 + len(others), "node_rank": rank, "master_addr": host, "master_port": port or None}
 
 
 def _azureml(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:

@@ -16,7 +16,12 @@ import time
 import pytest
 from launcher_support import TINY_LM, launch, make_bundle, plan, read_json, sagemaker_env, start
 
-SLEEPER = "import os, pathlib, time; pathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 'pid').write_text(str(os.getpid())); print('job started', flush=True); time.sleep(120)"
+SLEEPER = """\
+import os, pathlib, time
+pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "pid").write_text(str(os.getpid()))
+print("job started", flush=True)
+time.sleep(120)
+"""
 
 
 def _sha256(path) -> str:

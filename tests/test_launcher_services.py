@@ -57,6 +57,7 @@ def test_sagemaker_hosts_give_the_rank_the_node_count_and_node_0(tmp_path):
 @pytest.mark.parametrize("env, said", [
     ({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-2"}, "is not one of SM_HOSTS"),
     ({"SM_HOSTS": "algo-1"}, "SM_HOSTS is not JSON"),
+    ({"SM_HOSTS": '{"algo-1": 1}'}, "SM_HOSTS is not a list"),
     ({"MASTER_PORT": "http"}, "MASTER_PORT is not a number"),
 ])
 def test_sagemaker_variables_that_do_not_place_the_node_are_refused(tmp_path, env, said):
@@ -84,6 +85,9 @@ def test_vertex_reads_buckets_through_the_mount_and_ranks_from_the_cluster_spec(
     assert lead.node_rank == 0
     alone = place(_plan("vertex", bundle="gs://bk/x.tar", master_port=29555), {"AIP_CHECKPOINT_DIR": "gs://bk/s"})
     assert (alone.nnodes, alone.node_rank, alone.sync, alone.master_port) == (1, 0, Path("/gcs/bk/s"), 29555)
+    portless = {"cluster": {"workerpool0": ["cmle-0"]}, "task": {"type": "workerpool0", "index": 0}}
+    named = place(_plan("vertex", bundle="gs://bk/x.tar", master_port=29555), {**env, "CLUSTER_SPEC": json.dumps(portless)})
+    assert (named.nnodes, named.master_addr, named.master_port) == (1, "cmle-0", 29555)
 
 
 @pytest.mark.parametrize("plan_fields, env, said", [
