@@ -164,7 +164,8 @@ class VertexService(TrainingService):
     async def _find(self, name: str, labels: dict[str, str] | None = None):
         """Our CustomJob of that display name (with those labels, when given), None when there is none."""
         def listed():
-            found = self.client.list_custom_jobs(parent=self.parent, filter=f'display_name="{name}"', timeout=TIMEOUT_S)
+            found = self.client.list_custom_jobs(request={"parent": self.parent, "filter": f'display_name="{name}"'},
+                                                timeout=TIMEOUT_S)
             wanted = {k: label(v) for k, v in (labels or {}).items()}
             return next((j for j in found if j.display_name == name and wanted.items() <= dict(j.labels).items()), None)
 

@@ -9,10 +9,12 @@ fail with a given HTTP error (throttling, 5xx, a quota).
 
 from __future__ import annotations
 
+import base64
 import datetime
 import itertools
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from served_app import ServedApp
 
 PROJECT, LOCATION, BUCKET = "tm-test", "us-central1", "tm-staging"
 TOKEN = "fake-gcp-token"
+SERVICE_ACCOUNT = f"tm@{PROJECT}.iam.gserviceaccount.com"
 JWT_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 BASE = "/v1/projects/{p}/locations/{l}/customJobs"
 QUERY = {"create": {"$alt"}, "list": {"$alt", "filter", "pageSize", "pageToken"}, "get": {"$alt"}, "cancel": {"$alt"}}
@@ -34,6 +37,18 @@ def _now() -> datetime.datetime:
 
 def _err(code: int, status: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "status": status, "message": message}}, status=code)
+
+
+def _authorized(header: str) -> bool:
+    """Our token from /token, or the self-signed JWT Google's clients send for a service account."""
+    token = header.removeprefix("Bearer ")
+    if token == TOKEN:
+        return True
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+    except (IndexError, ValueError):
+        return False
+    return claims.get("iss") == SERVICE_ACCOUNT and claims.get("exp", 0) > time.time()
 
 
 class FakeVertex:
@@ -72,7 +87,7 @@ class FakeVertex:
         if req.path == "/token":
             return await handler(req)
         self.log.append((req.method, req.path, req.query_string))
-        if req.headers.get("Authorization") != f"Bearer {TOKEN}":
+        if not _authorized(req.headers.get("Authorization", "")):
             return _err(401, "UNAUTHENTICATED", "missing or wrong access token")
         operation = getattr(handler, "__name__", "")
         if unknown := set(req.query) - QUERY.get(operation, set()):
@@ -161,7 +176,7 @@ class GcpServers:
         """A service-account key (made here, for nothing but these servers) whose token endpoint is FakeVertex's."""
         path = folder / "gcp-key.json"
         path.write_text(json.dumps({"type": "service_account", "project_id": PROJECT, "private_key_id": "k1",
-                                    "private_key": self.key, "client_email": f"tm@{PROJECT}.iam.gserviceaccount.com",
+                                    "private_key": self.key, "client_email": SERVICE_ACCOUNT,
                                     "client_id": "1", "token_uri": f"{self.endpoint}/token"}))
         return path
 
