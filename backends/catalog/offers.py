@@ -30,6 +30,7 @@ def catalog_offers(cloud: str, request: OfferRequest, *, catalog: Catalog | None
     """The offers `cloud`'s catalog makes for the request, or the reasons it makes none."""
     spec, spot_allowed, where = request.spec, request.constraints.spot_allowed, request.catalog
     catalog = catalog or load_catalog(cloud, override_dir=Path(where.override_dir) if where.override_dir else None,
+                                      refreshed_dir=Path(where.refreshed_dir) if where.refreshed_dir else None,
                                       max_age_days=where.max_age_days, today=today)
     offers, misfits = [], Counter()
     for row in catalog.rows:
