@@ -55,6 +55,13 @@ def test_the_custom_job_carries_what_the_attempt_asks(service, gcp):
     assert created.name.startswith("projects/tm-test/locations/us-central1/customJobs/")
 
 
+def test_the_accelerator_is_the_offers_catalog_detail(service, gcp):
+    run(service.start(job(instance="a2-ultragpu-1g", gpu_type="A100", detail={"accelerator": {"type": "NVIDIA_A100_80GB",
+                                                                                              "count": 1}})))
+    (created,) = gcp.vertex.jobs.values()
+    assert created.job_spec.worker_pool_specs[0].machine_spec.accelerator_type.name == "NVIDIA_A100_80GB"
+
+
 def test_on_demand_cpu_single_node(service, gcp):
     run(service.start(job(spot=False, gpu_type=None, gpu_count=0, instance="n1-standard-4", max_seconds=None)))
     (created,) = gcp.vertex.jobs.values()

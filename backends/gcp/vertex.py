@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
+from trainmaster.backends.catalog.accelerators import vertex_accelerator
 from trainmaster.backends.catalog.gpus import canonical_gpu
 from trainmaster.backends.gcp import sdk
 from trainmaster.backends.gcp.config import GcpConfig
@@ -20,12 +21,6 @@ from trainmaster.backends.managed.service import ServiceJob, ServiceState, Train
 CHECKPOINTS, MODEL = "checkpoints/", "model/"
 """Where Vertex puts AIP_CHECKPOINT_DIR and AIP_MODEL_DIR under a job's base_output_directory."""
 TIMEOUT_S = 60.0
-
-ACCELERATORS = {"A100": "NVIDIA_TESLA_A100", "H100": "NVIDIA_H100_80GB", "H200": "NVIDIA_H200_141GB",
-                "B200": "NVIDIA_B200", "L4": "NVIDIA_L4", "T4": "NVIDIA_TESLA_T4", "V100": "NVIDIA_TESLA_V100",
-                "P100": "NVIDIA_TESLA_P100", "P4": "NVIDIA_TESLA_P4", "K80": "NVIDIA_TESLA_K80"}
-"""Our GPU names -> Vertex's accelerator types; the machine families below carry a variant of theirs."""
-FAMILY_ACCELERATORS = {"a2-ultragpu-": "NVIDIA_A100_80GB", "a3-megagpu-": "NVIDIA_H100_MEGA_80GB"}
 
 PHASES = {"JOB_STATE_QUEUED": Phase.pending, "JOB_STATE_PENDING": Phase.pending, "JOB_STATE_UPDATING": Phase.pending,
           "JOB_STATE_PAUSED": Phase.pending, "JOB_STATE_UNSPECIFIED": Phase.pending,
@@ -47,15 +42,16 @@ def label(value: str) -> str:
     return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
 
-def accelerator(instance: str, gpu_type: str | None) -> str:
-    """Vertex's accelerator type for a GPU of our catalog on `instance`."""
-    for family, name in FAMILY_ACCELERATORS.items():
-        if instance.startswith(family):
-            return name
-    gpu = canonical_gpu(gpu_type or "")
-    if gpu not in ACCELERATORS:
-        raise BackendError(f"gcp: no Vertex AI accelerator type for GPU {gpu_type!r} (known: {', '.join(ACCELERATORS)})")
-    return ACCELERATORS[gpu]
+def accelerator(job: ServiceJob) -> tuple[str, int]:
+    """Vertex's accelerator type and count for the job: the offer's `detail.accelerator` (its catalog row's),
+    else the catalog's name for its GPU."""
+    given = job.detail.get("accelerator")
+    if isinstance(given, dict) and given.get("type"):
+        return str(given["type"]), int(given.get("count", job.gpu_count))
+    try:
+        return vertex_accelerator(canonical_gpu(job.gpu_type or ""), None), job.gpu_count
+    except ValueError as exc:
+        raise BackendError(f"gcp: {exc}") from None
 
 
 def base_output(job: ServiceJob) -> str:
@@ -142,8 +138,8 @@ class VertexService(TrainingService):
         v1 = sdk.vertex()
         machine = v1.MachineSpec(machine_type=job.instance)
         if job.gpu_count:
-            machine.accelerator_type = v1.AcceleratorType[accelerator(job.instance, job.gpu_type)]
-            machine.accelerator_count = job.gpu_count
+            kind, count = accelerator(job)
+            machine.accelerator_type, machine.accelerator_count = v1.AcceleratorType[kind], count
         container = v1.ContainerSpec(image_uri=job.image, command=job.command,
                                      env=[v1.EnvVar(name=k, value=v) for k, v in sorted(job.env.items())])
         pools = [v1.WorkerPoolSpec(replica_count=1, machine_spec=machine, container_spec=container)]
