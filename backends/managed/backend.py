@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cost, ExecutorFault, Handle, LogChunk, Offer, OfferRequest,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cause, Cost, ExecutorFault, Handle, LogChunk, Offer, OfferRequest,
     OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.catalog.offers import catalog_offers
@@ -180,7 +180,8 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
             code = ended.get("exit_code")
             if isinstance(code, int) and not isinstance(code, bool):
                 status = status.model_copy(update={"exit_code": code})
-                if state.phase is Phase.failed and code != 0 and isinstance(ended.get("reason"), str):
+                if (state.phase is Phase.failed and state.cause in (None, Cause.script_failed) and code != 0
+                        and isinstance(ended.get("reason"), str)):  # a preemption keeps the service's word
                     status = status.model_copy(update={"reason": ended["reason"][:2000]})
         return status
 
