@@ -111,3 +111,75 @@ def test_preempted_resumed_completed_fetched_verified_and_charged(tmp_path, tm_h
     assert [c["kind"] for c in charges].count("charge") >= 1
     paid = rows(tm_home, "SELECT SUM(cost_micro_usd) AS total FROM attempts WHERE job_id = ?", job["id"])[0]["total"]
     assert sum(c["micro_usd"] for c in charges if c["kind"] == "charge") == paid
+
+
+DDP = """\
+import json, os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {total.item()}", flush=True)
+if dist.get_rank() == 0:
+    with open(os.path.join(os.environ["TRAINMASTER_OUTPUT_DIR"], "sum.json"), "w") as out:
+        json.dump({"sum": total.item(), "world": dist.get_world_size()}, out)
+dist.destroy_process_group()
+"""
+
+
+def test_a_two_node_gloo_job_runs_on_two_replicas(tmp_path, tm_home, gcp, runner):
+    spec, policy = setup(tmp_path, tm_home, gcp)
+    spec.write_text("name: ddp\nentrypoint: python ddp.py\nresources:\n  nodes: 2\n")
+    (spec.parent / "ddp.py").write_text(DDP)
+    job = submit(spec, policy)
+    assert job["state"] == "accepted", job
+    [created] = gcp.vertex.jobs.values()
+    assert [p.replica_count for p in created.job_spec.worker_pool_specs] == [1, 1]
+    assert [s["task"]["type"] for s in runner.cluster_specs] == ["workerpool0", "workerpool1"]
+    assert runner.played[created.name] == [0, 0]
+    result = json.loads((tm_home / "jobs" / job["id"] / "outputs" / "sum.json").read_text())
+    assert result == {"sum": 3.0, "world": 2}
+    [attempt] = rows(tm_home, "SELECT billable_seconds FROM attempts WHERE job_id = ?", job["id"])
+    seconds = (created.end_time - created.start_time).total_seconds()
+    assert attempt["billable_seconds"] == pytest.approx(2 * seconds)  # per instance, times the instances
+
+
+def test_throttling_and_5xx_are_retried_until_the_job_starts(tmp_path, tm_home, gcp, runner):
+    spec, policy = setup(tmp_path, tm_home, gcp, steps=25)
+    gcp.vertex.fail_next("list", 429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Resource management "
+                                                            "(CRUD) requests' and limit 'requests per minute'")
+    gcp.vertex.fail_next("create", 503, "UNAVAILABLE", "The service is currently unavailable.")
+    gcp.vertex.fail_next("get", 500, "INTERNAL", "Internal error encountered.")
+    job = submit(spec, policy)
+    assert job["state"] == "accepted", job
+    assert [a["backend"] for a in job["attempts"]] == ["gcp"]
+    assert len(gcp.vertex.jobs) == 1 and gcp.vertex.calls("create") == 2
+    assert not gcp.vertex.faults["list"] and not gcp.vertex.faults["create"]
+
+
+def test_capacity_refused_at_submit_blocks_the_offers_and_falls_back_to_local(tmp_path, tm_home, gcp, runner):
+    spec, policy = setup(tmp_path, tm_home, gcp, steps=25)
+    gcp.vertex.fail_next("create", 429, "RESOURCE_EXHAUSTED", "The following quota metrics exceed quota limits: "
+                                                              "aiplatform.googleapis.com/custom_model_training_cpus",
+                         times=50)
+    job = submit(spec, policy)
+    assert job["state"] == "accepted", job
+    assert job["attempts"][-1]["backend"] == "local"
+    assert not gcp.vertex.jobs and gcp.vertex.calls("create") >= 1
+    refused = [a for a in job["attempts"] if a["backend"] == "gcp"]
+    assert all("capacity" in (a["reason"] or "") for a in refused), refused
+
+
+def test_a_job_failing_in_the_service_ends_with_its_reason_and_exit_code(tmp_path, tm_home, gcp, runner):
+    spec, policy = setup(tmp_path, tm_home, gcp, entrypoint="python fail.py")
+    (spec.parent / "fail.py").write_text("import sys\nprint('the loss is nan', flush=True)\nsys.exit(3)\n")
+    done = tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
+    job = shown(done)
+    assert job["state"] == "failed", job
+    [attempt] = job["attempts"]
+    assert attempt["backend"] == "gcp" and attempt["state"] == "failed"
+    assert attempt["reason"] == "exited with code 3: the loss is nan", attempt  # the exit record, its last line
+    [created] = gcp.vertex.jobs.values()
+    assert created.error.message == "The replica workerpool0-0 exited with a non-zero status of 3."
+    assert runner.played[created.name] == [3]
