@@ -160,15 +160,19 @@ def test_throttling_and_5xx_are_retried_until_the_job_starts(tmp_path, tm_home, 
 
 def test_capacity_refused_at_submit_blocks_the_offers_and_falls_back_to_local(tmp_path, tm_home, gcp, runner):
     spec, policy = setup(tmp_path, tm_home, gcp, steps=25)
+    policy.write_text(POLICY + "  constraints:\n    max_usd_per_hour: 0.25\n")  # n1-standard-4, spot and on demand
     gcp.vertex.fail_next("create", 429, "RESOURCE_EXHAUSTED", "The following quota metrics exceed quota limits: "
                                                               "aiplatform.googleapis.com/custom_model_training_cpus",
-                         times=50)
+                         times=2)
     job = submit(spec, policy)
     assert job["state"] == "accepted", job
     assert job["attempts"][-1]["backend"] == "local"
     assert not gcp.vertex.jobs and gcp.vertex.calls("create") >= 1
     refused = [a for a in job["attempts"] if a["backend"] == "gcp"]
-    assert all("capacity" in (a["reason"] or "") for a in refused), refused
+    assert len(refused) == 2 and all("refused" in a["reason"] and "for capacity" in a["reason"] for a in refused)
+    offers = [json.loads(r["offer_json"]) for r in rows(tm_home, "SELECT offer_json FROM attempts WHERE job_id = ? "
+                                                                 "AND backend = 'gcp'", job["id"])]
+    assert sorted(o["spot"] for o in offers) == [False, True]  # each refused offer blocked, the next one tried
 
 
 def test_a_job_failing_in_the_service_ends_with_its_reason_and_exit_code(tmp_path, tm_home, gcp, runner):
