@@ -8,6 +8,9 @@ import hashlib
 import json
 import os
 import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
 import yaml
@@ -187,3 +190,28 @@ def test_a_job_failing_in_the_service_ends_with_its_reason_and_exit_code(tmp_pat
     [created] = gcp.vertex.jobs.values()
     assert created.error.message == "The replica workerpool0-0 exited with a non-zero status of 3."
     assert runner.played[created.name] == [3]
+
+
+def test_cancel_stops_the_vertex_job_and_charges_what_ran(tmp_path, tm_home, gcp, runner):
+    spec, policy = setup(tmp_path, tm_home, gcp, steps=2000)
+    waiting = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(spec), "--policy",
+                                str(policy), "--wait", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=dict(os.environ))
+    try:
+        deadline = time.time() + 120
+        while not any(j.state.name == "JOB_STATE_RUNNING" for j in gcp.vertex.jobs.values()):
+            assert time.time() < deadline and waiting.poll() is None, "the Vertex job never ran"
+            time.sleep(0.2)
+        [created] = gcp.vertex.jobs.values()
+        job_id = created.labels["trainmaster-job"]
+        cancelled = tm("cancel", job_id)
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert gcp.vertex.calls("cancel") == 1 and created.state.name == "JOB_STATE_CANCELLED"
+    job = shown(tm("status", job_id, "--json"))
+    assert job["state"] == "cancelled", job
+    [attempt] = job["attempts"]
+    assert attempt["state"] == "cancelled" and attempt["billable_seconds"] > 0 and attempt["cost_micro_usd"] > 0
