@@ -73,6 +73,7 @@ def test_preempted_resumed_completed_fetched_verified_and_charged(tmp_path, tm_h
     runner.preempt = 1
     job = submit(spec, policy)
     assert job["state"] == "accepted", job
+    assert len(job["attempts"]) == 2, json.dumps(job["attempts"], indent=1)
     first, second = job["attempts"]
     assert (first["backend"], second["backend"]) == ("gcp", "gcp")
     [cause] = rows(tm_home, "SELECT state, reason FROM attempts WHERE id = ?", first["id"])
