@@ -163,3 +163,11 @@ def test_permission_denied_names_it(service, gcp):
     with pytest.raises(BackendError, match="permission denied.*aiplatform.customJobs.list") as caught:
         run(service.start(job()))
     assert not isinstance(caught.value, TransientBackendError)
+
+
+def test_a_job_that_ends_while_being_cancelled_is_left_as_it_is(service, gcp):
+    run(service.start(job()))
+    gcp.vertex.set_state(gcp.vertex.by_display_name("tm-a-1").name, "JOB_STATE_RUNNING")
+    gcp.vertex.fail_next("cancel", 400, "FAILED_PRECONDITION", "the job is already in state JOB_STATE_SUCCEEDED")
+    run(service.stop("tm-a-1"))
+    assert gcp.vertex.calls("cancel") == 1

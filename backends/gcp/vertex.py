@@ -115,17 +115,16 @@ class VertexService(TrainingService):
     async def start(self, job: ServiceJob) -> None:
         if await self._find(job.name, job.labels) is not None:
             return
-        spec = self._custom_job(job)
         try:
-            created = await sdk.call(f"creating Vertex AI job {job.name}", self._create, spec)
+            created = await sdk.call(f"creating Vertex AI job {job.name}", self._create, job)
         except TransientBackendError as exc:
             if self._quota(exc.__cause__):
                 raise CapacityError(f"gcp: Vertex AI refused {job.name} for capacity: {exc.__cause__}") from None
             raise
         self._names[job.name] = created.name
 
-    def _create(self, spec):
-        return self.client.create_custom_job(parent=self.parent, custom_job=spec, timeout=TIMEOUT_S)
+    def _create(self, job: ServiceJob):
+        return self.client.create_custom_job(parent=self.parent, custom_job=self._custom_job(job), timeout=TIMEOUT_S)
 
     @staticmethod
     def _quota(exc: BaseException | None) -> bool:
@@ -173,8 +172,8 @@ class VertexService(TrainingService):
     async def _get(self, name: str):
         if name not in self._names:
             return await self._find(name)
-        return await sdk.call(f"reading Vertex AI job {name}", self.client.get_custom_job, name=self._names[name],
-                              timeout=TIMEOUT_S)
+        return await sdk.call(f"reading Vertex AI job {name}",
+                              lambda: self.client.get_custom_job(name=self._names[name], timeout=TIMEOUT_S))
 
     async def describe(self, name: str) -> ServiceState:
         job = await self._get(name)
@@ -186,5 +185,16 @@ class VertexService(TrainingService):
         job = await self._get(name)
         if job is None or PHASES.get(job.state.name, Phase.pending).done:
             return
-        await sdk.call(f"cancelling Vertex AI job {name}", self.client.cancel_custom_job, name=job.name,
-                       timeout=TIMEOUT_S)
+        try:
+            await sdk.call(f"cancelling Vertex AI job {name}",
+                           lambda: self.client.cancel_custom_job(name=job.name, timeout=TIMEOUT_S))
+        except BackendError as exc:
+            if not _ended_meanwhile(exc.__cause__):
+                raise
+
+
+def _ended_meanwhile(exc: BaseException | None) -> bool:
+    """Vertex's answer to cancelling a job that has just ended (FAILED_PRECONDITION)."""
+    from google.api_core import exceptions as api
+
+    return isinstance(exc, api.FailedPrecondition)
