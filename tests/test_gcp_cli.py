@@ -157,7 +157,7 @@ def test_throttling_and_5xx_are_retried_until_the_job_starts(tmp_path, tm_home, 
     gcp.vertex.fail_next("get", 500, "INTERNAL", "Internal error encountered.")
     job = submit(spec, policy)
     assert job["state"] == "accepted", job
-    assert [a["backend"] for a in job["attempts"]] == ["gcp"]
+    assert [a["backend"] for a in job["attempts"]] == ["gcp"], json.dumps(job["attempts"], indent=1)
     assert len(gcp.vertex.jobs) == 1 and gcp.vertex.calls("create") == 2
     assert not gcp.vertex.faults["list"] and not gcp.vertex.faults["create"]
 

@@ -194,7 +194,12 @@ class VertexService(TrainingService):
 
 
 def _ended_meanwhile(exc: BaseException | None) -> bool:
-    """Vertex's answer to cancelling a job that has just ended (FAILED_PRECONDITION)."""
+    """Vertex's answer to cancelling a job that has just ended: FAILED_PRECONDITION (over REST, a 400 saying so)."""
     from google.api_core import exceptions as api
 
-    return isinstance(exc, api.FailedPrecondition)
+    if isinstance(exc, api.FailedPrecondition):
+        return True
+    try:
+        return exc.response.json()["error"]["status"] == "FAILED_PRECONDITION"
+    except (AttributeError, ValueError, KeyError, TypeError):
+        return False
