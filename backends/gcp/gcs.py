@@ -70,16 +70,15 @@ class GcsStore(ObjectStore):
         return f"gs://{self.bucket_name}/{self.prefix}{key}"
 
     async def size(self, key: str) -> int | None:
-        blob = await sdk.call(f"reading {self.uri(key)}", self.bucket.get_blob, self.prefix + key)
+        blob = await sdk.call(f"reading {self.uri(key)}", lambda: self.bucket.get_blob(self.prefix + key))
         return None if blob is None else blob.size
 
     async def upload(self, path: Path, key: str, progress: Progress | None = None) -> None:
+        await sdk.call(f"uploading {path} to {self.uri(key)}", self._upload, path, key, progress)
+
+    def _upload(self, path: Path, key: str, progress: Progress | None) -> None:
         chunk = max(CHUNK_UNIT, self.config.upload_chunk_mb * 2**20 // CHUNK_UNIT * CHUNK_UNIT)
         blob = self.bucket.blob(self.prefix + key, chunk_size=chunk)
-        await sdk.call(f"uploading {path} to {self.uri(key)}", self._upload, blob, path, progress)
-
-    @staticmethod
-    def _upload(blob, path: Path, progress: Progress | None) -> None:
         total = path.stat().st_size
         with path.open("rb") as handle:
             source = _Counted(handle, total, progress) if progress else handle
@@ -125,6 +124,8 @@ class GcsStore(ObjectStore):
         return await sdk.call(f"listing {self.uri(prefix)}", listed)
 
     async def copy(self, source: str, target: str) -> None:
-        bucket = self.bucket
-        await sdk.call(f"copying {self.uri(source)} to {self.uri(target)}", bucket.copy_blob,
-                       bucket.blob(self.prefix + source), bucket, self.prefix + target)
+        def copied() -> None:
+            bucket = self.bucket
+            bucket.copy_blob(bucket.blob(self.prefix + source), bucket, self.prefix + target)
+
+        await sdk.call(f"copying {self.uri(source)} to {self.uri(target)}", copied)

@@ -5,7 +5,7 @@ TRAINMASTER_GCS_MOUNT, holding what the job reads: the bundle and what the attem
 holds), sets AIP_CHECKPOINT_DIR / AIP_MODEL_DIR under the job's base output directory and, for several
 replicas, CLUSTER_SPEC (workerpool0 at 127.0.0.1, workerpool1 at localhost), starts one
 `python -m trainmaster.jobs.launcher` per replica with the job's container env, mirrors the attempt's folders
-from the mount to the bucket every 0.2 s and once more at the end (what the FUSE mount does), and sets the job's
+from the mount to the bucket every 0.2 s and once more at the end (what the FUSE mount does: files renamed away are deleted), and sets the job's
 state: RUNNING, then SUCCEEDED or FAILED with the exit code in the error (Vertex's words), run time as the
 billable time. It can preempt (kill the replicas once a checkpoint segment is written, then FAILED with a
 preemption error) and it stops the replicas of a job being cancelled (then CANCELLED).
@@ -141,14 +141,23 @@ class _Mirror:
         self.seen: dict[Path, tuple[int, int]] = {}
 
     def once(self) -> None:
+        """Upload what changed, delete what is gone (a temp file renamed, say), as gcsfuse does."""
+        here = set()
         for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
             try:
                 stat = path.stat()
-            except FileNotFoundError:  # replaced while we looked
+                if self.seen.get(path) != (stat.st_size, stat.st_mtime_ns):
+                    self._blob(path).upload_from_filename(str(path))
+                    self.seen[path] = (stat.st_size, stat.st_mtime_ns)
+            except FileNotFoundError:  # renamed away while we looked: deleted below
                 continue
-            if self.seen.get(path) != (stat.st_size, stat.st_mtime_ns):
-                self.seen[path] = (stat.st_size, stat.st_mtime_ns)
-                self.bucket.blob(str(path.relative_to(self.root))).upload_from_filename(str(path))
+            here.add(path)
+        for gone in set(self.seen) - here:
+            del self.seen[gone]
+            self._blob(gone).delete()
+
+    def _blob(self, path: Path):
+        return self.bucket.blob(str(path.relative_to(self.root)))
 
     def has_segment(self) -> bool:
         return any(self.local.glob("checkpoints/checkpoints/segments/*/manifest.json"))
