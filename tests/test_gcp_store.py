@@ -93,7 +93,8 @@ def test_a_missing_bucket_is_named(gcp):
 
 @pytest.mark.parametrize("error, typed", [
     (api.TooManyRequests("slow down"), TransientBackendError), (api.ServiceUnavailable("busy"), TransientBackendError),
-    (api.InternalServerError("oops"), TransientBackendError), (requests.ConnectionError("reset"), TransientBackendError),
+    (api.InternalServerError("oops"), TransientBackendError),
+    (requests.ConnectionError("reset"), TransientBackendError),
     (api.Forbidden("storage.objects.get denied"), BackendError), (api.NotFound("no bucket"), BackendError),
 ])
 def test_sdk_errors_become_typed_errors(error, typed):

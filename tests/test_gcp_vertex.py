@@ -29,7 +29,8 @@ def service(gcp):
 def job(**changes) -> ServiceJob:
     fields = dict(name="tm-a-1", image="img:1", command=["python", "-m", "trainmaster.jobs.launcher"],
                   env={"TRAINMASTER_LAUNCH": "{}", "B": "2"}, instance="g2-standard-8", instance_count=1,
-                  gpu_type="L4", gpu_count=1, spot=True, max_seconds=3600, bundle_uri="gs://tm-staging/runs/bundles/x.tar",
+                  gpu_type="L4", gpu_count=1, spot=True, max_seconds=3600,
+                  bundle_uri="gs://tm-staging/runs/bundles/x.tar",
                   sync_uri=BASE + "checkpoints/", model_uri=BASE + "model/",
                   labels={"trainmaster-job": "J_1", "trainmaster-attempt": "A_1"})
     return ServiceJob(**{**fields, **changes})
@@ -56,8 +57,8 @@ def test_the_custom_job_carries_what_the_attempt_asks(service, gcp):
 
 
 def test_the_accelerator_is_the_offers_catalog_detail(service, gcp):
-    run(service.start(job(instance="a2-ultragpu-1g", gpu_type="A100", detail={"accelerator": {"type": "NVIDIA_A100_80GB",
-                                                                                              "count": 1}})))
+    accelerator = {"type": "NVIDIA_A100_80GB", "count": 1}
+    run(service.start(job(instance="a2-ultragpu-1g", gpu_type="A100", detail={"accelerator": accelerator})))
     (created,) = gcp.vertex.jobs.values()
     assert created.job_spec.worker_pool_specs[0].machine_spec.accelerator_type.name == "NVIDIA_A100_80GB"
 
@@ -66,7 +67,8 @@ def test_on_demand_cpu_single_node(service, gcp):
     run(service.start(job(spot=False, gpu_type=None, gpu_count=0, instance="n1-standard-4", max_seconds=None)))
     (created,) = gcp.vertex.jobs.values()
     (pool,) = created.job_spec.worker_pool_specs
-    assert pool.machine_spec.accelerator_count == 0 and pool.machine_spec.accelerator_type.name == "ACCELERATOR_TYPE_UNSPECIFIED"
+    assert pool.machine_spec.accelerator_count == 0
+    assert pool.machine_spec.accelerator_type.name == "ACCELERATOR_TYPE_UNSPECIFIED"
     assert created.job_spec.scheduling.strategy.name == "STANDARD" and not created.job_spec.scheduling.timeout
 
 
@@ -138,7 +140,8 @@ def test_stop_cancels_a_running_job_and_leaves_an_ended_one(service, gcp):
 
 def test_quota_at_create_is_capacity(service, gcp):
     gcp.vertex.fail_next("create", 429, "RESOURCE_EXHAUSTED",
-                         "The following quota metrics exceed quota limits: aiplatform.googleapis.com/custom_model_training_nvidia_l4_gpus")
+                         "The following quota metrics exceed quota limits: "
+                         "aiplatform.googleapis.com/custom_model_training_nvidia_l4_gpus")
     with pytest.raises(CapacityError, match="quota"):
         run(service.start(job()))
     assert not gcp.vertex.jobs

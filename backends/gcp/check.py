@@ -23,7 +23,8 @@ def located(config: GcpConfig) -> tuple[str, Path | None]:
     adc = _gcloud_dir() / "application_default_credentials.json"
     if adc.is_file():
         return "application default credentials", adc
-    return "no credentials found (set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`)", None
+    return ("no credentials found (set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default "
+            "login`)", None)
 
 
 def credentials(config: GcpConfig) -> tuple[str | None, str | None]:

@@ -58,8 +58,9 @@ def base_output(job: ServiceJob) -> str:
     """The attempt's folder whose `checkpoints/` is the synced folder and whose `model/` the model output."""
     base = job.sync_uri.removesuffix(CHECKPOINTS)
     if base == job.sync_uri or job.model_uri != base + MODEL:
-        raise BackendError(f"gcp: Vertex AI puts checkpoints and the model under <base>/{CHECKPOINTS} and <base>/{MODEL}; "
-                           f"the synced folder {job.sync_uri} and model folder {job.model_uri} do not fit that")
+        raise BackendError(f"gcp: Vertex AI puts checkpoints and the model under <base>/{CHECKPOINTS} and "
+                           f"<base>/{MODEL}; the synced folder {job.sync_uri} and model folder {job.model_uri} "
+                           "do not fit that")
     return base
 
 

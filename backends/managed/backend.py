@@ -25,8 +25,8 @@ from typing import ClassVar
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, BackendError, Cause, Cost, ExecutorFault, Handle, LogChunk, Offer, OfferRequest,
-    OfferSet, OutputFile, Phase, Progress,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cause, Cost, ExecutorFault, Handle, LogChunk, Offer,
+    OfferRequest, OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.catalog.offers import catalog_offers
 from trainmaster.backends.catalog.transfer import EGRESS_MICRO_USD_PER_GB

@@ -5,10 +5,10 @@ TRAINMASTER_GCS_MOUNT, holding what the job reads: the bundle and what the attem
 holds), sets AIP_CHECKPOINT_DIR / AIP_MODEL_DIR under the job's base output directory and, for several
 replicas, CLUSTER_SPEC (workerpool0 at 127.0.0.1, workerpool1 at localhost), starts one
 `python -m trainmaster.jobs.launcher` per replica with the job's container env, mirrors the attempt's folders
-from the mount to the bucket every 0.2 s and once more at the end (what the FUSE mount does: files renamed away are deleted), and sets the job's
-state: RUNNING, then SUCCEEDED or FAILED with the exit code in the error (Vertex's words), run time as the
-billable time. It can preempt (kill the replicas once a checkpoint segment is written, then FAILED with a
-preemption error) and it stops the replicas of a job being cancelled (then CANCELLED).
+from the mount to the bucket every 0.2 s and once more at the end (what the FUSE mount does; files renamed away
+are deleted), and sets the job's state: RUNNING, then SUCCEEDED or FAILED with the exit code in the error
+(Vertex's words), run time as the billable time. It can preempt (kill the replicas once a checkpoint segment is
+written, then FAILED with a preemption error) and it stops the replicas of a job being cancelled (then CANCELLED).
 """
 
 from __future__ import annotations
