@@ -58,12 +58,12 @@ def parse_object(text: str, api: str) -> dict:
 
 
 def api_message(text: str) -> str:
-    """The error message inside an API's answer ({"error": {"message"}}, {"Message"}, ...), else the text."""
+    """The error message inside an API's answer ({"error": {"message"}}, {"Error": {"Message"}}, ...), else the text."""
     try:
         body = json.loads(text)
     except ValueError:
         return text.strip()[:300] or "(empty answer)"
-    error = body.get("error", body) if isinstance(body, dict) else body
+    error = (body.get("error") or body.get("Error") or body) if isinstance(body, dict) else body
     if isinstance(error, dict):
         for key in ("message", "Message"):
             if isinstance(error.get(key), str):
