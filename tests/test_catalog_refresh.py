@@ -62,7 +62,8 @@ def test_refresh_writes_the_prices_each_api_gives_for_the_catalogs_rows(refresh,
                         ("ml.p4d.24xlarge", "us-east-1")}  # ml.trn1.2xlarge is not a catalog row
     assert outcome["aws"]["priced"] == 4 and outcome["aws"]["unchanged"] == 1
     assert {"instance": "ml.p4d.24xlarge", "region": "us-east-1", "before_micro_usd": 37_688_000,
-            "after_micro_usd": 25_250_000} in outcome["aws"]["changed"]
+            "after_micro_usd": 25_250_000, "spot_before_micro_usd": 15_075_200,
+            "spot_after_micro_usd": 10_100_000} in outcome["aws"]["changed"]
     assert "ml.m5.large (us-west-2)" in outcome["aws"]["not_found"]
 
     gcp = rows(tm_home / "catalogs" / "gcp.csv")  # three pages; prediction, N2 and commitment SKUs left out
@@ -101,6 +102,14 @@ def test_offers_use_the_refreshed_price_and_name_its_file(refresh, fakes, tm_hom
     shown = json.loads(tm("catalog", "show", "azure", "--json", home=tm_home).stdout)
     assert [(layer["layer"], layer["rows"], layer["date"]) for layer in shown] == [
         ("shipped", 17, "2025-07-01"), ("refreshed", 3, today)]
+
+
+def test_the_table_shows_each_change_and_what_was_not_priced(refresh, fakes):
+    done = refresh("aws")
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "ml.p4d.24xlarge (us-east-1): $37.688 → $25.25/h, spot $15.0752 → $10.1/h" in out
+    assert "not priced by the API (catalog price kept): ml.m5.xlarge (us-east-1)," in out and "and 36 more (--json)" in out
 
 
 def test_a_500_then_success_is_retried(refresh, fakes, tm_home):

@@ -100,14 +100,13 @@ def _outcome_json(outcome) -> dict:
     return {"cloud": outcome.cloud, "ok": outcome.error is None, "error": outcome.error, "file": outcome.file,
             "refreshed_at": outcome.refreshed_at, "priced": outcome.priced, "unchanged": outcome.unchanged,
             "changed": [{"instance": c.instance, "region": c.region, "before_micro_usd": c.before_micro_usd,
-                         "after_micro_usd": c.after_micro_usd} for c in outcome.changed],
+                         "after_micro_usd": c.after_micro_usd, "spot_before_micro_usd": c.spot_before_micro_usd,
+                         "spot_after_micro_usd": c.spot_after_micro_usd} for c in outcome.changed],
             "not_found": outcome.not_found}
 
 
 def _print_outcome(outcome) -> None:
     from rich.table import Table
-
-    from trainmaster.jobs.money import display_usd
 
     out = console()
     if outcome.error:
@@ -120,8 +119,19 @@ def _print_outcome(outcome) -> None:
                   str(len(outcome.not_found)), outcome.refreshed_at)
     out.print(table)
     for change in outcome.changed:
-        out.print(f"  {escape(change.instance)} ({escape(change.region)}): {display_usd(change.before_micro_usd)}/h → "
-                  f"{display_usd(change.after_micro_usd)}/h", highlight=False)
+        out.print(f"  {escape(change.instance)} ({escape(change.region)}): {_usd(change.before_micro_usd)} → "
+                  f"{_usd(change.after_micro_usd)}/h, spot {_usd(change.spot_before_micro_usd)} → "
+                  f"{_usd(change.spot_after_micro_usd)}/h", highlight=False)
     if outcome.not_found:
-        out.print(f"  not priced by the API (catalog price kept): {escape(', '.join(outcome.not_found))}",
-                  highlight=False, soft_wrap=True)
+        more = len(outcome.not_found) - NOT_FOUND_SHOWN
+        names = ", ".join(outcome.not_found[:NOT_FOUND_SHOWN]) + (f" and {more} more (--json)" if more > 0 else "")
+        out.print(f"  not priced by the API (catalog price kept): {escape(names)}", highlight=False, soft_wrap=True)
+
+
+NOT_FOUND_SHOWN = 6
+
+
+def _usd(micro: int | None) -> str:
+    from trainmaster.jobs.money import format_usd
+
+    return "none" if micro is None else f"${format_usd(micro)}"

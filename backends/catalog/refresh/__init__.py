@@ -28,6 +28,8 @@ class Change:
     region: str
     before_micro_usd: int
     after_micro_usd: int
+    spot_before_micro_usd: int | None
+    spot_after_micro_usd: int | None
 
 
 @dataclass
@@ -87,7 +89,8 @@ def _compare(cloud: str, path: Path, now: datetime, rows: list[CatalogRow], ship
         if old.on_demand_micro_usd == row.on_demand_micro_usd and old.spot_micro_usd == row.spot_micro_usd:
             outcome.unchanged += 1
         else:
-            outcome.changed.append(Change(row.instance, row.region, old.on_demand_micro_usd, row.on_demand_micro_usd))
+            outcome.changed.append(Change(row.instance, row.region, old.on_demand_micro_usd, row.on_demand_micro_usd,
+                                          old.spot_micro_usd, row.spot_micro_usd))
     found = {row.key for row in rows}
     outcome.not_found = [f"{r.instance} ({r.region})" for r in shipped.rows if r.key not in found]
     return outcome
