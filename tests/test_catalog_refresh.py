@@ -156,6 +156,13 @@ def test_an_unreachable_api_is_retried_then_reported(tm_home, apis):
     assert done.returncode == 1 and "Azure Retail Prices API: cannot reach http://127.0.0.1:9" in done.stderr
 
 
+def test_aws_without_credentials_says_what_is_missing(tm_home, apis, fakes):
+    env = {**apis[1], "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    done = tm("catalog", "refresh", "aws", home=tm_home, extra_env=env)
+    assert done.returncode == 1 and "AWS Price List API: no AWS credentials" in done.stderr
+    assert fakes["aws"].requests == []
+
+
 def test_an_unknown_cloud_is_a_usage_error(refresh):
     done = refresh("aws", "oracle")
     assert done.returncode == 2 and "no price catalog for oracle" in done.stderr

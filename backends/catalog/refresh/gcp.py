@@ -83,7 +83,10 @@ def sku_table(skus: list[dict]) -> Table:
         if usage is None or what is None:
             continue
         nanos = unit_nanos(sku, where, UNITS[what[0]])
-        for region in dig(sku, "serviceRegions", api=API, where=where):
+        regions = dig(sku, "serviceRegions", api=API, where=where)
+        if not isinstance(regions, list):
+            raise PriceParseError(f"{API}: {where}serviceRegions: expected a list")
+        for region in regions:
             table.setdefault((usage, region, *what), nanos)
     return table
 
