@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,24 @@ def test_a_job_failing_inside_sagemaker_ends_with_its_reason_and_exit_code(cloud
     assert attempt["backend"] == "aws" and attempt["reason"] == "exited with code 3: about to fail", attempt
     [name] = training_jobs()
     assert training_job(name).training_job_status == "Failed"
+
+
+def test_cancel_stops_the_training_job(cloud, tm_home, tmp_path):
+    root = tmp_path / "long"
+    root.mkdir()
+    (root / "train.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    (root / "job.yaml").write_text("name: long\nentrypoint: python train.py\n")
+    job = shown(tm("submit", str(root / "job.yaml"), "--policy", str(tmp_path / "policy.yaml"), "--json"))
+    deadline = time.monotonic() + 60
+    while not (training_jobs() and next(iter(training_jobs().values())).secondary_status == "Training"):
+        assert time.monotonic() < deadline, "the job never started"
+        tm("status", job["id"], "--json")
+        time.sleep(0.2)
+    cancelled = tm("cancel", job["id"], "--json")
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    [name] = training_jobs()
+    while training_job(name).training_job_status != "Stopped":
+        assert time.monotonic() < deadline, training_job(name).training_job_status
+        time.sleep(0.2)
+    final = shown(tm("status", job["id"], "--json"))
+    assert final["state"] == "cancelled" and [a["state"] for a in final["attempts"]] == ["cancelled"], final
