@@ -23,9 +23,9 @@ from test_remote_harness import EVALUATOR, JOB, TINY_LM
 pytest_plugins = ["clouds.conftest_aws"]
 pytestmark = pytest.mark.slow
 
-POLICY = ("name: aws\ndefault:\n  primary: aws:spot\n  fallbacks: [local]\n"
+POLICY = ("name: aws\ndefault:\n  primary: aws:spot\n  fallbacks: [local]\n  retries: 1\n"
           "  constraints:\n    max_usd_per_hour: 0.05\n")
-"""One aws offer (ml.m5.large spot in us-east-1, the cheapest), then this machine."""
+"""One aws offer (ml.m5.large spot in us-east-1, the cheapest), tried once more after a preemption, then this machine."""
 DIST = """\
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -83,7 +83,7 @@ def test_a_spot_interruption_resumes_to_the_same_bits_and_is_charged_as_billed(c
     assert plain["state"] == "accepted", plain
     before = set(training_jobs())
 
-    cloud.interrupt_once = True
+    cloud.interrupt = "restart"
     job = submit(lm_job(tmp_path / "spot"), policy)
     assert job["state"] == "accepted", job
     assert [a["backend"] for a in job["attempts"]] == ["aws"], json.dumps(job["attempts"], indent=1)
@@ -106,6 +106,17 @@ def test_a_spot_interruption_resumes_to_the_same_bits_and_is_charged_as_billed(c
     sent = sum(o["Size"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=sync + "outputs/")["Contents"])
     egress, storage = -(-sent * 90_000 // 10**9), -(-stored * 23_000 // 10**9)  # $0.09/GB out, $0.023/GB-month
     assert charge["micro_usd"] == att["cost_micro_usd"] == compute + egress + storage
+
+    cloud.interrupt = "end"  # SageMaker gives up on the spot job: the broker resumes it in a new attempt
+    again = submit(lm_job(tmp_path / "ended"), policy)
+    assert again["state"] == "accepted", again
+    assert [a["backend"] for a in again["attempts"]] == ["aws", "aws"], json.dumps(again["attempts"], indent=1)
+    first = again["attempts"][0]
+    assert first["state"] == "failed" and "Interrupted" in first["reason"], first
+    resumed_sync = f"trainmaster/attempts/{again['attempts'][1]['id']}/sync/checkpoints/"
+    carried = aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=resumed_sync + "segments/00000001/")
+    assert carried.get("KeyCount"), "the first attempt's checkpoints were not carried into the second's synced folder"
+    assert outputs(tm_home, again["id"])["model.safetensors"] == uninterrupted["model.safetensors"]
 
 
 def test_a_two_node_gloo_job_runs_on_two_instances(cloud, tm_home, tmp_path):

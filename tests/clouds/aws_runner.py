@@ -8,9 +8,10 @@ it runs (every 0.2 s, and once more at the end), and sets the job's state: Train
 folder tarred to `<S3OutputPath>/<job>/output/model.tar.gz`) or Failed with the launcher's exit code, with
 BillableTimeInSeconds and TrainingTimeInSeconds. A stop request (`Stopping`) terminates the instances (Stopped).
 
-`interrupt_once` plays a managed-spot interruption: once the synced checkpoints hold a segment, the instances are
-killed (`Interrupted`), and after a pause the job starts again from the checkpoints restored from S3, as
-SageMaker does; the pause is not billed, so BillableTimeInSeconds < TrainingTimeInSeconds.
+`interrupt` plays a managed-spot interruption of the next job: once the synced checkpoints hold a segment, the
+instances are killed (`Interrupted`); with "restart", after a pause the job starts again from the checkpoints
+restored from S3, as SageMaker does (the pause is not billed, so BillableTimeInSeconds < TrainingTimeInSeconds);
+with "end" the job ends `Stopped/Interrupted` (the broker sees it preempted and resumes it in a new attempt).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def split(uri: str) -> tuple[str, str]:
 class SageMakerRunner:
     def __init__(self, aws: MotoAws, root: Path):
         self.s3, self.root = aws.client("s3"), root
-        self.interrupt_once = False
+        self.interrupt: str | None = None
         self.played: dict[str, threading.Thread] = {}
         self.launches: dict[str, int] = {}
         self._done = threading.Event()
@@ -77,17 +78,18 @@ class SageMakerRunner:
 
     def play(self, name: str) -> None:
         job = training_job(name)
-        began, billable, interrupted = time.time(), 0.0, False
+        began, billable = time.time(), 0.0
+        interrupt, self.interrupt = self.interrupt, None
         set_training_status(name, "InProgress", "Downloading")
         while True:
             set_training_status(name, "InProgress", "Training",
                                 TrainingStartTime=datetime.datetime.fromtimestamp(began, datetime.timezone.utc))
             start = time.time()
-            codes, why = self.launch(job, interrupt=self.interrupt_once and not interrupted)
+            codes, why = self.launch(job, interrupt=interrupt is not None)
             billable += time.time() - start
-            if why != "interrupted":
+            if why != "interrupted" or interrupt == "end":
                 break
-            interrupted = True
+            interrupt = None
             set_training_status(name, "InProgress", "Interrupted")
             time.sleep(RESTART_PAUSE_S)
         ended = time.time()
@@ -95,6 +97,8 @@ class SageMakerRunner:
                  "TrainingEndTime": datetime.datetime.fromtimestamp(ended, datetime.timezone.utc)}
         if why == "stopped":
             set_training_status(name, "Stopped", **times)
+        elif why == "interrupted":
+            set_training_status(name, "Stopped", "Interrupted", **times)
         elif any(codes):
             code = next(c for c in codes if c)
             set_training_status(name, "Failed", failure_reason=f"AlgorithmError: the launcher exited with code {code}",
