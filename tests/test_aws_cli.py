@@ -99,7 +99,10 @@ def test_a_spot_interruption_resumes_to_the_same_bits_and_is_charged_as_billed(c
     [att] = rows(tm_home, "SELECT offer_json, cost_micro_usd FROM attempts WHERE job_id = ?", job["id"])
     offer = json.loads(att["offer_json"])
     assert offer["spot"] and offer["instance"] == "ml.m5.large"
-    compute = -(-sm.billable_time_in_seconds * 1000 * offer["price_per_hour_micro_usd"] // 3_600_000)
+    # managed spot's billable seconds already carry the saving: billed at the row's on-demand price, not the spot one
+    on_demand = offer["detail"]["on_demand_micro_usd_per_hour"]
+    assert on_demand > offer["price_per_hour_micro_usd"]
+    compute = -(-sm.billable_time_in_seconds * 1000 * on_demand // 3_600_000)
     [charge] = rows(tm_home, "SELECT micro_usd FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", job["id"])
     sync = f"trainmaster/attempts/{job['attempts'][0]['id']}/sync/"
     stored = sum(o["Size"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=sync)["Contents"])

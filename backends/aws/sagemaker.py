@@ -94,7 +94,8 @@ def state_of(found: dict) -> ServiceState:
     billable = found.get("BillableTimeInSeconds")
     return ServiceState(phase=phase, cause=cause, reason=reason, started_at=_time(found.get("TrainingStartTime")),
                         ended_at=_time(found.get("TrainingEndTime")),
-                        billable_seconds=float(billable) if billable is not None else None)
+                        billable_seconds=float(billable) if billable is not None else None,
+                        billed_at_on_demand=True)  # managed spot bills fewer seconds at the on-demand price
 
 
 def phase_of(status: str, secondary: str, failure: str) -> tuple[Phase, Cause | None, str | None]:
