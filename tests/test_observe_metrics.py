@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from observe_support import Filler, known_state, serve
+from observe_support import known_state, serve
 from trainmaster.wallet.budget import Budget
 
 

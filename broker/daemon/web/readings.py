@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainmaster.broker import states
 from trainmaster.wallet.budget import Budget
-from trainmaster.wallet.ledger import Usage, _usage
+from trainmaster.wallet.ledger import Usage, _usage  # the ledger's own count on a connection (no public name yet)
 
 
 class StateMissing(RuntimeError):
