@@ -16,7 +16,7 @@ import hashlib
 import os
 import shutil
 import stat
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -128,6 +128,25 @@ def list_files(root: Path) -> list[OutputFile]:
 
     return [OutputFile(path=p.relative_to(root).as_posix(), size=size, sha256=sha256_file(p))
             for p, size in _plain_files(root)]
+
+
+async def upload(
+    path: Path,
+    *,
+    stored_size: Callable[[], Awaitable[int | None]],
+    put: Callable[[Path, Progress | None], Awaitable[None]],
+    progress: Progress | None = None,
+) -> bool:
+    """Send one file to a content-addressed place (its key holds its sha256): skipped when the place already
+    holds as many bytes (the same content), else `put(path, progress)`, which reports (bytes done, bytes in all)
+    as parts complete, like `download`. Returns whether it was sent."""
+    size = (await asyncio.to_thread(os.stat, path)).st_size
+    if await stored_size() == size:
+        if progress:
+            progress(size, size)
+        return False
+    await put(path, progress)
+    return True
 
 
 async def download(

@@ -98,9 +98,11 @@ class Broker:
     """The broker over one state database. `backends` replaces registry backends by name (tests)."""
 
     def __init__(self, store: Store | None = None, backends: dict[str, Backend] | None = None,
-                 progress: Progress | None = None, sender: PaymentSender | None = None):
+                 progress: Progress | None = None, sender: PaymentSender | None = None,
+                 upload_progress: Progress | None = None):
         self.store = store or Store(paths.state_db())
         self.progress = progress
+        self.upload_progress = upload_progress
         self._sender = sender
         """The payment sender given (tests); None: the one backends.yaml names (`broker.payment_sender`)."""
         self._settlement: Settlement | None = None
@@ -147,7 +149,7 @@ class Broker:
                 self._backends[key] = cls(config)
             found = self._backends[key]
         found.rates = self.rates(policy)  # the broker's rate provider, injected
-        found.progress = self.progress  # the CLI's transfer bar, for uploads at submit
+        found.progress = self.upload_progress  # the CLI's transfer bar, for a bundle uploaded at submit
         return found
 
     def backend_of(self, job: Job, attempt: Attempt) -> Backend | None:

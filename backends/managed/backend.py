@@ -56,6 +56,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
     unsupported = {"remote_data": "reads its inputs from the bundle; remote data is not mounted yet"}
     service_name: ClassVar[str]
     """The launcher's name for the service (jobs/launch_plan.SERVICES)."""
+    config_model = ManagedConfig
     config: ManagedConfig
 
     def __init__(self, config: ManagedConfig | None = None):
@@ -109,9 +110,9 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
 
     async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle:
         bundle_key = f"bundles/{ctx.bundle_sha256}.tar"
-        size = (await asyncio.to_thread(os.stat, bundle)).st_size
-        if await self.store.size(bundle_key) != size:  # content-addressed: a bundle already there is not sent
-            await self.store.upload(bundle, bundle_key, self.progress)
+        await transfer.upload(bundle, stored_size=lambda: self.store.size(bundle_key),
+                              put=lambda path, progress: self.store.upload(path, bundle_key, progress),
+                              progress=self.progress)
         sync = f"attempts/{ctx.attempt_id}/sync/"
         if ctx.resume_from:
             await self._carry(ctx.resume_from, sync)

@@ -44,7 +44,7 @@ def _broker():
     from trainmaster.broker.cli.progress import TransferBar
     from trainmaster.broker.service import Broker
 
-    return Broker(progress=TransferBar())
+    return Broker(progress=TransferBar(), upload_progress=TransferBar("uploading"))
 
 
 def _run(main):

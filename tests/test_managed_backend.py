@@ -1,0 +1,163 @@
+"""The managed backend's own logic over a folder store (tests/managed_support.py): what it uploads, what a resumed
+attempt gets, which outputs it accepts, how it reads logs and prices an attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from trainmaster.backends.base import AttemptContext, BackendError, ExecutorFault, Offer, Phase
+from trainmaster.backends.managed.service import ServiceState
+from trainmaster.jobs import launch_plan as plan
+from trainmaster.jobs.spec import JobSpec
+
+from managed_support import FolderBackend
+
+SHA = "a" * 64
+
+
+def spec(**resources) -> JobSpec:
+    return JobSpec.model_validate({"name": "t", "entrypoint": "python train.py", "resources": resources})
+
+
+def offer(**kw) -> Offer:
+    return Offer(backend="aws", instance="ml.m5.large", region="us-east-1", price_per_hour_micro_usd=3_600_000, **kw)
+
+
+def ctx(attempt: str, resume_from: str | None = None) -> AttemptContext:
+    return AttemptContext(job_id="job1", attempt_id=attempt, bundle_sha256=SHA, seed=7, workdir="/nonexistent",
+                          resume_from=resume_from)
+
+
+@pytest.fixture
+def backend(tmp_path):
+    return FolderBackend(tmp_path / "store")
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    path = tmp_path / "bundle.tar"
+    path.write_bytes(b"x" * 1000)
+    return path
+
+
+def put(backend, key: str, data: bytes) -> None:
+    path = backend.store.root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def finish_outputs(backend, attempt: str, files: dict[str, bytes], manifest: dict | None = None) -> None:
+    sync = f"attempts/{attempt}/sync/"
+    for name, data in files.items():
+        put(backend, sync + "outputs/" + name, data)
+    listed = manifest if manifest is not None else {
+        name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}
+    put(backend, sync + plan.SYNC_MANIFEST, json.dumps({"files": listed}).encode())
+
+
+def test_submit_uploads_a_bundle_once_and_starts_one_job_per_attempt(backend, bundle):
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    again = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    asyncio.run(backend.submit(bundle, spec(nodes=2), offer(), ctx("att2")))
+    assert backend.store.uploads == [f"bundles/{SHA}.tar"]  # content-addressed: sent once
+    assert handle == again and list(backend.service.jobs) == ["tm-att1", "tm-att2"]
+    job = backend.service.jobs["tm-att2"]
+    launch = plan.LaunchPlan.model_validate_json(job.env[plan.VARIABLE])
+    assert (job.instance_count, launch.nodes, launch.service, launch.bundle_sha256) == (2, 2, "sagemaker", SHA)
+    assert launch.env["TRAINMASTER_SEED"] == "7" and launch.env["TRAINMASTER_JOB_ID"] == "job1"
+    assert job.sync_uri.endswith("attempts/att2/sync/") and job.command[:2] == ["bash", "-c"]
+
+
+def test_a_resumed_attempt_gets_the_earlier_checkpoints_and_metrics_copied_into_its_synced_folder(backend, bundle):
+    earlier = "attempts/att1/sync/"
+    put(backend, earlier + "checkpoints/segments/00000000/manifest.json", b'{"step": 5}')
+    put(backend, earlier + "checkpoints/segments/00000001/manifest.json", b'{"step": 10}')
+    put(backend, earlier + "outputs/metrics.jsonl", b'{"step": 1}\n')
+    put(backend, earlier + "job.log", b"old log")
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    ref = asyncio.run(backend.last_checkpoint(handle))
+    assert (ref.segment, ref.step) == (1, 10)
+    asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att2", resume_from=ref.uri)))
+    now = {o.key for o in asyncio.run(backend.store.list("attempts/att2/"))}
+    assert now == {"attempts/att2/sync/checkpoints/segments/00000000/manifest.json",
+                   "attempts/att2/sync/checkpoints/segments/00000001/manifest.json",
+                   "attempts/att2/sync/outputs/metrics.jsonl"}  # not the log
+
+
+def test_a_resume_point_outside_the_store_is_refused(backend, bundle):
+    with pytest.raises(BackendError, match="not an attempt of this"):
+        asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att2", resume_from="s3://elsewhere/x")))
+
+
+def test_last_checkpoint_skips_a_segment_whose_manifest_does_not_read(backend, bundle):
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    assert asyncio.run(backend.last_checkpoint(handle)) is None
+    put(backend, "attempts/att1/sync/checkpoints/segments/00000000/manifest.json", b'{"step": 5}')
+    put(backend, "attempts/att1/sync/checkpoints/segments/00000001/manifest.json", b'{"step": "x"}')
+    assert asyncio.run(backend.last_checkpoint(handle)).segment == 0
+
+
+def test_fetch_takes_what_the_manifest_lists_and_checks_every_hash(backend, bundle, tmp_path):
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    files = {"model.safetensors": b"weights" * 100, "sub/result.json": b"{}"}
+    finish_outputs(backend, "att1", files)
+    seen = []
+    got = asyncio.run(backend.fetch(handle, tmp_path / "out", lambda done, total: seen.append((done, total))))
+    assert {f.path for f in got} == set(files)
+    assert (tmp_path / "out" / "sub" / "result.json").read_bytes() == b"{}"
+    assert seen[-1] == (702, 702)
+
+
+@pytest.mark.parametrize("case", ["extra file", "wrong size", "wrong hash", "no manifest", "escaping path"])
+def test_fetch_refuses_outputs_that_differ_from_the_manifest_and_leaves_nothing(backend, bundle, tmp_path, case):
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    data = b"weights"
+    good = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if case == "extra file":
+        finish_outputs(backend, "att1", {"a": data}, manifest={})
+    elif case == "wrong size":
+        finish_outputs(backend, "att1", {"a": data}, manifest={"a": {**good, "size": 3}})
+    elif case == "wrong hash":
+        finish_outputs(backend, "att1", {"a": data}, manifest={"a": {**good, "sha256": "0" * 64}})
+    elif case == "escaping path":
+        put(backend, "attempts/att1/sync/outputs/../../evil", data)  # the listing shows it under outputs/ only if named so
+        finish_outputs(backend, "att1", {}, manifest={"../../../evil": good})
+    with pytest.raises((BackendError, ExecutorFault)):
+        asyncio.run(backend.fetch(handle, tmp_path / "out", None))
+    assert not (tmp_path / "out").exists()
+
+
+def test_logs_are_read_by_offset_and_complete_only_once_the_job_ended(backend, bundle):
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    put(backend, "attempts/att1/sync/job.log", b"hello\nworld\n")
+    backend.service.states["tm-att1"] = ServiceState(phase=Phase.running)
+    first = asyncio.run(backend.logs(handle, 0))
+    assert (first.text, first.next_offset, first.complete) == ("hello\nworld\n", 12, False)
+    backend.service.states["tm-att1"] = ServiceState(phase=Phase.succeeded)
+    last = asyncio.run(backend.logs(handle, 6))
+    assert (last.text, last.complete) == ("world\n", True)
+
+
+def test_a_failed_job_carries_the_launchers_exit_code_and_reason(backend, bundle):
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    put(backend, "attempts/att1/sync/exit.json", json.dumps({"exit_code": 3, "reason": "exited with code 3: boom"}).encode())
+    backend.service.states["tm-att1"] = ServiceState(phase=Phase.failed, reason="AlgorithmError: non-zero exit")
+    status = asyncio.run(backend.status(handle))
+    assert (status.exit_code, status.reason) == (3, "exited with code 3: boom")
+
+
+def test_cost_is_the_recorded_price_times_billable_seconds_times_instances_plus_estimated_parts(backend, bundle):
+    handle = asyncio.run(backend.submit(bundle, spec(nodes=2), offer(), ctx("att1")))
+    finish_outputs(backend, "att1", {"model": b"m" * 10**6})
+    backend.service.states["tm-att1"] = ServiceState(phase=Phase.succeeded, started_at=0, ended_at=500,
+                                                     billable_seconds=100)
+    cost = asyncio.run(backend.cost(handle, offer()))
+    compute = 100 * 2 * 1000  # 100 s × 2 instances × $3.6/h = 1000 µUSD/s
+    egress = -(-10**6 * 90_000 // 10**9)
+    assert cost.micro_usd > compute + egress and cost.micro_usd - compute - egress < 100  # storage: a few µUSD
+    assert cost.billable_seconds == 200 and "billable seconds" in cost.basis and "egress (estimated)" in cost.basis
