@@ -21,11 +21,13 @@ from trainmaster.backends.managed.service import ServiceJob, ServiceState, Train
 
 EXPERIMENT = "trainmaster"
 PHASES = {
-    "NotStarted": Phase.pending, "Queued": Phase.pending, "Preparing": Phase.pending, "Provisioning": Phase.pending,
-    "Starting": Phase.running, "Running": Phase.running, "Finalizing": Phase.running,
+    "NotStarted": Phase.pending, "Starting": Phase.pending, "Provisioning": Phase.pending, "Preparing": Phase.pending,
+    "Queued": Phase.pending, "Running": Phase.running, "Finalizing": Phase.running,
     "Completed": Phase.succeeded, "Failed": Phase.failed, "CancelRequested": Phase.cancelled,
     "Canceled": Phase.cancelled,
 }
+"""Azure ML's job states in their order (its SDK's `Job.status`): `Starting` comes before the compute is
+provisioned, so only `Running` and `Finalizing` run; a state not listed (NotResponding, Paused) counts as pending."""
 START, END, ERROR = "StartTimeUtc", "EndTimeUtc", "Error"
 PREEMPTED_WORDS = ("preempt", "low priority", "lowpriority", "spot", "evict")
 
@@ -67,7 +69,7 @@ class AzureMLService(TrainingService):
             environment=self.config.environment or entities.Environment(image=job.image),
             compute=self.config.compute, instance_count=job.instance_count,
             instance_type=None if self.config.compute else job.instance,
-            distribution=entities.PyTorchDistribution(process_count_per_instance=1) if job.instance_count > 1 else None,
+            distribution=ml.PyTorchDistribution(process_count_per_instance=1) if job.instance_count > 1 else None,
             job_tier="Spot" if job.spot else "Standard", timeout=job.max_seconds,
             inputs={"bundle": ml.Input(type="uri_file", path=job.bundle_uri)},
             outputs={"sync": ml.Output(type="uri_folder", path=job.sync_uri, mode="rw_mount")},
@@ -87,7 +89,7 @@ class AzureMLService(TrainingService):
         job = await self._job(name)
         if job is None:
             return ServiceState(phase=Phase.failed, cause=Cause.lost, reason=f"Azure ML has no job {name}")
-        status = str(job.status)
+        status = getattr(job.status, "value", job.status)
         phase = PHASES.get(status, Phase.pending)
         props = job.properties or {}
         started, ended = _time(props.get(START)), _time(props.get(END))

@@ -29,7 +29,9 @@ JOB_FIELDS = {"jobType", "command", "computeId", "environmentId", "environmentVa
 
 
 def _err(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+    """An ARM error envelope; throttling and 5xx say when to come back (soon: the SDK's own retries wait)."""
+    headers = {"Retry-After": "0.01"} if status == 429 or status >= 500 else None
+    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
 
 
 def _now() -> str:
@@ -102,8 +104,9 @@ class FakeAzureML:
 
     async def put_environment(self, req):
         props = (await req.json()).get("properties", {})
-        if set(props) - {"image", "isAnonymous", "osType", "description", "tags", "properties", "autoRebuild"}:
-            return _err(400, "UserError", f"unknown environment fields {sorted(props)}")
+        unknown = set(props) - {"image", "isAnonymous", "isArchived", "osType", "description", "tags", "properties"}
+        if unknown or not props.get("image"):
+            return _err(400, "UserError", f"an environment needs an image; unknown fields {sorted(unknown)}")
         m = req.match_info
         return web.json_response({"id": req.path, "name": m["ver"], "type": f"{RP}/environments/versions",
                                   "properties": props}, status=201)
