@@ -69,8 +69,8 @@ def test_start_is_idempotent_on_the_name(azure, azure_config):
     run(service.start(job()))  # found by name: no second job
     assert len(puts(azure)) == 1
     azure.fake.jobs.clear()
-    azure.fake.faults.append((404, "UserError", "job not found"))  # not there when asked, then created meanwhile
-    azure.fake.faults.append((409, "Conflict", "job tm-a1 already exists"))
+    azure.fake.faults.append(("GET", 404, "UserError", "job not found"))  # not there when asked, created meanwhile
+    azure.fake.faults.append(("PUT", 409, "Conflict", "job tm-a1 already exists"))
     run(service.start(job()))
     assert len(puts(azure)) == 2
 
@@ -114,14 +114,13 @@ def test_a_job_the_service_lost_and_stop(azure, azure_config):
 def test_errors_are_typed(azure, azure_config):
     service = AzureMLService(azure_config)
     run(service.start(job()))
-    azure.fake.faults.extend([(429, "TooManyRequests", "slow down"), (503, "ServiceUnavailable", "busy")])
+    azure.fake.faults.extend([("GET", 429, "TooManyRequests", "slow down"), ("GET", 503, "ServiceUnavailable", "busy")])
     assert run(service.describe("tm-a1")).phase is Phase.pending  # the SDK's own retries get through
-    azure.fake.faults.extend([(503, "ServiceUnavailable", "busy")] * 4)  # past them: transient, for the broker
+    azure.fake.faults.extend([("GET", 503, "ServiceUnavailable", "busy")] * 4)  # past them: transient, for the broker
     with pytest.raises(TransientBackendError, match="busy"):
         run(service.describe("tm-a1"))
     azure.fake.jobs.clear()
-    azure.fake.faults.extend([(404, "UserError", "job not found"),
-                              (400, "UserError", "InsufficientQuota: not enough quota for NCASv3_T4 in eastus")])
+    azure.fake.refusing = "InsufficientQuota: not enough quota for NCASv3_T4 in eastus"
     with pytest.raises(CapacityError, match="InsufficientQuota"):
         run(service.start(job()))
     with pytest.raises(BackendError, match="set azure.workspace"):

@@ -44,8 +44,10 @@ class FakeAzureML:
     def __init__(self):
         self.jobs: dict[str, dict] = {}
         self.log: list[tuple[str, str, str]] = []
-        self.faults: list[tuple[int, str, str]] = []
-        """(status, code, message) answered to the next job PUTs or GETs, one per request, before serving."""
+        self.faults: list[tuple[str, int, str, str]] = []
+        """(method, status, code, message): the next job request of that method is answered so, one each."""
+        self.refusing: str | None = None
+        """When set, every job creation is refused with this capacity message (a 400, as Azure ML answers)."""
         self.app = web.Application(middlewares=[self._mw])
         r = self.app.router
         r.add_put(WS + "/jobs/{name}", self.put_job)
@@ -59,13 +61,15 @@ class FakeAzureML:
         self.jobs.clear()
         self.log.clear()
         self.faults.clear()
+        self.refusing = None
 
     @web.middleware
     async def _mw(self, req, handler):
         self.log.append((req.method, req.path, await req.text() if req.can_read_body else ""))
-        if self.faults and "/jobs/" in req.path:
-            status, code, message = self.faults.pop(0)
-            return _err(status, code, message)
+        fault = next((f for f in self.faults if f[0] == req.method), None) if "/jobs" in req.path else None
+        if fault:
+            self.faults.remove(fault)
+            return _err(*fault[1:])
         return await handler(req)
 
     async def unknown(self, req):
@@ -82,6 +86,8 @@ class FakeAzureML:
             return _err(400, "UserError", f"unknown fields {sorted(unknown)}")
         if props.get("jobType") != "Command" or not props.get("command") or not props.get("environmentId"):
             return _err(400, "UserError", "a command job needs jobType Command, a command and an environment")
+        if self.refusing:
+            return _err(400, "UserError", self.refusing)
         if name in self.jobs:
             return _err(409, "Conflict", f"job {name} already exists")
         props["status"] = "NotStarted"
