@@ -99,6 +99,8 @@ class CatalogSettings(Frozen):
     """Where a catalog-priced backend reads its prices, and when they are too old to trust silently."""
 
     override_dir: str | None = Field(None, description="Folder of the user's own catalog files.")
+    refreshed_dir: str | None = Field(None, description="Folder of the prices `trainmaster catalog refresh` pulled "
+                                                        "(laid between the shipped catalogs and the user's own).")
     max_age_days: int = Field(90, ge=1)
 
 

@@ -25,6 +25,7 @@ def offer_request(spec: JobSpec, policy: Policy, rate: Rate | None) -> OfferRequ
         constraints=OfferConstraints(spot_allowed=con.spot_allowed, regions=con.regions, gpu_types=con.gpu_types,
                                      max_usd_per_hour_micro=con.max_usd_per_hour),
         catalog=CatalogSettings(override_dir=str(paths.config_dir() / "catalogs"),
+                                refreshed_dir=str(paths.refreshed_catalogs_dir()),
                                 max_age_days=policy.catalog.max_age_days),
         rate=rate,
         data_bytes=data_sizes(spec),

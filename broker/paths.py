@@ -60,6 +60,12 @@ def bundles_dir() -> Path:
     return home() / "bundles"
 
 
+def refreshed_catalogs_dir() -> Path:
+    """Prices `trainmaster catalog refresh` pulled from the clouds' price APIs, one `<cloud>.csv` each: laid between
+    the shipped catalogs and the user's own (`config_dir() / "catalogs"`), never edited by hand."""
+    return home() / "catalogs"
+
+
 def envs_dir() -> Path:
     """Job virtualenvs (`environment: {python: requirements}`), cached across jobs by their requirements' hash."""
     return home() / "envs"

@@ -35,41 +35,48 @@ def quiet(cloud: str, **kw):
     return load_catalog(cloud, today=FRESH, **kw)
 
 
-@pytest.mark.parametrize("cloud, instances", [
-    ("aws", ["p3.2xlarge", "p4d.24xlarge", "p5.48xlarge"]
-     + [f"g5.{s}xlarge" for s in ("", "2", "4", "8", "12", "16", "24", "48")]),
-    ("gcp", ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g", "a3-highgpu-8g", "g2-standard-4"]),
-    ("azure", ["Standard_NC24ads_A100_v4", "Standard_ND96asr_v4", "Standard_ND96isr_H100_v5"]),
+@pytest.mark.parametrize("cloud, instances, cpu_only", [
+    ("aws", ["ml.p3.2xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.g4dn.xlarge"]
+     + [f"ml.g5.{s}xlarge" for s in ("", "2", "4", "8", "12", "16", "24", "48")], ["ml.m5.large", "ml.m5.xlarge"]),
+    ("gcp", ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g", "a3-highgpu-8g", "g2-standard-4",
+             "n1-standard-8"], ["n1-standard-4"]),
+    ("azure", ["Standard_NC24ads_A100_v4", "Standard_ND96asr_v4", "Standard_ND96isr_H100_v5"], ["Standard_D4s_v3"]),
 ])
-def test_shipped_catalogs_hold_the_usual_gpu_instances(cloud, instances):
+def test_shipped_catalogs_hold_the_managed_services_instances(cloud, instances, cpu_only):
+    """The instance names the managed services take (SageMaker's ml.*, Vertex machine types, Azure ML VM sizes),
+    GPU and CPU-only, each with a spot (managed spot, Spot VM, low-priority) price below on-demand."""
     catalog = quiet(cloud)
-    assert set(instances) <= {r.instance for r in catalog.rows}
+    rows = {r.instance: r for r in catalog.rows}
+    assert set(instances) | set(cpu_only) <= set(rows)
+    assert all(rows[name].gpu_count == 0 and rows[name].gpu_type is None for name in cpu_only)
     assert [s.date for s in catalog.sources] == [SHIPPED_DATE]
     for row in catalog.rows:
         assert isinstance(row.on_demand_micro_usd, int) and row.on_demand_micro_usd > 0
         assert row.spot_micro_usd is not None and 0 < row.spot_micro_usd < row.on_demand_micro_usd
-        assert row.gpu_count >= 1 and row.gpu_type and row.gpu_memory_gb
+        assert (row.gpu_count >= 1) == bool(row.gpu_type) == bool(row.gpu_memory_gb)
+    if cloud == "aws":
+        assert all(name.startswith("ml.") for name in rows)
 
 
 def test_prices_are_exact_micro_usd():
     rows = {(r.instance, r.region): r for r in quiet("gcp").rows}
-    assert rows["a2-highgpu-1g", "us-central1"].on_demand_micro_usd == 3_673_385
+    assert rows["n1-standard-8", "us-central1"].on_demand_micro_usd == 436_998 + 402_500  # machine + one T4
     aws = {(r.instance, r.region): r for r in quiet("aws").rows}
-    assert aws["p3.2xlarge", "us-east-1"].on_demand_micro_usd == 3_060_000
-    assert aws["p3.2xlarge", "us-east-1"].spot_micro_usd == 918_000  # 70 % off, as the README states
+    assert aws["ml.g5.xlarge", "us-east-1"].on_demand_micro_usd == 1_408_000  # SageMaker's price, not EC2's 1.006
+    assert aws["ml.p3.2xlarge", "us-east-1"].spot_micro_usd == 1_147_500  # 70 % off, as the README states
 
 
 def test_override_replaces_same_key_and_adds_rows(tmp_path):
     (tmp_path / "aws.csv").write_text(
         "# date: 2026-11-01\n" + HEADER
-        + "aws,p3.2xlarge,us-east-1,V100,1,16,8,61,2.50,\n"
+        + "aws,ml.p3.2xlarge,us-east-1,V100,1,16,8,61,2.50,\n"
         + "aws,p9.mine,us-east-1,H100,8,80,192,2048,40,20\n"
     )
     catalog = load_catalog("aws", override_dir=tmp_path, today=date(2026, 11, 2), max_age_days=1000)
     rows = {(r.instance, r.region): r for r in catalog.rows}
-    mine = rows["p3.2xlarge", "us-east-1"]
+    mine = rows["ml.p3.2xlarge", "us-east-1"]
     assert (mine.on_demand_micro_usd, mine.spot_micro_usd, mine.date) == (2_500_000, None, date(2026, 11, 1))
-    assert rows["p3.2xlarge", "us-west-2"].on_demand_micro_usd == 3_060_000  # other regions untouched
+    assert rows["ml.p3.2xlarge", "us-west-2"].on_demand_micro_usd == 3_825_000  # other regions untouched
     assert rows["p9.mine", "us-east-1"].gpu_count == 8
     assert len(catalog.rows) == len(quiet("aws").rows) + 1
     assert [s.path for s in catalog.sources][-1] == str(tmp_path / "aws.csv")
@@ -130,7 +137,7 @@ def test_stale_catalog_warns_once_per_file_and_age_is_configurable():
 
 def test_catalog_offers_fit_the_spec():
     offers = catalog_offers("aws", request(spec(gpus=8, gpu_types=["A100"], min_vram_gb=80), spot_allowed=True), catalog=quiet("aws"))
-    assert {(o.instance, o.spot) for o in offers.offers} == {("p4de.24xlarge", False), ("p4de.24xlarge", True)}
+    assert {(o.instance, o.spot) for o in offers.offers} == {("ml.p4de.24xlarge", False), ("ml.p4de.24xlarge", True)}
     assert {o.region for o in offers.offers} == {"us-east-1", "us-west-2"}
     for offer in offers.offers:
         assert offer.trusted and offer.gpu_count == 8 and offer.gpu_memory_mb == 80 * 1024

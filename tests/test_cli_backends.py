@@ -3,6 +3,7 @@ credentials found from the environment, and no SDK imported to find out."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -37,6 +38,14 @@ def checked(env: dict) -> dict[str, dict]:
     return {row["backend"]: row for row in json.loads(result.stdout)}
 
 
+def findable(module: str) -> bool:
+    """Whether `module` is installed here: the expectation for the "extra not installed" reason."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def write_config(tm_home, text: str):
     path = tm_home / "config" / "backends.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -50,26 +59,33 @@ def test_check_lists_every_registered_backend_with_its_reasons(env):
     assert rows["local"]["ready"] and rows["local"]["reasons"] == []
     assert any("CPUs" in note for note in rows["local"]["found"])
     for cloud in ("aws", "gcp", "azure"):
-        row = rows[cloud]
-        assert not row["ready"] and not row["implemented"]
+        row, entry = rows[cloud], REGISTRY[cloud]
+        assert not row["ready"] and row["implemented"] == entry.implemented
         assert any(r.startswith("no credentials found") for r in row["reasons"]), row
-        assert row["reasons"][-1] == "dispatch not available in this version (catalog prices only)"
+        planned = "dispatch not available in this version (catalog prices only)"
+        assert (row["reasons"][-1] == planned) == (not entry.implemented), row
+        assert (planned in row["reasons"]) == (not entry.implemented), row
+        missing = f"extra not installed (pip install 'trainmaster[{cloud}]')"
+        assert (missing in row["reasons"]) == (not all(findable(m) for m in entry.sdk)), row
     assert rows["bittensor"]["implemented"] and "dispatch not available in this version" not in rows["bittensor"]["reasons"]
     assert any("no hotkey file" in r for r in rows["bittensor"]["reasons"])
     assert any(r.startswith("no miners: list them under bittensor.miners") for r in rows["bittensor"]["reasons"])
 
 
 def test_a_missing_extra_is_named_with_its_pip_command(env, monkeypatch):
-    import importlib.util
-
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "boto3" else real(name, *a))
     assert "extra not installed (pip install 'trainmaster[aws]')" in checked(env)["aws"]["reasons"]
 
 
-def test_human_table_says_why(env, monkeypatch):
-    import importlib.util
+def test_an_installed_extra_is_no_reason(env, monkeypatch):
+    real = importlib.util.find_spec  # whichever extras are installed here, all are found for this test
+    sdks = {module for entry in REGISTRY.values() for module in entry.sdk}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in sdks else real(name, *a))
+    assert not any(r.startswith("extra not installed") for row in checked(env).values() for r in row["reasons"])
 
+
+def test_human_table_says_why(env, monkeypatch):
     real = importlib.util.find_spec  # whichever extras are installed here, one is missing for this test
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "boto3" else real(name, *a))
     result = tm(env, "backends", "check")

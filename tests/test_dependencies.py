@@ -5,10 +5,11 @@ and what only the tests use is in the `dev` extra."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 import tomllib
-from importlib.metadata import packages_distributions
+from importlib.metadata import distribution, packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,20 +21,51 @@ def _names(requirements: list[str]) -> set[str]:
 
 
 def _imported_distributions(paths) -> set[str]:
-    """Distributions providing the top-level modules these files import (stdlib and trainmaster left out)."""
-    provided = packages_distributions()
+    """Distributions providing the modules these files import (stdlib and trainmaster left out)."""
     found = set()
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
+                modules = [f"{node.module}.{alias.name}" for alias in node.names]  # `from google.cloud import storage`
             else:
                 continue
-            for top in {m.split(".")[0] for m in modules} - set(sys.stdlib_module_names) - {"trainmaster"}:
-                found |= {d.lower().replace("_", "-") for d in provided.get(top, [top])}
+            for module in modules:
+                if module.split(".")[0] not in set(sys.stdlib_module_names) | {"trainmaster"}:
+                    found |= _providers(module)
     return found
+
+
+def _providers(module: str) -> set[str]:
+    """The installed distributions holding `module`'s files, or its top-level name when none is installed.
+    A namespace shared by many distributions (google, azure) is resolved by the module's own path, so
+    `google.cloud.storage` is google-cloud-storage and not every distribution with a `google/` folder."""
+    top = module.split(".")[0]
+    candidates = _top_level().get(top)
+    if not candidates:
+        return {top.lower().replace("_", "-")}
+    parts = module.split(".")
+    for depth in range(len(parts), 0, -1):
+        prefix = "/".join(parts[:depth])
+        holders = {name for name in candidates if _holds(name, prefix)}
+        if holders:
+            return {name.lower().replace("_", "-") for name in holders}
+    return {name.lower().replace("_", "-") for name in candidates}
+
+
+@functools.cache
+def _top_level() -> dict[str, list[str]]:
+    return packages_distributions()
+
+
+@functools.cache
+def _files(distribution_name: str) -> frozenset[str]:
+    return frozenset(str(f) for f in distribution(distribution_name).files or ())
+
+
+def _holds(distribution_name: str, prefix: str) -> bool:
+    return any(f.startswith(f"{prefix}/") or f == f"{prefix}.py" for f in _files(distribution_name))
 
 
 def _project() -> dict:
@@ -54,7 +86,7 @@ def test_the_package_imports_only_declared_distributions():
     declared = _names(project["dependencies"]) | {n for extra in project["optional-dependencies"].values()
                                                    for n in _names(extra)}
     undeclared = {name for name in _imported_distributions(_package_files()) - declared
-                  if not any(d.startswith(f"{name}-") for d in declared)}  # google, azure: extras not installed here
+                  if not any(d.startswith(f"{name}-") for d in declared)}  # google, azure: an extra not installed here
     assert undeclared <= {"bittensor-core", "botocore"}, undeclared  # brought by the bittensor and aws extras
 
 

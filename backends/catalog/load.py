@@ -1,7 +1,10 @@
-"""Price catalogs: the shipped CSV per cloud, with the user's override file laid over it.
+"""Price catalogs: the shipped CSV per cloud, the refreshed layer over it, and the user's override file on top.
 
 A catalog file starts with `#` comment lines, one of which is `# date: YYYY-MM-DD` (the day the
-prices were taken), then a CSV header and one row per (instance, region). Prices are dollars in
+prices were taken) or, in a refreshed file, `# refreshed: <ISO timestamp>`, then a CSV header and one
+row per (instance, region). The refreshed layer (`<refreshed dir>/<cloud>.csv`, written by
+`trainmaster catalog refresh`) replaces shipped rows with the same key and adds new ones; the user's
+file is laid over both. Prices are dollars in
 the file and integer micro-USD in memory. The user's file (`<config dir>/catalogs/<cloud>.csv`,
 never written by trainmaster) replaces shipped rows with the same instance and region and adds
 new ones; without a date line its date is the file's modification day.
@@ -78,19 +81,22 @@ class Catalog:
 
 
 def load_catalog(
-    cloud: str, *, override_dir: Path | None = None, max_age_days: int = DEFAULT_MAX_AGE_DAYS, today: date | None = None,
+    cloud: str, *, override_dir: Path | None = None, refreshed_dir: Path | None = None,
+    max_age_days: int = DEFAULT_MAX_AGE_DAYS, today: date | None = None,
 ) -> Catalog:
-    """The shipped catalog of `cloud` with the override file (if any) applied; warns when stale."""
+    """The shipped catalog of `cloud` with the refreshed layer, then the override file (each if any) laid
+    over it: shipped < refreshed < user. Warns when a layer is stale."""
     if cloud not in CLOUDS:
         raise ValueError(f"no price catalog for {cloud!r}; catalogs exist for {', '.join(CLOUDS)}")
     shipped = _shipped(cloud)
     rows = {row.key: row for row in shipped.rows}
     sources = list(shipped.sources)
-    override = override_dir / f"{cloud}.csv" if override_dir is not None else None
-    if override is not None and override.is_file():
-        mine = read_catalog(override, cloud)
-        rows.update((row.key, row) for row in mine.rows)
-        sources += mine.sources
+    for folder in (refreshed_dir, override_dir):
+        layer = folder / f"{cloud}.csv" if folder is not None else None
+        if layer is not None and layer.is_file():
+            found = read_catalog(layer, cloud)
+            rows.update((row.key, row) for row in found.rows)
+            sources += found.sources
     catalog = Catalog(cloud=cloud, rows=tuple(rows.values()), sources=tuple(sources))
     today = today or _today()
     for source in catalog.stale(max_age_days, today):
@@ -146,14 +152,22 @@ def read_catalog(path: Path, cloud: str, *, text: str | None = None) -> Catalog:
     return Catalog(cloud=cloud, rows=tuple(rows), sources=(CatalogSource(str(path), dated, len(rows)),))
 
 
+DATE_LABELS = {"date": ("YYYY-MM-DD", date.fromisoformat),
+               "refreshed": ("an ISO timestamp", lambda value: datetime.fromisoformat(value).date())}
+"""The comment lines that date a file: `# date: 2025-07-01` by hand, `# refreshed: 2026-01-05T10:00:00+00:00`
+by `trainmaster catalog refresh`."""
+
+
 def _date_line(path: Path, comments: list[tuple[int, str]]) -> date | None:
     for line_no, line in comments:
         label, _, value = line.lstrip("# ").partition(":")
-        if label.strip().lower() == "date":
+        label = label.strip().lower()
+        if label in DATE_LABELS:
+            expected, parse = DATE_LABELS[label]
             try:
-                return date.fromisoformat(value.strip())
+                return parse(value.strip())
             except ValueError:
-                raise FileError(path, [f"{path}:{line_no}: date: expected YYYY-MM-DD, got {value.strip()!r}"]) from None
+                raise FileError(path, [f"{path}:{line_no}: {label}: expected {expected}, got {value.strip()!r}"]) from None
     return None
 
 

@@ -1,10 +1,12 @@
-"""Offers priced from a catalog, for the clouds until their backends list offers themselves.
+"""Offers priced from a catalog: what the managed backends (SageMaker, Vertex AI, Azure ML) offer.
 
 Each catalog row that fits the request's spec becomes an on-demand offer and, when the request's
 constraints allow spot and the row has a spot price, a spot offer. The catalog is read from where the
 request says (the user's override folder) and warned about past the request's maximum age. Offers
 carry `detail.price_source = "catalog"` and the catalog's date, and name the catalog row as their
-quote's source, so tables can mark them as list prices rather than live quotes.
+quote's source, so tables can mark them as list prices rather than live quotes. A gcp offer with GPUs
+also carries `detail.accelerator` ({"type": "NVIDIA_TESLA_T4", "count": 1}): what Vertex takes beside the
+machine type.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from datetime import date
 from pathlib import Path
 
 from trainmaster.backends.base import Offer, OfferRequest, OfferSet
+from trainmaster.backends.catalog.accelerators import vertex_accelerator
 from trainmaster.backends.catalog.gpus import gpu_matches
 from trainmaster.backends.catalog.load import Catalog, CatalogRow, load_catalog
 from trainmaster.jobs.spec import JobSpec
@@ -27,6 +30,7 @@ def catalog_offers(cloud: str, request: OfferRequest, *, catalog: Catalog | None
     """The offers `cloud`'s catalog makes for the request, or the reasons it makes none."""
     spec, spot_allowed, where = request.spec, request.constraints.spot_allowed, request.catalog
     catalog = catalog or load_catalog(cloud, override_dir=Path(where.override_dir) if where.override_dir else None,
+                                      refreshed_dir=Path(where.refreshed_dir) if where.refreshed_dir else None,
                                       max_age_days=where.max_age_days, today=today)
     offers, misfits = [], Counter()
     for row in catalog.rows:
@@ -64,6 +68,12 @@ def _offer(row: CatalogRow, spec: JobSpec, *, spot: bool, price: int) -> Offer:
         backend=row.cloud, instance=row.instance, region=row.region, gpu_type=row.gpu_type, gpu_count=row.gpu_count,
         gpu_memory_mb=row.gpu_memory_gb * 1024 if row.gpu_memory_gb else None, cpus=row.vcpus, memory_mb=row.memory_mb,
         nodes=spec.resources.nodes, spot=spot, price_per_hour_micro_usd=price, expected_start_s=START_DELAY_S[spot],
-        trusted=True, detail={"price_source": "catalog", "catalog_date": row.date.isoformat(), "catalog_row": row.source},
-        quote={"source": f"catalog {row.source} ({row.date.isoformat()})"},
+        trusted=True, detail=_detail(row), quote={"source": f"catalog {row.source} ({row.date.isoformat()})"},
     )
+
+
+def _detail(row: CatalogRow) -> dict:
+    detail = {"price_source": "catalog", "catalog_date": row.date.isoformat(), "catalog_row": row.source}
+    if row.cloud == "gcp" and row.gpu_count:
+        detail["accelerator"] = {"type": vertex_accelerator(row.gpu_type, row.gpu_memory_gb), "count": row.gpu_count}
+    return detail

@@ -55,6 +55,7 @@ from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
 from trainmaster.jobs.files import (
     HostileFile, open_regular, read_regular, tree_bytes, write_bytes_atomic, write_json_atomic,
 )
+from trainmaster.jobs.launch_command import DIRECT, resolve_launcher, single_process_env
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
@@ -191,10 +192,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             resume_from=Path(ctx.resume_from) if ctx.resume_from else None,
         ), "PYTHONUNBUFFERED": "1"}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in offer.detail.get("gpu_indices", []))
-        launcher = spec.launcher
-        if launcher == "auto":
-            launcher = "torchrun" if nproc > 1 else "direct"
-        if launcher == "direct":
+        launcher = resolve_launcher(spec.launcher, nproc)
+        if launcher == DIRECT:
             env.update(single_process_env())
         return {
             "entrypoint": spec.entrypoint,
@@ -431,20 +430,6 @@ def _carry_metrics(resume_from: Path, outputs: Path) -> None:
     earlier, target = resume_from.parent / "outputs" / METRICS_FILE, outputs / METRICS_FILE
     if earlier.is_file() and not target.exists():
         shutil.copyfile(earlier, target)
-
-
-def single_process_env() -> dict[str, str]:
-    """What torchrun would set for one process, so a script calling init_process_group still works."""
-    return {
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
-        "ROLE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _status(workdir: Path) -> AttemptStatus:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -35,7 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainmaster.backends.local import keeper, oom, processes, sandbox, venvs
-from trainmaster.jobs.environment import OUTPUT_DIR, expand_command, interpreter_environment
+from trainmaster.jobs import launch_command
+from trainmaster.jobs.environment import OUTPUT_DIR, interpreter_environment
 from trainmaster.jobs.files import write_json_atomic
 
 LAUNCH = "launch.json"
@@ -118,15 +118,10 @@ class Heartbeat:
 
 
 def command(launch: dict, python: str, env: dict[str, str]) -> tuple[list[str], str]:
-    """The argv to start, and the line the log shows: the entrypoint as written, since its expansion
-    may hold a value from the inherited environment, which is never written to disk."""
-    words = expand_command(launch["entrypoint"], env)
-    if words[0] in launch["python_names"]:
-        words[0] = python
-    prefix = []
-    if launch["launcher"] == "torchrun":
-        prefix = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={launch['nproc']}", "--no-python"]
-    return prefix + words, " ".join([*map(shlex.quote, prefix), launch["entrypoint"]])
+    """The argv to start, and the line the log shows (jobs/launch_command.py)."""
+    torchrun = launch_command.standalone_args(launch["nproc"]) if launch["launcher"] == launch_command.TORCHRUN else None
+    return launch_command.command(launch["entrypoint"], python=python, python_names=launch["python_names"], env=env,
+                                  torchrun=torchrun)
 
 
 def run(argv: list[str], shown: str, launch: dict, env: dict[str, str], log, stopping: dict, beat: Heartbeat,

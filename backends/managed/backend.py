@@ -137,7 +137,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         return ServiceJob(
             name=name, image=self.config.image or self.default_image(offer), command=command,
             env={plan.VARIABLE: launch.model_dump_json()}, instance=offer.instance, instance_count=res.nodes,
-            gpu_type=offer.gpu_type, gpu_count=offer.gpu_count, spot=offer.spot,
+            gpu_type=offer.gpu_type, gpu_count=offer.gpu_count, spot=offer.spot, detail=dict(offer.detail),
             max_seconds=int(limit) if limit else None, bundle_uri=self.store.uri(bundle_key),
             sync_uri=self.store.uri(sync), model_uri=self.store.uri(f"attempts/{ctx.attempt_id}/model/"),
             labels={"trainmaster-job": ctx.job_id, "trainmaster-attempt": ctx.attempt_id},

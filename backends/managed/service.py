@@ -10,6 +10,7 @@ it. Capacity refusals raise `CapacityError`, throttling and 5xx `TransientBacken
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 from pydantic import Field
 
@@ -28,6 +29,8 @@ class ServiceJob(Frozen):
     gpu_type: str | None = None
     gpu_count: int = 0
     spot: bool = False
+    detail: dict[str, Any] = Field(default_factory=dict, description="The offer's detail as its catalog row gave it "
+                                                                      "(Vertex: the accelerator beside the machine type).")
     max_seconds: int | None = Field(None, ge=1, description="The run's time limit (limits.max_hours, the cost cap).")
     bundle_uri: str = Field(description="The bundle in the object store (what the service mounts or copies in).")
     sync_uri: str = Field(description="The attempt's synced folder in the object store.")

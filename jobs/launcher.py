@@ -1,0 +1,209 @@
+"""The container launcher: `python -m trainmaster.jobs.launcher`, what a managed backend starts in a cloud's image.
+
+It reads the plan from `TRAINMASTER_LAUNCH` (jobs/launch_plan.py; a bad plan exits 2, the reason on stderr),
+finds the bundle and the synced folder where the service put them (jobs/services.py), checks the bundle's
+sha256 and unpacks it into a fresh local folder (a mismatch exits 2 before anything runs), and runs the
+entrypoint as the local backend would (jobs/launch_command.py): one process, or torchrun across the service's
+machines. Node 0 gives the job the synced folder's `outputs/` and `checkpoints/` (resuming from the latter when
+it already holds a complete segment); the other nodes get local scratch folders. Node 0 also tees what the job
+prints into the synced `job.log` (appended, written as it comes) and its own stdout, and once the job ended
+writes the outputs' manifest and the exit record there (jobs/synced_folder.py) and copies the outputs into the
+service's model folder. SIGTERM or SIGINT to the launcher goes to the job's process group; the launcher exits
+with the job's exit code. Formats: docs/runtime.md, "The container launcher".
+
+It imports only the standard library and small `jobs` modules: no torch, so it starts at once.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from trainmaster.jobs import launch_command, synced_folder
+from trainmaster.jobs.bundle import BundleError, extract_bundle
+from trainmaster.jobs.environment import CHECKPOINT_DIR, OUTPUT_DIR, RESUME_FROM, interpreter_environment
+from trainmaster.jobs.launch_plan import SYNC_CHECKPOINTS, SYNC_LOG, SYNC_OUTPUTS, VARIABLE, LaunchPlan
+from trainmaster.jobs.services import Placement, PlacementError, place
+from trainmaster.jobs.spec import PYTHON_NAMES
+
+REFUSED = 2
+"""The exit code of a launch that never started the job: a bad plan, a bundle that does not match."""
+READ_CHUNK = 2**16
+TAIL_BYTES = 4096
+PREFIX = "[trainmaster]"
+
+
+class Refused(Exception):
+    """The job cannot start; the message says why (the launcher exits REFUSED)."""
+
+
+def main() -> int:
+    started = time.time()
+    try:
+        plan = read_plan(os.environ.get(VARIABLE))
+        where = place(plan, os.environ)
+        launcher = launch_command.resolve_launcher(plan.launcher, plan.nproc, where.nnodes)
+        if launcher == launch_command.DIRECT and where.nnodes > 1:
+            raise Refused(f"the launcher 'direct' runs one process; this job has {where.nnodes} nodes")
+    except (Refused, PlacementError) as exc:
+        print(f"{PREFIX} cannot launch: {exc}", file=sys.stderr, flush=True)
+        return REFUSED
+    scratch = Path(tempfile.mkdtemp(prefix="trainmaster-"))
+    try:
+        return run(plan, where, launcher, scratch, started)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def read_plan(text: str | None) -> LaunchPlan:
+    if not text:
+        raise Refused(f"{VARIABLE} is not set: it holds the launch plan as JSON")
+    try:
+        return LaunchPlan.model_validate_json(text)
+    except ValidationError as exc:
+        raise Refused(f"{VARIABLE} is not a launch plan: {exc}") from exc
+
+
+def run(plan: LaunchPlan, where: Placement, launcher: str, scratch: Path, started: float) -> int:
+    """Unpack, run and record the job on this node; its exit code."""
+    lead = where.node_rank == 0
+    folders = where.sync if lead else scratch
+    for sub in (SYNC_OUTPUTS, SYNC_CHECKPOINTS):
+        (folders / sub).mkdir(parents=True, exist_ok=True)
+    with Tee(where.sync / SYNC_LOG if lead else None) as tee:
+        tee.say(f"node {where.node_rank} of {where.nnodes}; bundle {where.bundle}; synced folder {where.sync}")
+        try:
+            extract_bundle(where.bundle, scratch / "code", expected_sha256=plan.bundle_sha256)
+        except BundleError as exc:
+            code, reason = REFUSED, f"the bundle is refused: {exc}"
+            tee.say(reason)
+        else:
+            env = job_env(plan, where, folders, launcher)
+            argv, shown = command(plan, where, launcher, env)
+            tee.say(f"$ {shown}")
+            code, how = supervise(argv, env, scratch / "code", tee)
+            reason = how + (f": {tee.last_line()}" if tee.last_line() else "")
+        if lead:
+            manifest = synced_folder.record_end(where.sync, folders / SYNC_OUTPUTS, exit_code=code, reason=reason,
+                                                started_at=started, ended_at=time.time())
+            if where.model_dir is not None:
+                synced_folder.copy_outputs(folders / SYNC_OUTPUTS, manifest, where.model_dir)
+    return code
+
+
+def job_env(plan: LaunchPlan, where: Placement, folders: Path, launcher: str) -> dict[str, str]:
+    """The job's environment: this container's, the plan's `env`, the folders, and one process's rank variables
+    when it runs directly. Every node resumes from the synced checkpoints when they hold a segment (the others'
+    own checkpoints are scratch: only rank 0 writes)."""
+    synced = where.sync / SYNC_CHECKPOINTS
+    env = {k: v for k, v in os.environ.items() if k != VARIABLE}
+    env.update(plan.env)
+    env.update({OUTPUT_DIR: str(folders / SYNC_OUTPUTS), CHECKPOINT_DIR: str(folders / SYNC_CHECKPOINTS),
+                RESUME_FROM: str(synced) if synced_folder.holds_segment(synced) else "", "PYTHONUNBUFFERED": "1"})
+    if launcher == launch_command.DIRECT:
+        env.update(launch_command.single_process_env())
+    return interpreter_environment(sys.executable, env)
+
+
+def command(plan: LaunchPlan, where: Placement, launcher: str, env: dict[str, str]) -> tuple[list[str], str]:
+    torchrun = None
+    if launcher == launch_command.TORCHRUN:
+        torchrun = launch_command.standalone_args(plan.nproc) if where.nnodes == 1 else launch_command.rendezvous_args(
+            nnodes=where.nnodes, node_rank=where.node_rank, master_addr=where.master_addr,
+            master_port=where.master_port, nproc=plan.nproc)
+    return launch_command.command(plan.entrypoint, python=sys.executable, python_names=PYTHON_NAMES, env=env,
+                                  torchrun=torchrun)
+
+
+def supervise(argv: list[str], env: dict[str, str], cwd: Path, tee: Tee) -> tuple[int, str]:
+    """Run `argv` in its own process group, its output through `tee`, passing SIGTERM and SIGINT on to the
+    group; its exit code (a signal's as a shell gives it, 128 + n) and how it exited."""
+    try:
+        child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return 127, f"cannot start {argv[0]}: {exc.strerror}"
+    stopped: list[int] = []
+
+    def forward(signum, _frame):
+        stopped.append(signum)
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        pump(child, tee)
+        returned = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    code = 128 - returned if returned < 0 else returned
+    how = f"killed by {signal.Signals(-returned).name} (exit code {code})" if returned < 0 else f"exited with code {code}"
+    if stopped:
+        how = f"stopped by {signal.Signals(stopped[0]).name} sent to the launcher; {how}"
+    return code, how
+
+
+def pump(child: subprocess.Popen, tee: Tee) -> None:
+    """Copy the child's output to `tee` as it comes, until the child has exited and its pipe is drained (a
+    process it left holding the pipe does not keep the launcher waiting)."""
+    fd = child.stdout.fileno()
+    while True:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            chunk = os.read(fd, READ_CHUNK)
+            if not chunk:
+                return
+            tee.job(chunk)
+        elif child.poll() is not None:
+            return
+
+
+class Tee:
+    """The job's output and the launcher's lines, to stdout and (node 0) the synced log, each written as it comes;
+    keeps the end of the job's own output for its last line."""
+
+    def __init__(self, log: Path | None):
+        self.path, self.file, self.tail = log, None, b""
+
+    def __enter__(self) -> Tee:
+        if self.path is not None:
+            self.file = open(self.path, "ab", buffering=0)
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def job(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-TAIL_BYTES:]
+        self.write(data)
+
+    def say(self, line: str) -> None:
+        self.write(f"{PREFIX} {line}\n".encode())
+
+    def write(self, data: bytes) -> None:
+        if self.file is not None:
+            self.file.write(data)
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    def last_line(self) -> str:
+        """The job's last non-empty line (at most 500 characters), or empty."""
+        lines = [line.strip() for line in self.tail.decode(errors="replace").splitlines() if line.strip()]
+        return lines[-1][-500:] if lines else ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
