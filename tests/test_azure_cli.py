@@ -162,15 +162,18 @@ def test_throttling_and_5xx_are_retried_until_the_job_runs(cli, azure, tmp_path)
     assert len(answered) == 6 and len(azure.fake.jobs) == 1  # five refused, then created once
 
 
-def test_capacity_refused_at_submit_blocks_the_offer_and_falls_back_to_local(cli, azure, tmp_path):
+def test_capacity_refused_at_submit_blocks_the_offer_and_falls_back_to_local(cli, azure, tm_home, tmp_path):
     azure.fake.refusing = "InsufficientQuota: the subscription has no quota for NCASv3_T4 in eastus"
-    (tmp_path / "policy.yaml").write_text("name: az\ndefault:\n  primary: azure\n  fallbacks: [local]\n"
-                                          "  constraints:\n    max_usd_per_hour: 0.2\n")  # one azure offer
     done = submit(job(tmp_path, TINY_LM.format(steps=50)), tmp_path)
     assert done["state"] == "accepted", done
-    refused, ran = done["attempts"]
-    assert refused["backend"] == "azure" and "InsufficientQuota" in refused["reason"], refused
+    *refused, ran = done["attempts"]
     assert ran["backend"] == "local" and ran["state"] == "accepted"
+    said = "UserError: InsufficientQuota: the subscription has no quota for NCASv3_T4 in eastus"
+    assert refused and all(a["backend"] == "azure" and a["reason"].endswith(said) for a in refused), refused
+    offers = [json.loads(r["offer_json"]) for r in rows(tm_home, "SELECT offer_json FROM attempts WHERE job_id = ?"
+                                                        " AND backend = 'azure'", done["id"])]
+    keys = [f"{o['instance']}/{o['spot']}" for o in offers]
+    assert len(keys) == len(set(keys)) == len(refused)  # each refused offer blocked: never tried twice
     assert azure.fake.jobs == {}
 
 

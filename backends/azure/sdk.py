@@ -56,7 +56,7 @@ def typed(exc: Exception, what: str) -> BackendError:
     """An Azure SDK error as the core's typed error: throttling, 5xx and connections transient; a capacity or
     quota refusal a CapacityError; missing credentials or permissions a BackendError saying so."""
     e = errors()
-    text = f"{what}: {getattr(exc, 'message', None) or exc}"
+    text = f"{what}: {_said(exc)}"
     if isinstance(exc, e.ClientAuthenticationError):
         return BackendError(f"{text} (Azure credentials missing or refused: run `az login`, or set azure.credential)")
     if isinstance(exc, (e.ServiceRequestError, e.ServiceResponseError)):
@@ -69,6 +69,14 @@ def typed(exc: Exception, what: str) -> BackendError:
     if status == 403:
         return BackendError(f"{text} (the credential lacks permission for this)")
     return BackendError(text)
+
+
+def _said(exc: Exception) -> str:
+    """What the service said: its error's code and message, else the SDK's first line."""
+    error = getattr(exc, "error", None)
+    if getattr(error, "message", None):
+        return f"{error.code}: {error.message}" if error.code else error.message
+    return (str(getattr(exc, "message", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 async def call(what: str, function, *args, **kwargs):
