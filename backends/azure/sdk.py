@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 
 from trainmaster.backends.base import BackendError, CapacityError, TransientBackendError
 
@@ -13,8 +14,15 @@ KINDS = {"default": "DefaultAzureCredential", "cli": "AzureCliCredential", "envi
 
 
 def ml():
+    """azure.ai.ml, its own stderr chatter (experimental-class notices, studio URLs) quieted: what it says
+    that matters comes back as errors, which trainmaster reports itself."""
     import azure.ai.ml
+    import azure.ai.ml.entities
+    import azure.ai.ml.operations  # noqa: F401 - imported to quiet the loggers it sets up
 
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("azure.ai.ml") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.ERROR)
     return azure.ai.ml
 
 
