@@ -5,7 +5,7 @@ session (`start_azure`). Jobs never move by themselves: the test or its runner (
 from __future__ import annotations
 
 import datetime
-import os
+import ipaddress
 import ssl
 import subprocess
 import tempfile
@@ -139,7 +139,6 @@ def make_cert(folder: Path) -> tuple[str, ssl.SSLContext]:
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])

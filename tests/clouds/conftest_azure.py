@@ -23,7 +23,6 @@ def azure(azure_servers, monkeypatch):
     azure_servers.fake.reset()
     for name, value in azure_servers.env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_servers.azurite.connection_string)
     return azure_servers
 
 
