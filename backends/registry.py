@@ -77,7 +77,7 @@ REGISTRY: dict[str, BackendEntry] = {
             checks="trainmaster.backends.bittensor.check",
         ),
         BackendEntry(
-            "aws", None, extra="aws", sdk=("boto3",), trusted=True, catalog=True,
+            "aws", "trainmaster.backends.aws.backend:AwsBackend", extra="aws", sdk=("boto3",), trusted=True, catalog=True,
             config="trainmaster.backends.aws.config:AwsConfig", checks="trainmaster.backends.aws.check",
         ),
         BackendEntry(

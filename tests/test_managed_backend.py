@@ -161,3 +161,15 @@ def test_cost_is_the_recorded_price_times_billable_seconds_times_instances_plus_
     egress = -(-10**6 * 90_000 // 10**9)
     assert cost.micro_usd > compute + egress and cost.micro_usd - compute - egress < 100  # storage: a few µUSD
     assert cost.billable_seconds == 200 and "billable seconds" in cost.basis and "egress (estimated)" in cost.basis
+
+
+def test_a_service_that_bills_spot_as_fewer_seconds_is_charged_at_the_on_demand_price(backend, bundle):
+    spot = offer(spot=True, detail={"on_demand_micro_usd_per_hour": 7_200_000})
+    handle = asyncio.run(backend.submit(bundle, spec(), spot, ctx("att1")))
+    finish_outputs(backend, "att1", {})
+    ended = dict(phase=Phase.succeeded, started_at=0, ended_at=500, billable_seconds=100)
+    backend.service.states["tm-att1"] = ServiceState(**ended)  # billed at the spot price recorded at dispatch
+    assert asyncio.run(backend.cost(handle, spot)).micro_usd - 100 * 1000 in range(0, 10)  # + a few µUSD of storage
+    backend.service.states["tm-att1"] = ServiceState(**ended, billed_at_on_demand=True)  # SageMaker managed spot
+    charged = asyncio.run(backend.cost(handle, spot))
+    assert charged.micro_usd - 100 * 2000 in range(0, 10) and "on-demand price" in charged.basis

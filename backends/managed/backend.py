@@ -266,12 +266,15 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
             seconds, source = max(0.0, (state.ended_at or time.time()) - state.started_at), "run time"
         else:
             return Cost(micro_usd=0, billable_seconds=0, basis="never started")
-        compute = -(-int(seconds * 1000) * instances * offer.price_per_hour_micro_usd // 3_600_000)
+        price = offer.price_per_hour_micro_usd
+        if offer.spot and state.billed_at_on_demand and "on_demand_micro_usd_per_hour" in offer.detail:
+            price, source = int(offer.detail["on_demand_micro_usd_per_hour"]), source + ", spot saving included, at the on-demand price"
+        compute = -(-int(seconds * 1000) * instances * price // 3_600_000)
         stored = sum(obj.size for obj in await self.store.list(handle.data["sync"]))
         outputs = sum(obj.size for obj in await self.store.list(handle.data["sync"] + plan.SYNC_OUTPUTS + "/"))
         egress = -(-outputs * EGRESS_MICRO_USD_PER_GB[self.name] // 10**9)
         storage = -(-stored * STORAGE_MICRO_USD_PER_GB_MONTH // 10**9)  # a month of keeping what it wrote
-        basis = (f"compute {seconds:.0f} s × {instances} instance(s) × {offer.price_per_hour_micro_usd} µUSD/h "
+        basis = (f"compute {seconds:.0f} s × {instances} instance(s) × {price} µUSD/h "
                  f"({source}; price recorded at dispatch) = {compute} µUSD; egress (estimated) {outputs} B of outputs "
                  f"= {egress} µUSD; storage (estimated) {stored} B for a month = {storage} µUSD")
         return Cost(micro_usd=compute + egress + storage, billable_seconds=seconds * instances, basis=basis)
