@@ -3,13 +3,14 @@ backends.yaml pointing at the strict Azure ML fake and Azurite, and a test-side 
 (tests/clouds/azure_runner.py: the launcher in a subprocess per instance). A spot job preempted mid-run resumes
 from its synced checkpoints to the bytes of an uninterrupted run, is fetched, verified and charged what the
 service billed; a 2-node gloo job; throttling retried; capacity refused at submit falls back to local; a job
-failing inside the service ends with the service's reason and the exit code."""
+failing inside the service ends with its reason and exit code; `cancel` stops the Azure ML job."""
 
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,24 @@ def test_a_job_failing_in_the_service_ends_with_its_reason_and_exit_code(cli, az
     ended = [json.loads(e["detail"]) for e in rows(tm_home, "SELECT detail FROM events WHERE attempt_id = ? AND "
                                                             "kind = 'attempt' AND detail IS NOT NULL", attempt["id"])]
     assert ended == [{"cause": "script_failed", "reason": "exited with code 3: about to fail"}]  # no fallback
+
+
+def test_cancel_stops_the_azure_ml_job(cli, azure, tmp_path):
+    spec = job(tmp_path, "", name="long", files={"train.py": "import time\nprint('started', flush=True)\n"
+                                                             "time.sleep(120)\n"},
+               text="name: long\nentrypoint: python train.py\n")
+    submitted = shown(tm("submit", str(spec), "--policy", str(tmp_path / "policy.yaml"), "--json"))
+    deadline = time.monotonic() + 60
+    while not any(j["properties"]["status"] == "Running" for j in azure.fake.jobs.values()):
+        assert time.monotonic() < deadline, "the job never started"
+        tm("status", submitted["id"], "--json")  # the broker moves it along as it is asked
+        time.sleep(0.2)
+    cancelled = tm("cancel", submitted["id"], "--json")
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    [name] = azure.fake.jobs
+    while azure.fake.properties(name)["status"] != "Canceled":  # the runner saw CancelRequested and stopped it
+        assert time.monotonic() < deadline, azure.fake.properties(name)["status"]
+        time.sleep(0.2)
+    assert cli.exit_codes[name] == [-9]
+    final = shown(tm("status", submitted["id"], "--json"))
+    assert final["state"] == "cancelled" and [a["state"] for a in final["attempts"]] == ["cancelled"], final
