@@ -86,7 +86,7 @@ REGISTRY: dict[str, BackendEntry] = {
             config="trainmaster.backends.gcp.config:GcpConfig", checks="trainmaster.backends.gcp.check",
         ),
         BackendEntry(
-            "azure", None, extra="azure", sdk=("azure.ai.ml", "azure.identity", "azure.storage.blob"),
+            "azure", "trainmaster.backends.azure.backend:AzureBackend", extra="azure", sdk=("azure.ai.ml", "azure.identity", "azure.storage.blob"),
             trusted=True, catalog=True,
             config="trainmaster.backends.azure.config:AzureConfig", checks="trainmaster.backends.azure.check",
         ),
