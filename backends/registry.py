@@ -3,8 +3,9 @@
 Everything else derives from it: the names a policy may use, the backends the broker dispatches
 to, `trainmaster offers` and `trainmaster backends check`. Classes, config models and checks are
 named as "module:attribute" strings and imported on demand, so reading the list imports no backend
-and no SDK. `local` and `bittensor` (miners' signed quotes, gathered live over the miner protocol)
-dispatch in this version; the clouds' offers come from the price catalogs in `backends/catalog/`.
+and no SDK. Every backend dispatches in this version: `local`, `bittensor` (miners' signed quotes, gathered
+live over the miner protocol) and the three managed training services (`aws` SageMaker, `gcp` Vertex AI,
+`azure` Azure ML; backends/managed/), whose offers come from the price catalogs in `backends/catalog/`.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Google Cloud (planned: offers come from the price catalog; runs are not dispatched in this version)."""
+"""Google Cloud: Vertex AI custom jobs staged through Cloud Storage (the managed backend); offers from the price catalog."""
