@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo
 from trainmaster.broker import states
 from trainmaster.broker.store import NotFound, Store
 
-from .model import PrefixData, Trigger
+from .model import Trigger
 from .records import Fire, Records
 from .sources import Observation, SourceUnavailable, observe
 
@@ -175,7 +175,7 @@ class TriggerEngine:
         return observation
 
     def _backend_configs(self, trigger: Trigger) -> Mapping[str, Any]:
-        if self._configs is None and isinstance(trigger.data, PrefixData):
+        if self._configs is None and trigger.data.prefix is not None:
             from trainmaster.backends.config import load_configs
             from trainmaster.broker import paths
 

@@ -9,7 +9,6 @@ budgets, and never overlaps the trigger's previous run. Errors name the file, li
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -26,40 +25,41 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class FolderData(_Strict):
-    folder: Path = Field(description="A local folder; every file under it (recursively) counts once.")
-    min_new: int = Field(ge=1, description="Fire when this many files are new since the last accepted run.")
+class Data(_Strict):
+    """A threshold of new data: files under `folder`, objects under `prefix`, or entries of a Redis `stream`."""
 
-
-class PrefixData(_Strict):
-    prefix: str = Field(description="s3://bucket/prefix, gs://bucket/prefix or az://container/prefix; listed with "
-                                    "the cloud's settings in backends.yaml (credentials, endpoint).")
-    min_new: int = Field(ge=1, description="Fire when this many objects are new since the last accepted run.")
+    folder: Path | None = Field(None, description="A local folder; every file under it (recursively) counts once.")
+    prefix: str | None = Field(None, description="s3://bucket/prefix, gs://bucket/prefix or az://container/prefix, "
+                                                 "listed with the cloud's settings in backends.yaml.")
+    redis: str | None = Field(None, description="redis://host:port/db (rediss:// for TLS) of the server holding "
+                                                "`stream`.")
+    stream: str | None = Field(None, min_length=1, description="The stream's key (with `redis`).")
+    min_new: int = Field(ge=1, description="Fire when this many files, objects or entries are new since the last "
+                                           "accepted run.")
 
     @field_validator("prefix")
     @classmethod
-    def _uri(cls, value: str) -> str:
-        parsed = urlparse(value)
-        if parsed.scheme not in PREFIX_SCHEMES or not parsed.netloc:
+    def _uri(cls, value: str | None) -> str | None:
+        parsed = urlparse(value or "")
+        if value is not None and (parsed.scheme not in PREFIX_SCHEMES or not parsed.netloc):
             raise ValueError("must be s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
         return value
 
-
-class StreamData(_Strict):
-    redis: str = Field(description="redis://host:port/db (rediss:// for TLS) of the server holding the stream.")
-    stream: str = Field(min_length=1, description="The stream's key.")
-    min_new: int = Field(ge=1, description="Fire when this many entries are new since the last accepted run.")
-
     @field_validator("redis")
     @classmethod
-    def _url(cls, value: str) -> str:
-        parsed = urlparse(value)
-        if parsed.scheme not in ("redis", "rediss") or not parsed.hostname:
+    def _url(cls, value: str | None) -> str | None:
+        parsed = urlparse(value or "")
+        if value is not None and (parsed.scheme not in ("redis", "rediss") or not parsed.hostname):
             raise ValueError("must be redis://host:port/db or rediss://host:port/db")
         return value
 
-
-Data = Annotated[FolderData | PrefixData | StreamData, Field(union_mode="left_to_right")]
+    @model_validator(mode="after")
+    def _one_source(self) -> Data:
+        if sum(x is not None for x in (self.folder, self.prefix, self.redis)) != 1:
+            raise ValueError("give exactly one of folder, prefix, or redis (with stream)")
+        if (self.redis is None) != (self.stream is None):
+            raise ValueError("redis and stream go together")
+        return self
 
 
 class Trigger(_Strict):

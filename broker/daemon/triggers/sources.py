@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from .model import Data, FolderData, PrefixData, StreamData
+from .model import Data
 
 STREAM_START = "0-0"
 
@@ -33,9 +33,9 @@ class Observation:
 
 async def observe(data: Data, baseline: dict | None, configs: Mapping[str, Any]) -> Observation:
     """What is new under `data` since `baseline`; `configs` are the backends' settings (backends.yaml)."""
-    if isinstance(data, FolderData):
+    if data.folder is not None:
         return _names_since(await asyncio.to_thread(_folder_names, data.folder), baseline)
-    if isinstance(data, PrefixData):
+    if data.prefix is not None:
         return _names_since(await _prefix_names(data.prefix, configs), baseline)
     return await _stream_since(data, baseline)
 
@@ -79,7 +79,7 @@ def object_store(uri: str, configs: Mapping[str, Any]):
     return BlobStore(configs["azure"].model_copy(update={"container": root, "prefix": prefix}))
 
 
-async def _stream_since(data: StreamData, baseline: dict | None) -> Observation:
+async def _stream_since(data: Data, baseline: dict | None) -> Observation:
     import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
