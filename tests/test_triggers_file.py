@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from cli_run import tm
 from trainmaster.broker.daemon.triggers.model import load_triggers, triggers_file, triggers_schema
 from trainmaster.jobs.yamlfile import FileError
 
@@ -124,10 +125,10 @@ def test_malformed_yaml_names_the_file_and_line(tmp_path):
     assert problems(path)[0].startswith(f"{path}:4:")
 
 
-def test_the_schema_describes_the_file():
-    schema = triggers_schema()
+def test_the_schema_describes_the_file(tm_home):
+    schema = json.loads(tm("schema", "triggers", home=tm_home).stdout)
+    assert schema == json.loads(json.dumps(triggers_schema()))
     assert schema["title"] == "trainmaster triggers" and "triggers" in schema["properties"]
     trigger = schema["$defs"]["Trigger"]
     assert trigger["additionalProperties"] is False
     assert {"name", "spec", "schedule", "data", "debounce_s", "budget_gate", "manual"} <= set(trigger["properties"])
-    json.dumps(schema)
