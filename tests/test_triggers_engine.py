@@ -142,7 +142,7 @@ def test_the_budget_gate_holds_a_fire_back_and_says_why(db, jobs):
     assert tick(eng, MONDAY + HOUR) == [] and eng.problems["t"] == refusal[0] and jobs.all() == []
     refusal[0] = None
     [fired] = tick(eng, MONDAY + HOUR + 60)
-    assert fired.job_id and jobs.calls[-1][1] == "hybrid"
+    assert fired.job_id and jobs.calls[-1][1] == "hybrid" and "t" not in eng.problems
 
 
 def test_a_trigger_without_the_gate_ignores_it(db, jobs):

@@ -135,9 +135,13 @@ class TriggerEngine:
         if last.job_id is None:
             return False  # recorded, its submit still to happen
         state = self._job_state(last.job_id)
-        if state == "accepted" and last.cursor is not None:
+        if state == "accepted" and last.cursor is not None and self._newer_than_baseline(last):
             self.records.accept(last, now)
         return state in states.JOB_ENDS or state is None
+
+    def _newer_than_baseline(self, fire: Fire) -> bool:
+        base = self.records.baseline(fire.trigger)
+        return base is None or base[0] < fire.id
 
     def _job_state(self, job_id: str) -> str | None:
         try:
@@ -189,6 +193,7 @@ class TriggerEngine:
         if refusal:
             self.problems[trigger.name] = refusal
             return False
+        self.problems.pop(trigger.name, None)
         return True
 
     # firing

@@ -74,6 +74,9 @@ class Records:
 
     def started(self, trigger: str, now: float) -> float:
         """When the trigger was first seen (recorded now if never): a schedule is due only after it."""
+        row = self.db.execute("SELECT at FROM trigger_starts WHERE trigger = ?", (trigger,)).fetchone()
+        if row is not None:
+            return row[0]
         with statedb.immediate(self.db) as db:
             db.execute("INSERT OR IGNORE INTO trigger_starts (trigger, at) VALUES (?, ?)", (trigger, now))
             return db.execute("SELECT at FROM trigger_starts WHERE trigger = ?", (trigger,)).fetchone()[0]
