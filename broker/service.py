@@ -269,8 +269,9 @@ class Broker:
                         budget=self.budget_refusal(loaded.spec, policy, result),
                         start=self.start_preview(loaded.spec, policy, offer))
 
-    async def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
-        """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good."""
+    async def submit(self, spec_path: Path, policy_name: str = "default", *, origin: dict | None = None) -> Job:
+        """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good.
+        `origin` (who asked: a trigger's fire and its idempotency key) is kept in the job's first event."""
         loaded, policy, result = await self._planned(spec_path, policy_name)
         info = await asyncio.to_thread(bundles.build_bundle, loaded.code_dir, loaded.spec.canonical_json(),
                                        paths.bundles_dir(), max_bytes=_max_bundle(loaded.spec))
@@ -279,7 +280,8 @@ class Broker:
             job_id=job_id, name=loaded.spec.name, workload=loaded.spec.workload, project=loaded.spec.project,
             spec_json=loaded.spec.model_dump_json(), spec_path=str(loaded.path), bundle_sha256=info.sha256,
             policy=policy_name, policy_json=policy.model_dump_json(),
-            detail={"bundle_bytes": info.size, "files": info.files, "left_out": list(info.left_out)},
+            detail={"bundle_bytes": info.size, "files": info.files, "left_out": list(info.left_out),
+                    **({"origin": origin} if origin else {})},
         )
         self._policies[job_id] = policy
         self._record_plan(job_id, result, seq=1)
