@@ -93,6 +93,15 @@ class AliasMove:
     at: float
 
 
+def unfinished_exist(db) -> bool:
+    """Whether a registration is left to carry on, read on any connection to `state.db` without migrating
+    (what tells a command that its reconcile pass has something to do)."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'promotions'").fetchone():
+        return False
+    return db.execute(f"SELECT 1 FROM promotions WHERE state IN ({','.join('?' * len(UNFINISHED))}) LIMIT 1",
+                      UNFINISHED).fetchone() is not None
+
+
 class PromotionStore:
     def __init__(self, path: Path):
         self.db = statedb.connect(path)
