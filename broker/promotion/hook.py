@@ -52,8 +52,8 @@ def _settings() -> tuple[MlflowSettings | None, str | None]:
 
 def _advance(store: Store, records: PromotionStore, promotion: Promotion, settings: MlflowSettings | None,
              problem: str | None) -> None:
-    from trainmaster.broker.promotion.registration import register_and_gate
     from trainmaster.broker.promotion.mlflow_registry import RegistryError
+    from trainmaster.broker.promotion.registration import register_and_gate
 
     if settings is None:
         records.set_error(promotion.lineage.job_id, problem or "no registry is configured")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 from trainmaster.broker import paths
 from trainmaster.broker.promotion.records import Lineage
@@ -44,7 +45,7 @@ def accepted_attempt(store: Store, job: Job) -> Attempt:
     return accepted[-1]
 
 
-def model_files(store: Store, lineage: Lineage) -> list:
+def model_files(store: Store, lineage: Lineage) -> list[Path]:
     """The accepted attempt's kept outputs outside its checkpoint segments (the final model, its result and
     commitment): what the registry's version holds as artifacts."""
     outputs = paths.job_dir(lineage.job_id) / "outputs"
