@@ -141,6 +141,11 @@ def test_a_restart_half_way_registers_nothing_twice(tm_home, job_factory, tracki
     experiment = client(tracking).get_experiment_by_name("trainmaster/restarted")
     assert len(client(tracking).search_runs([experiment.experiment_id])) == 1
     assert promotion(tm_home, job["id"]).state == "done"
+    records = PromotionStore(tm_home / "state.db")
+    try:
+        assert [m.version for m in records.moves("restarted")] == ["1"]  # the move found made, recorded once
+    finally:
+        records.close()
 
 
 def test_a_registry_down_at_accept_time_leaves_the_promotion_pending_until_the_next_pass(tm_home, job_factory,

@@ -89,3 +89,9 @@ def test_without_a_registry_every_accepted_job_is_recorded_with_its_lineage(tm_h
 def test_models_ls_imports_neither_mlflow_nor_the_broker_service(tm_home):
     loaded, out = imported(["models", "ls", "--json"], ["mlflow", "trainmaster.broker.service", "asyncio"])
     assert loaded == [] and json.loads(out) == []
+
+
+def test_a_rollback_with_nothing_to_go_back_to_says_so(tm_home):
+    write_registry(tm_home, "mlflow:\n  tracking_uri: http://127.0.0.1:9\n")  # never called: refused before
+    refused = CliRunner().invoke(app, ["models", "rollback"])
+    assert refused.exit_code == 1 and "no model has been registered yet" in refused.output, refused.output
