@@ -48,7 +48,7 @@ MAX_RECORD_BYTES = 2**16
 STORAGE_MICRO_USD_PER_GB_MONTH = 23_000
 """Standard object storage, about $0.023 per GB-month on all three clouds: the estimate of what an attempt's
 files cost while they are kept."""
-MONTH_S = 30 * 86400
+MAX_SEEN = 4096
 
 
 class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesFromCheckpoints, ReportsMetrics,
@@ -63,6 +63,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         super().__init__(config)
         self._store: ObjectStore | None = None
         self._service: TrainingService | None = None
+        self._seen: dict[str, tuple[float, ServiceState]] = {}
 
     # what each cloud provides
 
@@ -96,6 +97,19 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         if self._service is None:
             self._service = self.make_service()
         return self._service
+
+    async def describe(self, name: str) -> ServiceState:
+        """The service's state of a job, asked at most every `poll_s` while it runs (the broker watches a job
+        several times a second; the services throttle describe calls), at once after it ended (never changes)."""
+        now = time.monotonic()
+        seen = self._seen.get(name)
+        if seen is not None and (seen[1].phase.done or now - seen[0] < self.config.poll_s):
+            return seen[1]
+        state = await self.service.describe(name)
+        if len(self._seen) >= MAX_SEEN:  # a daemon's lifetime of attempts: keep memory bounded
+            self._seen.clear()
+        self._seen[name] = (now, state)
+        return state
 
     async def offers(self, request: OfferRequest) -> OfferSet:
         found = await asyncio.to_thread(catalog_offers, self.name, request)
@@ -155,7 +169,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
                 await self.store.copy(found.key, sync + found.key[len(source):])
 
     async def _state(self, handle: Handle) -> tuple[ServiceState, dict | None]:
-        state = await self.service.describe(handle.data["name"])
+        state = await self.describe(handle.data["name"])
         ended = await self._record(handle, plan.SYNC_EXIT) if state.phase.done else None
         return state, ended
 
@@ -181,7 +195,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         return status
 
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
-        done = (await self.service.describe(handle.data["name"])).phase.done  # before the log: nothing after it is missed
+        done = (await self.describe(handle.data["name"])).phase.done  # before the log: nothing after it is missed
         data = await self.store.read(handle.data["sync"] + plan.SYNC_LOG, offset, LOG_CHUNK + 1) or b""
         more = len(data) > LOG_CHUNK
         data = data[:LOG_CHUNK]
@@ -258,7 +272,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
             raise BackendError(f"the output manifest does not read: {exc}") from None
 
     async def cost(self, handle: Handle, offer: Offer) -> Cost:
-        state = await self.service.describe(handle.data["name"])
+        state = await self.service.describe(handle.data["name"])  # fresh: billable time can come after the end
         instances = int(handle.data.get("instances", 1))
         if state.billable_seconds is not None:
             seconds, source = state.billable_seconds, "billable seconds as the service reports them"
