@@ -3,8 +3,9 @@
 Everything else derives from it: the names a policy may use, the backends the broker dispatches
 to, `trainmaster offers` and `trainmaster backends check`. Classes, config models and checks are
 named as "module:attribute" strings and imported on demand, so reading the list imports no backend
-and no SDK. `local` and `bittensor` (miners' signed quotes, gathered live over the miner protocol)
-dispatch in this version; the clouds' offers come from the price catalogs in `backends/catalog/`.
+and no SDK. Every backend dispatches in this version: `local`, `bittensor` (miners' signed quotes, gathered
+live over the miner protocol) and the three managed training services (`aws` SageMaker, `gcp` Vertex AI,
+`azure` Azure ML; backends/managed/), whose offers come from the price catalogs in `backends/catalog/`.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ REGISTRY: dict[str, BackendEntry] = {
             checks="trainmaster.backends.bittensor.check",
         ),
         BackendEntry(
-            "aws", None, extra="aws", sdk=("boto3",), trusted=True, catalog=True,
+            "aws", "trainmaster.backends.aws.backend:AwsBackend", extra="aws", sdk=("boto3",), trusted=True, catalog=True,
             config="trainmaster.backends.aws.config:AwsConfig", checks="trainmaster.backends.aws.check",
         ),
         BackendEntry(
@@ -86,7 +87,7 @@ REGISTRY: dict[str, BackendEntry] = {
             config="trainmaster.backends.gcp.config:GcpConfig", checks="trainmaster.backends.gcp.check",
         ),
         BackendEntry(
-            "azure", None, extra="azure", sdk=("azure.ai.ml", "azure.identity", "azure.storage.blob"),
+            "azure", "trainmaster.backends.azure.backend:AzureBackend", extra="azure", sdk=("azure.ai.ml", "azure.identity", "azure.storage.blob"),
             trusted=True, catalog=True,
             config="trainmaster.backends.azure.config:AzureConfig", checks="trainmaster.backends.azure.check",
         ),

@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import fcntl
 import hashlib
+import logging
 import secrets
 import shutil
 import statistics
@@ -269,8 +270,9 @@ class Broker:
                         budget=self.budget_refusal(loaded.spec, policy, result),
                         start=self.start_preview(loaded.spec, policy, offer))
 
-    async def submit(self, spec_path: Path, policy_name: str = "default") -> Job:
-        """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good."""
+    async def submit(self, spec_path: Path, policy_name: str = "default", *, origin: dict | None = None) -> Job:
+        """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good.
+        `origin` (who asked: a trigger's fire and its idempotency key) is kept in the job's first event."""
         loaded, policy, result = await self._planned(spec_path, policy_name)
         info = await asyncio.to_thread(bundles.build_bundle, loaded.code_dir, loaded.spec.canonical_json(),
                                        paths.bundles_dir(), max_bytes=_max_bundle(loaded.spec))
@@ -279,7 +281,8 @@ class Broker:
             job_id=job_id, name=loaded.spec.name, workload=loaded.spec.workload, project=loaded.spec.project,
             spec_json=loaded.spec.model_dump_json(), spec_path=str(loaded.path), bundle_sha256=info.sha256,
             policy=policy_name, policy_json=policy.model_dump_json(),
-            detail={"bundle_bytes": info.size, "files": info.files, "left_out": list(info.left_out)},
+            detail={"bundle_bytes": info.size, "files": info.files, "left_out": list(info.left_out),
+                    **({"origin": origin} if origin else {})},
         )
         self._policies[job_id] = policy
         self._record_plan(job_id, result, seq=1)
@@ -349,6 +352,7 @@ class Broker:
                 await self._settle_with_executors(job_id)
             except Exception as exc:  # noqa: BLE001 — recorded on the job, retried by the next command
                 self.store.log_event(job_id, "error", {"message": f"{type(exc).__name__}: {exc}"})
+        await self._promote()
 
     async def wait(self, job_id: str, *, poll_s: float = 0.2, timeout_s: float | None = None) -> Job:
         deadline = time.time() + timeout_s if timeout_s else None
@@ -733,6 +737,7 @@ class Broker:
             opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
             await self._end_attempt(job, attempt, "accepted", job_target="accepted",
                                     detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
+            await self._promote(job.id)
             await self._give_back_disk(job)
         elif verdict.outcome == "cannot_verify":
             # the checks could not run (a missing package, a full disk): nothing is paid or blocked; the
@@ -741,6 +746,23 @@ class Broker:
             self.store.move_attempt(attempt.id, "unverified", job_target="unverified", reason=why)
         else:  # rejected: nothing is paid, the offer is blocked, who ran it is banned, the next one tried
             await self._react(job, attempt, failures.REJECTED, f"rejected: {'; '.join(verdict.reasons)}")
+
+    async def _promote(self, job_id: str | None = None) -> None:
+        """Record the accepted job's lineage and promote it into the model registry (broker/promotion/), or,
+        with no job, carry on the promotions left pending. A failure is an `error` event, never the job's: it
+        stays accepted and the promotion is retried by the next pass."""
+        from trainmaster.broker.promotion import hook
+
+        try:
+            if job_id is None:
+                await asyncio.to_thread(hook.retry_pending, self.store)
+            else:
+                await asyncio.to_thread(hook.on_accepted, self.store, job_id)
+        except Exception as exc:  # noqa: BLE001 — recorded, retried by the next pass
+            if job_id is None:
+                logging.getLogger(__name__).warning("retrying pending promotions: %s: %s", type(exc).__name__, exc)
+            else:
+                self.store.log_event(job_id, "error", {"message": f"promotion: {type(exc).__name__}: {exc}"})
 
     async def _give_back_disk(self, job: Job) -> None:
         """The retention policy once a job is accepted (broker/reclaim.py): what it frees is a `disk` event; a

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trainmaster.backends.base import Phase
 from trainmaster.backends.managed.backend import ManagedBackend
+from trainmaster.backends.managed.config import ManagedConfig
 from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
 from trainmaster.backends.managed.store import ObjectStore, StoredObject
 
@@ -87,8 +88,8 @@ class FolderBackend(ManagedBackend):
     name = "aws"  # priced and egressed as AWS
     service_name = "sagemaker"
 
-    def __init__(self, root: Path):
-        super().__init__()
+    def __init__(self, root: Path, poll_s: float = 1e-6):
+        super().__init__(ManagedConfig(setup="", poll_s=poll_s))
         self._store, self._service = FolderStore(root), SetService()
 
     def default_image(self, offer):

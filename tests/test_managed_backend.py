@@ -70,7 +70,7 @@ def test_submit_uploads_a_bundle_once_and_starts_one_job_per_attempt(backend, bu
     launch = plan.LaunchPlan.model_validate_json(job.env[plan.VARIABLE])
     assert (job.instance_count, launch.nodes, launch.service, launch.bundle_sha256) == (2, 2, "sagemaker", SHA)
     assert launch.env["TRAINMASTER_SEED"] == "7" and launch.env["TRAINMASTER_JOB_ID"] == "job1"
-    assert job.sync_uri.endswith("attempts/att2/sync/") and job.command[:2] == ["bash", "-c"]
+    assert job.sync_uri.endswith("attempts/att2/sync/") and job.command == ["python", "-m", "trainmaster.jobs.launcher"]
 
 
 def test_a_resumed_attempt_gets_the_earlier_checkpoints_and_metrics_copied_into_its_synced_folder(backend, bundle):
@@ -161,3 +161,36 @@ def test_cost_is_the_recorded_price_times_billable_seconds_times_instances_plus_
     egress = -(-10**6 * 90_000 // 10**9)
     assert cost.micro_usd > compute + egress and cost.micro_usd - compute - egress < 100  # storage: a few µUSD
     assert cost.billable_seconds == 200 and "billable seconds" in cost.basis and "egress (estimated)" in cost.basis
+
+
+def test_a_service_that_bills_spot_as_fewer_seconds_is_charged_at_the_on_demand_price(backend, bundle):
+    spot = offer(spot=True, detail={"on_demand_micro_usd_per_hour": 7_200_000})
+    handle = asyncio.run(backend.submit(bundle, spec(), spot, ctx("att1")))
+    finish_outputs(backend, "att1", {})
+    ended = dict(phase=Phase.succeeded, started_at=0, ended_at=500, billable_seconds=100)
+    backend.service.states["tm-att1"] = ServiceState(**ended)  # billed at the spot price recorded at dispatch
+    assert asyncio.run(backend.cost(handle, spot)).micro_usd - 100 * 1000 in range(0, 10)  # + a few µUSD of storage
+    backend.service.states["tm-att1"] = ServiceState(**ended, billed_at_on_demand=True)  # SageMaker managed spot
+    charged = asyncio.run(backend.cost(handle, spot))
+    assert charged.micro_usd - 100 * 2000 in range(0, 10) and "on-demand price" in charged.basis
+
+
+def test_a_running_job_is_described_at_most_every_poll_s_and_an_ended_one_never_again(tmp_path, bundle):
+    backend = FolderBackend(tmp_path / "store", poll_s=3600)
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    calls = []
+    describe = backend.service.describe
+
+    async def counted(name):
+        calls.append(name)
+        return await describe(name)
+
+    backend.service.describe = counted
+    backend.service.states["tm-att1"] = ServiceState(phase=Phase.running)
+    assert asyncio.run(backend.status(handle)).phase is Phase.running
+    backend.service.states["tm-att1"] = ServiceState(phase=Phase.succeeded)
+    assert asyncio.run(backend.status(handle)).phase is Phase.running and len(calls) == 1  # within poll_s
+    backend._seen.clear()  # poll_s has passed
+    assert asyncio.run(backend.status(handle)).phase is Phase.succeeded
+    asyncio.run(backend.status(handle))
+    assert len(calls) == 2  # an ended job's state never changes: not asked again

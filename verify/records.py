@@ -115,6 +115,13 @@ class VerdictStore:
 
         return Verdict.model_validate_json(row["verdict_json"]) if row else None
 
+    def latest_id(self, job_id: str, attempt_id: str) -> int | None:
+        """The row id of an attempt's newest verdict: what names its evidence (the promotion lineage's)."""
+        row = self.database.db.execute(
+            "SELECT id FROM verdicts WHERE job_id = ? AND attempt_id = ? ORDER BY id DESC LIMIT 1",
+            (job_id, attempt_id)).fetchone()
+        return int(row["id"]) if row else None
+
     def latest_evidence(self, job_id: str, attempt_id: str) -> dict | None:
         """The newest verdict of an attempt as stored (its JSON, not validated again): what `status` shows of
         it, without building the model."""

@@ -1,1 +1,1 @@
-"""AWS (planned: offers come from the price catalog; runs are not dispatched in this version)."""
+"""AWS: SageMaker training jobs over S3 (the managed backend, `backend.AwsBackend`); offers from the price catalog."""

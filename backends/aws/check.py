@@ -53,7 +53,34 @@ def credentials(config: AwsConfig) -> tuple[str | None, str | None]:
 
 
 def check(config: AwsConfig) -> list[str]:
-    return [why] if (why := credentials(config)[1]) else []
+    return ([why] if (why := credentials(config)[1]) else []) + dispatch(config)
+
+
+def dispatch(config: AwsConfig) -> list[str]:
+    """What backends.yaml must name before a run can be dispatched (the bucket, the execution role, a region)."""
+    missing = []
+    if not config.s3_bucket:
+        missing.append("aws.s3_bucket is not set (the bucket where bundles and outputs are staged)")
+    if not config.sagemaker_role_arn:
+        missing.append("aws.sagemaker_role_arn is not set (the execution role SageMaker training jobs run as)")
+    if not region(config):
+        missing.append("no region: set aws.region or AWS_REGION")
+    return missing
+
+
+def region(config: AwsConfig) -> str | None:
+    """The region jobs are created in, as boto3 would find it (None without botocore)."""
+    if config.region:
+        return config.region
+    try:
+        import botocore.exceptions
+        import botocore.session
+    except ImportError:
+        return None
+    try:
+        return botocore.session.Session(profile=config.profile).get_config_variable("region")
+    except botocore.exceptions.ProfileNotFound:
+        return None
 
 
 def found(config: AwsConfig) -> list[str]:

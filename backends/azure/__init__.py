@@ -1,1 +1,1 @@
-"""Azure (planned: offers come from the price catalog; runs are not dispatched in this version)."""
+"""Azure: Azure ML command jobs staged through a Blob container (backend.py); offers from the price catalog."""

@@ -1,17 +1,34 @@
-"""Azure settings (`azure:` in backends.yaml). Credentials are not kept here: azure-identity's chain
-(environment, managed identity, `az login`) provides them."""
+"""Azure settings (`azure:` in backends.yaml): the Azure ML workspace jobs run in and the Blob container they
+stage through. Credentials are not kept here: azure-identity provides them (`credential` picks how)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from trainmaster.backends.base import BackendConfig
+from trainmaster.backends.managed.config import ManagedConfig
 
 
-class AzureConfig(BackendConfig):
+class AzureConfig(ManagedConfig):
     subscription_id: str | None = Field(None, description="Subscription; default: AZURE_SUBSCRIPTION_ID.")
     resource_group: str | None = Field(None, description="Resource group of the Azure ML workspace.")
     workspace: str | None = Field(None, description="Azure ML workspace jobs are created in.")
-    compute: str | None = Field(None, description="Compute cluster in the workspace; default: serverless.")
-    storage_account: str | None = Field(None, description="Account where bundles and outputs are staged.")
+    region: str | None = Field(None, description="The workspace's region (eastus): only its catalog rows are "
+                                                 "offered; default: any.")
+    compute: str | None = Field(None, description="Compute cluster in the workspace; default: serverless (the "
+                                                  "offer's VM size).")
+    environment: str | None = Field(None, description="An Azure ML environment (`azureml:name:version`) jobs run "
+                                                      "in instead of an anonymous one over `image`.")
+    storage_account: str | None = Field(None, description="Account where bundles and outputs are staged "
+                                                          "(https://<account>.blob.core.windows.net).")
+    storage_url: str | None = Field(None, description="The account's full blob endpoint instead of "
+                                                      "`storage_account` (a sovereign cloud, a private endpoint). "
+                                                      "AZURE_STORAGE_CONNECTION_STRING in the environment wins "
+                                                      "over both (Azurite, an account key).")
     container: str = Field("trainmaster", description="Blob container in that account.")
+    prefix: str = Field("trainmaster/", description="Blob name prefix inside the container.")
+    credential: str = Field("default", description="How azure-identity signs in: `default` (its whole chain), "
+                                                   "`cli` (`az login`), `environment` (a service principal in "
+                                                   "AZURE_CLIENT_ID/…), `managed_identity`, or `module:function` "
+                                                   "returning a TokenCredential (your own).")
+    block_mb: int = Field(8, ge=1, le=4000, description="Block size of uploads, in MiB.")
+    concurrency: int = Field(4, ge=1, le=64, description="Blocks uploaded at once.")

@@ -1,9 +1,28 @@
-"""The Azure SDKs, imported only when called, so the backend imports without the `azure` extra."""
+"""The Azure SDKs, imported only when called, so the backend imports without the `azure` extra; and the one
+place a credential is made from the config's `credential` setting."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+
+from trainmaster.backends.base import BackendError, CapacityError, TransientBackendError
+
+KINDS = {"default": "DefaultAzureCredential", "cli": "AzureCliCredential", "environment": "EnvironmentCredential",
+         "managed_identity": "ManagedIdentityCredential"}
 
 
 def ml():
+    """azure.ai.ml, its own stderr chatter (experimental-class notices, studio URLs) quieted: what it says
+    that matters comes back as errors, which trainmaster reports itself."""
     import azure.ai.ml
+    import azure.ai.ml.entities
+    import azure.ai.ml.operations  # noqa: F401 - imported to quiet the loggers it sets up
 
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("azure.ai.ml") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.ERROR)
     return azure.ai.ml
 
 
@@ -17,3 +36,60 @@ def blob():
     import azure.storage.blob
 
     return azure.storage.blob
+
+
+def errors():
+    import azure.core.exceptions
+
+    return azure.core.exceptions
+
+
+def credential(kind: str):
+    """A TokenCredential: one of azure-identity's (`KINDS`), or what `module:function` returns."""
+    if kind in KINDS:
+        return getattr(identity(), KINDS[kind])()
+    module, _, function = kind.partition(":")
+    if not module or not function:
+        raise BackendError(f"azure.credential {kind!r} is neither one of {', '.join(KINDS)} nor module:function")
+    try:
+        return getattr(importlib.import_module(module), function)()
+    except (ImportError, AttributeError) as exc:
+        raise BackendError(f"azure.credential {kind!r} cannot be loaded: {exc}") from None
+
+
+CAPACITY_WORDS = ("insufficientcapacity", "capacity", "quota", "allocationfailed", "skunotavailable")
+
+
+def typed(exc: Exception, what: str) -> BackendError:
+    """An Azure SDK error as the core's typed error: throttling, 5xx and connections transient; a capacity or
+    quota refusal a CapacityError; missing credentials or permissions a BackendError saying so."""
+    e = errors()
+    text = f"{what}: {_said(exc)}"
+    if isinstance(exc, e.ClientAuthenticationError):
+        return BackendError(f"{text} (Azure credentials missing or refused: run `az login`, or set azure.credential)")
+    if isinstance(exc, (e.ServiceRequestError, e.ServiceResponseError)):
+        return TransientBackendError(text)
+    status = getattr(exc, "status_code", None)
+    if status == 429 or (status is not None and status >= 500):
+        return TransientBackendError(text)
+    if any(word in text.lower().replace(" ", "") for word in CAPACITY_WORDS):
+        return CapacityError(text)
+    if status == 403:
+        return BackendError(f"{text} (the credential lacks permission for this)")
+    return BackendError(text)
+
+
+def _said(exc: Exception) -> str:
+    """What the service said: its error's code and message, else the SDK's first line."""
+    error = getattr(exc, "error", None)
+    if getattr(error, "message", None):
+        return f"{error.code}: {error.message}" if error.code else error.message
+    return (str(getattr(exc, "message", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+async def call(what: str, function, *args, **kwargs):
+    """`function(*args, **kwargs)` in a thread, its Azure errors typed (`typed`)."""
+    try:
+        return await asyncio.to_thread(function, *args, **kwargs)
+    except errors().AzureError as exc:
+        raise typed(exc, what) from exc

@@ -68,12 +68,14 @@ def _offer(row: CatalogRow, spec: JobSpec, *, spot: bool, price: int) -> Offer:
         backend=row.cloud, instance=row.instance, region=row.region, gpu_type=row.gpu_type, gpu_count=row.gpu_count,
         gpu_memory_mb=row.gpu_memory_gb * 1024 if row.gpu_memory_gb else None, cpus=row.vcpus, memory_mb=row.memory_mb,
         nodes=spec.resources.nodes, spot=spot, price_per_hour_micro_usd=price, expected_start_s=START_DELAY_S[spot],
-        trusted=True, detail=_detail(row), quote={"source": f"catalog {row.source} ({row.date.isoformat()})"},
+        trusted=True, detail=_detail(row, spot), quote={"source": f"catalog {row.source} ({row.date.isoformat()})"},
     )
 
 
-def _detail(row: CatalogRow) -> dict:
+def _detail(row: CatalogRow, spot: bool) -> dict:
     detail = {"price_source": "catalog", "catalog_date": row.date.isoformat(), "catalog_row": row.source}
+    if spot:  # a service that bills spot as fewer seconds at the on-demand price (SageMaker) is charged at this
+        detail["on_demand_micro_usd_per_hour"] = row.on_demand_micro_usd
     if row.cloud == "gcp" and row.gpu_count:
         detail["accelerator"] = {"type": vertex_accelerator(row.gpu_type, row.gpu_memory_gb), "count": row.gpu_count}
     return detail

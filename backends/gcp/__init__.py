@@ -1,1 +1,1 @@
-"""Google Cloud: Vertex AI training jobs over a Cloud Storage bucket (offers priced from the catalog)."""
+"""Google Cloud: Vertex AI custom jobs staged through Cloud Storage (the managed backend); offers from the price catalog."""

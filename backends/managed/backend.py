@@ -48,7 +48,7 @@ MAX_RECORD_BYTES = 2**16
 STORAGE_MICRO_USD_PER_GB_MONTH = 23_000
 """Standard object storage, about $0.023 per GB-month on all three clouds: the estimate of what an attempt's
 files cost while they are kept."""
-MONTH_S = 30 * 86400
+MAX_SEEN = 4096
 
 
 class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesFromCheckpoints, ReportsMetrics,
@@ -63,6 +63,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         super().__init__(config)
         self._store: ObjectStore | None = None
         self._service: TrainingService | None = None
+        self._seen: dict[str, tuple[float, ServiceState]] = {}
 
     # what each cloud provides
 
@@ -100,6 +101,19 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         if self._service is None:
             self._service = self.make_service()
         return self._service
+
+    async def describe(self, name: str) -> ServiceState:
+        """The service's state of a job, asked at most every `poll_s` while it runs (the broker watches a job
+        several times a second; the services throttle describe calls), at once after it ended (never changes)."""
+        now = time.monotonic()
+        seen = self._seen.get(name)
+        if seen is not None and (seen[1].phase.done or now - seen[0] < self.config.poll_s):
+            return seen[1]
+        state = await self.service.describe(name)
+        if len(self._seen) >= MAX_SEEN:  # a daemon's lifetime of attempts: keep memory bounded
+            self._seen.clear()
+        self._seen[name] = (now, state)
+        return state
 
     async def offers(self, request: OfferRequest) -> OfferSet:
         found = await asyncio.to_thread(catalog_offers, self.name, request)
@@ -159,7 +173,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
                 await self.store.copy(found.key, sync + found.key[len(source):])
 
     async def _state(self, handle: Handle) -> tuple[ServiceState, dict | None]:
-        state = await self.service.describe(handle.data["name"])
+        state = await self.describe(handle.data["name"])
         ended = await self._record(handle, plan.SYNC_EXIT) if state.phase.done else None
         return state, ended
 
@@ -186,7 +200,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         return status
 
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
-        done = (await self.service.describe(handle.data["name"])).phase.done  # before the log: nothing after it is missed
+        done = (await self.describe(handle.data["name"])).phase.done  # before the log: nothing after it is missed
         data = await self.store.read(handle.data["sync"] + plan.SYNC_LOG, offset, LOG_CHUNK + 1) or b""
         more = len(data) > LOG_CHUNK
         data = data[:LOG_CHUNK]
@@ -263,7 +277,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
             raise BackendError(f"the output manifest does not read: {exc}") from None
 
     async def cost(self, handle: Handle, offer: Offer) -> Cost:
-        state = await self.service.describe(handle.data["name"])
+        state = await self.service.describe(handle.data["name"])  # fresh: billable time can come after the end
         instances = int(handle.data.get("instances", 1))
         if state.billable_seconds is not None:
             seconds, source = state.billable_seconds, "billable seconds as the service reports them"
@@ -271,12 +285,15 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
             seconds, source = max(0.0, (state.ended_at or time.time()) - state.started_at), "run time"
         else:
             return Cost(micro_usd=0, billable_seconds=0, basis="never started")
-        compute = -(-int(seconds * 1000) * instances * offer.price_per_hour_micro_usd // 3_600_000)
+        price = offer.price_per_hour_micro_usd
+        if offer.spot and state.billed_at_on_demand and "on_demand_micro_usd_per_hour" in offer.detail:
+            price, source = int(offer.detail["on_demand_micro_usd_per_hour"]), source + ", spot saving included, at the on-demand price"
+        compute = -(-int(seconds * 1000) * instances * price // 3_600_000)
         stored = sum(obj.size for obj in await self.store.list(handle.data["sync"]))
         outputs = sum(obj.size for obj in await self.store.list(handle.data["sync"] + plan.SYNC_OUTPUTS + "/"))
         egress = -(-outputs * EGRESS_MICRO_USD_PER_GB[self.name] // 10**9)
         storage = -(-stored * STORAGE_MICRO_USD_PER_GB_MONTH // 10**9)  # a month of keeping what it wrote
-        basis = (f"compute {seconds:.0f} s × {instances} instance(s) × {offer.price_per_hour_micro_usd} µUSD/h "
+        basis = (f"compute {seconds:.0f} s × {instances} instance(s) × {price} µUSD/h "
                  f"({source}; price recorded at dispatch) = {compute} µUSD; egress (estimated) {outputs} B of outputs "
                  f"= {egress} µUSD; storage (estimated) {stored} B for a month = {storage} µUSD")
         return Cost(micro_usd=compute + egress + storage, billable_seconds=seconds * instances, basis=basis)

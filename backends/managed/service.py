@@ -48,6 +48,9 @@ class ServiceState(Frozen):
     billable_seconds: float | None = Field(None, ge=0, description="Per instance, as the service bills it "
                                                                    "(SageMaker's BillableTimeInSeconds: spot savings "
                                                                    "included); None when it reports none.")
+    billed_at_on_demand: bool = Field(False, description="The billable seconds already carry the spot saving and are "
+                                                         "billed at the on-demand price (SageMaker managed spot), so "
+                                                         "a spot offer is charged at its row's on-demand price.")
 
 
 class TrainingService(abc.ABC):

@@ -24,7 +24,7 @@ class StoredObject(Frozen):
 
 class ObjectStore(abc.ABC):
     scheme: ClassVar[str]
-    """`s3`, `gs` or `az`: how `uri` starts."""
+    """How `uri` starts: `s3`, `gs`, or `https` for Azure (the blob URL, the form Azure ML takes as a job's input)."""
 
     @abc.abstractmethod
     def uri(self, key: str = "") -> str:

@@ -27,14 +27,16 @@ class Settled:
 
 
 def _settled() -> Settled | None:
-    """The state without a Broker when no job is unfinished and no executor awaits its conclusion, so that
-    `refresh` would do nothing; else None.
+    """The state without a Broker when no job is unfinished, no executor awaits its conclusion and no promotion
+    is pending, so that `refresh` would do nothing; else None.
     `ls`, and `status` of an ended job, then import neither the service, the planner nor the backends."""
     from trainmaster.broker import paths, states
+    from trainmaster.broker.promotion.records import unfinished_exist
     from trainmaster.broker.store import Store
 
     store = Store(paths.state_db())
-    if store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1) or store.awaiting_conclusion():
+    if (store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1) or store.awaiting_conclusion()
+            or unfinished_exist(store.db)):
         store.close()
         return None
     return Settled(store)

@@ -10,7 +10,8 @@ import sys
 
 import typer
 
-from trainmaster.broker.cli import backends, cost, executors, gc, jobs, log_setup, miner, verify, wallet
+from trainmaster.broker.cli import (backends, catalog, cost, executors, gc, jobs, log_setup, miner, models, verify,
+                                    wallet)
 
 app = typer.Typer(
     name="trainmaster",
@@ -36,7 +37,7 @@ def _options(
         print(f"trainmaster {installed('trainmaster')}")
         raise typer.Exit(0)
 
-for _module in (jobs, cost, verify, backends, executors, gc, miner, wallet):
+for _module in (jobs, cost, verify, backends, catalog, executors, gc, miner, wallet, models):
     _module.register(app)
 
 

@@ -216,7 +216,7 @@ def resume(
     raise typer.Exit(wait_exit(job.state) if wait else BAD if job.state in ("failed", "cancelled") else OK)
 
 
-def schema(kind: str = typer.Argument("job", help="job or policy")) -> None:
+def schema(kind: str = typer.Argument("job", help="job, policy or triggers")) -> None:
     """Print the JSON Schema of a user file, for editors."""
     if kind == "job":
         from trainmaster.jobs.spec import job_schema
@@ -226,5 +226,9 @@ def schema(kind: str = typer.Argument("job", help="job or policy")) -> None:
         from trainmaster.broker.policy import Policy
 
         print(json.dumps(Policy.model_json_schema(), indent=2))
+    elif kind == "triggers":
+        from trainmaster.broker.daemon.triggers.model import triggers_schema
+
+        print(json.dumps(triggers_schema(), indent=2))
     else:
-        fail(f"unknown schema {kind!r}; choose job or policy", USAGE)
+        fail(f"unknown schema {kind!r}; choose job, policy or triggers", USAGE)

@@ -1,1 +1,2 @@
-"""Local stand-ins for the clouds (one server module, runner and conftest per cloud), with real SDK clients."""
+"""Local servers for the cloud backends' tests (each cloud's own `<cloud>_server.py`) and the runners that play
+each training service (`<cloud>_runner.py`)."""

@@ -1,0 +1,34 @@
+"""Fixtures of the Azure tests (registered with `pytest_plugins = ["clouds.conftest_azure"]`): the servers once
+per session, and per test a fresh container, no jobs, and an AzureConfig pointing at both."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from clouds.azure_server import start_azure
+
+
+@pytest.fixture(scope="session")
+def azure_servers():
+    servers = start_azure()
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture
+def azure(azure_servers, monkeypatch):
+    """The servers, reset, with this process's environment pointing the SDKs at them."""
+    azure_servers.fake.reset()
+    for name, value in azure_servers.env.items():
+        monkeypatch.setenv(name, value)
+    return azure_servers
+
+
+@pytest.fixture
+def azure_config(azure):
+    from trainmaster.backends.azure.config import AzureConfig
+
+    return AzureConfig(resource_group="rg", workspace="ws", container=f"c{uuid.uuid4().hex[:12]}",
+                       credential="clouds.azure_credential:fake", poll_s=0.1, setup="", block_mb=1)
