@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmaster.backends.base import AttemptContext, BackendError, ExecutorFault, Offer, Phase
+from trainmaster.backends.base import AttemptContext, BackendError, Cause, ExecutorFault, Offer, Phase
 from trainmaster.backends.managed.service import ServiceState
 from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.spec import JobSpec
@@ -149,6 +149,15 @@ def test_a_failed_job_carries_the_launchers_exit_code_and_reason(backend, bundle
     backend.service.states["tm-att1"] = ServiceState(phase=Phase.failed, reason="AlgorithmError: non-zero exit")
     status = asyncio.run(backend.status(handle))
     assert (status.exit_code, status.reason) == (3, "exited with code 3: boom")
+
+
+def test_a_preempted_job_keeps_the_services_reason_with_the_launchers_exit_code(backend, bundle):
+    handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    put(backend, "attempts/att1/sync/exit.json", json.dumps({"exit_code": 143, "reason": "killed by SIGTERM"}).encode())
+    backend.service.states["tm-att1"] = ServiceState(phase=Phase.failed, cause=Cause.preempted,
+                                                     reason="the spot instance was reclaimed")
+    status = asyncio.run(backend.status(handle))
+    assert (status.cause, status.exit_code, status.reason) == (Cause.preempted, 143, "the spot instance was reclaimed")
 
 
 def test_cost_is_the_recorded_price_times_billable_seconds_times_instances_plus_estimated_parts(backend, bundle):
