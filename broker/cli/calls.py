@@ -47,6 +47,16 @@ def _broker():
     return Broker(progress=TransferBar(), upload_progress=TransferBar("uploading"))
 
 
+def _reconciler(broker):
+    """One bounded reconcile pass, or one scoped to a job, under leases held as this command's process."""
+    import os
+
+    from trainmaster.broker.daemon.leases import Leases
+    from trainmaster.broker.daemon.reconciler import Reconciler
+
+    return Reconciler([broker], Leases(broker.store.path), f"cli-{os.getpid()}")
+
+
 def _run(main):
     """The one event loop of a command: the broker's coroutines run inside it, and nothing below creates another."""
     import asyncio
@@ -78,13 +88,13 @@ async def _waited(broker, job, wait: bool, on_log: Callable[[str], None] | None,
 
 def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_log: Callable[[str], None] | None,
            shown: Callable | None = None):
-    """`submit`: bring unfinished jobs up to date, start the job; with `wait`, stream its log to `on_log`
+    """`submit`: one bounded reconcile pass (queued jobs start first on what it frees), start the job; with `wait`, stream its log to `on_log`
     (when given; inside `shown`, see `_follow`) and wait for its end. `on_submitted(job, left_out)` runs as
     soon as the job is recorded (it may exit), with the likely secrets its bundle left out."""
     broker = _broker()
 
     async def main():
-        await broker.refresh()
+        await _reconciler(broker).run_pass()
         job = await broker.submit(spec, policy)
         on_submitted(job, _left_out(broker, job.id))
         return broker, await _waited(broker, job, wait, on_log, shown)
@@ -99,40 +109,39 @@ def _left_out(broker, job_id: str) -> list[str]:
 
 
 def status(job_ref: str):
-    """`status`: bring unfinished jobs up to date, then show this one."""
+    """`status`: advance this job only (never another's fetch or audit), then show it."""
     if settled := _settled():
         return settled, settled.store.find_job(job_ref)
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
-        await broker.refresh()
-        return broker, await broker.advance(job.id)
+        return broker, await _reconciler(broker).scoped(job.id)
 
     return _run(main)
 
 
 def list_jobs(states: set[str] | None, limit: int):
-    """`ls`: refresh every unfinished job, then list them, newest first."""
+    """`ls`: one bounded reconcile pass, then the jobs, newest first."""
     if settled := _settled():
         return settled, settled.store.jobs(states_in=states, limit=limit)
     broker = _broker()
 
     async def main():
-        await broker.refresh()
+        await _reconciler(broker).run_pass()
         return broker, broker.store.jobs(states_in=states, limit=limit)
 
     return _run(main)
 
 
 def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None], shown: Callable | None = None) -> None:
-    """`logs`: bring unfinished jobs up to date, then the latest attempt's log to `on_log`; when following,
+    """`logs`: advance this job only, then the latest attempt's log to `on_log`; when following,
     until the job ends (its end recorded), inside `shown` when given (see `_follow`)."""
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
-        await broker.refresh()
+        await _reconciler(broker).scoped_pass(job.id)
         if follow:
             await _follow(broker, job.id, on_log, shown)
             return
@@ -143,12 +152,12 @@ def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None], shown: Ca
 
 
 def cancel(job_ref: str):
-    """`cancel`: bring unfinished jobs up to date, stop the job and record its cost so far."""
+    """`cancel`: advance this job only, stop it and record its cost so far."""
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
-        await broker.refresh()
+        await _reconciler(broker).scoped_pass(job.id)
         return broker, await broker.cancel(job.id)
 
     return _run(main)
@@ -163,7 +172,7 @@ def resume(job_ref: str, *, wait: bool, max_hours: float | None, max_usd: str | 
 
     async def main():
         job = broker.store.find_job(job_ref)
-        await broker.refresh()
+        await _reconciler(broker).scoped_pass(job.id)
         point = await broker.resume_point(broker.store.job(job.id))
         job = await broker.resume(job.id, max_hours=max_hours, max_usd=max_usd)
         on_resumed(job, point)
