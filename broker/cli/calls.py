@@ -26,18 +26,31 @@ class Settled:
     store: Store
 
 
+def _store() -> Store:
+    from trainmaster.broker import paths
+    from trainmaster.broker.store import Store
+
+    return Store(paths.state_db())
+
+
 def _settled() -> Settled | None:
     """The state without a Broker when no job is unfinished and no executor awaits its conclusion, so that
     `refresh` would do nothing; else None.
     `ls`, and `status` of an ended job, then import neither the service, the planner nor the backends."""
-    from trainmaster.broker import paths, states
-    from trainmaster.broker.store import Store
+    from trainmaster.broker import states
 
-    store = Store(paths.state_db())
+    store = _store()
     if store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1) or store.awaiting_conclusion():
         store.close()
         return None
     return Settled(store)
+
+
+def _daemon():
+    """The running daemon of this home, if any: then the command sends requests and only reads state."""
+    from trainmaster.broker.cli.daemon_client import running
+
+    return running()
 
 
 def _broker():
@@ -91,6 +104,10 @@ def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_lo
     """`submit`: one bounded reconcile pass (queued jobs start first on what it frees), start the job; with `wait`, stream its log to `on_log`
     (when given; inside `shown`, see `_follow`) and wait for its end. `on_submitted(job, left_out)` runs as
     soon as the job is recorded (it may exit), with the likely secrets its bundle left out."""
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.submit(daemon, spec, policy, wait=wait, on_submitted=on_submitted, on_log=on_log)
     broker = _broker()
 
     async def main():
@@ -112,6 +129,10 @@ def status(job_ref: str):
     """`status`: advance this job only (never another's fetch or audit), then show it."""
     if settled := _settled():
         return settled, settled.store.find_job(job_ref)
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.status(daemon, job_ref)
     broker = _broker()
 
     async def main():
@@ -125,6 +146,9 @@ def list_jobs(states: set[str] | None, limit: int):
     """`ls`: one bounded reconcile pass, then the jobs, newest first."""
     if settled := _settled():
         return settled, settled.store.jobs(states_in=states, limit=limit)
+    if _daemon():  # it keeps the jobs up to date
+        settled = Settled(_store())
+        return settled, settled.store.jobs(states_in=states, limit=limit)
     broker = _broker()
 
     async def main():
@@ -137,6 +161,10 @@ def list_jobs(states: set[str] | None, limit: int):
 def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None], shown: Callable | None = None) -> None:
     """`logs`: advance this job only, then the latest attempt's log to `on_log`; when following,
     until the job ends (its end recorded), inside `shown` when given (see `_follow`)."""
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.logs(daemon, job_ref, follow_=follow, on_log=on_log)
     broker = _broker()
 
     async def main():
@@ -153,6 +181,10 @@ def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None], shown: Ca
 
 def cancel(job_ref: str):
     """`cancel`: advance this job only, stop it and record its cost so far."""
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.cancel(daemon, job_ref)
     broker = _broker()
 
     async def main():
@@ -168,6 +200,11 @@ def resume(job_ref: str, *, wait: bool, max_hours: float | None, max_usd: str | 
     """`resume`: start a failed or cancelled job again from its last committed segment, its limits raised
     when given; `on_resumed(job, resume_point)` runs once it is started. With `wait`, stream its log to
     `on_log` (when given; inside `shown`, see `_follow`) and wait for its end."""
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.resume(daemon, job_ref, wait=wait, max_hours=max_hours, max_usd=max_usd,
+                                   on_resumed=on_resumed, on_log=on_log)
     broker = _broker()
 
     async def main():

@@ -52,13 +52,14 @@ class Reconciler:
             self._free.put_nowait(broker)
         self.in_flight: set[str] = set()
 
-    async def run_pass(self, *, limit: int = PASS_LIMIT, budget_s: float = PASS_BUDGET_S) -> PassResult:
-        """Advance up to `limit` open jobs; none is started after `budget_s` seconds."""
+    async def run_pass(self, *, limit: int = PASS_LIMIT, budget_s: float = PASS_BUDGET_S,
+                       stopping: asyncio.Event | None = None) -> PassResult:
+        """Advance up to `limit` open jobs; none is started after `budget_s` seconds, or once `stopping` is set."""
         started, result = time.monotonic(), PassResult()
         moving, queued, settling = await asyncio.to_thread(self._candidates, limit)
 
         def more() -> bool:
-            return time.monotonic() - started < budget_s
+            return time.monotonic() - started < budget_s and not (stopping and stopping.is_set())
 
         await asyncio.gather(*(self._one(job_id, result, more) for job_id in moving))
         for job_id in queued:  # in queue order, on what the others freed
