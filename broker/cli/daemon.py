@@ -28,8 +28,9 @@ def register(app: typer.Typer) -> None:
     app.add_typer(daemon_app, name="daemon")
 
 
-def _options(port: int, socket_path: str | None, workers: int) -> list[str]:
-    return ["--port", str(port), "--workers", str(workers), *(["--socket", socket_path] if socket_path else [])]
+def _options(port: int, socket_path: str | None, workers: int, lease_s: float | None) -> list[str]:
+    return ["--port", str(port), "--workers", str(workers), *(["--socket", socket_path] if socket_path else []),
+            *(["--lease-s", str(lease_s)] if lease_s else [])]
 
 
 @daemon_app.command()
@@ -38,6 +39,8 @@ def start(
     port: int = typer.Option(0, "--port", help="TCP port on 127.0.0.1 (0: a free one, written to the state file)."),
     socket_path: str = typer.Option(None, "--socket", help="Listen on this unix socket instead of TCP."),
     workers: int = typer.Option(4, "--workers", min=1, help="Jobs advanced at once."),
+    lease_s: float = typer.Option(None, "--lease-s", help="A job lease's time to live in seconds (default 30): "
+                                                         "how long a killed daemon's jobs wait to be taken over."),
 ) -> None:
     """Start the daemon (detached unless --foreground)."""
     from trainmaster.broker.cli.daemon_client import running
@@ -48,9 +51,9 @@ def start(
     if foreground:
         from trainmaster.broker.daemon.process import main
 
-        main(_options(port, socket_path, workers))
+        main(_options(port, socket_path, workers, lease_s))
         return
-    pid = _detach(_options(port, socket_path, workers))
+    pid = _detach(_options(port, socket_path, workers, lease_s))
     found = _started(pid)
     if found is None:
         fail(f"the daemon (pid {pid}) did not answer within {START_TIMEOUT_S:.0f} s; see {_log_file()}", USAGE)

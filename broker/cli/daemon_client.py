@@ -63,6 +63,14 @@ class Daemon:
         finally:
             connection.close()
 
+    def answers(self) -> bool:
+        """Whether a server answers at the address at all (a refused token is an answer: the daemon is there)."""
+        try:
+            self.raw("GET", "/v1/health", timeout=HEALTH_TIMEOUT_S)
+        except (OSError, ValueError, http.client.HTTPException):
+            return False
+        return True
+
     def health(self) -> dict | None:
         """The daemon's /v1/health, or None when it does not answer (in time, or at all)."""
         try:
@@ -73,7 +81,8 @@ class Daemon:
 
 
 def running() -> Daemon | None:
-    """The running daemon of this home, when its state file names a live process that answers; else None."""
+    """The running daemon of this home, when its state file names a live process that answers; else None.
+    A daemon that refuses our token is still the daemon: the command's request then says why."""
     from trainmaster.broker.daemon import state, token
 
     found = state.read()
@@ -83,4 +92,4 @@ def running() -> Daemon | None:
         daemon = Daemon(found.address, token.read_token())
     except OSError:
         return None
-    return daemon if daemon.health() is not None else None
+    return daemon if daemon.answers() else None

@@ -33,24 +33,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--socket", default=None, help="a unix socket path instead of TCP")
     parser.add_argument("--workers", type=int, default=4, help="jobs advanced at once")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between reconcile passes")
+    parser.add_argument("--lease-s", type=float, default=None, help="a job lease's time to live (seconds)")
     args = parser.parse_args(argv)
     paths.make_private()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    asyncio.run(serve(port=args.port, socket_path=args.socket, workers=args.workers, interval=args.interval))
+    asyncio.run(serve(port=args.port, socket_path=args.socket, workers=args.workers, interval=args.interval,
+                      lease_s=args.lease_s))
 
 
-async def serve(*, port: int, socket_path: str | None, workers: int, interval: float) -> None:
+async def serve(*, port: int, socket_path: str | None, workers: int, interval: float, lease_s: float | None) -> None:
     from aiohttp import web
 
     from trainmaster.broker.daemon.app import DaemonContext, make_app
     from trainmaster.broker.daemon.leases import Leases
-    from trainmaster.broker.daemon.reconciler import Reconciler
+    from trainmaster.broker.daemon.reconciler import LEASE_S, Reconciler
     from trainmaster.broker.service import Broker
 
     secret = token.ensure_token()
     brokers = [Broker() for _ in range(workers)]
     leases = Leases(paths.state_db())
-    reconciler = Reconciler(brokers, leases, f"daemon-{os.getpid()}-{secrets.token_hex(3)}")
+    reconciler = Reconciler(brokers, leases, f"daemon-{os.getpid()}-{secrets.token_hex(3)}", ttl_s=lease_s or LEASE_S)
     ctx = DaemonContext(token.digest(secret), Broker(), reconciler, time.time())
     runner = web.AppRunner(make_app(ctx), access_log=None)
     await runner.setup()
