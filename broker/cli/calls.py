@@ -11,19 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainmaster.broker.cli.settled import Settled, left_out
+
 if TYPE_CHECKING:
     from trainmaster.broker.store import Store
-
-
-@dataclass(frozen=True)
-class Settled:
-    """The state as the renderers read it (`.store`), opened without a Broker."""
-
-    store: Store
 
 
 def _store() -> Store:
@@ -113,16 +107,10 @@ def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_lo
     async def main():
         await _reconciler(broker).run_pass()
         job = await broker.submit(spec, policy)
-        on_submitted(job, _left_out(broker, job.id))
+        on_submitted(job, left_out(broker, job.id))
         return broker, await _waited(broker, job, wait, on_log, shown)
 
     return _run(main)
-
-
-def _left_out(broker, job_id: str) -> list[str]:
-    """What the job's bundle left out as likely secrets, as its `submitted` event records it."""
-    return next(((e.detail or {}).get("left_out") or [] for e in broker.store.events(job_id) if e.to_state == "submitted"),
-                [])
 
 
 def status(job_ref: str):

@@ -18,7 +18,7 @@ POLL_S = 0.3
 
 def _settled():
     from trainmaster.broker import paths
-    from trainmaster.broker.cli.calls import Settled
+    from trainmaster.broker.cli.settled import Settled
     from trainmaster.broker.store import Store
 
     return Settled(Store(paths.state_db()))
@@ -37,11 +37,11 @@ def _policy(policy: str) -> str:
 
 def submit(daemon: Daemon, spec: Path, policy: str, *, wait: bool, on_submitted: Callable,
            on_log: Callable[[str], None] | None):
-    from trainmaster.broker.cli.calls import _left_out
+    from trainmaster.broker.cli.settled import left_out
 
     answer = daemon.call("POST", "/v1/jobs", {"spec": str(spec.resolve()), "policy": _policy(policy)})
     settled = _settled()
-    on_submitted(settled.store.job(answer["id"]), _left_out(settled, answer["id"]))
+    on_submitted(settled.store.job(answer["id"]), left_out(settled, answer["id"]))
     return settled, _waited(daemon, settled, answer["id"], wait, on_log)
 
 

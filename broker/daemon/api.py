@@ -19,6 +19,7 @@ from aiohttp import web
 from trainmaster.backends.base import Handle
 from trainmaster.backends.retry import retried
 from trainmaster.broker import states
+from trainmaster.broker.daemon.context import CTX, DaemonContext
 
 # Our exceptions, by (module, class), and the HTTP status each is answered with.
 ERRORS = (
@@ -35,9 +36,7 @@ ERRORS = (
 routes = web.RouteTableDef()
 
 
-def _ctx(request: web.Request):
-    from trainmaster.broker.daemon.app import CTX
-
+def _ctx(request: web.Request) -> DaemonContext:
     return request.app[CTX]
 
 

@@ -7,28 +7,13 @@ add theirs there too, behind the same middleware.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from aiohttp import web
 
 from trainmaster.broker.daemon import api, token
+from trainmaster.broker.daemon.context import CTX, DaemonContext
 
 log = logging.getLogger("trainmaster.daemon")
-
-
-@dataclass
-class DaemonContext:
-    """What the handlers share: the token's sha256, the API's broker, the reconciler, and facts for /health."""
-
-    token_digest: str
-    api_broker: object
-    reconciler: object
-    started_at: float
-    address: str = ""
-    passes: int = 0
-
-
-CTX = web.AppKey("ctx", DaemonContext)
 
 
 def _given_token(request: web.Request) -> str | None:

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
 async def serve(*, port: int, socket_path: str | None, workers: int, interval: float, lease_s: float | None) -> None:
     from aiohttp import web
 
-    from trainmaster.broker.daemon.app import DaemonContext, make_app
+    from trainmaster.broker.daemon.app import make_app
+    from trainmaster.broker.daemon.context import DaemonContext
     from trainmaster.broker.daemon.leases import Leases
     from trainmaster.broker.daemon.reconciler import LEASE_S, Reconciler
     from trainmaster.broker.service import Broker
