@@ -747,6 +747,10 @@ class Broker:
         else:  # rejected: nothing is paid, the offer is blocked, who ran it is banned, the next one tried
             await self._react(job, attempt, failures.REJECTED, f"rejected: {'; '.join(verdict.reasons)}")
 
+    async def promote_pending(self) -> None:
+        """Carry on the promotions left pending (broker/promotion/); what fails stays pending for the next pass."""
+        await self._promote()
+
     async def _promote(self, job_id: str | None = None) -> None:
         """Record the accepted job's lineage and promote it into the model registry (broker/promotion/), or,
         with no job, carry on the promotions left pending. A failure is an `error` event, never the job's: it

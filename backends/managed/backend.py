@@ -45,6 +45,8 @@ from trainmaster.jobs.spec import JobSpec
 
 LOG_CHUNK = 2**20
 MAX_RECORD_BYTES = 2**16
+MAX_MANIFEST_BYTES = 2**24
+"""The outputs' manifest lists every output file (~150 bytes each): room for ~100,000 of them."""
 STORAGE_MICRO_USD_PER_GB_MONTH = 23_000
 """Standard object storage, about $0.023 per GB-month on all three clouds: the estimate of what an attempt's
 files cost while they are kept."""
@@ -177,9 +179,9 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         ended = await self._record(handle, plan.SYNC_EXIT) if state.phase.done else None
         return state, ended
 
-    async def _record(self, handle: Handle, name: str) -> dict | None:
-        """A small JSON record of the synced folder; None when it is missing or does not parse."""
-        data = await self.store.read(handle.data["sync"] + name, 0, MAX_RECORD_BYTES)
+    async def _record(self, handle: Handle, name: str, limit: int = MAX_RECORD_BYTES) -> dict | None:
+        """A JSON record of the synced folder, read bounded; None when it is missing or does not parse."""
+        data = await self.store.read(handle.data["sync"] + name, 0, limit)
         try:
             found = json.loads(data) if data else None
         except ValueError:
@@ -267,7 +269,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesF
         return files
 
     async def _manifest(self, handle: Handle) -> dict[str, tuple[int, str]]:
-        found = await self._record(handle, plan.SYNC_MANIFEST)
+        found = await self._record(handle, plan.SYNC_MANIFEST, MAX_MANIFEST_BYTES)
         if found is None:
             raise BackendError(f"no output manifest in {self.store.uri(handle.data['sync'])}: the launcher did not "
                                "finish (see the attempt's log)")

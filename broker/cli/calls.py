@@ -11,30 +11,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from trainmaster.broker.cli.settled import Settled, left_out
 
 if TYPE_CHECKING:
     from trainmaster.broker.store import Store
 
 
-@dataclass(frozen=True)
-class Settled:
-    """The state as the renderers read it (`.store`), opened without a Broker."""
+def _store() -> Store:
+    from trainmaster.broker import paths
+    from trainmaster.broker.store import Store
 
-    store: Store
+    return Store(paths.state_db())
 
 
 def _settled() -> Settled | None:
     """The state without a Broker when no job is unfinished, no executor awaits its conclusion and no promotion
     is pending, so that `refresh` would do nothing; else None.
     `ls`, and `status` of an ended job, then import neither the service, the planner nor the backends."""
-    from trainmaster.broker import paths, states
+    from trainmaster.broker import states
     from trainmaster.broker.promotion.records import unfinished_exist
-    from trainmaster.broker.store import Store
 
-    store = Store(paths.state_db())
+    store = _store()
     if (store.jobs(states_in=set(states.JOB_TRANSITIONS) - states.JOB_ENDS, limit=1) or store.awaiting_conclusion()
             or unfinished_exist(store.db)):
         store.close()
@@ -42,11 +42,28 @@ def _settled() -> Settled | None:
     return Settled(store)
 
 
+def _daemon():
+    """The running daemon of this home, if any: then the command sends requests and only reads state."""
+    from trainmaster.broker.cli.daemon_client import running
+
+    return running()
+
+
 def _broker():
     from trainmaster.broker.cli.progress import TransferBar
     from trainmaster.broker.service import Broker
 
     return Broker(progress=TransferBar(), upload_progress=TransferBar("uploading"))
+
+
+def _reconciler(broker):
+    """One bounded reconcile pass, or one scoped to a job, under leases held as this command's process."""
+    import os
+
+    from trainmaster.broker.daemon.leases import Leases
+    from trainmaster.broker.daemon.reconciler import Reconciler
+
+    return Reconciler([broker], Leases(broker.store.path), f"cli-{os.getpid()}")
 
 
 def _run(main):
@@ -80,61 +97,69 @@ async def _waited(broker, job, wait: bool, on_log: Callable[[str], None] | None,
 
 def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_log: Callable[[str], None] | None,
            shown: Callable | None = None):
-    """`submit`: bring unfinished jobs up to date, start the job; with `wait`, stream its log to `on_log`
+    """`submit`: one bounded reconcile pass (queued jobs start first on what it frees), start the job; with `wait`, stream its log to `on_log`
     (when given; inside `shown`, see `_follow`) and wait for its end. `on_submitted(job, left_out)` runs as
     soon as the job is recorded (it may exit), with the likely secrets its bundle left out."""
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.submit(daemon, spec, policy, wait=wait, on_submitted=on_submitted, on_log=on_log)
     broker = _broker()
 
     async def main():
-        await broker.refresh()
+        await _reconciler(broker).run_pass()
         job = await broker.submit(spec, policy)
-        on_submitted(job, _left_out(broker, job.id))
+        on_submitted(job, left_out(broker, job.id))
         return broker, await _waited(broker, job, wait, on_log, shown)
 
     return _run(main)
 
 
-def _left_out(broker, job_id: str) -> list[str]:
-    """What the job's bundle left out as likely secrets, as its `submitted` event records it."""
-    return next(((e.detail or {}).get("left_out") or [] for e in broker.store.events(job_id) if e.to_state == "submitted"),
-                [])
-
-
 def status(job_ref: str):
-    """`status`: bring unfinished jobs up to date, then show this one."""
+    """`status`: advance this job only (never another's fetch or audit), then show it."""
     if settled := _settled():
         return settled, settled.store.find_job(job_ref)
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.status(daemon, job_ref)
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
-        await broker.refresh()
-        return broker, await broker.advance(job.id)
+        return broker, await _reconciler(broker).scoped(job.id)
 
     return _run(main)
 
 
 def list_jobs(states: set[str] | None, limit: int):
-    """`ls`: refresh every unfinished job, then list them, newest first."""
+    """`ls`: one bounded reconcile pass, then the jobs, newest first."""
     if settled := _settled():
+        return settled, settled.store.jobs(states_in=states, limit=limit)
+    if _daemon():  # it keeps the jobs up to date
+        settled = Settled(_store())
         return settled, settled.store.jobs(states_in=states, limit=limit)
     broker = _broker()
 
     async def main():
-        await broker.refresh()
+        await _reconciler(broker).run_pass()
         return broker, broker.store.jobs(states_in=states, limit=limit)
 
     return _run(main)
 
 
 def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None], shown: Callable | None = None) -> None:
-    """`logs`: bring unfinished jobs up to date, then the latest attempt's log to `on_log`; when following,
+    """`logs`: advance this job only, then the latest attempt's log to `on_log`; when following,
     until the job ends (its end recorded), inside `shown` when given (see `_follow`)."""
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.logs(daemon, job_ref, follow_=follow, on_log=on_log)
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
-        await broker.refresh()
+        await _reconciler(broker).scoped_pass(job.id)
         if follow:
             await _follow(broker, job.id, on_log, shown)
             return
@@ -145,12 +170,16 @@ def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None], shown: Ca
 
 
 def cancel(job_ref: str):
-    """`cancel`: bring unfinished jobs up to date, stop the job and record its cost so far."""
+    """`cancel`: advance this job only, stop it and record its cost so far."""
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.cancel(daemon, job_ref)
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
-        await broker.refresh()
+        await _reconciler(broker).scoped_pass(job.id)
         return broker, await broker.cancel(job.id)
 
     return _run(main)
@@ -161,11 +190,16 @@ def resume(job_ref: str, *, wait: bool, max_hours: float | None, max_usd: str | 
     """`resume`: start a failed or cancelled job again from its last committed segment, its limits raised
     when given; `on_resumed(job, resume_point)` runs once it is started. With `wait`, stream its log to
     `on_log` (when given; inside `shown`, see `_follow`) and wait for its end."""
+    if daemon := _daemon():
+        from trainmaster.broker.cli import daemon_calls
+
+        return daemon_calls.resume(daemon, job_ref, wait=wait, max_hours=max_hours, max_usd=max_usd,
+                                   on_resumed=on_resumed, on_log=on_log)
     broker = _broker()
 
     async def main():
         job = broker.store.find_job(job_ref)
-        await broker.refresh()
+        await _reconciler(broker).scoped_pass(job.id)
         point = await broker.resume_point(broker.store.job(job.id))
         job = await broker.resume(job.id, max_hours=max_hours, max_usd=max_usd)
         on_resumed(job, point)

@@ -10,8 +10,9 @@ import sys
 
 import typer
 
-from trainmaster.broker.cli import (backends, catalog, cost, executors, gc, jobs, log_setup, miner, models, verify,
-                                    wallet)
+from trainmaster.broker.cli import (
+    backends, catalog, cost, daemon, executors, gc, jobs, log_setup, miner, models, verify, wallet,
+)
 
 app = typer.Typer(
     name="trainmaster",
@@ -37,7 +38,7 @@ def _options(
         print(f"trainmaster {installed('trainmaster')}")
         raise typer.Exit(0)
 
-for _module in (jobs, cost, verify, backends, catalog, executors, gc, miner, wallet, models):
+for _module in (jobs, cost, verify, backends, catalog, executors, gc, miner, wallet, models, daemon):
     _module.register(app)
 
 

@@ -119,6 +119,16 @@ class TriggerEngine:
             raise TriggerRefused(f"trigger {name!r} was fired by another process at the same moment")
         return fired[0]
 
+    def lags(self, now: float) -> dict[str, float]:
+        """Seconds each scheduled trigger is behind: since its due slot when no fire served it yet, else 0 (for
+        /metrics; blocking, called off the event loop)."""
+        lags = {}
+        for trigger in self.triggers.values():
+            if trigger.schedule and not trigger.manual:
+                slot = self._due_slot(trigger, now)
+                lags[trigger.name] = max(0.0, now - slot) if slot is not None else 0.0
+        return lags
+
     # deciding
 
     def _idle(self, trigger: Trigger, now: float) -> bool:

@@ -1,0 +1,111 @@
+"""The daemon under a stream of small jobs: API submit latency (p50/p99) at N submissions per second, and its
+resident memory over time (bounded memory: no cache grows with the jobs it has seen).
+
+A real daemon (`python -m trainmaster.broker.daemon`) on 127.0.0.1 in a temp home; each submission is a one-line
+job on the local backend, so the reconciler advances them to `accepted` while more arrive. Prints RSS every
+few seconds, the latency percentiles, and how many jobs ended accepted.
+Run: python tests/benchmarks/bench_daemon.py [--rate N] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import print_figures  # noqa: E402
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _call(address: str, token: str, method: str, path: str, body: dict | None = None):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(address + path, data=data, method=method,
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _started(home: Path) -> tuple[subprocess.Popen, str, str]:
+    env = {**os.environ, "TRAINMASTER_HOME": str(home)}
+    daemon = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.daemon", "--interval", "0.5"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = home / "daemon" / "state.json"
+    deadline = time.monotonic() + 60
+    while not state.exists():
+        if time.monotonic() > deadline or daemon.poll() is not None:
+            daemon.kill()
+            raise RuntimeError("the daemon did not start")
+        time.sleep(0.1)
+    return daemon, json.loads(state.read_text())["address"], (home / "daemon" / "token").read_text().strip()
+
+
+def _job(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "train.py").write_text("import os, pathlib\n"
+                                   "pathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 'r.json').write_text('{}')\n")
+    (root / "job.yaml").write_text("name: tiny\nentrypoint: python train.py\n")
+    return root / "job.yaml"
+
+
+def run(smoke: bool = False, rate: float = 2.0, seconds: float = 60.0) -> dict[str, float]:
+    rate, seconds = (1.0, 3.0) if smoke else (rate, seconds)
+    with tempfile.TemporaryDirectory() as tmp:
+        home, spec = Path(tmp) / "home", _job(Path(tmp) / "code")
+        daemon, address, token = _started(home)
+        latencies, rss, ids = [], [], []
+        try:
+            begin = time.monotonic()
+            for n in range(int(rate * seconds)):
+                time.sleep(max(0.0, begin + n / rate - time.monotonic()))
+                sent = time.perf_counter()
+                ids.append(_call(address, token, "POST", "/v1/jobs", {"spec": str(spec)})["id"])
+                latencies.append(time.perf_counter() - sent)
+                if n % max(1, int(rate * 5)) == 0:
+                    rss.append(_rss_mib(daemon.pid))
+                    print(f"  t={time.monotonic() - begin:5.1f} s  rss={rss[-1]:.1f} MiB  submitted={n + 1}")
+            deadline = time.monotonic() + (30 if smoke else 120)
+            while time.monotonic() < deadline:
+                jobs = _call(address, token, "GET", "/v1/jobs?all=1&limit=0")
+                if all(j["state"] in ("accepted", "failed", "cancelled") for j in jobs):
+                    break
+                time.sleep(0.5)
+            rss.append(_rss_mib(daemon.pid))
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=60)
+        latencies.sort()
+        figures = {
+            "submissions": float(len(ids)),
+            "rate_per_s": rate,
+            "submit_p50_s": latencies[len(latencies) // 2],
+            "submit_p99_s": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+            "accepted": float(sum(j["state"] == "accepted" for j in jobs)),
+            "failed": float(sum(j["state"] == "failed" for j in jobs)),
+            "rss_first_mib": rss[0],
+            "rss_last_mib": rss[-1],
+            "rss_max_mib": max(rss),
+        }
+    print_figures("daemon soak", figures)
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    run(rate=args.rate, seconds=args.seconds)
