@@ -43,6 +43,7 @@ from trainmaster.broker.gating import gate
 from trainmaster.broker.policy import ClassPolicy, Policy, tier_name
 from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import JobSpec
+from trainmaster.jobs.yamlfile import FileError
 
 OFFER_TIMEOUT_S = 10.0
 DEFAULT_HOURS = 1.0
@@ -137,6 +138,8 @@ async def gather_offers(
             found = await asyncio.wait_for(backend.offers(request), timeout_s)
         except asyncio.TimeoutError:
             return OfferSet(backend=name, reasons=[f"no answer within {timeout_s:g} s"])
+        except FileError:
+            raise  # the user's own file (a catalog override) is broken: said with its file and line, never skipped
         except Exception as exc:  # a broken backend must not stop the others from offering
             return OfferSet(backend=name, reasons=[f"error while listing offers: {exc}"])
         now = time.time()

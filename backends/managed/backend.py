@@ -32,7 +32,7 @@ from trainmaster.backends.catalog.offers import catalog_offers
 from trainmaster.backends.catalog.transfer import EGRESS_MICRO_USD_PER_GB
 from trainmaster.backends.features import (
     CheckpointRef, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu, SupportsMultiNode,
-    SupportsSpot,
+    SupportsRemoteData, SupportsSpot,
 )
 from trainmaster.backends.local.backend import max_seconds
 from trainmaster.backends.managed.config import ManagedConfig
@@ -53,9 +53,10 @@ files cost while they are kept."""
 MAX_SEEN = 4096
 
 
-class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, ResumesFromCheckpoints, ReportsMetrics,
-                     Backend):
-    unsupported = {"remote_data": "reads its inputs from the bundle; remote data is not mounted yet"}
+class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, SupportsRemoteData, ResumesFromCheckpoints,
+                     ReportsMetrics, Backend):
+    """Remote data (`s3://`, `gs://`, `az://` in the spec's `data`) is read by the job itself inside the cloud,
+    with the service's role; the planner prices its egress when it lies in another cloud."""
     service_name: ClassVar[str]
     """The launcher's name for the service (jobs/launch_plan.SERVICES)."""
     config_model = ManagedConfig

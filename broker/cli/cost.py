@@ -43,7 +43,8 @@ def offers(
 
     spec = load(lambda: load_spec(job)).spec
     chosen_policy = _load_policy(policy)
-    result, budget = guarded(lambda: calls.offers(spec, chosen_policy))
+    # a file the offers read besides the job's (a catalog override, backends.yaml) is the environment's: exit 2
+    result, budget = guarded(lambda: load(lambda: calls.offers(spec, chosen_policy), usage_on_error=True))
     comparison, warnings_seen = _catalog_comparison(spec, chosen_policy)
     shown = dataclasses.replace(result, rows=result.rows + comparison)
     if as_json:
