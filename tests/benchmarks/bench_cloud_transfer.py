@@ -4,7 +4,7 @@ tests use (moto's S3, gcp-storage-emulator, Azurite), vs a raw loopback copy of 
 For each store: `transfer.upload` → the store's `upload` (multipart / resumable / blocks, with the progress
 callback), and `transfer.download` of the store's `stream` (hashed as it arrives, resumable) — the path a
 bundle and an attempt's outputs take; beside each, one plain HTTP PUT and one streamed GET of the same file to the
-same server with the standard library (a presigned S3 URL, the emulator's media upload, an Azurite SAS URL): what
+same server with the standard library (a presigned S3 URL, the emulator's media upload and download, an Azurite SAS URL): what
 the server and the loopback allow. Figures: MiB/s of ours and of raw, and ours/raw (≥ 0.5 means the store code
 costs at most half of what a bare copy takes; the servers themselves, in Python or node, are the bottleneck).
 
@@ -107,7 +107,30 @@ def _azure(path: Path, work: Path) -> tuple[tuple[float, float], tuple[float, fl
         azurite.stop()
 
 
-CLOUDS = {"aws": _aws, "azure": _azure}
+def _gcp(path: Path, work: Path) -> tuple[tuple[float, float], tuple[float, float]]:
+    import urllib.parse
+
+    from clouds import gcp_server
+
+    servers = gcp_server.start()
+    os.environ.update(STORAGE_EMULATOR_HOST=servers.gcs_url, NO_GCE_CHECK="True")
+    try:
+        servers.reset()
+        from trainmaster.backends.gcp.config import GcpConfig
+        from trainmaster.backends.gcp.gcs import GcsStore
+
+        config = GcpConfig(**servers.config(servers.credentials_file(work)))
+        ours = asyncio.run(_ours(GcsStore(config), path, "bench/bundle.tar", work / "gcp.out"))
+        base, name = servers.gcs_url, urllib.parse.quote("raw/x", safe="")
+        up = _raw_put(f"{base}/upload/storage/v1/b/{gcp_server.BUCKET}/o?uploadType=media&name={name}", path,
+                      method="POST")
+        return ours, (up, _raw_get(f"{base}/download/storage/v1/b/{gcp_server.BUCKET}/o/{name}?alt=media",
+                                   work / "gcp.raw"))
+    finally:
+        servers.stop()
+
+
+CLOUDS = {"aws": _aws, "gcp": _gcp, "azure": _azure}
 
 
 def run(smoke: bool = False) -> dict[str, float]:
