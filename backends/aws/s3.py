@@ -17,7 +17,7 @@ from trainmaster.backends.aws.config import AwsConfig
 from trainmaster.backends.base import BackendError, Progress
 from trainmaster.backends.managed.store import ObjectStore, StoredObject
 
-CHUNK = 2**20
+CHUNK = 4 * 2**20
 COPY_IN_ONE = 5 * 2**30
 """copy_object's limit: a larger object is copied in parts."""
 MISSING = {"NoSuchKey", "404", "NotFound"}
@@ -91,15 +91,19 @@ class S3Store(ObjectStore):
         return await sdk.call(f"read {self._where(key)}", got["Body"].read)
 
     async def stream(self, key: str, offset: int = 0) -> AsyncIterator[bytes]:
-        size = await self.size(key)
-        if size is None:
-            raise BackendError(f"{self._where(key)} does not exist")
-        while offset < size:
-            chunk = await self._range(key, offset, min(size, offset + CHUNK) - 1)
-            if not chunk:
-                raise BackendError(f"{self._where(key)} ended at {offset} bytes of {size}")
-            offset += len(chunk)
-            yield chunk
+        """One GET from `offset` to the end, its body read CHUNK bytes at a time (a GET per chunk would pay a
+        round trip each); a stream that breaks off is resumed by the caller from the bytes it has."""
+        what = f"read {self._where(key)}"
+        if offset and offset >= (await self.size(key) or 0):
+            return  # nothing after `offset` (S3 answers such a range with 416)
+        got = await sdk.call(what, self.client.get_object, Bucket=self.bucket, Key=self.prefix + key,
+                             **({"Range": f"bytes={offset}-"} if offset else {}))
+        body = got["Body"]
+        try:
+            while chunk := await sdk.call(what, body.read, CHUNK):
+                yield chunk
+        finally:
+            body.close()
 
     async def list(self, prefix: str) -> list[StoredObject]:
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + prefix)
