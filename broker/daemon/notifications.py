@@ -44,7 +44,8 @@ MIGRATIONS: list[list[str]] = [
     ],
 ]
 _ENDS = sorted(states.JOB_ENDS)
-_SOURCES = {"events": "events", "verdicts": "verdicts"}
+_SOURCES = ("events", "verdicts")
+"""The tables read, each with its cursor named after it."""
 
 
 class Notifications:
@@ -54,9 +55,9 @@ class Notifications:
         self.db = statedb.connect(path)
         with statedb.immediate(self.db) as db:
             statedb.migrate(db, version_table="daemon_notify_schema", migrations=MIGRATIONS, what="the notifications")
-            for source, table in _SOURCES.items():
+            for table in _SOURCES:
                 db.execute("INSERT OR IGNORE INTO notify_cursors (source, last_id) VALUES (?, ?)",
-                           (source, _max_id(db, table)))
+                           (table, _max_id(db, table)))
 
     def close(self) -> None:
         self.db.close()
@@ -64,8 +65,7 @@ class Notifications:
     def collect(self) -> int:
         """Make the entries for the job ends and verdicts recorded since the last call; how many were made."""
         with statedb.immediate(self.db) as db:
-            made = self._job_ends(db) + self._verdicts(db)
-        return made
+            return self._job_ends(db) + self._verdicts(db)
 
     def pending(self) -> list[tuple[str, str, dict]]:
         """(key, webhook, payload) of each entry still to deliver, oldest first."""
