@@ -1,5 +1,5 @@
-"""The daemon process (`python -m trainmaster.broker.daemon`): the API, the reconcile loop, the outbox task, and
-the trigger engine when `triggers.yaml` names any trigger.
+"""The daemon process (`python -m trainmaster.broker.daemon`): the API, the reconcile loop, the outbox tasks (budget
+alerts; job and verdict notifications), and the trigger engine when `triggers.yaml` names any trigger.
 
 It listens on 127.0.0.1 (port 0: a free one) or a unix socket, writes its state file once it listens,
 and runs reconcile passes every `--interval` seconds. SIGTERM or SIGINT stops it gracefully: no new job
@@ -26,6 +26,8 @@ log = logging.getLogger("trainmaster.daemon")
 
 OUTBOX_EVERY_S = 60.0
 """How often pending budget alerts are POSTed again (the outbox gives one up after its MAX_FLUSHES tries)."""
+NOTIFY_EVERY_S = 1.0
+"""How often job ends and verdicts are looked for, and their notifications POSTed (broker/daemon/notifications.py)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,6 +49,7 @@ async def serve(*, port: int, socket_path: str | None, workers: int, interval: f
 
     from trainmaster.broker.daemon.app import make_app
     from trainmaster.broker.daemon.context import DaemonContext
+    from trainmaster.broker.daemon.notifications import Notifications
     from trainmaster.broker.daemon.leases import Leases
     from trainmaster.broker.daemon.reconciler import LEASE_S, Reconciler
     from trainmaster.broker.service import Broker
@@ -54,6 +57,7 @@ async def serve(*, port: int, socket_path: str | None, workers: int, interval: f
     secret = token.ensure_token()
     brokers = [Broker() for _ in range(workers)]
     leases = Leases(paths.state_db())
+    notes = Notifications(paths.state_db())  # before any pass: the ends from now on are told of
     reconciler = Reconciler(brokers, leases, f"daemon-{os.getpid()}-{secrets.token_hex(3)}", ttl_s=lease_s or LEASE_S)
     ctx = DaemonContext(token.digest(secret), Broker(), reconciler, time.time())
     ctx.triggers = _trigger_engine(ctx.api_broker)
@@ -66,7 +70,7 @@ async def serve(*, port: int, socket_path: str | None, workers: int, interval: f
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     state.write(state.DaemonState(os.getpid(), ctx.address, ctx.started_at))
     log.info("listening on %s", ctx.address)
-    tasks = [_reconcile(ctx, stop, interval), _deliver_alerts(stop)]
+    tasks = [_reconcile(ctx, stop, interval), _deliver_alerts(stop), _notify(notes, stop)]
     if ctx.triggers is not None:
         tasks.append(ctx.triggers.run(stop))
     try:
@@ -78,6 +82,7 @@ async def serve(*, port: int, socket_path: str | None, workers: int, interval: f
         for broker in [*brokers, ctx.api_broker]:
             broker.close()
         leases.close()
+        notes.close()
         state.remove(os.getpid())
         log.info("stopped")
 
@@ -132,6 +137,20 @@ async def _deliver_alerts(stop: asyncio.Event) -> None:
                 await asyncio.wait_for(stop.wait(), OUTBOX_EVERY_S)
     finally:
         db.close()
+
+
+async def _notify(notes, stop: asyncio.Event) -> None:
+    """Make the notifications of the job ends and verdicts recorded since, and POST them, every NOTIFY_EVERY_S."""
+    from trainmaster.broker.daemon.notifications import deliver
+
+    while not stop.is_set():
+        try:
+            await asyncio.to_thread(notes.collect)
+            await deliver(notes)
+        except Exception:  # noqa: BLE001 — e.g. an old job's policy file that no longer parses: logged, tried again
+            log.exception("notifications failed")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), NOTIFY_EVERY_S)
 
 
 def _has_pending(db, outbox) -> bool:
