@@ -125,11 +125,13 @@ class Broker:
     # policies and backends
 
     def policy(self, job: Job) -> Policy:
-        """The policy the job was submitted under (its stored snapshot), parsed once per process."""
-        if job.id not in self._policies:
-            self._policies[job.id] = (Policy.model_validate_json(job.policy_json) if job.policy_json
-                                      else load_policy(job.policy))  # a job stored before snapshots existed
-        return self._policies[job.id]
+        """The policy the job was submitted under (its stored snapshot), parsed once per process per distinct
+        snapshot: keyed by the snapshot, so a daemon's cache grows with the policies, not with the jobs."""
+        key = job.policy_json or f"name:{job.policy}"
+        if key not in self._policies:
+            self._policies[key] = (Policy.model_validate_json(job.policy_json) if job.policy_json
+                                   else load_policy(job.policy))  # a job stored before snapshots existed
+        return self._policies[key]
 
     def backend(self, name: str, policy: Policy) -> Backend:
         """The backend `name`, with its effective configuration (`broker.backend_config`: backends.yaml, the
@@ -284,7 +286,7 @@ class Broker:
             detail={"bundle_bytes": info.size, "files": info.files, "left_out": list(info.left_out),
                     **({"origin": origin} if origin else {})},
         )
-        self._policies[job_id] = policy
+        self._policies[policy.model_dump_json()] = policy
         self._record_plan(job_id, result, seq=1)
         return await self.advance(job_id)
 
