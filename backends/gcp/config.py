@@ -20,6 +20,6 @@ class GcpConfig(ManagedConfig):
                                                        "a scheme (http://host:port) is spoken to over REST.")
     credentials_file: str | None = Field(None, description="A service account's key file (or an authorized user's); "
                                                            "default: Application Default Credentials.")
-    upload_chunk_mb: int = Field(8, ge=1, le=1024, description="Size of each part of a resumable upload to Cloud "
+    upload_chunk_mb: int = Field(32, ge=1, le=1024, description="Size of each part of a resumable upload to Cloud "
                                                                "Storage, in MiB (rounded down to 256 KiB).")
     service_account: str | None = Field(None, description="Service account the jobs run as; default: Vertex AI's.")
