@@ -142,13 +142,18 @@ def test_5_a_policy_edited_while_the_job_runs_does_not_change_it(tm_home, job_fa
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "cancel"])
-def test_6_every_job_command_brings_unfinished_jobs_up_to_date(broker, job_factory, command):
+def test_6_a_job_command_advances_its_job_only_and_ls_brings_every_unfinished_job_up_to_date(broker, job_factory,
+                                                                                               command):
+    """#19: `status X` (logs, cancel) moves X alone — never another job's fetch or audit — and `ls` runs one
+    bounded pass over every unfinished job (without a daemon; with one, the daemon keeps them up to date)."""
     finished = broker.submit(job_factory(WRITE_OUTPUT))
     other = broker.submit(job_factory("import time\ntime.sleep(30)\n"))
     _exit_recorded(finished.id)
     assert broker.store.job(finished.id).state in ("dispatched", "running")  # nobody has looked since
     result = CliRunner().invoke(app, [command, other.id])
     assert result.exit_code in (0, 1), result.output
+    assert broker.store.job(finished.id).state in ("dispatched", "running")  # not this command's job
+    assert CliRunner().invoke(app, ["ls"]).exit_code == 0
     assert broker.store.job(finished.id).state == "accepted"
     broker.cancel(other.id)
 
