@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from clouds.aws_runner import SageMakerRunner
 from clouds.aws_server import BUCKET, REGION, ROLE, fail_next, training_job, training_jobs
 from miner_support import shown, tm
+from state_rows import state_rows
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
 
 pytest_plugins = ["clouds.conftest_aws"]
@@ -68,15 +68,6 @@ def outputs(tm_home: Path, job_id: str) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def rows(tm_home: Path, sql: str, *args) -> list[sqlite3.Row]:
-    db = sqlite3.connect(tm_home / "state.db")
-    db.row_factory = sqlite3.Row
-    try:
-        return db.execute(sql, args).fetchall()
-    finally:
-        db.close()
-
-
 def test_a_spot_interruption_resumes_to_the_same_bits_and_is_charged_as_billed(cloud, aws, tm_home, tmp_path):
     policy = tmp_path / "policy.yaml"
     plain = submit(lm_job(tmp_path / "plain"), policy)
@@ -96,14 +87,15 @@ def test_a_spot_interruption_resumes_to_the_same_bits_and_is_charged_as_billed(c
 
     log = tm("logs", job["id"])
     assert "node 0 of 1" in log.stdout, log.stdout + log.stderr
-    [att] = rows(tm_home, "SELECT offer_json, cost_micro_usd FROM attempts WHERE job_id = ?", job["id"])
+    [att] = state_rows(tm_home, "SELECT offer_json, cost_micro_usd FROM attempts WHERE job_id = ?", job["id"])
     offer = json.loads(att["offer_json"])
     assert offer["spot"] and offer["instance"] == "ml.m5.large"
     # managed spot's billable seconds already carry the saving: billed at the row's on-demand price, not the spot one
     on_demand = offer["detail"]["on_demand_micro_usd_per_hour"]
     assert on_demand > offer["price_per_hour_micro_usd"]
     compute = -(-sm.billable_time_in_seconds * 1000 * on_demand // 3_600_000)
-    [charge] = rows(tm_home, "SELECT micro_usd FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", job["id"])
+    [charge] = state_rows(tm_home,
+                          "SELECT micro_usd FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", job["id"])
     sync = f"trainmaster/attempts/{job['attempts'][0]['id']}/sync/"
     stored = sum(o["Size"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=sync)["Contents"])
     sent = sum(o["Size"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=sync + "outputs/")["Contents"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from clouds.azure_runner import AzureMLRunner
 from miner_support import shown, tm
+from state_rows import state_rows
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
 
 pytest_plugins = ["clouds.conftest_azure"]
@@ -64,16 +64,6 @@ def job(tmp_path, entrypoint: str, *, name="lm", text=None, files=None):
 def submit(spec, tmp_path) -> dict:
     done = tm("submit", str(spec), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json")
     return shown(done)
-
-
-def rows(tm_home, sql, *args):
-    db = sqlite3.connect(tm_home / "state.db")
-    db.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in db.execute(sql, args).fetchall()]
-    finally:
-        db.close()
-
 
 
 def billed(azure, name: str) -> float:
@@ -129,10 +119,11 @@ def test_a_preempted_spot_run_resumes_to_an_uninterrupted_runs_bytes_and_is_veri
     assert logs.returncode == 0 and "final_sha256" in logs.stdout, logs.stdout + logs.stderr
 
     for attempt in (first, second):
-        [offer] = rows(tm_home, "SELECT offer_json FROM attempts WHERE id = ?", attempt["id"])
+        [offer] = state_rows(tm_home, "SELECT offer_json FROM attempts WHERE id = ?", attempt["id"])
         price = json.loads(offer["offer_json"])["price_per_hour_micro_usd"]
         assert attempt["cost_micro_usd"] == expected_cost(azure, azure_config, attempt, price), attempt
-    charges = rows(tm_home, "SELECT micro_usd FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", done["id"])
+    charges = state_rows(tm_home,
+                         "SELECT micro_usd FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", done["id"])
     assert sum(c["micro_usd"] for c in charges) == first["cost_micro_usd"] + second["cost_micro_usd"] == status["cost_micro_usd"]
 
 
@@ -171,7 +162,8 @@ def test_capacity_refused_at_submit_blocks_the_offer_and_falls_back_to_local(cli
     assert ran["backend"] == "local" and ran["state"] == "accepted"
     said = "UserError: InsufficientQuota: the subscription has no quota for NCASv3_T4 in eastus"
     assert refused and all(a["backend"] == "azure" and a["reason"].endswith(said) for a in refused), refused
-    offers = [json.loads(r["offer_json"]) for r in rows(tm_home, "SELECT offer_json FROM attempts WHERE job_id = ?"
+    offers = [json.loads(r["offer_json"]) for r in state_rows(tm_home,
+                                                              "SELECT offer_json FROM attempts WHERE job_id = ?"
                                                         " AND backend = 'azure'", done["id"])]
     keys = [f"{o['instance']}/{o['spot']}" for o in offers]
     assert len(keys) == len(set(keys)) == len(refused)  # each refused offer blocked: never tried twice
@@ -185,7 +177,7 @@ def test_a_job_failing_in_the_service_ends_with_its_reason_and_exit_code(cli, az
     name = "tm-" + attempt["id"].lower()
     assert azure.fake.properties(name)["status"] == "Failed" and cli.exit_codes[name] == [3]
     assert attempt["state"] == "failed" and attempt["reason"] == "exited with code 3: about to fail", attempt
-    ended = [json.loads(e["detail"]) for e in rows(tm_home, "SELECT detail FROM events WHERE attempt_id = ? AND "
+    ended = [json.loads(e["detail"]) for e in state_rows(tm_home, "SELECT detail FROM events WHERE attempt_id = ? AND "
                                                             "kind = 'attempt' AND detail IS NOT NULL", attempt["id"])]
     assert ended == [{"cause": "script_failed", "reason": "exited with code 3: about to fail"}]  # no fallback
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 
 import pytest
 
@@ -24,6 +23,7 @@ from cheating_miners.process import TESTS, CheaterProcess
 from miner_support import shown as _shown, tm as _tm
 from miner_support import MinerProcess, make_wallet
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from state_rows import state_rows
 
 pytestmark = pytest.mark.slow
 
@@ -88,29 +88,19 @@ def _coldkey(miner: MinerProcess) -> str:
     return miner.wallet.coldkeypub.ss58_address
 
 
-
 def _submit(spec, policy) -> dict:
     done = _tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
     shown = _shown(done)
     return _shown(_tm("status", shown["id"], "--json"))
 
 
-def _state(tm_home, sql: str, *args) -> list[sqlite3.Row]:
-    db = sqlite3.connect(tm_home / "state.db")
-    db.row_factory = sqlite3.Row
-    try:
-        return db.execute(sql, args).fetchall()
-    finally:
-        db.close()
-
-
 def _caught(tm_home, shown: dict, cheater: MinerProcess, spec, policy) -> dict:
     """The cheater's attempt rejected with a reason, unpaid, the cheater banned (hotkey and coldkey) and left
     out of the next job's offers with the ban as the reason; the attempt as `status --json` shows it."""
-    ran = {r["id"] for r in _state(tm_home, "SELECT id FROM attempts WHERE executor_hotkey = ?", cheater.hotkey)}
+    ran = {r["id"] for r in state_rows(tm_home, "SELECT id FROM attempts WHERE executor_hotkey = ?", cheater.hotkey)}
     [attempt] = [a for a in shown["attempts"] if a["id"] in ran]
     assert attempt["state"] == "rejected" and attempt["reason"], shown
-    assert not _state(tm_home, "SELECT * FROM payments WHERE attempt_id = ?", attempt["id"])
+    assert not state_rows(tm_home, "SELECT * FROM payments WHERE attempt_id = ?", attempt["id"])
     bans = _shown(_tm("executors", "ls", "--json"))["bans"]
     assert {(b["kind"], b["key"]) for b in bans if b["active"]} >= {("hotkey", cheater.hotkey),
                                                                       ("coldkey", _coldkey(cheater))}
@@ -129,10 +119,10 @@ def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_t
     first, second = shown["attempts"]
     assert (cheater.home / "jobs" / first["id"]).is_dir() and (honest.home / "jobs" / second["id"]).is_dir()
     assert CAUGHT["skip_half"] in _caught(tm_home, shown, cheater, spec, policy)["reason"]
-    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
+    payments = state_rows(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
     assert [tuple(p) for p in payments] == [(_coldkey(honest), second["id"])]  # paid to its owner
-    charges = _state(tm_home, "SELECT rao FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", shown["id"])
-    assert [c["rao"] for c in charges] == [p["rao"] for p in _state(tm_home, "SELECT rao FROM payments")]
+    charges = state_rows(tm_home, "SELECT rao FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", shown["id"])
+    assert [c["rao"] for c in charges] == [p["rao"] for p in state_rows(tm_home, "SELECT rao FROM payments")]
 
 
 @pytest.mark.parametrize("kind", ["freeze", "wrong_key", "silent", "bad_hash"])
@@ -142,7 +132,7 @@ def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallet
     shown = _submit(spec, policy)
     assert CAUGHT[kind] in _caught(tm_home, shown, cheater, spec, policy)["reason"], shown
     assert shown["state"] == "failed" and BANNED in shown["reason"], shown  # no other miner to go to
-    assert not _state(tm_home, "SELECT * FROM payments")
+    assert not state_rows(tm_home, "SELECT * FROM payments")
     [spent] = json.loads(_tm("spend", "--json").stdout)
     assert (spent["group"], spent["rao"], spent["charges"]) == ("total", 0, 0)  # nothing paid to anyone
 
@@ -156,7 +146,7 @@ def test_a_download_cut_halfway_resumes_and_the_honest_work_is_paid_once(tmp_pat
     assert "model.safetensors" in {f["path"] for f in attempt["outputs"]}
     cut = (cutter.home / CUT_LOG).read_text().splitlines()
     assert "model.safetensors" in cut  # its first download was cut halfway
-    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
+    payments = state_rows(tm_home, "SELECT payee, attempt_id FROM payments WHERE job_id = ?", shown["id"])
     assert [tuple(p) for p in payments] == [(_coldkey(cutter), attempt["id"])]
     assert not _shown(_tm("executors", "ls", "--json"))["bans"]
 
@@ -175,9 +165,9 @@ def test_a_replayed_dispatch_is_refused_by_every_miner_and_gains_nothing(tmp_pat
         (replayer.url, 401, "ReplayedRequest"),  # its own nonce store has seen it
         (honest.url, 401, "WrongReceiver")]  # signed for the replayer only
     assert not (honest.home / "jobs").exists() or not any((honest.home / "jobs").iterdir())
-    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
+    payments = state_rows(tm_home, "SELECT payee, attempt_id FROM payments")
     assert [tuple(p) for p in payments] == [(_coldkey(replayer), attempt["id"])]  # once, for its one attempt
-    assert len(_state(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")) == 1
+    assert len(state_rows(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")) == 1
 
 
 def test_returning_another_jobs_run_is_rejected_unpaid_and_banned_after_an_honest_first_job(
@@ -193,9 +183,9 @@ def test_returning_another_jobs_run_is_rejected_unpaid_and_banned_after_an_hones
     reason = _caught(tm_home, second, reuser, spec, policy)["reason"]
     assert f"the commitment is for job '{first['id']}', not '{second['id']}'" in reason, second
     assert second["state"] == "failed" and BANNED in second["reason"], second
-    payments = _state(tm_home, "SELECT attempt_id FROM payments")
+    payments = state_rows(tm_home, "SELECT attempt_id FROM payments")
     assert [p["attempt_id"] for p in payments] == [first["attempts"][0]["id"]]  # the honest first job only
-    charged = _state(tm_home, "SELECT job_id FROM ledger_entries WHERE kind = 'charge'")
+    charged = state_rows(tm_home, "SELECT job_id FROM ledger_entries WHERE kind = 'charge'")
     assert [c["job_id"] for c in charged] == [first["id"]]
 
 
@@ -210,6 +200,6 @@ def test_a_miner_that_vanishes_after_committing_is_lost_unpaid_unbanned_and_the_
     assert vanisher.proc.poll() is not None  # and is gone
     assert first["state"] == "failed" and first["reason"].startswith("lost: unreachable"), shown
     assert (honest.home / "jobs" / second["id"]).is_dir() and second["state"] == "accepted"
-    payments = _state(tm_home, "SELECT payee, attempt_id FROM payments")
+    payments = state_rows(tm_home, "SELECT payee, attempt_id FROM payments")
     assert [tuple(p) for p in payments] == [(_coldkey(honest), second["id"])]  # paid to its owner
     assert not _shown(_tm("executors", "ls", "--json"))["bans"]  # a loss is nobody's proven fault

@@ -8,7 +8,6 @@ reason and another is chosen."""
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
 
@@ -16,6 +15,7 @@ from miner_support import shown as _shown, tm as _tm
 from miner_support import MinerProcess, free_port, make_wallet
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
 from trainmaster.wallet.keys import signed_by
+from state_rows import state_rows
 
 pytestmark = pytest.mark.slow
 
@@ -50,18 +50,8 @@ def _setup(tmp_path, tm_home, listed: list[dict]) -> tuple:
     return broker, job / "job.yaml", tmp_path / "policy.yaml"
 
 
-
 def _listed(proc: MinerProcess) -> dict:
     return {"hotkey": proc.hotkey, "url": proc.url, "coldkey": proc.wallet.coldkeypub.ss58_address}
-
-
-def _state(tm_home, sql: str, *args) -> list[sqlite3.Row]:
-    db = sqlite3.connect(tm_home / "state.db")
-    db.row_factory = sqlite3.Row
-    try:
-        return db.execute(sql, args).fetchall()
-    finally:
-        db.close()
 
 
 def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_miner(tmp_path, tm_home, miners):
@@ -79,7 +69,7 @@ def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_
     [attempt] = shown["attempts"]
     assert attempt["backend"] == "bittensor"
     ran = next(m for m in miners if (m.home / "jobs" / attempt["id"]).exists())  # where it ran: one miner's home
-    [row] = _state(tm_home, "SELECT executor_hotkey, executor_coldkey FROM attempts WHERE id = ?", attempt["id"])
+    [row] = state_rows(tm_home, "SELECT executor_hotkey, executor_coldkey FROM attempts WHERE id = ?", attempt["id"])
     assert tuple(row) == (ran.hotkey, ran.wallet.coldkeypub.ss58_address)  # the directory's word
 
     verdict = json.loads((tm_home / "jobs" / shown["id"] / "verdict.json").read_text())
@@ -88,15 +78,16 @@ def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_
     assert signature.startswith("valid for ") and ran.hotkey in signature, signature
     assert verdict["evidence"]["replay"]["challenge"]["segments"]  # segments opened over the protocol
 
-    charges = _state(tm_home, "SELECT kind, rao FROM ledger_entries WHERE job_id = ? ORDER BY seq", shown["id"])
+    charges = state_rows(tm_home, "SELECT kind, rao FROM ledger_entries WHERE job_id = ? ORDER BY seq", shown["id"])
     assert [c["kind"] for c in charges] == ["reserve", "charge"]
     assert charges[1]["rao"] == 2_000_000_000 * 0.25  # the quoted price of the job's work, not hours × rate
-    payments = _state(tm_home, "SELECT payee, rao, attempt_id FROM payments WHERE job_id = ?", shown["id"])
+    payments = state_rows(tm_home, "SELECT payee, rao, attempt_id FROM payments WHERE job_id = ?", shown["id"])
     owner = ran.wallet.coldkeypub.ss58_address
     assert [tuple(p) for p in payments] == [(owner, charges[1]["rao"], attempt["id"])]  # once, to the owner
 
-    [told] = _state(tm_home, "SELECT receipt, countersignature FROM conclusions WHERE attempt_id = ?", attempt["id"])
+    [told] = state_rows(tm_home,
+                        "SELECT receipt, countersignature FROM conclusions WHERE attempt_id = ?", attempt["id"])
     assert signed_by(told["receipt"].encode(), told["countersignature"], ran.hotkey)  # concluded, countersigned
     again = _shown(_tm("status", shown["id"], "--json"))
     assert again["state"] == "accepted"
-    assert len(_state(tm_home, "SELECT * FROM payments WHERE job_id = ?", shown["id"])) == 1
+    assert len(state_rows(tm_home, "SELECT * FROM payments WHERE job_id = ?", shown["id"])) == 1

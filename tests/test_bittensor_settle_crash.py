@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from miner_support import MinerProcess, make_wallet
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from state_rows import state_rows
 
 pytestmark = pytest.mark.slow
 
@@ -54,15 +54,6 @@ def _driver(point: str, spec: Path, policy: Path, state: Path) -> int:
                            str(state)], env=env, timeout=300).returncode
 
 
-def _rows(db_path: Path, sql: str, *args) -> list[sqlite3.Row]:
-    db = sqlite3.connect(db_path)
-    db.row_factory = sqlite3.Row
-    try:
-        return db.execute(sql, args).fetchall()
-    finally:
-        db.close()
-
-
 def test_an_honest_miner_is_paid_and_concluded_exactly_once_across_kill_9_at_every_step(tmp_path, tm_home, miner):
     from trainmaster.wallet.keys import signed_by
 
@@ -81,22 +72,23 @@ def test_an_honest_miner_is_paid_and_concluded_exactly_once_across_kill_9_at_eve
     assert attempt["state"] == "accepted" and (miner.home / "jobs" / attempt["id"]).is_dir()
 
     db = tm_home / "state.db"
-    charges = _rows(db, "SELECT kind, rao FROM ledger_entries WHERE job_id = ? ORDER BY seq", job_id)
+    charges = state_rows(db, "SELECT kind, rao FROM ledger_entries WHERE job_id = ? ORDER BY seq", job_id)
     assert [c["kind"] for c in charges] == ["reserve", "charge"] and charges[1]["rao"] > 0
-    [payment] = _rows(db, "SELECT key, payee, rao, attempt_id, transfer FROM payments WHERE job_id = ?", job_id)
+    [payment] = state_rows(db, "SELECT key, payee, rao, attempt_id, transfer FROM payments WHERE job_id = ?", job_id)
     transfers = [json.loads(line) for line in (state / "transfers.jsonl").read_text().splitlines()]
     owner = miner.wallet.coldkeypub.ss58_address  # TAO goes to the miner's coldkey
     assert transfers == [{"key": payment["key"], "payee": owner, "rao": charges[1]["rao"], "transfer": "tx-1"}]
     assert (payment["payee"], payment["rao"], payment["attempt_id"], payment["transfer"]) == \
         (owner, charges[1]["rao"], attempt["id"], "tx-1")
-    verdicts = _rows(db, "SELECT outcome FROM verdicts WHERE job_id = ?", job_id)
+    verdicts = state_rows(db, "SELECT outcome FROM verdicts WHERE job_id = ?", job_id)
     assert [v["outcome"] for v in verdicts] == ["accepted"]  # not verified again after a crash
 
-    [told] = _rows(db, "SELECT receipt, countersignature FROM conclusions WHERE attempt_id = ?", attempt["id"])
+    [told] = state_rows(db, "SELECT receipt, countersignature FROM conclusions WHERE attempt_id = ?", attempt["id"])
     assert signed_by(told["receipt"].encode(), told["countersignature"], miner.hotkey)
     receipt = json.loads(told["receipt"])
     assert (receipt["verdict"], receipt["amount_rao"], receipt["transfer"]) == ("accepted", charges[1]["rao"], "tx-1")
-    [kept] = _rows(miner.home / "miner.db", "SELECT told_json, countersignature FROM attempts WHERE attempt_id = ?",
+    [kept] = state_rows(miner.home / "miner.db",
+                        "SELECT told_json, countersignature FROM attempts WHERE attempt_id = ?",
                    attempt["id"])  # the miner kept the one conclusion it countersigned
     assert json.loads(kept["told_json"])["receipt"] == told["receipt"]
     assert kept["countersignature"] == told["countersignature"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from miner_support import shown, tm
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
 
 from clouds.gcp_runner import VertexRunner
+from state_rows import state_rows
 
 pytest_plugins = ["clouds.conftest_gcp"]
 pytestmark = pytest.mark.slow
@@ -49,15 +49,6 @@ def setup(tmp_path, tm_home, gcp, *, steps: int = 50, nodes: int = 1, entrypoint
     return job / "job.yaml", tmp_path / "policy.yaml"
 
 
-def rows(tm_home, sql: str, *args) -> list[sqlite3.Row]:
-    db = sqlite3.connect(tm_home / "state.db")
-    db.row_factory = sqlite3.Row
-    try:
-        return db.execute(sql, args).fetchall()
-    finally:
-        db.close()
-
-
 def submit(spec, policy) -> dict:
     done = tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -76,9 +67,10 @@ def test_preempted_resumed_completed_fetched_verified_and_charged(tmp_path, tm_h
     assert len(job["attempts"]) == 2, json.dumps(job["attempts"], indent=1)
     first, second = job["attempts"]
     assert (first["backend"], second["backend"]) == ("gcp", "gcp")
-    [cause] = rows(tm_home, "SELECT state, reason FROM attempts WHERE id = ?", first["id"])
+    [cause] = state_rows(tm_home, "SELECT state, reason FROM attempts WHERE id = ?", first["id"])
     assert cause["state"] == "failed" and "preempted" in cause["reason"], dict(cause)
-    offers = [json.loads(r["offer_json"]) for r in rows(tm_home, "SELECT offer_json FROM attempts WHERE job_id = ? "
+    offers = [json.loads(r["offer_json"]) for r in state_rows(tm_home,
+                                                              "SELECT offer_json FROM attempts WHERE job_id = ? "
                                                                  "ORDER BY n", job["id"])]
     assert offers[0]["spot"] and offers[0]["instance"] == offers[1]["instance"] == "n1-standard-4"
     vertex_jobs = sorted(gcp.vertex.jobs.values(), key=lambda j: j.name)
@@ -103,7 +95,7 @@ def test_preempted_resumed_completed_fetched_verified_and_charged(tmp_path, tm_h
     assert [a["backend"] for a in straight["attempts"]] == ["gcp"]
     assert model_sha256(out) == model_sha256(tm_home / "jobs" / straight["id"] / "outputs")
 
-    [attempt] = rows(tm_home, "SELECT offer_json, cost_micro_usd, billable_seconds FROM attempts WHERE id = ?",
+    [attempt] = state_rows(tm_home, "SELECT offer_json, cost_micro_usd, billable_seconds FROM attempts WHERE id = ?",
                      second["id"])
     offer = json.loads(attempt["offer_json"])
     vertex = vertex_jobs[1]
@@ -111,9 +103,10 @@ def test_preempted_resumed_completed_fetched_verified_and_charged(tmp_path, tm_h
     compute = -(-int(seconds * 1000) * offer["price_per_hour_micro_usd"] // 3_600_000)
     assert attempt["billable_seconds"] == pytest.approx(seconds)
     assert compute <= attempt["cost_micro_usd"] <= compute + 100  # + the estimated egress and storage of kB
-    charges = rows(tm_home, "SELECT kind, micro_usd FROM ledger_entries WHERE job_id = ? ORDER BY seq", job["id"])
+    charges = state_rows(tm_home, "SELECT kind, micro_usd FROM ledger_entries WHERE job_id = ? ORDER BY seq", job["id"])
     assert [c["kind"] for c in charges].count("charge") >= 1
-    paid = rows(tm_home, "SELECT SUM(cost_micro_usd) AS total FROM attempts WHERE job_id = ?", job["id"])[0]["total"]
+    paid = state_rows(tm_home,
+                      "SELECT SUM(cost_micro_usd) AS total FROM attempts WHERE job_id = ?", job["id"])[0]["total"]
     assert sum(c["micro_usd"] for c in charges if c["kind"] == "charge") == paid
 
 
@@ -144,7 +137,7 @@ def test_a_two_node_gloo_job_runs_on_two_replicas(tmp_path, tm_home, gcp, runner
     assert runner.played[created.name] == [0, 0]
     result = json.loads((tm_home / "jobs" / job["id"] / "outputs" / "sum.json").read_text())
     assert result == {"sum": 3.0, "world": 2}
-    [attempt] = rows(tm_home, "SELECT billable_seconds FROM attempts WHERE job_id = ?", job["id"])
+    [attempt] = state_rows(tm_home, "SELECT billable_seconds FROM attempts WHERE job_id = ?", job["id"])
     seconds = (created.end_time - created.start_time).total_seconds()
     assert attempt["billable_seconds"] == pytest.approx(2 * seconds)  # per instance, times the instances
 
@@ -174,7 +167,8 @@ def test_capacity_refused_at_submit_blocks_the_offers_and_falls_back_to_local(tm
     assert not gcp.vertex.jobs and gcp.vertex.calls("create") >= 1
     refused = [a for a in job["attempts"] if a["backend"] == "gcp"]
     assert len(refused) == 2 and all("refused" in a["reason"] and "for capacity" in a["reason"] for a in refused)
-    offers = [json.loads(r["offer_json"]) for r in rows(tm_home, "SELECT offer_json FROM attempts WHERE job_id = ? "
+    offers = [json.loads(r["offer_json"]) for r in state_rows(tm_home,
+                                                              "SELECT offer_json FROM attempts WHERE job_id = ? "
                                                                  "AND backend = 'gcp'", job["id"])]
     assert sorted(o["spot"] for o in offers) == [False, True]  # each refused offer blocked, the next one tried
 
