@@ -139,7 +139,10 @@ def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, 
     assert job["state"] == "accepted", job
     first, second = job["attempts"]
     assert first["backend"] == second["backend"] == "ray", job["attempts"]
-    assert first["state"] == "failed" and "lost" in json.dumps(first), first
+    assert first["state"] == "failed" and "its node or driver died" in first["reason"], first
+    db = sqlite3.connect(ray_home / "state.db")
+    [detail] = db.execute("SELECT detail FROM events WHERE attempt_id = ? AND to_state = 'failed'", (first["id"],)).fetchone()
+    assert json.loads(detail)["cause"] == "lost", detail
     assert (cluster.storage / "attempts" / second["id"] / "checkpoints" / "segments" / "00000001").is_dir()
     assert model_hash(ray_home, job["id"]) == model_hash(ray_home, plain["id"])
 
