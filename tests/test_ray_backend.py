@@ -7,6 +7,7 @@ uninterrupted run; a cluster that does not answer drops out of the plan with its
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import signal
@@ -22,6 +23,11 @@ import pytest
 from miner_support import shown, tm
 from ray_cluster import RayCluster, free_port
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from trainmaster.backends.base import AttemptContext, Cause, Offer, OfferRequest, Phase
+from trainmaster.backends.ray.backend import RayBackend
+from trainmaster.backends.ray.config import RayConfig
+from trainmaster.jobs.bundle import build_bundle
+from trainmaster.jobs.spec import load_spec
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +96,45 @@ def wait_for(what: str, check, timeout: float = WAIT_S):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
     return found
+
+
+def backend_run(cluster: RayCluster, root: Path, script: str, attempt: str, sha256: str | None = None):
+    """Bundle `script` as a job's train.py and submit it to the cluster with the backend itself, twice; the
+    backend, both handles, the spec, and the job's end once it ended."""
+    spec = load_spec(script_job(root / "code", script))
+    info = build_bundle(spec.code_dir, spec.spec.canonical_json(), root / "bundles")
+    backend = RayBackend(RayConfig(address=cluster.address, storage_path=str(cluster.storage), python=sys.executable))
+    [offer] = asyncio.run(backend.offers(OfferRequest(spec=spec.spec))).offers
+    ctx = AttemptContext(job_id="j", attempt_id=attempt, bundle_sha256=sha256 or info.sha256, seed=1,
+                         workdir=str(root / "attempt"))
+    handles = [asyncio.run(backend.submit(info.path, spec.spec, offer, ctx)) for _ in range(2)]
+    end = wait_for("the job's end", lambda: (st := asyncio.run(backend.status(handles[0]))).phase.done and st)
+    return backend, handles, end
+
+
+def test_a_second_submit_finds_the_first_job_and_logs_and_outputs_read_back(cluster, tmp_path):
+    script = WRITES + "for i in range(300):\n    print('line', i, 'é' * (i % 3), flush=True)\n"
+    backend, (first, second), end = backend_run(cluster, tmp_path, script, "direct-1")
+    assert first == second and end.phase is Phase.succeeded and end.exit_code == 0, end
+    from ray.job_submission import JobSubmissionClient
+
+    assert [j.submission_id for j in JobSubmissionClient(cluster.address).list_jobs()].count("tm-direct-1") == 1
+    whole = (cluster.storage / "attempts" / "direct-1" / "job.log").read_bytes()
+    at = whole.index("é".encode()) + 1  # inside a character: offsets are bytes of the synced log, never shifted
+    head, tail = asyncio.run(backend.logs(first, 0)), asyncio.run(backend.logs(first, at))
+    assert head.text == whole.decode() and head.next_offset == len(whole) and head.complete
+    assert tail.offset == at and tail.next_offset == len(whole) and "line 299" in tail.text
+    files = asyncio.run(backend.fetch(first, tmp_path / "fetched"))
+    assert [(f.path, f.sha256) for f in files] == [("done.txt", hashlib.sha256(b"done").hexdigest())]
+    price = backend.config.power.price_per_hour_micro(0)
+    cost = asyncio.run(backend.cost(first, Offer(backend="ray", instance="x", price_per_hour_micro_usd=price)))
+    assert cost.billable_seconds > 0 and cost.micro_usd == -(-int(cost.billable_seconds * 1000) * price // 3_600_000)
+
+
+def test_a_bundle_that_does_not_match_is_refused_on_the_node(cluster, tmp_path):
+    _, (handle, _), end = backend_run(cluster, tmp_path, WRITES, "direct-2", sha256="0" * 64)
+    assert end.phase is Phase.failed and end.cause is Cause.script_failed and end.exit_code == 2, end
+    assert "the bundle is refused" in end.reason, end
 
 
 def test_a_tiny_job_runs_on_the_cluster_and_is_accepted(ray_home, tmp_path):
