@@ -33,6 +33,22 @@ pytestmark = pytest.mark.slow
 
 POLICY = "name: ray\ndefault:\n  primary: ray\n  fallbacks: [local]\n  retries: 1\n"
 WAIT_S = 90
+DIST = """\
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+w = torch.randn(4)  # the same start on every replica; one all-reduced step keeps them equal
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+w -= 0.1 * t
+seen = [torch.zeros(4) for _ in range(dist.get_world_size())]
+dist.all_gather(seen, w)
+same = float(all(torch.equal(seen[0], s) for s in seen))
+if dist.get_rank() == 0:
+    open(os.path.join(os.environ["TRAINMASTER_OUTPUT_DIR"], "sum.txt"), "w").write(
+        f"{t.item():.0f} {dist.get_world_size()} {same}")
+dist.destroy_process_group()
+"""
 WRITES = "import os\nopen(os.path.join(os.environ['TRAINMASTER_OUTPUT_DIR'], 'done.txt'), 'w').write('done')\n"
 
 
@@ -190,6 +206,17 @@ def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, 
     assert json.loads(detail)["cause"] == "lost", detail
     assert (cluster.storage / "attempts" / second["id"] / "checkpoints" / "segments" / "00000001").is_dir()
     assert model_hash(ray_home, job["id"]) == model_hash(ray_home, plain["id"])
+
+
+def test_a_two_process_gloo_job_runs_under_torchrun_on_one_node(ray_home, tmp_path):
+    root = tmp_path / "dist"
+    root.mkdir()
+    (root / "train.py").write_text(DIST)
+    (root / "job.yaml").write_text("name: dist\nentrypoint: python train.py\nlauncher: torchrun\n"
+                                   "resources:\n  cpus: 2\n  processes: 2\n")
+    job = shown(tm("submit", str(root / "job.yaml"), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
+    assert job["state"] in ("accepted", "succeeded") and [a["backend"] for a in job["attempts"]] == ["ray"], job
+    assert (ray_home / "jobs" / job["id"] / "outputs" / "sum.txt").read_text() == "3 2 1.0"  # both replicas agree
 
 
 def test_an_unreachable_cluster_drops_out_of_the_plan_and_local_runs_the_job(tm_home, tmp_path):
