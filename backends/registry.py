@@ -93,7 +93,7 @@ REGISTRY: dict[str, BackendEntry] = {
             config="trainmaster.backends.azure.config:AzureConfig", checks="trainmaster.backends.azure.check",
         ),
         BackendEntry(
-            "ray", "trainmaster.backends.ray.backend:RayBackend", extra="ray", sdk=("ray.job_submission",), trusted=True,
+            "ray", "trainmaster.backends.ray.backend:RayBackend", extra="ray", sdk=("ray",), trusted=True,
             config="trainmaster.backends.ray.config:RayConfig", checks="trainmaster.backends.ray.check",
         ),
     )
