@@ -110,8 +110,8 @@ def _azureml(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
 def _ray(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
     if not plan.bundle or not plan.sync:
         raise PlacementError(f"Ray: the plan names no {'bundle' if not plan.bundle else 'synced folder'}")
-    return {"bundle": Path(plan.bundle).absolute(), "sync": Path(plan.sync), "model_dir": None, "nnodes": 1,
-            "node_rank": 0, "master_addr": "127.0.0.1"}
+    return {"bundle": Path(plan.bundle).absolute(), "sync": Path(plan.sync), "model_dir": None, "nnodes": plan.nodes,
+            "node_rank": _int(environ.get("NODE_RANK", "0"), "NODE_RANK"), "master_addr": "127.0.0.1"}
 
 
 def _mounted(uri: str, mount: Path) -> Path:

@@ -1,6 +1,7 @@
-"""A real Ray cluster on 127.0.0.1 for the Ray backend's tests: a head node (2 CPUs, the dashboard and its Jobs
-API) and a second node (1 CPU), each a `ray start --block` process in a session of its own, every port chosen
-free, everything under one temp dir. Stopped by what it started: the two `ray start` processes, every process
+"""A real Ray cluster on this machine for the Ray backend's tests: a head node (2 CPUs, the dashboard and its Jobs
+API on 127.0.0.1) and a second node (1 CPU), each a `ray start --block` process in a session of its own, every
+port chosen free, everything under one temp dir. (Ray registers both nodes under this host's own interface
+address, whatever `--node-ip-address 127.0.0.1` says: its traffic still never leaves the machine.) Stopped by what it started: the two `ray start` processes, every process
 below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine).
 A missing `ray` fails the test: it is in the dev extra.
 """

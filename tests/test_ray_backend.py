@@ -1,6 +1,6 @@
 """The Ray backend end to end through the real CLI against a real Ray cluster on 127.0.0.1 (tests/ray_cluster.py:
 a head with 2 CPUs and a second node with 1, started once for this file): a tiny job accepted, run through the
-Jobs API and the shared launcher; cancel stops every process of the job, even one that ignores SIGTERM; a
+Jobs API and the shared launcher; a 2-process gloo job on one node and a 2-node one (the gang driver); cancel stops every process of the job, even one that ignores SIGTERM; a
 `kill -9` of the job on its node is `lost`, retried from the last committed segment to the bits of an
 uninterrupted run; a cluster that does not answer drops out of the plan with its reason and local runs the job;
 `ray:spot` is refused in a policy."""
@@ -217,6 +217,20 @@ def test_a_two_process_gloo_job_runs_under_torchrun_on_one_node(ray_home, tmp_pa
     job = shown(tm("submit", str(root / "job.yaml"), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
     assert job["state"] in ("accepted", "succeeded") and [a["backend"] for a in job["attempts"]] == ["ray"], job
     assert (ray_home / "jobs" / job["id"] / "outputs" / "sum.txt").read_text() == "3 2 1.0"  # both replicas agree
+
+
+def test_a_two_node_gloo_job_runs_on_two_nodes_of_the_cluster(cluster, ray_home, tmp_path):
+    root = tmp_path / "nodes"
+    root.mkdir()
+    (root / "train.py").write_text(DIST)
+    (root / "job.yaml").write_text("name: nodes\nentrypoint: python train.py\nlauncher: torchrun\n"
+                                   "resources:\n  nodes: 2\n")
+    job = shown(tm("submit", str(root / "job.yaml"), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
+    assert job["state"] in ("accepted", "succeeded") and [a["backend"] for a in job["attempts"]] == ["ray"], job
+    assert (ray_home / "jobs" / job["id"] / "outputs" / "sum.txt").read_text() == "3 2 1.0"
+    log = tm("logs", job["id"]).stdout
+    node0 = cluster.alive_nodes()[0]["node_ip"]  # node 0's address as the cluster knows it: torchrun's rendezvous
+    assert "node 0 of 2" in log and f"--nnodes=2 --node-rank=0 --master-addr={node0} " in log, log
 
 
 def test_an_unreachable_cluster_drops_out_of_the_plan_and_local_runs_the_job(tm_home, tmp_path):

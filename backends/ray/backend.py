@@ -1,9 +1,12 @@
-"""The Ray backend: a job runs on one node of your own Ray cluster through the Jobs API, priced by the power model.
+"""The Ray backend: a job runs on one or several nodes of your own Ray cluster through the Jobs API, priced by the
+power model.
 
 Submit: the bundle, alone in a folder of the attempt's work dir, is the job's `working_dir` (Ray uploads it
 to the cluster); the entrypoint is the shared launcher (`python -m trainmaster.jobs.launcher`, the `ray`
 service of jobs/launch_plan.py), which checks the bundle's sha256 on the node before the job starts. The
-submission id derives from the attempt id, so a second submit finds the first job. The synced folder is
+submission id derives from the attempt id, so a second submit finds the first job. A job of several nodes
+is submitted as the gang driver (gang.py), which runs the launcher on that many distinct nodes, torchrun's
+rendezvous between them. The synced folder is
 `<storage_path>/attempts/<attempt id>/` on the cluster's shared storage, which this machine sees at the same
 path: the launcher keeps the outputs, checkpoints, log and exit record there, and status, logs, metrics, the
 resume point and the outputs are read from it, as the managed backends read theirs from an object store.
@@ -32,11 +35,12 @@ from trainmaster.backends.base import (
     OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import (
-    CheckpointRef, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu,
+    CheckpointRef, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu, SupportsMultiNode,
 )
 from trainmaster.backends.local.backend import newest_segment, read_chunk
 from trainmaster.backends.ray import check
 from trainmaster.backends.ray.cluster import Jobs, Node, RayJob, nodes
+from trainmaster.backends.ray.gang import RESOURCES
 from trainmaster.backends.ray.config import RayConfig
 from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS
@@ -52,10 +56,9 @@ CANCEL_WAIT_S = 30.0
 POLL_S = 0.2
 
 
-class RayBackend(SupportsMultiGpu, ResumesFromCheckpoints, ReportsMetrics, Backend):
+class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, ReportsMetrics, Backend):
     name = "ray"
     unsupported = {
-        "multi_node": "runs each job on one node of the cluster in this version",
         "spot": "your own machines are never preempted, so there is no spot price",
         "remote_data": "reads paths on the cluster's nodes only; copy s3://, gs:// or az:// data down first",
     }
@@ -79,14 +82,15 @@ class RayBackend(SupportsMultiGpu, ResumesFromCheckpoints, ReportsMetrics, Backe
             live = await asyncio.to_thread(nodes, self.config.address, self.config.timeout_s)
         except BackendError as exc:
             return OfferSet(backend=self.name, reasons=[str(exc)])
-        fitting = [n for n in live if not _misfit(n, spec)]
-        if not fitting:
+        fitting = sorted((n for n in live if not _misfit(n, spec)), key=lambda n: (n.gpus, n.cpus, n.memory_mb))
+        if len(fitting) < spec.resources.nodes:
             return OfferSet(backend=self.name, reasons=[_no_node(live, spec)])
-        node = max(fitting, key=lambda n: (n.gpus, n.cpus, n.memory_mb))
+        node = fitting[-spec.resources.nodes]  # the least of the nodes the job would get
         gpus = spec.resources.gpus
         return OfferSet(backend=self.name, offers=[Offer(
             backend=self.name, instance=f"ray@{urlsplit(self.config.address).hostname}", region="ray",
             gpu_type=node.gpu_type if gpus else None, gpu_count=gpus, cpus=node.cpus, memory_mb=node.memory_mb,
+            nodes=spec.resources.nodes,
             price_per_hour_micro_usd=self.config.power.price_per_hour_micro(gpus),
             detail={"nodes": len(live), "fitting_nodes": len(fitting), "nproc": spec.resources.nproc},
             quote={"source": "power model"},
@@ -103,19 +107,26 @@ class RayBackend(SupportsMultiGpu, ResumesFromCheckpoints, ReportsMetrics, Backe
         sync = self.sync_folder(ctx.attempt_id)
         working_dir = Path(ctx.workdir) / "ray"
         await asyncio.to_thread(_prepare, bundle, working_dir, sync, Path(ctx.resume_from) if ctx.resume_from else None)
-        submission = "tm-" + ctx.attempt_id
+        submission, res = "tm-" + ctx.attempt_id, spec.resources
         env = {plan.VARIABLE: self._plan(spec, ctx, sync).model_dump_json()}
         if self.config.namespace:
             env["RAY_NAMESPACE"] = self.config.namespace
-        await asyncio.to_thread(
-            self.jobs.submit, submission, entrypoint=f"{shlex.quote(self.config.python)} -m trainmaster.jobs.launcher",
-            working_dir=str(working_dir), env=env, cpus=spec.resources.cpus, gpus=spec.resources.gpus)
-        return Handle(backend=self.name, attempt_id=ctx.attempt_id, data={"submission": submission, "sync": str(sync)})
+        python = shlex.quote(self.config.python)
+        if res.nodes == 1:  # the launcher is the entrypoint, holding the job's resources
+            entry, cpus, gpus = f"{python} -m trainmaster.jobs.launcher", res.cpus, res.gpus
+        else:  # the gang driver holds nothing; each node's launcher holds its share (gang.py)
+            entry, cpus, gpus = f"{python} -m trainmaster.backends.ray.gang", 0, 0
+            env[RESOURCES] = json.dumps({"CPU": res.cpus, **({"GPU": res.gpus} if res.gpus else {})})
+        await asyncio.to_thread(self.jobs.submit, submission, entrypoint=entry, working_dir=str(working_dir), env=env,
+                                cpus=cpus, gpus=gpus)
+        return Handle(backend=self.name, attempt_id=ctx.attempt_id,
+                      data={"submission": submission, "sync": str(sync), "nodes": res.nodes})
 
     @staticmethod
     def _plan(spec: JobSpec, ctx: AttemptContext, sync: Path) -> plan.LaunchPlan:
         return plan.LaunchPlan(
-            service="ray", entrypoint=spec.entrypoint, launcher=spec.launcher, nproc=spec.resources.nproc, nodes=1,
+            service="ray", entrypoint=spec.entrypoint, launcher=spec.launcher, nproc=spec.resources.nproc,
+            nodes=spec.resources.nodes,
             bundle=BUNDLE_NAME, bundle_sha256=ctx.bundle_sha256, sync=str(sync),
             env={**spec.env, JOB_ID: ctx.job_id, SEED: str(ctx.seed), SEGMENT_STEPS: str(spec.checkpoint.segment_steps),
                  BUNDLE_SHA256: ctx.bundle_sha256, "PYTHONUNBUFFERED": "1"},
@@ -177,10 +188,10 @@ class RayBackend(SupportsMultiGpu, ResumesFromCheckpoints, ReportsMetrics, Backe
         if job.started_at is None:
             return Cost(micro_usd=0, billable_seconds=0, basis="never started")
         seconds = max(0.0, (job.ended_at or time.time()) - job.started_at)
-        price = offer.price_per_hour_micro_usd
-        micro = -(-int(seconds * 1000) * price // 3_600_000)  # rounded up to the micro-dollar
-        return Cost(micro_usd=micro, billable_seconds=seconds,
-                    basis=f"{seconds:.1f} s (the Ray job's run time) × {price} µUSD/h (power model)")
+        price, nodes = offer.price_per_hour_micro_usd, int(handle.data.get("nodes", 1))
+        micro = -(-int(seconds * 1000) * nodes * price // 3_600_000)  # rounded up to the micro-dollar
+        return Cost(micro_usd=micro, billable_seconds=seconds * nodes,
+                    basis=f"{seconds:.1f} s (the Ray job's run time) × {nodes} node(s) × {price} µUSD/h (power model)")
 
 
 ENDED = ("STOPPED", "SUCCEEDED", "FAILED")
@@ -229,7 +240,8 @@ def _no_node(live: list[Node], spec: JobSpec) -> str:
     need = (f"{res.gpus} GPU(s)" + (f" of type {'/'.join(res.gpu_types)}" if res.gpu_types else "") + ", "
             if res.gpus else "") + f"{max(res.cpus, res.nproc if not res.gpus else 1)} CPU(s)"
     have = "; ".join(f"{n.ip}: {_misfit(n, spec)}" for n in live[:5])
-    return f"no node of the Ray cluster has {need} (nodes have {have})"
+    many = f"{res.nodes} nodes" if res.nodes > 1 else "no node"
+    return f"{many} of the Ray cluster {'have' if res.nodes > 1 else 'has'} {need} (nodes have {have})"
 
 
 def _prepare(bundle: Path, working_dir: Path, sync: Path, resume_from: Path | None) -> None:
