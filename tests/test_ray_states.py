@@ -75,3 +75,14 @@ def test_check_names_what_the_settings_lack_without_asking_the_cluster(tmp_path)
     reasons = check.check(RayConfig(address="127.0.0.1:8265", storage_path="shared/ray"))
     assert any("is not the dashboard's http:// address" in r for r in reasons), reasons
     assert any("is not an absolute path" in r for r in reasons), reasons
+
+
+def test_each_process_gets_its_share_of_the_cpus_unless_the_spec_says(tmp_path):
+    from trainmaster.backends.base import AttemptContext
+    from trainmaster.backends.ray.backend import RayBackend
+
+    ctx = AttemptContext(job_id="j", attempt_id="j.1", bundle_sha256="0" * 64, seed=1, workdir=str(tmp_path))
+    spec = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "resources": {"cpus": 4, "processes": 2}})
+    assert RayBackend._plan(spec, ctx, tmp_path).env["OMP_NUM_THREADS"] == "2"  # Ray would give each process 4
+    own = spec.model_copy(update={"env": {"OMP_NUM_THREADS": "3"}})
+    assert RayBackend._plan(own, ctx, tmp_path).env["OMP_NUM_THREADS"] == "3"

@@ -114,8 +114,8 @@ class Jobs:
             raise TransientBackendError(f"the Ray Jobs API at {self.address} does not answer: {exc}") from None
         except RuntimeError as exc:  # the client's word for any HTTP error, its status code in the text
             found = STATUS_CODE.search(str(exc))
-            error = TransientBackendError if found and int(found.group(1)) >= 500 and "already exists" not in str(exc) \
-                else BackendError
+            server_side = found is not None and int(found.group(1)) >= 500 and "already exists" not in str(exc)
+            error = TransientBackendError if server_side else BackendError
             raise error(f"the Ray Jobs API refused: {_last_line(str(exc))}") from None
 
 

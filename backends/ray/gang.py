@@ -43,7 +43,8 @@ def main() -> int:
     where = ray.remote(num_cpus=0)(rendezvous).options(scheduling_strategy=on(0)).remote()
     addr, port = ray.get(where)
     launch = ray.remote(num_cpus=per_node.get("CPU", 0), num_gpus=per_node.get("GPU", 0))(launcher)
-    codes = ray.get([launch.options(scheduling_strategy=on(rank)).remote(rank, addr, port) for rank in range(plan.nodes)])
+    runs = [launch.options(scheduling_strategy=on(rank)).remote(rank, addr, port) for rank in range(plan.nodes)]
+    codes = ray.get(runs)
     return codes[0] or next((code for code in codes if code), 0)
 
 
