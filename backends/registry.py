@@ -5,7 +5,8 @@ to, `trainmaster offers` and `trainmaster backends check`. Classes, config model
 named as "module:attribute" strings and imported on demand, so reading the list imports no backend
 and no SDK. Every backend dispatches in this version: `local`, `bittensor` (miners' signed quotes, gathered
 live over the miner protocol) and the three managed training services (`aws` SageMaker, `gcp` Vertex AI,
-`azure` Azure ML; backends/managed/), whose offers come from the price catalogs in `backends/catalog/`.
+`azure` Azure ML; backends/managed/), whose offers come from the price catalogs in `backends/catalog/`, and
+`ray` (your own Ray cluster through its Jobs API, priced by the power model like `local`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ REGISTRY: dict[str, BackendEntry] = {
             "azure", "trainmaster.backends.azure.backend:AzureBackend", extra="azure", sdk=("azure.ai.ml", "azure.identity", "azure.storage.blob"),
             trusted=True, catalog=True,
             config="trainmaster.backends.azure.config:AzureConfig", checks="trainmaster.backends.azure.check",
+        ),
+        BackendEntry(
+            "ray", "trainmaster.backends.ray.backend:RayBackend", extra="ray", sdk=("ray",), trusted=True,
+            config="trainmaster.backends.ray.config:RayConfig", checks="trainmaster.backends.ray.check",
         ),
     )
 }

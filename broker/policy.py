@@ -29,6 +29,8 @@ from trainmaster.jobs.yamlfile import FileError, load_model
 from trainmaster.wallet.budget import Budget
 
 CAPACITIES = ("spot", "on-demand")
+OWN_MACHINES = ("local", "ray")
+"""Backends on your own machines: never preempted, so no capacity to choose."""
 Objective = Literal["cheapest", "fastest", "cheapest-by-deadline"]
 
 
@@ -59,8 +61,8 @@ def parse_step(text: str) -> Step:
         raise ValueError(f"unknown backend '{backend}'{hint}")
     if capacity and capacity not in CAPACITIES:
         raise ValueError(f"'{text}': after the colon write spot or on-demand")
-    if capacity and backend == "local":
-        raise ValueError("local has no spot or on-demand capacity to choose; write just 'local'")
+    if capacity and backend in OWN_MACHINES:
+        raise ValueError(f"{backend} has no spot or on-demand capacity to choose; write just '{backend}'")
     return Step(backend, capacity or None)
 
 

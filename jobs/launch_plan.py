@@ -1,6 +1,6 @@
 """What a backend tells the launcher it starts inside a machine it does not run itself (a cloud container).
 
-The managed backends (SageMaker, Vertex AI, Azure ML) start `python -m trainmaster.jobs.launcher` in the
+The managed backends (SageMaker, Vertex AI, Azure ML) and the Ray backend (through the Ray Jobs API) start `python -m trainmaster.jobs.launcher` in the
 cloud's PyTorch training image with one variable, `TRAINMASTER_LAUNCH`: this plan as JSON. The launcher
 (jobs/launcher.py) finds the bundle and the synced folder where the service puts them, checks the bundle's
 sha256, maps the service's own variables (model dir, checkpoint dir, hosts, rendezvous) to ours and runs the
@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 VARIABLE = "TRAINMASTER_LAUNCH"
-SERVICES = ("sagemaker", "vertex", "azureml")
+SERVICES = ("sagemaker", "vertex", "azureml", "ray")
 
 SYNC_OUTPUTS = "outputs"
 """The job's TRAINMASTER_OUTPUT_DIR under the synced folder (fetched as the attempt's outputs)."""
@@ -36,17 +36,19 @@ SYNC_EXIT = "exit.json"
 class LaunchPlan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    service: Literal["sagemaker", "vertex", "azureml"]
+    service: Literal["sagemaker", "vertex", "azureml", "ray"]
     entrypoint: str
     launcher: Literal["auto", "torchrun", "direct"] = "auto"
     nproc: int = Field(1, ge=1, description="Processes per node (torchrun --nproc-per-node).")
     nodes: int = Field(1, ge=1, description="Instances the service runs the container on.")
     bundle: str = Field("", description="Where the bundle is: a path, a gs:// URI (Vertex: read through its "
                                         "/gcs mount), or empty for the service's input (SageMaker's `bundle` "
-                                        "channel, Azure ML's `bundle` input).")
+                                        "channel, Azure ML's `bundle` input); Ray: the file's name in the "
+                                        "job's working directory.")
     bundle_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     sync: str = Field("", description="The synced folder: a path (SageMaker's checkpoint LocalPath), or empty "
-                                      "for the service's (Vertex AIP_CHECKPOINT_DIR, Azure ML's `sync` output).")
+                                      "for the service's (Vertex AIP_CHECKPOINT_DIR, Azure ML's `sync` output); "
+                                      "Ray: the attempt's folder under the cluster's shared storage path.")
     env: dict[str, str] = Field(default_factory=dict, description="The spec's env and trainmaster's job variables "
                                                                   "(job id, seed, segment steps, bundle sha256); the "
                                                                   "launcher adds the folders.")

@@ -9,7 +9,8 @@ it already holds a complete segment); the other nodes get local scratch folders.
 prints into the synced `job.log` (appended, written as it comes) and its own stdout, and once the job ended
 writes the outputs' manifest and the exit record there (jobs/synced_folder.py) and copies the outputs into the
 service's model folder. SIGTERM or SIGINT to the launcher goes to the job's process group; the launcher exits
-with the job's exit code. Formats: docs/runtime.md, "The container launcher".
+with the job's exit code; killed outright, it takes the job's first process with it (Linux). Formats:
+docs/runtime.md, "The container launcher".
 
 It imports only the standard library and small `jobs` modules: no torch, so it starts at once.
 """
@@ -40,6 +41,7 @@ REFUSED = 2
 READ_CHUNK = 2**16
 TAIL_BYTES = 4096
 PREFIX = "[trainmaster]"
+PR_SET_PDEATHSIG = 1
 
 
 class Refused(Exception):
@@ -129,7 +131,8 @@ def supervise(argv: list[str], env: dict[str, str], cwd: Path, tee: Tee) -> tupl
     group; its exit code (a signal's as a shell gives it, 128 + n) and how it exited."""
     try:
         child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=die_with_launcher if sys.platform.startswith("linux") else None)
     except OSError as exc:
         return 127, f"cannot start {argv[0]}: {exc.strerror}"
     stopped: list[int] = []
@@ -153,6 +156,15 @@ def supervise(argv: list[str], env: dict[str, str], cwd: Path, tee: Tee) -> tupl
     if stopped:
         how = f"stopped by {signal.Signals(stopped[0]).name} sent to the launcher; {how}"
     return code, how
+
+
+def die_with_launcher() -> None:
+    """In the job's process before it starts (Linux): the kernel kills it when the launcher dies, so a launcher
+    killed outright (Ray stopping a job past its grace, its job supervisor gone with a node) leaves no job
+    process running in a session of its own."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def pump(child: subprocess.Popen, tee: Tee) -> None:

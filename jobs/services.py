@@ -12,6 +12,9 @@ file, the synced folder, the service's model folder, and this machine's place am
   machines are `CLUSTER_SPEC` (workerpool0 is node 0, workerpool1's index i is node 1 + i).
 * Azure ML: the bundle is the `bundle` input (a file, or a folder holding one), the synced folder the `sync`
   output; its PyTorch distribution (one process per instance) sets `MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`.
+* Ray (the Jobs API): the bundle is a file of the job's working directory (Ray unpacks it and starts the
+  launcher there), named by the plan; the synced folder is the plan's, under the cluster's shared storage
+  path; one node (the Ray backend runs no multi-node job in this version).
 
 Everywhere `MASTER_ADDR` and `MASTER_PORT` set by the service win over the derived ones; the port is
 otherwise the plan's. A plan's own `bundle` or `sync` wins over the service's input. Standard library and the
@@ -48,7 +51,7 @@ class Placement:
 
 def place(plan: LaunchPlan, environ: Mapping[str, str]) -> Placement:
     """Where this container finds what `plan` names, and its place among the job's machines."""
-    found = {"sagemaker": _sagemaker, "vertex": _vertex, "azureml": _azureml}[plan.service](plan, environ)
+    found = {"sagemaker": _sagemaker, "vertex": _vertex, "azureml": _azureml, "ray": _ray}[plan.service](plan, environ)
     addr = environ.get("MASTER_ADDR") or found["master_addr"]
     port = _port(environ.get("MASTER_PORT") or found.get("master_port") or plan.master_port)
     if not 0 <= found["node_rank"] < found["nnodes"]:
@@ -102,6 +105,13 @@ def _azureml(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
     return {"bundle": _only_file(path, "AZURE_ML_INPUT_bundle") if path.is_dir() else path, "sync": Path(sync),
             "model_dir": None, "nnodes": plan.nodes, "node_rank": _int(environ.get("NODE_RANK", "0"), "NODE_RANK"),
             "master_addr": "127.0.0.1"}
+
+
+def _ray(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
+    if not plan.bundle or not plan.sync:
+        raise PlacementError(f"Ray: the plan names no {'bundle' if not plan.bundle else 'synced folder'}")
+    return {"bundle": Path(plan.bundle).absolute(), "sync": Path(plan.sync), "model_dir": None, "nnodes": plan.nodes,
+            "node_rank": _int(environ.get("NODE_RANK", "0"), "NODE_RANK"), "master_addr": "127.0.0.1"}
 
 
 def _mounted(uri: str, mount: Path) -> Path:

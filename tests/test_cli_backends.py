@@ -55,7 +55,7 @@ def write_config(tm_home, text: str):
 
 def test_check_lists_every_registered_backend_with_its_reasons(env):
     rows = checked(env)
-    assert list(rows) == ["local", "bittensor", "aws", "gcp", "azure"] == list(REGISTRY)
+    assert list(rows) == ["local", "bittensor", "aws", "gcp", "azure", "ray"] == list(REGISTRY)
     assert rows["local"]["ready"] and rows["local"]["reasons"] == []
     assert any("CPUs" in note for note in rows["local"]["found"])
     for cloud in ("aws", "gcp", "azure"):
@@ -70,6 +70,8 @@ def test_check_lists_every_registered_backend_with_its_reasons(env):
     assert rows["bittensor"]["implemented"] and "dispatch not available in this version" not in rows["bittensor"]["reasons"]
     assert any("no hotkey file" in r for r in rows["bittensor"]["reasons"])
     assert any(r.startswith("no miners: list them under bittensor.miners") for r in rows["bittensor"]["reasons"])
+    assert rows["ray"]["implemented"] and not rows["ray"]["ready"]  # checked off the network: no cluster is asked
+    assert any(r.startswith("ray.storage_path is not set") for r in rows["ray"]["reasons"]), rows["ray"]
 
 
 def test_a_missing_extra_is_named_with_its_pip_command(env, monkeypatch):

@@ -185,3 +185,15 @@ def test_a_vertex_cluster_spec_runs_one_gloo_job_across_two_launchers(tmp_path):
     assert set(read_json(sync / "outputs.json")["files"]) == {"rank0.txt"}
     assert (sync / "outputs" / "rank0.txt").read_text() == "3"
     assert read_json(sync / "exit.json")["exit_code"] == 0
+
+
+def test_ray_takes_the_bundle_from_the_working_dir_and_the_rank_from_the_gang_driver(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Ray starts the launcher in the job's working directory
+    where = place(_plan("ray", nodes=2, bundle="bundle.tar", sync="/shared/attempts/a1"),
+                  {"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "4000"})
+    assert (where.bundle, where.sync, where.model_dir) == (tmp_path / "bundle.tar", Path("/shared/attempts/a1"), None)
+    assert (where.nnodes, where.node_rank, where.master_addr, where.master_port) == (2, 1, "10.0.0.5", 4000)
+    alone = place(_plan("ray", bundle="bundle.tar", sync="/s"), {})
+    assert (alone.nnodes, alone.node_rank) == (1, 0)
+    with pytest.raises(PlacementError, match="Ray: the plan names no synced folder"):
+        place(_plan("ray", bundle="bundle.tar"), {})

@@ -1,0 +1,117 @@
+"""A real Ray cluster on this machine for the Ray backend's tests: a head node (2 CPUs, the dashboard and its Jobs
+API on 127.0.0.1) and a second node (1 CPU), each a `ray start --block` process in a session of its own, every
+port chosen free, everything under one temp dir. (Ray registers both nodes under this host's own interface
+address, whatever `--node-ip-address 127.0.0.1` says: its traffic still never leaves the machine.) Stopped by what it started: the two `ray start` processes, every process
+below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine).
+A missing `ray` fails the test: it is in the dev extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+START_S = 90.0
+STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RayCluster:
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="tmray-"))  # short: Ray's socket paths must fit 107 bytes
+        self.storage = self.root / "storage"
+        self.storage.mkdir()
+        self.gcs_port, self.dashboard_port = free_port(), free_port()
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        self.starts: list[subprocess.Popen] = []
+
+    def start(self) -> RayCluster:
+        ray = Path(sys.executable).with_name("ray")
+        if not ray.exists():
+            raise RuntimeError(f"ray is not installed beside {sys.executable} (pip install 'trainmaster[ray]')")
+        head = ["--head", "--num-cpus", "2", "--port", str(self.gcs_port), "--dashboard-host", "127.0.0.1",
+                "--dashboard-port", str(self.dashboard_port), "--include-dashboard", "true",
+                "--ray-client-server-port", str(free_port()), "--temp-dir", str(self.root / "t")]
+        worker = ["--address", f"127.0.0.1:{self.gcs_port}", "--num-cpus", "1"]
+        for args in (head, worker):
+            node = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats", "--block",
+                    "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+                    "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port())]
+            with open(self.root / f"start-{len(self.starts)}.log", "ab") as log:
+                self.starts.append(subprocess.Popen([str(ray), "start", *args, *node], env=self.environment(),
+                                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                    start_new_session=True))
+            self.wait_for_nodes(len(self.starts))
+        return self
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_")}
+        return {**env, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"}
+
+    def wait_for_nodes(self, count: int) -> None:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.starts):
+                raise RuntimeError(f"ray start exited: {self.log()}")
+            if len(self.alive_nodes()) >= count:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the Ray cluster did not have {count} node(s) within {START_S:.0f} s: {self.log()}")
+
+    def alive_nodes(self) -> list[dict]:
+        try:
+            with urllib.request.urlopen(self.address + "/api/v0/nodes?limit=100", timeout=5) as resp:
+                listed = json.loads(resp.read())["data"]["result"]["result"]
+        except (OSError, ValueError, KeyError):
+            return []
+        return [n for n in listed if n["state"] == "ALIVE"]
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(self.root.glob("start-*.log")))
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process this cluster started: below the `ray start` processes, or naming its temp dir."""
+        found = {}
+        for start in self.starts:
+            try:
+                proc = psutil.Process(start.pid)
+                found.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
+            except psutil.NoSuchProcess:
+                continue
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(self.root) in part for part in proc.info["cmdline"] or []):
+                found.setdefault(proc.pid, proc)
+                try:
+                    found.update({p.pid: p for p in proc.children(recursive=True)})
+                except psutil.NoSuchProcess:
+                    continue
+        return list(found.values())
+
+    def stop(self) -> None:
+        procs = self.processes()
+        for start in self.starts:
+            if start.poll() is None:
+                start.send_signal(signal.SIGTERM)  # `ray start --block` stops its node's processes
+        psutil.wait_procs(procs, timeout=STOP_GRACE_S)
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        for start in self.starts:
+            start.wait(timeout=STOP_GRACE_S)

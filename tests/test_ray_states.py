@@ -1,0 +1,88 @@
+"""The Ray backend's reading of what Ray says, without a cluster: the Jobs API's states mapped to ours and their
+causes (with the launcher's exit record, or without it: lost), the state API's nodes, the client's errors typed,
+and `backends check` off the network."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmaster.backends.base import BackendError, Cause, Phase, TransientBackendError
+from trainmaster.backends.ray import check
+from trainmaster.backends.ray.backend import _misfit, _status
+from trainmaster.backends.ray.cluster import Jobs, RayJob, _node
+from trainmaster.backends.ray.config import RayConfig
+from trainmaster.jobs.spec import JobSpec
+
+
+def job(status: str, message: str = "", error_type: str | None = None) -> RayJob:
+    return RayJob(status=status, message=message, error_type=error_type, started_at=100.0, ended_at=160.0)
+
+
+@pytest.mark.parametrize("status, phase", [("PENDING", Phase.pending), ("RUNNING", Phase.running)])
+def test_a_job_under_way_has_no_cause_and_no_end(status, phase):
+    found = _status(job(status), None)
+    assert (found.phase, found.cause, found.ended_at, found.started_at) == (phase, None, None, 100.0)
+
+
+def test_a_job_that_exited_on_its_own_carries_the_launchers_exit_code_and_reason():
+    ok = _status(job("SUCCEEDED"), {"exit_code": 0, "reason": "exited with code 0"})
+    assert (ok.phase, ok.cause, ok.exit_code, ok.ended_at) == (Phase.succeeded, None, 0, 160.0)
+    bad = _status(job("FAILED", "Job entrypoint command failed with exit code 3"),
+                  {"exit_code": 3, "reason": "exited with code 3: boom"})
+    assert (bad.phase, bad.cause, bad.exit_code, bad.reason) == (Phase.failed, Cause.script_failed, 3,
+                                                                 "exited with code 3: boom")
+
+
+def test_a_failed_job_without_the_exit_record_is_lost_with_rays_word():
+    found = _status(job("FAILED", "Job supervisor actor died: the actor died\nmore", "JOB_SUPERVISOR_ACTOR_DIED"), None)
+    assert found.phase is Phase.failed and found.cause is Cause.lost and found.exit_code is None
+    assert "JOB_SUPERVISOR_ACTOR_DIED: Job supervisor actor died: the actor died" in found.reason
+    assert "more" not in found.reason
+
+
+def test_a_stopped_job_is_cancelled():
+    found = _status(job("STOPPED", "Job was intentionally stopped."), None)
+    assert (found.phase, found.cause) == (Phase.cancelled, Cause.cancelled)
+
+
+def test_nodes_are_read_from_their_total_resources_with_the_gpu_type():
+    node = _node({"node_id": "n1", "node_ip": "10.0.0.2", "is_head_node": False, "state": "ALIVE",
+                  "resources_total": {"CPU": 16.0, "GPU": 2.0, "memory": 64 * 2**30, "accelerator_type:A100": 1.0}})
+    assert (node.cpus, node.gpus, node.gpu_type, node.memory_mb, node.head) == (16, 2, "A100", 65536, False)
+    spec = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py",
+                                   "resources": {"gpus": 2, "gpu_types": ["H100"]}})
+    assert _misfit(node, spec) == "GPUs of type A100"
+    assert _misfit(node, spec.model_copy(update={"resources": spec.resources.model_copy(
+        update={"gpu_types": ["A100"]})})) is None
+
+
+@pytest.mark.parametrize("raised, typed", [
+    (RuntimeError("Request failed with status code 503: busy"), TransientBackendError),
+    (RuntimeError("Request failed with status code 404: Job x does not exist."), BackendError),
+    (ConnectionError("Failed to connect to Ray"), TransientBackendError),
+])
+def test_the_clients_errors_are_typed(raised, typed):
+    def fails():
+        raise raised
+
+    with pytest.raises(typed) as caught:
+        Jobs("http://127.0.0.1:1")._call(fails)
+    assert type(caught.value) is typed
+
+
+def test_check_names_what_the_settings_lack_without_asking_the_cluster(tmp_path):
+    assert check.check(RayConfig(address="http://127.0.0.1:1", storage_path=str(tmp_path))) == []
+    reasons = check.check(RayConfig(address="127.0.0.1:8265", storage_path="shared/ray"))
+    assert any("is not the dashboard's http:// address" in r for r in reasons), reasons
+    assert any("is not an absolute path" in r for r in reasons), reasons
+
+
+def test_each_process_gets_its_share_of_the_cpus_unless_the_spec_says(tmp_path):
+    from trainmaster.backends.base import AttemptContext
+    from trainmaster.backends.ray.backend import RayBackend
+
+    ctx = AttemptContext(job_id="j", attempt_id="j.1", bundle_sha256="0" * 64, seed=1, workdir=str(tmp_path))
+    spec = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "resources": {"cpus": 4, "processes": 2}})
+    assert RayBackend._plan(spec, ctx, tmp_path).env["OMP_NUM_THREADS"] == "2"  # Ray would give each process 4
+    own = spec.model_copy(update={"env": {"OMP_NUM_THREADS": "3"}})
+    assert RayBackend._plan(own, ctx, tmp_path).env["OMP_NUM_THREADS"] == "3"
