@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 HOME_ENV = "TRAINMASTER_HOME"
+DATABASE_URL_ENV = "TRAINMASTER_DATABASE_URL"
 
 
 PRIVATE_UMASK = 0o077
@@ -44,8 +45,15 @@ def config_dir() -> Path:
     return Path(platformdirs.user_config_dir("trainmaster", appauthor=False))
 
 
-def state_db() -> Path:
-    return home() / "state.db"
+def state_db() -> Path | str:
+    """Where the state lives: `$TRAINMASTER_DATABASE_URL` when set (`sqlite:////abs/path.db` or
+    `postgresql://user@host:port/db`, a team server), else `state.db` in the home."""
+    url = os.environ.get(DATABASE_URL_ENV)
+    if not url:
+        return home() / "state.db"
+    from trainmaster.storage import statedb
+
+    return statedb.location(url)
 
 
 def job_dir(job_id: str) -> Path:

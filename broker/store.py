@@ -1,4 +1,4 @@
-"""State in SQLite (WAL mode): jobs, attempts, outputs and the event log of every run.
+"""State in the state database (a SQLite file in WAL mode, or PostgreSQL): jobs, attempts, outputs and the event log of every run.
 
 Every state change is one transaction that checks the move against `broker.states`, updates the
 row only if it is still in the state the caller saw (so two processes racing to settle the same
@@ -9,7 +9,6 @@ no-op, which is what lets any process resume any job after a crash.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -180,16 +179,17 @@ class StateUnavailable(RuntimeError):
 
 
 class Store:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path | str):
         self.path = path
+        """Where the state lives: a SQLite file's path, or a `postgresql://` URL (storage/statedb.py)."""
         try:
             self.db = statedb.connect(path)
             with self.tx() as db:
                 statedb.migrate(db, version_table="schema_version", migrations=MIGRATIONS, what=str(path))
-        except (sqlite3.Error, OSError, statedb.SchemaTooNew) as exc:
+        except (statedb.Error, OSError, statedb.SchemaTooNew) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            if Path(path).parent.exists() and not Path(path).parent.is_dir():
-                why = f"{Path(path).parent} is a file, not a folder"
+            if isinstance(path, Path) and path.parent.exists() and not path.parent.is_dir():
+                why = f"{path.parent} is a file, not a folder"
             raise StateUnavailable(
                 f"cannot open the state database {path}: {why} (set TRAINMASTER_HOME to a writable folder, "
                 "or move the file aside to start afresh)"
@@ -198,8 +198,8 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    def tx(self) -> AbstractContextManager[sqlite3.Connection]:
-        """One write transaction, taken up front (BEGIN IMMEDIATE) so check-then-write is atomic."""
+    def tx(self) -> AbstractContextManager[Any]:
+        """One write transaction, taken up front (statedb.immediate) so check-then-write is atomic."""
         return statedb.immediate(self.db)
 
     @property
@@ -358,7 +358,7 @@ class Store:
         return sorted({r["job_id"] for r in self._held_rows(self.db, None)})
 
     @staticmethod
-    def _held_rows(db, backend: str | None) -> list[sqlite3.Row]:
+    def _held_rows(db, backend: str | None) -> list:
         """Claims still held: the attempt is dispatched or running, or (no attempt yet) its job is being
         dispatched; a claim whose attempt ended, or whose job ended before dispatch, holds nothing."""
         active = sorted(states.ACTIVE_ATTEMPT)
@@ -460,8 +460,7 @@ class Store:
         (broker/settlement.py, which makes the `conclusions` table): a command must then run its refresh,
         which settles it, even when every job has ended."""
         final = ("SELECT 1 FROM attempts a WHERE a.state IN ('accepted', 'rejected') AND a.executor_hotkey IS NOT NULL")
-        made = self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'conclusions'").fetchone()
-        if made:
+        if statedb.table_exists(self.db, "conclusions"):
             final += (" AND NOT EXISTS (SELECT 1 FROM conclusions c WHERE c.attempt_id = a.id"
                       " AND c.countersignature IS NOT NULL)")
         return self.db.execute(final + " LIMIT 1").fetchone() is not None
@@ -546,7 +545,9 @@ class Store:
     def record_outputs(self, attempt_id: str, files: list[tuple[str, int, str]]) -> None:
         with self.tx() as db:
             db.executemany(
-                "INSERT OR REPLACE INTO outputs VALUES (?,?,?,?)", [(attempt_id, p, s, h) for p, s, h in files]
+                "INSERT INTO outputs (attempt_id, path, size, sha256) VALUES (?,?,?,?) ON CONFLICT (attempt_id, path)"
+                " DO UPDATE SET size = excluded.size, sha256 = excluded.sha256",
+                [(attempt_id, p, s, h) for p, s, h in files],
             )
 
     def outputs(self, attempt_id: str) -> list[tuple[str, int, str]]:
@@ -590,8 +591,7 @@ def _violations(db, job_id: str) -> list[str]:
 
 def _unsettled(db, keys: list[str]) -> set[str]:
     """Those of the reservations `keys` neither charged nor released (the ledger shares the state database)."""
-    if not keys or db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ledger_entries'"
-                              ).fetchone() is None:
+    if not keys or not statedb.table_exists(db, "ledger_entries"):
         return set()
     rows = db.execute(
         f"SELECT key FROM ledger_entries r WHERE key IN ({','.join('?' * len(keys))}) AND kind = 'reserve'"

@@ -1,56 +1,68 @@
-"""SQLite plumbing shared by the broker's store, the ledger and the verdict records.
+"""The state database shared by the broker's store, the ledger and the verdict records.
 
-They share one file (`state.db`), in WAL mode, and each part keeps its own versioned schema in
-its own version table, so each can migrate without knowing the others. Write transactions are
-taken up front (BEGIN IMMEDIATE) so that check-then-write is atomic across processes.
+Where it lives is a location: a path (a SQLite file, the embedded default, in WAL mode) or a
+`postgresql://` URL (a team server; storage/dialects/ holds one module per database). Each part keeps its
+own versioned schema in its own version table, so each can migrate without knowing the others. Write
+transactions are taken up front (`immediate`: BEGIN IMMEDIATE on SQLite, an advisory lock on PostgreSQL)
+so that check-then-write is atomic across processes.
+
+Errors are the DB-API classes of `sqlite3` (`Error`, `IntegrityError`, `OperationalError`) whatever the
+database: the PostgreSQL connection raises its driver's errors as these.
 """
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from trainmaster.storage.dialects import sqlite
+
+Error = sqlite3.Error
+IntegrityError = sqlite3.IntegrityError
+OperationalError = sqlite3.OperationalError
+
+SCHEMES = ("sqlite:///", "postgresql://", "postgres://")
 
 
 class SchemaTooNew(RuntimeError):
-    """The file was written by a newer trainmaster."""
+    """The database was written by a newer trainmaster."""
 
 
-def connect(path: Path | str) -> sqlite3.Connection:
-    """An autocommit connection (transactions are explicit) with named rows, WAL and a 30 s busy wait.
-
-    A new file is created readable by its owner only (0600; its folder 0700), whatever the umask: it
-    holds job environments and challenge secrets. SQLite gives its `-wal` and `-shm` files the mode of
-    the database file."""
-    path = Path(path)
-    if str(path) != ":memory:":
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _create_private(path)
-    db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-    db.row_factory = sqlite3.Row
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA busy_timeout=30000")
-    db.execute("PRAGMA foreign_keys=ON")
-    return db
+def location(url: str) -> Path | str:
+    """What a database URL names: `sqlite:////abs/path.db` → that file's path; `postgresql://…` → the URL."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if not path.startswith("/"):
+            raise ValueError(f"{url!r}: a SQLite URL names an absolute path, as in sqlite:////home/me/state.db")
+        return Path(path)
+    if url.startswith(("postgresql://", "postgres://")):
+        return url
+    raise ValueError(f"{url!r} is not a database URL: use sqlite:////absolute/path.db or postgresql://user@host:port/db")
 
 
-def _create_private(path: Path) -> None:
-    """Create the database file 0600 if it does not exist yet. Never opens an existing one: closing any
-    descriptor of a file drops every POSIX lock this process holds on it, SQLite's included, so opening
-    and closing a database another connection of this process uses would corrupt its locking."""
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600))
-    except FileExistsError:
-        pass
+def is_server(where: Path | str) -> bool:
+    """Whether a location names a database server rather than a file."""
+    return isinstance(where, str) and where.startswith(("postgresql://", "postgres://"))
+
+
+def connect(where: Path | str) -> Any:
+    """A connection (autocommit; transactions are explicit) to a location: a path or a `postgresql://` URL."""
+    if is_server(where):
+        from trainmaster.storage.dialects import postgresql
+
+        return postgresql.connect(where)
+    return sqlite.connect(where)
 
 
 @contextmanager
-def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction, rolled back on any error."""
-    db.execute("BEGIN IMMEDIATE")
+def immediate(db, *, serialized: bool = True) -> Iterator[Any]:
+    """One write transaction, taken up front, rolled back on any error. `serialized` (the default): one
+    writer at a time, so check-then-write is atomic; False: the caller locks the rows it depends on (its
+    dialect's `FOR_UPDATE`, `lock_key`), which SQLite's single writer does anyway."""
+    dialect(db).begin(db, serialized=serialized)
     try:
         yield db
     except BaseException:
@@ -59,10 +71,25 @@ def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     db.execute("COMMIT")
 
 
-def migrate(db: sqlite3.Connection, *, version_table: str, migrations: Sequence[Sequence[str]], what: str) -> None:
+def dialect(db):
+    """The dialect module of a connection (a plain `sqlite3.Connection`'s is SQLite's)."""
+    return getattr(db, "dialect", sqlite)
+
+
+def where(db) -> Path | str:
+    """The location a connection opened (`:memory:` or "" for a database no other connection can open)."""
+    return dialect(db).where(db)
+
+
+def table_exists(db, name: str) -> bool:
+    return dialect(db).table_exists(db, name)
+
+
+def migrate(db, *, version_table: str, migrations: Sequence[Sequence[str]], what: str) -> None:
     """Apply the migrations after the recorded version, inside the caller's transaction.
 
-    `migrations[i]` holds the statements that take the schema from version i to i + 1.
+    `migrations[i]` holds the statements that take the schema from version i to i + 1, written in SQLite's
+    words; each database's dialect renders them in its own.
     """
     db.execute(f"CREATE TABLE IF NOT EXISTS {version_table} (version INTEGER NOT NULL)")
     row = db.execute(f"SELECT version FROM {version_table}").fetchone()
@@ -74,7 +101,8 @@ def migrate(db: sqlite3.Connection, *, version_table: str, migrations: Sequence[
         )
     for statements in migrations[current:]:
         for statement in statements:
-            db.execute(statement)
+            for rendered in dialect(db).render(statement):
+                db.execute(rendered)
     if row is None:
         db.execute(f"INSERT INTO {version_table} (version) VALUES (?)", (len(migrations),))
     elif current < len(migrations):

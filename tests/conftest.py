@@ -43,3 +43,33 @@ def job_factory(tmp_path):
         return write_job(tmp_path / f"job{next(counter)}", script, spec, **kw)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One real PostgreSQL server for the session (tests/postgres_server.py); missing binaries fail the test."""
+    from postgres_server import MissingServer, PostgresServer
+
+    try:
+        server = PostgresServer().start()
+    except MissingServer as exc:
+        pytest.fail(str(exc))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A fresh, empty database on the session's server."""
+    return postgres_server.database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request, tmp_path, monkeypatch):
+    """Where the state lives, once per database: a SQLite file, then a fresh PostgreSQL database (also set as
+    TRAINMASTER_DATABASE_URL, so whatever opens the state through `paths.state_db()` uses it)."""
+    if request.param == "sqlite":
+        return tmp_path / "state.db"
+    url = request.getfixturevalue("postgres_url")
+    monkeypatch.setenv("TRAINMASTER_DATABASE_URL", url)
+    return url

@@ -1,10 +1,10 @@
-"""Budgets: periods, scopes, hard caps under concurrency, and alerts (log line and a real webhook)."""
+"""Budgets: periods, scopes, hard caps under concurrency, and alerts (log line and a real webhook), on SQLite and
+PostgreSQL (the `database` fixture)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from trainmaster.storage import statedb
 from trainmaster.wallet import outbox
 from trainmaster.wallet.budget import Budget, period_start
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
@@ -56,8 +57,8 @@ def test_scope_matching_and_labels():
     assert Budget(cap=1, period="total").label == "total: all spend"
 
 
-def test_the_refusal_names_budget_cap_spent_reserved_and_request(tmp_path):
-    ledger = Ledger(tmp_path / "s.db", [Budget(name="aws monthly", cap=100, backend="aws")], clock=Clock(), notify=list)
+def test_the_refusal_names_budget_cap_spent_reserved_and_request(database):
+    ledger = Ledger(database, [Budget(name="aws monthly", cap=100, backend="aws")], clock=Clock(), notify=list)
     reserve(ledger, "a", 30)
     ledger.charge("ca", reservation_key="a", micro_usd=25 * USD)
     reserve(ledger, "b", 60)
@@ -73,8 +74,8 @@ def test_the_refusal_names_budget_cap_spent_reserved_and_request(tmp_path):
     assert len(ledger.outstanding()) == 3
 
 
-def test_release_frees_room_and_an_overcharge_blocks_the_next(tmp_path):
-    ledger = Ledger(tmp_path / "s.db", [Budget(cap=100)], clock=Clock(), notify=list)
+def test_release_frees_room_and_an_overcharge_blocks_the_next(database):
+    ledger = Ledger(database, [Budget(cap=100)], clock=Clock(), notify=list)
     reserve(ledger, "a", 80)
     with pytest.raises(BudgetExceeded):
         reserve(ledger, "b", 30)
@@ -85,9 +86,9 @@ def test_release_frees_room_and_an_overcharge_blocks_the_next(tmp_path):
         reserve(ledger, "c", 10)
 
 
-def test_periods_roll_over_but_open_reservations_carry(tmp_path):
+def test_periods_roll_over_but_open_reservations_carry(database):
     clock = Clock(JAN)
-    ledger = Ledger(tmp_path / "s.db", [Budget(cap=100, period="month")], clock=clock, notify=list)
+    ledger = Ledger(database, [Budget(cap=100, period="month")], clock=clock, notify=list)
     reserve(ledger, "a", 90)
     ledger.charge("ca", reservation_key="a", micro_usd=90 * USD)
     reserve(ledger, "b", 10)  # still open when the month turns
@@ -98,16 +99,16 @@ def test_periods_roll_over_but_open_reservations_carry(tmp_path):
     assert ledger.usage(Budget(cap=100, period="total")).spent_micro_usd == 90 * USD
 
 
-def test_soft_budgets_alert_but_never_refuse(tmp_path):
+def test_soft_budgets_alert_but_never_refuse(database):
     alerts = []
-    ledger = Ledger(tmp_path / "s.db", [Budget(cap=10, hard=False, alert_at_percent=[100])], clock=Clock(),
+    ledger = Ledger(database, [Budget(cap=10, hard=False, alert_at_percent=[100])], clock=Clock(),
                     notify=alerts.append)
     reserve(ledger, "a", 50)
     assert [a.percent for a in alerts] == [100]
 
 
-def test_project_budget(tmp_path):
-    ledger = Ledger(tmp_path / "s.db", [Budget(cap=10, project="vision")], clock=Clock(), notify=list)
+def test_project_budget(database):
+    ledger = Ledger(database, [Budget(cap=10, project="vision")], clock=Clock(), notify=list)
     reserve(ledger, "a", 10, project="vision")
     reserve(ledger, "b", 10, project="speech")
     with pytest.raises(BudgetExceeded, match="budget 'month: project=vision'"):
@@ -128,8 +129,8 @@ def _submit(path: str, key: str, barrier=None) -> bool:
             return False
 
 
-def test_fifty_concurrent_threads_against_a_cap_for_ten(tmp_path):
-    path = str(tmp_path / "s.db")
+def test_fifty_concurrent_threads_against_a_cap_for_ten(database):
+    path = str(database)
     Ledger(path).close()  # create the tables once, so the race is about the cap only
     barrier = threading.Barrier(50)
     with ThreadPoolExecutor(max_workers=50) as pool:
@@ -140,8 +141,8 @@ def test_fifty_concurrent_threads_against_a_cap_for_ten(tmp_path):
         assert ledger.usage(Budget(cap=100)).reserved_micro_usd == 100 * USD
 
 
-def test_concurrent_processes_against_a_cap_for_ten(tmp_path):
-    path = str(tmp_path / "s.db")
+def test_concurrent_processes_against_a_cap_for_ten(database):
+    path = str(database)
     Ledger(path).close()
     with ProcessPoolExecutor(max_workers=4) as pool:
         admitted = list(pool.map(_submit, [path] * 40, [f"p{i}" for i in range(40)]))
@@ -150,10 +151,10 @@ def test_concurrent_processes_against_a_cap_for_ten(tmp_path):
 
 # --- alerts ---------------------------------------------------------------------------------------
 
-def test_each_threshold_alerts_once_per_period(tmp_path):
+def test_each_threshold_alerts_once_per_period(database):
     alerts, clock = [], Clock(JAN)
     budget = Budget(name="b", cap=100, alert_at_percent=[50, 80, 100], hard=False)
-    ledger = Ledger(tmp_path / "s.db", [budget], clock=clock, notify=alerts.append)
+    ledger = Ledger(database, [budget], clock=clock, notify=alerts.append)
     reserve(ledger, "a", 40)
     assert alerts == []
     reserve(ledger, "b", 45)  # 85 %: crosses 50 and 80 at once
@@ -171,8 +172,8 @@ def test_each_threshold_alerts_once_per_period(tmp_path):
     assert [a.percent for a in alerts][3:] == [50]
 
 
-def test_default_notifier_logs_a_line(tmp_path, caplog):
-    ledger = Ledger(tmp_path / "s.db", [Budget(name="b", cap=10, alert_at_percent=[80])], clock=Clock())
+def test_default_notifier_logs_a_line(database, caplog):
+    ledger = Ledger(database, [Budget(name="b", cap=10, alert_at_percent=[80])], clock=Clock())
     with caplog.at_level(logging.WARNING, logger="trainmaster.wallet.alerts"):
         reserve(ledger, "a", 9)
     assert caplog.messages == [
@@ -180,9 +181,9 @@ def test_default_notifier_logs_a_line(tmp_path, caplog):
     ]
 
 
-def test_a_charge_above_its_reservation_is_sent_to_the_notifier_after_the_thresholds_it_crossed(tmp_path):
+def test_a_charge_above_its_reservation_is_sent_to_the_notifier_after_the_thresholds_it_crossed(database):
     alerts = []
-    ledger = Ledger(tmp_path / "s.db", [Budget(name="b", cap=10, alert_at_percent=[100], hard=False)], clock=Clock(),
+    ledger = Ledger(database, [Budget(name="b", cap=10, alert_at_percent=[100], hard=False)], clock=Clock(),
                     notify=alerts.append)
     reserve(ledger, "a", 4)
     ledger.charge("ca", reservation_key="a", micro_usd=12 * USD)  # metered compute that ran longer than planned
@@ -233,38 +234,42 @@ def webhook_server():
     thread.join(10)
 
 
-def _pending(path) -> list[tuple]:
-    with sqlite3.connect(path) as db:
-        return db.execute("SELECT budget, percent, tries FROM ledger_alerts WHERE delivered_at IS NULL").fetchall()
+def _pending(where) -> list[tuple]:
+    db = statedb.connect(where)
+    try:
+        return [tuple(row) for row in
+                db.execute("SELECT budget, percent, tries FROM ledger_alerts WHERE delivered_at IS NULL").fetchall()]
+    finally:
+        db.close()
 
 
-def test_alert_is_posted_to_the_webhook_and_marked_delivered(tmp_path, webhook_server):
+def test_alert_is_posted_to_the_webhook_and_marked_delivered(database, webhook_server):
     url, received, got, _ = webhook_server
     budget = Budget(name="aws", cap=100, backend="aws", alert_at_percent=[80], webhook=url)
-    ledger = Ledger(tmp_path / "s.db", [budget], clock=Clock())
+    ledger = Ledger(database, [budget], clock=Clock())
     reserve(ledger, "a", 85)
     for thread in ledger.deliveries:
         thread.join(30)
     [body] = received
     assert body["budget"] == "aws" and body["percent"] == 80 and body["used_micro_usd"] == 85 * USD
     assert body["text"].startswith("budget 'aws' reached 80% of its cap") and body["id"] == f"aws|{period_start('month', JAN):.0f}|80"
-    assert _pending(tmp_path / "s.db") == []
+    assert _pending(database) == []
 
 
-def test_a_webhook_that_fails_twice_gets_the_alert_on_the_third_try(tmp_path, webhook_server):
+def test_a_webhook_that_fails_twice_gets_the_alert_on_the_third_try(database, webhook_server):
     url, received, got, statuses = webhook_server
     statuses += [500, 503]
-    ledger = Ledger(tmp_path / "s.db", [Budget(name="b", cap=10, alert_at_percent=[50], webhook=url)], clock=Clock())
+    ledger = Ledger(database, [Budget(name="b", cap=10, alert_at_percent=[50], webhook=url)], clock=Clock())
     reserve(ledger, "a", 6)
     for thread in ledger.deliveries:
         thread.join(30)
     assert len(received) == 3 and received[0] == received[2]  # the same alert, retried
-    assert _pending(tmp_path / "s.db") == []
+    assert _pending(database) == []
 
 
-def test_an_unreachable_webhook_is_logged_kept_and_the_money_still_moves(tmp_path, caplog):
+def test_an_unreachable_webhook_is_logged_kept_and_the_money_still_moves(database, caplog):
     budget = Budget(name="b", cap=10, alert_at_percent=[50], webhook="http://127.0.0.1:9/nothing-listens")
-    ledger = Ledger(tmp_path / "s.db", [budget], clock=Clock())
+    ledger = Ledger(database, [budget], clock=Clock())
     with caplog.at_level(logging.ERROR, logger="trainmaster.wallet.alerts"):
         reserve(ledger, "a", 6)
         for thread in ledger.deliveries:
@@ -272,44 +277,45 @@ def test_an_unreachable_webhook_is_logged_kept_and_the_money_still_moves(tmp_pat
     assert any("budget alert webhook http://127.0.0.1:9/… failed after 3 tries" in m for m in caplog.messages)
     assert not any("nothing-listens" in m for m in caplog.messages)  # a webhook's path may hold its token
     assert len(ledger.outstanding()) == 1
-    assert _pending(tmp_path / "s.db") == [("b", 50, 1)]
+    assert _pending(database) == [("b", 50, 1)]
 
 
-def test_an_alert_the_webhook_missed_is_delivered_by_the_next_process(tmp_path, webhook_server):
+def test_an_alert_the_webhook_missed_is_delivered_by_the_next_process(database, webhook_server):
     url, received, got, statuses = webhook_server
     statuses += [503] * outbox.POST_ATTEMPTS  # down while the threshold is crossed
-    ledger = Ledger(tmp_path / "s.db", [Budget(name="b", cap=10, alert_at_percent=[50], webhook=url)], clock=Clock())
+    ledger = Ledger(database, [Budget(name="b", cap=10, alert_at_percent=[50], webhook=url)], clock=Clock())
     reserve(ledger, "a", 6)
     for thread in ledger.deliveries:
         thread.join(30)
     ledger.close()
-    assert not got.is_set() and _pending(tmp_path / "s.db") == [("b", 50, 1)]
+    assert not got.is_set() and _pending(database) == [("b", 50, 1)]
     # a later, short-lived process (a CLI call) opens the ledger: it delivers before it exits
-    code = f"from trainmaster.wallet.ledger import Ledger; Ledger({str(tmp_path / 's.db')!r}).close()"
+    code = f"from trainmaster.wallet.ledger import Ledger; Ledger({str(database)!r}).close()"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     assert got.is_set() and received[-1]["percent"] == 50 and len(received) == outbox.POST_ATTEMPTS + 1
-    assert _pending(tmp_path / "s.db") == []
+    assert _pending(database) == []
 
 
-def test_an_alert_is_given_up_after_max_flushes(tmp_path, monkeypatch):
+def test_an_alert_is_given_up_after_max_flushes(database, monkeypatch):
     monkeypatch.setattr(outbox, "POST_ATTEMPTS", 1)
     budget = Budget(name="b", cap=10, alert_at_percent=[50], webhook="http://127.0.0.1:9/nothing-listens")
-    ledger = Ledger(tmp_path / "s.db", [budget], clock=Clock())
+    ledger = Ledger(database, [budget], clock=Clock())
     reserve(ledger, "a", 6)
     for thread in ledger.deliveries:
         thread.join(30)
     for _ in range(outbox.MAX_FLUSHES + 1):
-        outbox.flush(tmp_path / "s.db")
-    assert _pending(tmp_path / "s.db") == [("b", 50, outbox.MAX_FLUSHES)]
-    with sqlite3.connect(tmp_path / "s.db") as db:
-        assert not outbox.has_pending(db)
+        outbox.flush(database)
+    assert _pending(database) == [("b", 50, outbox.MAX_FLUSHES)]
+    db = statedb.connect(database)
+    assert not outbox.has_pending(db)
+    db.close()
 
 
-def test_a_failing_notifier_never_undoes_a_movement(tmp_path, caplog):
+def test_a_failing_notifier_never_undoes_a_movement(database, caplog):
     def broken(alert):
         raise RuntimeError("notifier down")
 
-    ledger = Ledger(tmp_path / "s.db", [Budget(cap=10, alert_at_percent=[50])], clock=Clock(), notify=broken)
+    ledger = Ledger(database, [Budget(cap=10, alert_at_percent=[50])], clock=Clock(), notify=broken)
     with caplog.at_level(logging.ERROR, logger="trainmaster.wallet.ledger"):
         reserve(ledger, "a", 6)
     assert "notifier down" in caplog.text

@@ -1,4 +1,5 @@
-"""SQLite state: WAL, versioned schema, the state machine enforced, moves idempotent and race-free."""
+"""The state store: WAL (SQLite), versioned schema, the state machine enforced, moves idempotent and race-free, on
+SQLite and PostgreSQL (the `database` fixture)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def test_newer_schema_is_refused(tmp_path):
         Store(tmp_path / "state.db")
 
 
-def test_illegal_transition_is_refused_and_recorded_nowhere(tmp_path):
-    store = Store(tmp_path / "state.db")
+def test_illegal_transition_is_refused_and_recorded_nowhere(database):
+    store = Store(database)
     new_job(store)
     before = len(store.events("j-1"))
     with pytest.raises(IllegalTransition, match="cannot go from submitted to accepted"):
@@ -44,16 +45,16 @@ def test_illegal_transition_is_refused_and_recorded_nowhere(tmp_path):
     assert len(store.events("j-1")) == before
 
 
-def test_moves_are_idempotent(tmp_path):
-    store = Store(tmp_path / "state.db")
+def test_moves_are_idempotent(database):
+    store = Store(database)
     new_job(store)
     assert store.move_job("j-1", "planned") is True
     assert store.move_job("j-1", "planned") is False
     assert [e.to_state for e in store.events("j-1")] == ["submitted", "planned"]
 
 
-def test_attempt_and_job_move_together(tmp_path):
-    store = Store(tmp_path / "state.db")
+def test_attempt_and_job_move_together(database):
+    store = Store(database)
     new_job(store)
     store.move_job("j-1", "planned")
     attempt = store.create_attempt("j-1", backend="local", offer_json="{}", reserve_key="reserve:j-1.1.p1", seed=0)
@@ -66,8 +67,8 @@ def test_attempt_and_job_move_together(tmp_path):
     assert store.attempt(attempt.id).state == "running"
 
 
-def test_cost_is_recorded_once(tmp_path):
-    store = Store(tmp_path / "state.db")
+def test_cost_is_recorded_once(database):
+    store = Store(database)
     new_job(store)
     store.move_job("j-1", "planned")
     a = store.create_attempt("j-1", backend="local", offer_json="{}", reserve_key="reserve:j-1.1.p1", seed=0)
@@ -77,8 +78,8 @@ def test_cost_is_recorded_once(tmp_path):
     assert sum(1 for e in store.events("j-1") if e.kind == "cost") == 1
 
 
-def test_find_job_by_prefix(tmp_path):
-    store = Store(tmp_path / "state.db")
+def test_find_job_by_prefix(database):
+    store = Store(database)
     new_job(store, "abc-1")
     new_job(store, "abc-2")
     assert store.find_job("abc-1").id == "abc-1"
@@ -94,8 +95,8 @@ def _race(path, barrier, results):
     results.put(store.move_job("j-1", "planned"))
 
 
-def test_two_processes_racing_one_move_one_wins(tmp_path):
-    path = tmp_path / "state.db"
+def test_two_processes_racing_one_move_one_wins(database):
+    path = database
     new_job(Store(path))
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(4), ctx.Queue()
@@ -126,3 +127,18 @@ def test_a_database_of_the_first_schema_upgrades_in_place_and_its_jobs_still_rea
     job = store.job("old-1")
     assert (job.state, job.policy_json, job.plan_json, job.queued_at, job.cancel_requested_at) == (
         "planned", None, None, None, None)  # re-planned and snapshotted on advance
+
+
+def test_big_integers_and_outputs_round_trip(database):
+    """Seeds and money overflow a 32-bit INTEGER (BIGINT on PostgreSQL); re-recorded outputs replace their row."""
+    store = Store(database)
+    new_job(store)
+    store.move_job("j-1", "planned")
+    attempt = store.create_attempt("j-1", backend="local", offer_json="{}", reserve_key="r", seed=2**62 + 1)
+    store.record_cost(attempt.id, micro_usd=2**40, rao=2**50, billable_seconds=1.5, basis="test",
+                      rate_micro_usd_per_tao=7)
+    store.record_outputs(attempt.id, [("model.pt", 1, "a" * 64)])
+    store.record_outputs(attempt.id, [("model.pt", 2, "b" * 64), ("log.txt", 3, "c" * 64)])
+    got = store.attempt(attempt.id)
+    assert (got.seed, got.cost_micro_usd, got.cost_rao, got.billable_seconds) == (2**62 + 1, 2**40, 2**50, 1.5)
+    assert store.outputs(attempt.id) == [("log.txt", 3, "c" * 64), ("model.pt", 2, "b" * 64)]

@@ -9,24 +9,25 @@ is settled at most once (a UNIQUE index on `reservation_key`).
 A charge that pays an untrusted executor writes its payment (wallet/payments.py) in the same
 transaction, keyed by the charge, so a payment exists exactly when its charge does.
 
-Budgets are checked and the reservation written in one `BEGIN IMMEDIATE` transaction, so concurrent
-submissions (threads or processes, each with its own connection) can never overshoot a hard cap.
-The tables live in the broker's SQLite file beside its own, with their own schema version row; rows
-are never updated or deleted (triggers refuse it).
+Budgets are checked and the reservation written in one transaction that first locks the row of each
+budget scope the reservation counts against (`ledger_scopes`; on SQLite the transaction is BEGIN IMMEDIATE,
+one writer at a time), so concurrent submissions (threads, processes or hosts sharing a PostgreSQL server)
+can never overshoot a hard cap; a charge or release locks the reservation it settles. The tables live in the
+broker's state database beside its own, with their own schema version row; entries are never updated or
+deleted (triggers refuse it).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from trainmaster.storage import statedb
 from trainmaster.jobs.money import display_usd
@@ -75,6 +76,9 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE ledger_alerts ADD COLUMN delivered_at REAL",
         "ALTER TABLE ledger_alerts ADD COLUMN tries INTEGER NOT NULL DEFAULT 0",
     ],
+    [  # 3: one row per budget scope, locked by each reservation that counts against it
+        "CREATE TABLE ledger_scopes (budget TEXT PRIMARY KEY)",
+    ],
 ]
 
 Kind = Literal["reserve", "charge", "release"]
@@ -83,7 +87,7 @@ GROUPS = {
     "class": "workload",
     "job": "job_id",
     "project": "COALESCE(project, '-')",
-    "month": "strftime('%Y-%m', at, 'unixepoch')",
+    "month": None,  # the dialect's: `statedb.dialect(connection).month("at")`
 }
 
 
@@ -160,21 +164,21 @@ class AlreadySettled(LedgerError):
 
 
 class Ledger:
-    """The ledger in a SQLite file (a path, opened with `statedb.connect`: WAL, a 30 s busy timeout) or on
-    an open connection (the broker's, configured by its owner)."""
+    """The ledger in the state database at a location (a path or a `postgresql://` URL, opened with
+    `statedb.connect`) or on an open connection (the broker's, configured by its owner)."""
 
     def __init__(
         self,
-        path_or_conn: Path | str | sqlite3.Connection,
+        path_or_conn: Path | str | Any,
         budgets: Sequence[Budget] = (),
         *,
         notify: Callable[[Alert], object] = log_alert,
         clock: Callable[[], float] = time.time,
     ):
-        if isinstance(path_or_conn, sqlite3.Connection):
-            self.db, self._owned = path_or_conn, False
-        else:
+        if isinstance(path_or_conn, (Path, str)):
             self.db, self._owned = statedb.connect(path_or_conn), True
+        else:
+            self.db, self._owned = path_or_conn, False
         self.budgets = list(budgets)
         self._notify, self._clock = notify, clock
         self._lock = threading.RLock()  # a connection shared between threads runs one transaction at a time
@@ -195,15 +199,16 @@ class Ledger:
         self.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, *, serialized: bool = False) -> Iterator[Any]:
+        """A movement's transaction: it locks the rows it depends on (`serialized`: one writer at a time)."""
         with self._lock:
             if self.db.in_transaction:
                 raise LedgerError("the ledger's connection is inside another transaction; commit it first")
-            with statedb.immediate(self.db) as db:
+            with statedb.immediate(self.db, serialized=serialized) as db:
                 yield db
 
     def _migrate(self) -> None:
-        with self._tx() as db:
+        with self._tx(serialized=True) as db:
             try:
                 statedb.migrate(db, version_table="ledger_schema", migrations=MIGRATIONS, what="the ledger")
                 payments.migrate(db)
@@ -220,12 +225,13 @@ class Ledger:
         _check_amounts(micro_usd, rao, rate_micro_usd_per_tao)
         request = dict(kind="reserve", reservation_key=None, job_id=job_id, backend=backend, workload=workload,
                        project=project, micro_usd=micro_usd, rao=rao, rate_micro_usd_per_tao=rate_micro_usd_per_tao)
+        matching = [b for b in self.budgets if b.matches(backend=backend, workload=workload, project=project)]
         with self._tx() as db:
+            _lock_scopes(db, key, matching)
             existing = _by_key(db, key)
             if existing is not None:
                 return _replayed(existing, request)
             now = self._clock()
-            matching = [b for b in self.budgets if b.matches(backend=backend, workload=workload, project=project)]
             for budget in matching:
                 usage = _usage(db, budget, now)
                 if budget.hard and usage.used_micro_usd + micro_usd > budget.cap:
@@ -273,7 +279,7 @@ class Ledger:
 
     def _settle_target(self, db, key, reservation_key, kind, micro_usd, rao, rate) -> tuple[Entry, Entry | None]:
         """The reservation a charge or release settles, or the earlier row when `key` is a retry."""
-        reservation = _by_key(db, reservation_key)
+        reservation = _by_key(db, reservation_key, lock=True)
         if reservation is None or reservation.kind != "reserve":
             raise UnknownReservation(f"no reservation with key {reservation_key!r}")
         existing = _by_key(db, key)
@@ -295,9 +301,9 @@ class Ledger:
 
     def _deliver(self) -> None:
         """POST the pending alerts from a background thread, over its own connection to this file."""
-        path = self.db.execute("PRAGMA database_list").fetchone()[2]
-        if path:  # an in-memory ledger has no file another connection could read
-            self.deliveries.append(outbox.flush_in_background(path))
+        where = statedb.where(self.db)
+        if where:  # an in-memory ledger has no file another connection could read
+            self.deliveries.append(outbox.flush_in_background(where))
 
     # reading
 
@@ -320,7 +326,7 @@ class Ledger:
         """Actual spend (charges only), grouped by backend, class, job, project or month."""
         if by is not None and by not in GROUPS:
             raise ValueError(f"cannot group spend by {by!r}; choose one of {', '.join(GROUPS)}")
-        group = GROUPS[by] if by else "'total'"
+        group = (statedb.dialect(self.db).month("at") if by == "month" else GROUPS[by]) if by else "'total'"
         where, args = ["kind = 'charge'"], []
         if since is not None:
             where.append("at >= ?")
@@ -371,13 +377,25 @@ COLUMNS = ("key", "kind", "reservation_key", "job_id", "backend", "workload", "p
            "rate_micro_usd_per_tao", "at", "detail")
 
 
-def _insert(db: sqlite3.Connection, key: str, request: dict, at: float, detail: dict | None) -> Entry:
+def _insert(db, key: str, request: dict, at: float, detail: dict | None) -> Entry:
     values = {**request, "key": key, "at": at, "detail": json.dumps(detail, sort_keys=True) if detail else None}
-    cursor = db.execute(
-        f"INSERT INTO ledger_entries ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+    seq = db.execute(
+        f"INSERT INTO ledger_entries ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))}) RETURNING seq",
         [values[c] for c in COLUMNS],
-    )
-    return Entry(seq=cursor.lastrowid, **{**values, "detail": detail})
+    ).fetchone()[0]
+    return Entry(seq=seq, **{**values, "detail": detail})
+
+
+def _lock_scopes(db, key: str, budgets: list[Budget]) -> None:
+    """Lock the movement's key and the row of each budget scope it counts against (in one order: no deadlock),
+    so reservations against the same budget, or under the same key, run one after the other."""
+    statedb.dialect(db).lock_key(db, key)
+    labels = sorted({b.label for b in budgets})
+    if not labels:
+        return
+    db.executemany("INSERT INTO ledger_scopes (budget) VALUES (?) ON CONFLICT DO NOTHING", [(label,) for label in labels])
+    db.execute(f"SELECT budget FROM ledger_scopes WHERE budget IN ({','.join('?' * len(labels))}) ORDER BY budget"
+               f"{statedb.dialect(db).FOR_UPDATE}", labels).fetchall()
 
 
 def _settlement(reservation: Entry, kind: Kind, micro_usd: int, rao: int, rate: int | None) -> dict:
@@ -397,8 +415,10 @@ def _replayed(existing: Entry, request: dict) -> Entry:
     return existing
 
 
-def _by_key(db: sqlite3.Connection, key: str) -> Entry | None:
-    row = db.execute("SELECT * FROM ledger_entries WHERE key = ?", (key,)).fetchone()
+def _by_key(db, key: str, *, lock: bool = False) -> Entry | None:
+    """The entry under `key`; `lock`: its row locked until the transaction ends."""
+    row = db.execute(f"SELECT * FROM ledger_entries WHERE key = ?{statedb.dialect(db).FOR_UPDATE if lock else ''}",
+                     (key,)).fetchone()
     return _entry(row) if row else None
 
 
@@ -415,10 +435,10 @@ def _scope(budget: Budget) -> tuple[str, list]:
         if value is not None:
             where.append(f"{column} = ?")
             args.append(value)
-    return (" AND ".join(where) or "1"), args
+    return (" AND ".join(where) or "TRUE"), args
 
 
-def _usage(db: sqlite3.Connection, budget: Budget, now: float) -> Usage:
+def _usage(db, budget: Budget, now: float) -> Usage:
     scope, args = _scope(budget)
     spent = db.execute(
         f"SELECT COALESCE(SUM(micro_usd), 0) FROM ledger_entries WHERE kind = 'charge' AND at >= ? AND {scope}",
@@ -432,7 +452,7 @@ def _usage(db: sqlite3.Connection, budget: Budget, now: float) -> Usage:
     return Usage(spent, reserved)
 
 
-def _record_alerts(db: sqlite3.Connection, budgets: list[Budget], now: float) -> list[Alert]:
+def _record_alerts(db, budgets: list[Budget], now: float) -> list[Alert]:
     """Thresholds crossed, each recorded once per budget and period inside the movement's transaction."""
     fired = []
     for budget in budgets:
@@ -444,8 +464,8 @@ def _record_alerts(db: sqlite3.Connection, budgets: list[Budget], now: float) ->
             alert = Alert(budget=budget.label, percent=percent, period=budget.period, period_start=start,
                           cap_micro_usd=budget.cap, used_micro_usd=used, webhook=budget.webhook)
             inserted = db.execute(
-                "INSERT OR IGNORE INTO ledger_alerts (budget, period_start, percent, used_micro_usd, at, webhook, payload)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO ledger_alerts (budget, period_start, percent, used_micro_usd, at, webhook, payload)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (budget.label, start, percent, used, now, alert.webhook, json.dumps(alert.payload(), sort_keys=True)),
             ).rowcount
             if inserted:

@@ -43,7 +43,7 @@ class WebhookRefused(Exception):
 
 
 _WHERE_PENDING = "WHERE webhook IS NOT NULL AND delivered_at IS NULL AND tries < ?"
-_PENDING = f"SELECT rowid, webhook, payload FROM ledger_alerts {_WHERE_PENDING} ORDER BY at"
+_PENDING = f"SELECT budget, period_start, percent, webhook, payload FROM ledger_alerts {_WHERE_PENDING} ORDER BY at"
 
 
 def has_pending(db: sqlite3.Connection) -> bool:
@@ -57,11 +57,12 @@ def flush(path: Path | str) -> int:
         db = statedb.connect(path)
         try:
             delivered = 0
-            for rowid, url, payload in db.execute(_PENDING, (MAX_FLUSHES,)).fetchall():
+            for budget, period_start, percent, url, payload in db.execute(_PENDING, (MAX_FLUSHES,)).fetchall():
                 ok = _post_with_retries(url, json.loads(payload))
                 db.execute(
-                    "UPDATE ledger_alerts SET tries = tries + 1, delivered_at = ? WHERE rowid = ?",
-                    (time.time() if ok else None, rowid),
+                    "UPDATE ledger_alerts SET tries = tries + 1, delivered_at = ?"
+                    " WHERE budget = ? AND period_start = ? AND percent = ?",
+                    (time.time() if ok else None, budget, period_start, percent),
                 )
                 delivered += ok
             return delivered
@@ -85,7 +86,7 @@ def _flush_logged(path: Path | str) -> None:
 
 def _lock_for(path: Path | str) -> threading.Lock:
     with _flushing_guard:
-        return _flushing.setdefault(str(Path(path).resolve()), threading.Lock())
+        return _flushing.setdefault(path if statedb.is_server(path) else str(Path(path).resolve()), threading.Lock())
 
 
 def _post_with_retries(url: str, payload: dict) -> bool:

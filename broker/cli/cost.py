@@ -117,7 +117,7 @@ def _spend_rows(by: str | None) -> list:
     from trainmaster.wallet.ledger import Ledger, SpendRow
 
     db = paths.state_db()
-    if not db.exists() and (not db.parent.exists() or db.parent.is_dir()):
+    if isinstance(db, Path) and not db.exists() and (not db.parent.exists() or db.parent.is_dir()):
         return [] if by else [SpendRow("total", 0, 0, 0)]
     from trainmaster.broker.store import Store
 

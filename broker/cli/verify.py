@@ -92,7 +92,7 @@ def _stored_verdict(job_ref: str):
     from trainmaster.verify.records import VerdictStore
 
     db = paths.state_db()
-    if not db.is_file():
+    if isinstance(db, Path) and not db.is_file():  # (a database server always answers)
         _fail(f"no verdicts yet: {db} does not exist")
     store = VerdictStore(db)
     try:
