@@ -29,7 +29,7 @@ MIGRATIONS: list[list[str]] = [
         reason TEXT NOT NULL,
         job_id TEXT,
         attempt_id TEXT,
-        by TEXT NOT NULL,
+        "by" TEXT NOT NULL,
         at REAL NOT NULL,
         lifted_at REAL,
         PRIMARY KEY (kind, key)
@@ -90,7 +90,9 @@ class Executors:
             row = db.execute("SELECT lifted_at FROM bans WHERE kind = ? AND key = ?", (kind, key)).fetchone()
             if row is not None and row["lifted_at"] is None:
                 return False
-            db.execute("INSERT OR REPLACE INTO bans VALUES (?,?,?,?,?,?,?,NULL)",
+            db.execute("INSERT INTO bans VALUES (?,?,?,?,?,?,?,NULL) ON CONFLICT (kind, key) DO UPDATE SET"
+                       " reason = excluded.reason, job_id = excluded.job_id, attempt_id = excluded.attempt_id,"
+                       ' "by" = excluded."by", at = excluded.at, lifted_at = NULL',
                        (kind, key, reason, job_id, attempt_id, by, time.time()))
             return True
 

@@ -56,6 +56,7 @@ from trainmaster.broker.predecessor import previous_metrics
 from trainmaster.broker.resuming import ResumePoint, raised_limits, resume_point
 from trainmaster.broker.settlement import Settlement
 from trainmaster.broker.store import Attempt, Job, Store
+from trainmaster.storage import statedb
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs import outputs as kept_outputs
 from trainmaster.jobs.launch_checks import launch_problems
@@ -319,7 +320,7 @@ class Broker:
         job = self.store.job(job_id)
         if job.state in states.JOB_ENDS:
             return job
-        async with _locked(paths.job_dir(job_id) / ".lock"):
+        async with _job_locked(self.store.path, job_id):
             job = self.store.job(job_id)
             if job.cancel_requested_at is not None and job.state not in states.JOB_ENDS:
                 await self._cancel_now(job)  # what a process that died while cancelling left
@@ -389,7 +390,7 @@ class Broker:
         pending = self.settlement.pending(job_id)
         if not pending:
             return
-        async with _locked(paths.job_dir(job_id) / ".lock"):
+        async with _job_locked(self.store.path, job_id):
             job = self.store.job(job_id)
             for _, attempt_id in pending:
                 attempt = self.store.attempt(attempt_id)
@@ -932,7 +933,7 @@ class Broker:
     async def verify_again(self, job_id: str) -> Job:
         """Run the checks again on the job's unverified attempt (after the user fixed what stopped them)."""
         job = self.store.find_job(job_id)
-        async with _locked(paths.job_dir(job.id) / ".lock"):
+        async with _job_locked(self.store.path, job.id):
             waiting = [a for a in self.store.attempts(job.id) if a.state in states.WAITING]
             if not waiting:
                 raise NothingToDo(f"{job.id} has no attempt waiting to be verified again (the job is {job.state})")
@@ -946,7 +947,7 @@ class Broker:
         an earlier attempt left (a trusted backend's; an untrusted executor always starts afresh), with its
         `max_hours` and `max_usd` raised when given (NothingToDo when a value does not raise them)."""
         job = self.store.find_job(job_id)
-        async with _locked(paths.job_dir(job.id) / ".lock"):
+        async with _job_locked(self.store.path, job.id):
             job = self.store.job(job.id)
             if job.state not in ("failed", "cancelled"):
                 raise NothingToDo(f"{job.id} is {job.state}; only a failed or cancelled job can be resumed")
@@ -975,7 +976,7 @@ class Broker:
         request, which the next `advance` finishes. For any job, whatever its recorded state, the processes
         its ended attempts still run (what a crashed run left) are stopped, each stop a `stopped` event."""
         job = self.store.find_job(job_id)
-        async with _locked(paths.job_dir(job.id) / ".lock"):
+        async with _job_locked(self.store.path, job.id):
             job = self.store.job(job.id)
             attempts = self.store.attempts(job.id)
             stopped = {a.id for a in attempts if a.state in states.ACTIVE_ATTEMPT}
@@ -1187,6 +1188,16 @@ def _envs_dir(backend: Backend) -> Path:
 
 def _max_bundle(spec: JobSpec) -> int:
     return spec.limits.max_bundle_mb * 2**20
+
+
+def _job_locked(state: Path | str, job_id: str):
+    """The job's lock, so two brokers never dispatch or settle it at once: a file lock beside a SQLite state
+    file (one host), a session advisory lock of the database server when the state is on one (any host)."""
+    if statedb.is_server(state):
+        from trainmaster.storage.dialects import postgresql
+
+        return postgresql.session_lock(state, f"job:{job_id}")
+    return _locked(paths.job_dir(job_id) / ".lock")
 
 
 @asynccontextmanager

@@ -66,7 +66,7 @@ class Settlement:
     """The settling stage on the broker's connection: `pending` finds the attempts to settle, `conclude` settles one."""
 
     def __init__(self, db: sqlite3.Connection, db_path: Path, *, key_path: Path, sender: PaymentSender):
-        self.db, self.db_path, self.key_path, self.sender = db, Path(db_path), Path(key_path), sender
+        self.db, self.db_path, self.key_path, self.sender = db, db_path, Path(key_path), sender
         self.payments = Payments(db)
         self._key: BrokerKey | None = None
         with statedb.immediate(db) as tx:
@@ -131,8 +131,8 @@ class Settlement:
         }
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         with statedb.immediate(self.db) as db:
-            db.execute("INSERT OR IGNORE INTO conclusions (attempt_id, job_id, receipt, signature, created_at)"
-                       " VALUES (?, ?, ?, ?, ?)", (attempt.id, job.id, text, self.key.sign(text.encode()), time.time()))
+            db.execute("INSERT INTO conclusions (attempt_id, job_id, receipt, signature, created_at)"
+                       " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", (attempt.id, job.id, text, self.key.sign(text.encode()), time.time()))
         return self.receipt(attempt.id)
 
     def _digest(self, job: Job, attempt: Attempt) -> str:

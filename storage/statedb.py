@@ -31,16 +31,20 @@ class SchemaTooNew(RuntimeError):
     """The database was written by a newer trainmaster."""
 
 
+class BadDatabaseUrl(ValueError):
+    """A database URL of no kind we open."""
+
+
 def location(url: str) -> Path | str:
     """What a database URL names: `sqlite:////abs/path.db` → that file's path; `postgresql://…` → the URL."""
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///"):]
         if not path.startswith("/"):
-            raise ValueError(f"{url!r}: a SQLite URL names an absolute path, as in sqlite:////home/me/state.db")
+            raise BadDatabaseUrl(f"{url!r}: a SQLite URL names an absolute path, as in sqlite:////home/me/state.db")
         return Path(path)
     if url.startswith(("postgresql://", "postgres://")):
         return url
-    raise ValueError(f"{url!r} is not a database URL: use sqlite:////absolute/path.db or postgresql://user@host:port/db")
+    raise BadDatabaseUrl(f"{url!r} is not a database URL: use sqlite:////absolute/path.db or postgresql://user@host:port/db")
 
 
 def is_server(where: Path | str) -> bool:

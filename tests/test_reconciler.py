@@ -1,5 +1,6 @@
 """The reconciler's leases: two processes never advance the same job at once; a lease's time comes from the
-database; `status X` advances X alone, never another job (its fetch, its audit)."""
+database; `status X` advances X alone, never another job (its fetch, its audit). On SQLite and PostgreSQL (the
+`database` fixture sets TRAINMASTER_DATABASE_URL for the latter)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _open_job(store: Store, job_id: str) -> None:
                      spec_path="job.yaml", bundle_sha256="0" * 64, policy="default", policy_json="{}")
 
 
-def test_a_lease_is_one_holders_until_it_expires_or_is_released(tm_home):
+def test_a_lease_is_one_holders_until_it_expires_or_is_released(tm_home, database):
     leases = Leases(paths.state_db())
     assert leases.claim("j", "a", 0.5) and leases.claim("j", "a", 0.5)  # a holder takes its own lease again
     assert not leases.claim("j", "b", 0.5) and leases.holder("j") == "a"
@@ -37,7 +38,7 @@ def test_a_lease_is_one_holders_until_it_expires_or_is_released(tm_home):
     assert leases.live() == 0 and leases.claim("j", "a", 5)
 
 
-def test_two_reconciler_processes_never_advance_the_same_job_at_once(tm_home, tmp_path):
+def test_two_reconciler_processes_never_advance_the_same_job_at_once(tm_home, database, tmp_path):
     store = Store(paths.state_db())
     for n in range(8):
         _open_job(store, f"job-{n}")
@@ -57,7 +58,7 @@ def test_two_reconciler_processes_never_advance_the_same_job_at_once(tm_home, tm
     assert Leases(paths.state_db()).live() == 0  # every lease released
 
 
-def test_status_of_one_job_never_advances_another(tm_home):
+def test_status_of_one_job_never_advances_another(tm_home, database):
     store = Store(paths.state_db())
     _open_job(store, "other-1")  # unfinished: advancing it records an error (its spec is empty)
     _open_job(store, "mine-1")

@@ -162,7 +162,7 @@ def verify_attempt(
     wanted = frozenset(default_checks(attempt.trusted) if checks is None else checks)
     if unknown := wanted - set(CHECKS):
         raise ValueError(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
-    run = _Run(attempt, Path(db_path) if db_path else None)
+    run = _Run(attempt, db_path or None)
     stages = {
         "integrity": lambda: _integrity(run, "replay" in wanted),
         "safety": lambda: _safety(run),

@@ -57,9 +57,9 @@ MIGRATIONS: list[list[str]] = [
 class Database:
     """A connection to ``state.db`` with the verification schema in place."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.db = statedb.connect(self.path)
+    def __init__(self, path: Path | str):
+        self.path = path  # a SQLite file's path or a `postgresql://` URL
+        self.db = statedb.connect(path)
         self._migrate()
 
     def close(self) -> None:
@@ -99,11 +99,11 @@ class VerdictStore:
         if not job_id:
             raise ValueError("a verdict is stored under a job id")
         with self.database.write() as db:
-            cursor = db.execute(
-                "INSERT INTO verdicts (job_id, attempt_id, outcome, verdict_json, created_at) VALUES (?, ?, ?, ?, ?)",
+            return int(db.execute(
+                "INSERT INTO verdicts (job_id, attempt_id, outcome, verdict_json, created_at) VALUES (?, ?, ?, ?, ?)"
+                " RETURNING id",
                 (job_id, attempt_id or verdict.attempt_id, verdict.outcome, verdict.model_dump_json(), time.time()),
-            )
-            return int(cursor.lastrowid)
+            ).fetchone()[0])
 
     def latest(self, job_id: str, attempt_id: str | None = None) -> Verdict | None:
         """The newest verdict for the job (or for one of its attempts)."""

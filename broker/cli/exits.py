@@ -50,6 +50,7 @@ FAILURES = (
     ("trainmaster.jobs.bundle", "BundleError", "cannot bundle the code: ", BAD),
     ("trainmaster.broker.store", "NotFound", "", USAGE),
     ("trainmaster.broker.store", "StateUnavailable", "", USAGE),
+    ("trainmaster.storage.statedb", "BadDatabaseUrl", "TRAINMASTER_DATABASE_URL: ", USAGE),
     ("trainmaster.broker.service", "NothingToDo", "", USAGE),
     ("trainmaster.backends.base", "BackendError", "", USAGE),
     ("builtins", "OSError", "", USAGE),

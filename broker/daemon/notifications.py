@@ -56,7 +56,7 @@ class Notifications:
         with statedb.immediate(self.db) as db:
             statedb.migrate(db, version_table="daemon_notify_schema", migrations=MIGRATIONS, what="the notifications")
             for table in _SOURCES:
-                db.execute("INSERT OR IGNORE INTO notify_cursors (source, last_id) VALUES (?, ?)",
+                db.execute("INSERT INTO notify_cursors (source, last_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
                            (table, _max_id(db, table)))
 
     def close(self) -> None:
@@ -145,7 +145,8 @@ def webhooks(db: sqlite3.Connection, job_id: str) -> list[str]:
 def _enqueue(db: sqlite3.Connection, job_id: str, payload: dict) -> int:
     made = 0
     for url in webhooks(db, job_id):
-        made += db.execute("INSERT OR IGNORE INTO notifications (key, webhook, payload, at) VALUES (?, ?, ?, ?)",
+        made += db.execute("INSERT INTO notifications (key, webhook, payload, at) VALUES (?, ?, ?, ?)"
+                           " ON CONFLICT DO NOTHING",
                            (f"{payload['id']} {url}", url, json.dumps(payload, sort_keys=True),
                             time.time())).rowcount
     return made
@@ -161,7 +162,7 @@ def _advance(db: sqlite3.Connection, source: str, newest_sql: str, after: int) -
 
 
 def _exists(db: sqlite3.Connection, table: str) -> bool:
-    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
+    return statedb.table_exists(db, table)
 
 
 def _max_id(db: sqlite3.Connection, table: str) -> int:

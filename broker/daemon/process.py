@@ -155,9 +155,9 @@ async def _notify(notes, stop: asyncio.Event) -> None:
 
 def _has_pending(db, outbox) -> bool:
     """Whether the outbox holds alerts to deliver (False while the ledger has made no table yet)."""
-    import sqlite3
+    from trainmaster.storage import statedb
 
     try:
         return outbox.has_pending(db)
-    except sqlite3.OperationalError:
+    except statedb.OperationalError:
         return False

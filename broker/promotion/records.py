@@ -96,7 +96,7 @@ class AliasMove:
 def unfinished_exist(db) -> bool:
     """Whether a registration is left to carry on, read on any connection to `state.db` without migrating
     (what tells a command that its reconcile pass has something to do)."""
-    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'promotions'").fetchone():
+    if not statedb.table_exists(db, "promotions"):
         return False
     return db.execute(f"SELECT 1 FROM promotions WHERE state IN ({','.join('?' * len(UNFINISHED))}) LIMIT 1",
                       UNFINISHED).fetchone() is not None
@@ -118,9 +118,9 @@ class PromotionStore:
         now = time.time()
         with statedb.immediate(self.db) as db:
             db.execute(
-                "INSERT OR IGNORE INTO promotions (job_id, attempt_id, job_name, spec_sha256, bundle_sha256,"
+                "INSERT INTO promotions (job_id, attempt_id, job_name, spec_sha256, bundle_sha256,"
                 " commitment_root, verdict, verdict_id, metrics_json, thresholds_json, cost_micro_usd,"
-                " state, recorded_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " state, recorded_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                 (lineage.job_id, lineage.attempt_id, lineage.job_name, lineage.spec_sha256, lineage.bundle_sha256,
                  lineage.commitment_root, lineage.verdict, lineage.verdict_id, json.dumps(lineage.metrics),
                  json.dumps(lineage.thresholds), lineage.cost_micro_usd, "pending" if pending else "local", now, now),

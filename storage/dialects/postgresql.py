@@ -12,11 +12,13 @@ identity column, and a `RAISE(ABORT)` trigger becomes a PL/pgSQL function and it
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import sqlite3
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 NAME = "postgresql"
@@ -194,3 +196,22 @@ def _translated(exc: Exception) -> sqlite3.Error:
     else:
         kind = sqlite3.DatabaseError
     return kind(f"{exc}")
+
+
+SESSION_LOCKS = 2
+"""The advisory-lock namespace of `session_lock`."""
+
+
+@asynccontextmanager
+async def session_lock(url: str, name: str, *, poll_s: float = 0.02) -> AsyncIterator[None]:
+    """Hold a lock on `name` across processes and hosts (and coroutines: each holder has a connection of
+    its own) until the block ends; a holder that dies releases it with its connection. Polled without
+    blocking, so an event loop keeps running while it waits."""
+    db = await asyncio.to_thread(Connection, url)
+    try:
+        take = f"SELECT pg_try_advisory_lock({SESSION_LOCKS}, hashtext(?))"
+        while not (await asyncio.to_thread(lambda: db.execute(take, (name,)).fetchone()[0])):
+            await asyncio.sleep(poll_s)
+        yield
+    finally:
+        await asyncio.to_thread(db.close)  # ends the session: its lock goes with it

@@ -78,7 +78,7 @@ class Records:
         if row is not None:
             return row[0]
         with statedb.immediate(self.db) as db:
-            db.execute("INSERT OR IGNORE INTO trigger_starts (trigger, at) VALUES (?, ?)", (trigger, now))
+            db.execute("INSERT INTO trigger_starts (trigger, at) VALUES (?, ?) ON CONFLICT DO NOTHING", (trigger, now))
             return db.execute("SELECT at FROM trigger_starts WHERE trigger = ?", (trigger,)).fetchone()[0]
 
     def record(self, *, trigger: str, key: str, reason: str, spec_path: str, policy: str, slot: float | None,
@@ -89,7 +89,7 @@ class Records:
                 db.execute("INSERT INTO trigger_fires (trigger, key, reason, spec_path, policy, slot, cursor_json,"
                            " fired_at) VALUES (?,?,?,?,?,?,?,?)",
                            (trigger, key, reason, spec_path, policy, slot, _dump(cursor), now))
-        except sqlite3.IntegrityError:
+        except statedb.IntegrityError:
             return None
         return self.fire(key)
 

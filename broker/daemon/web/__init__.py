@@ -21,8 +21,9 @@ def add_routes(app: web.Application, store_path: Path, *, budgets: metrics.Budge
 
     `budgets` gives the budgets in force (the policy's) at each scrape and page view; `lag_source`, when
     given, how far behind each trigger is (exposed as `trainmaster_trigger_lag_seconds`)."""
-    collector = metrics.StoreCollector(Path(store_path), budgets, lag_source)
-    views = dashboard.Views(Path(store_path), budgets)
+    where = Path(store_path) if isinstance(store_path, Path) else store_path  # a path, or a database URL
+    collector = metrics.StoreCollector(where, budgets, lag_source)
+    views = dashboard.Views(where, budgets)
     app.router.add_get("/metrics", metrics.handler(collector))
     app.router.add_get("/dashboard", views.page)
     app.router.add_get("/dashboard/api/jobs", views.jobs)

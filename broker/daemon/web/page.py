@@ -60,7 +60,7 @@ def build(store_path: Path, budgets: list[Budget], now: float | None = None) -> 
         spend=charts.line_chart("Spend this month (USD, cumulative)", _cumulative(charged, month, now),
                                 {f"cap: {b.label}": b.cap / MICRO for b in budgets if b.period == "month"}),
         budgets=[_budget(b, u) for b, u in usage],
-        curves=_curves(store_path.parent, [r.id for r in rows]),
+        curves=_curves(_home(store_path), [r.id for r in rows]),
         verdicts=[_verdict(v) for v in verdicts],
     )
 
@@ -86,7 +86,14 @@ def job_curves(store_path: Path, job_id: str) -> curves.Series | None:
     with readings.reading(store_path) as db:
         if not readings.job_exists(db, job_id):
             return None
-    return curves.read_curves(curves.metrics_file(store_path.parent, job_id))
+    return curves.read_curves(curves.metrics_file(_home(store_path), job_id))
+
+
+def _home(store_path: Path | str) -> Path:
+    """Where the jobs' metric files are: beside the state file, or the home when the state is on a server."""
+    from trainmaster.broker import paths
+
+    return store_path.parent if isinstance(store_path, Path) else paths.home()
 
 
 def _job(row: readings.JobRow) -> dict:

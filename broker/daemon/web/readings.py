@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster.broker import states
+from trainmaster.storage import statedb
 from trainmaster.wallet.budget import Budget
 from trainmaster.wallet.ledger import Usage, _usage  # the ledger's own count on a connection (no public name yet)
 
@@ -56,7 +57,11 @@ class VerdictRow:
 
 @contextmanager
 def reading(path: Path) -> Iterator[sqlite3.Connection]:
-    """The state database opened read-only (never created: a missing file raises StateMissing)."""
+    """The state database opened read-only (never created: a missing file raises StateMissing); on a
+    database server (a `postgresql://` URL), a connection of its own."""
+    if statedb.is_server(path):
+        yield from _server(path)
+        return
     if not Path(path).is_file():
         raise StateMissing(f"no state database at {path}")
     try:
@@ -70,8 +75,19 @@ def reading(path: Path) -> Iterator[sqlite3.Connection]:
         db.close()
 
 
+def _server(url: str) -> Iterator:
+    try:
+        db = statedb.connect(url)
+    except statedb.Error as exc:
+        raise StateMissing(f"cannot read the state database: {exc}") from None
+    try:
+        yield db
+    finally:
+        db.close()
+
+
 def has_table(db: sqlite3.Connection, name: str) -> bool:
-    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+    return statedb.table_exists(db, name)
 
 
 def job_counts(db: sqlite3.Connection) -> dict[str, int]:
