@@ -13,7 +13,7 @@ import pytest
 
 HEAVY = ("trainmaster.broker.service", "trainmaster.broker.planner", "trainmaster.broker.policy",
          "trainmaster.jobs.spec", "trainmaster.backends.base", "trainmaster.jobs.bundle", "trainmaster.wallet.ledger",
-         "asyncio", "numpy", "torch")
+         "asyncio", "numpy", "torch", "psycopg")
 PROBE = """\
 import json, sys
 watched = json.loads(sys.argv[2])

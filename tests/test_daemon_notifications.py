@@ -1,11 +1,11 @@
 """Job and verdict notifications through a real daemon: each job end and each verdict is POSTed once to the webhook
-its policy's budgets name, even across a kill -9 (the outbox in state.db, broker/daemon/notifications.py)."""
+its policy's budgets name, even across a kill -9 (the outbox in the state database, broker/daemon/notifications.py),
+on SQLite and PostgreSQL (the `database` fixture)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import threading
 from collections import Counter
 
@@ -13,7 +13,9 @@ import pytest
 from cli_run import tm
 from daemon_support import kill, start, wait_for
 
+from trainmaster.broker import paths
 from trainmaster.broker.daemon.notifications import Notifications
+from trainmaster.storage import statedb
 
 TRAIN = "import os, pathlib\npathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 'out.txt').write_text('ok')\n"
 
@@ -71,7 +73,7 @@ def _state(home, job_id: str) -> str:
 
 
 @pytest.mark.slow
-def test_each_job_end_and_verdict_is_posted_once_across_a_kill_9(tm_home, job_factory, receiver):
+def test_each_job_end_and_verdict_is_posted_once_across_a_kill_9(database, tm_home, job_factory, receiver):
     base, received = receiver
     _policy(tm_home, base)
     daemon = start(tm_home)
@@ -97,17 +99,18 @@ def test_each_job_end_and_verdict_is_posted_once_across_a_kill_9(tm_home, job_fa
     verdicts = {b["job"]: b["outcome"] for b in received["/hook"] if b["kind"] == "verdict"}
     assert verdicts == {slow: "accepted", quick: "accepted", quick_again: "accepted"}
     assert received["/elsewhere"] == []  # a budget that does not cover the jobs is not told of them
-    with sqlite3.connect(tm_home / "state.db") as db:
-        assert db.execute("SELECT count(*) FROM notifications WHERE delivered_at IS NULL").fetchone()[0] == 0
+    db = statedb.connect(paths.state_db())
+    assert db.execute("SELECT count(*) FROM notifications WHERE delivered_at IS NULL").fetchone()[0] == 0
+    db.close()
 
 
-def test_a_first_start_does_not_announce_the_past_and_a_second_collect_makes_nothing(broker, tm_home, job_factory,
-                                                                                      receiver):
+def test_a_first_start_does_not_announce_the_past_and_a_second_collect_makes_nothing(database, broker, tm_home,
+                                                                                      job_factory, receiver):
     base, _ = receiver
     _policy(tm_home, base)
     ended = broker.submit(job_factory(TRAIN))
     broker.wait(ended.id, timeout_s=60)
-    notes = Notifications(tm_home / "state.db")
+    notes = Notifications(paths.state_db())
     try:
         assert notes.collect() == 0 and notes.pending() == []  # ended before notifications were set up
         later = broker.submit(job_factory(TRAIN))

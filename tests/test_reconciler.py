@@ -38,6 +38,28 @@ def test_a_lease_is_one_holders_until_it_expires_or_is_released(tm_home, databas
     assert leases.live() == 0 and leases.claim("j", "a", 5)
 
 
+def test_holders_claiming_one_job_at_once_one_wins(tm_home, database):
+    """Eight holders, each on its own connection, claim the same free job at the same moment: one gets it."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    Leases(paths.state_db()).close()  # the table made once, so the race is about the claim only
+    barrier = threading.Barrier(8)
+
+    def claim(n: int) -> bool:
+        leases = Leases(paths.state_db())
+        try:
+            barrier.wait()
+            return leases.claim("j", f"holder-{n}", 30)
+        finally:
+            leases.close()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        won = list(pool.map(claim, range(8)))
+    assert sum(won) == 1
+    assert Leases(paths.state_db()).holder("j") == f"holder-{won.index(True)}"
+
+
 def test_two_reconciler_processes_never_advance_the_same_job_at_once(tm_home, database, tmp_path):
     store = Store(paths.state_db())
     for n in range(8):

@@ -24,7 +24,8 @@ NOW = 1_700_000_000.0
 
 
 @pytest.fixture
-def real_broker(tm_home):
+def real_broker(tm_home, database):
+    """A broker on SQLite, then on PostgreSQL (the `database` fixture): fires, baselines and cursors live there."""
     broker = Broker()
     yield broker
     broker.close()

@@ -82,6 +82,11 @@ def month(column: str) -> str:
     return f"strftime('%Y-%m', {column}, 'unixepoch')"
 
 
+def json_text(column: str, *keys: str) -> str:
+    """The value at `keys` in a JSON text column, as text."""
+    return f"json_extract({column}, '$.{'.'.join(keys)}')"
+
+
 def render(statement: str) -> list[str]:
     """Migrations are written in SQLite's words: each runs as written."""
     return [statement]

@@ -15,6 +15,7 @@ from trainmaster.broker.planner import PlanError
 from trainmaster.broker.service import Broker
 from trainmaster.broker.store import Store
 from trainmaster.jobs.yamlfile import FileError
+from trainmaster.storage import statedb
 
 from .engine import Gate, Submit
 
@@ -43,7 +44,8 @@ def broker_gate(broker: Broker) -> Gate:
 
 def job_for_key(store: Store, key: str) -> str | None:
     """The job a submit with this idempotency key made, if any."""
+    field = statedb.dialect(store.db).json_text("detail", "origin", "trigger_key")
     row = store.db.execute(
         "SELECT job_id FROM events WHERE kind = 'transition' AND to_state = 'submitted'"
-        " AND json_extract(detail, '$.origin.trigger_key') = ? LIMIT 1", (key,)).fetchone()
+        f" AND {field} = ? LIMIT 1", (key,)).fetchone()
     return row[0] if row else None
