@@ -2,9 +2,10 @@
 
 The jobs run on a scripted backend (tests/scripted_backend.py) that reports each attempt running forever, so
 every pass looks at every job (a status call, the lease claimed, renewed and released) and none ever ends; the
-reconciler is the daemon's (`broker/daemon/reconciler.py`), with 4 workers, over SQLite in a temp home, each
-pass unbounded (`limit` above the job count). Prints the submit time, and the first (dispatching) pass and the
-median and worst of the following ones.
+reconciler is the daemon's (`broker/daemon/reconciler.py`), with 4 workers, each pass unbounded (`limit` above
+the job count), over SQLite in a temp home, then over PostgreSQL (a throwaway server started by
+tests/postgres_server.py, TRAINMASTER_DATABASE_URL pointing at it). Prints, for each, the submit time, and the
+first (dispatching) pass and the median and worst of the following ones.
 Run: python tests/benchmarks/bench_daemon_open_jobs.py [--jobs N] [--passes P]
 """
 
@@ -67,20 +68,38 @@ async def _measure(home: Path, jobs: int, passes: int) -> dict[str, float]:
 
 
 def run(smoke: bool = False, jobs: int = 1000, passes: int = 5) -> dict[str, float]:
+    from postgres_server import PostgresServer
+
     jobs, passes = (20, 2) if smoke else (jobs, passes)
-    with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp) / "home"
-        before = os.environ.get("TRAINMASTER_HOME")
-        os.environ["TRAINMASTER_HOME"] = str(home)
-        try:
-            figures = asyncio.run(_measure(home, jobs, passes))
-        finally:
-            if before is None:
-                os.environ.pop("TRAINMASTER_HOME")
-            else:
-                os.environ["TRAINMASTER_HOME"] = before
+    figures = _run_on(jobs, passes, database_url=None)
     print_figures(f"reconcile passes over {jobs} open jobs (SQLite, {WORKERS} workers)", figures)
-    return figures
+    server = PostgresServer().start()
+    try:
+        on_server = _run_on(jobs, passes, database_url=server.database())
+    finally:
+        server.stop()
+    print_figures(f"reconcile passes over {jobs} open jobs (PostgreSQL, {WORKERS} workers)", on_server)
+    return {**figures, **{f"postgresql_{name}": value for name, value in on_server.items()}}
+
+
+def _run_on(jobs: int, passes: int, *, database_url: str | None) -> dict[str, float]:
+    """The figures with a temp home, the state in it (SQLite) or on the server at `database_url`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = {"TRAINMASTER_HOME": str(Path(tmp) / "home"), "TRAINMASTER_DATABASE_URL": database_url}
+        before = {name: os.environ.get(name) for name in settings}
+        _set(settings)
+        try:
+            return asyncio.run(_measure(Path(tmp) / "home", jobs, passes))
+        finally:
+            _set(before)
+
+
+def _set(environment: dict[str, str | None]) -> None:
+    for name, value in environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 if __name__ == "__main__":
