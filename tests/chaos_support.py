@@ -15,7 +15,7 @@ from pathlib import Path
 
 from daemon_support import kill, start, wait_for
 
-from trainmaster.broker.daemon import leases
+from trainmaster.storage.dialects import sqlite as sqlite_dialect
 
 ENDS = ("accepted", "failed", "cancelled")
 JOB = ("import os, pathlib, time\ntime.sleep(0.3)\n"
@@ -97,7 +97,7 @@ def read_outcome(db_path: Path, files: int) -> Outcome:
         outcome.problems += _fire_problems(fires, jobs, files)
         outcome.problems += _charge_problems(db)
         outcome.problems += [f"lease on {job} left held by {holder}" for job, holder in db.execute(
-            f"SELECT job_id, holder FROM job_leases WHERE expires_at > {leases.NOW}")]
+            f"SELECT job_id, holder FROM job_leases WHERE expires_at > {sqlite_dialect.NOW}")]
     finally:
         db.close()
     return outcome
