@@ -118,8 +118,9 @@ class Executors:
         ends = sorted(states.ATTEMPT_ENDS)
         rows = self.db.execute(
             "SELECT executor_hotkey AS hotkey, MAX(executor_coldkey) AS coldkey,"
-            " SUM(state = 'accepted') AS accepted, SUM(state = 'rejected') AS rejected,"
-            " SUM(state = 'failed') AS failed, MAX(created_at) AS last_at FROM attempts"
+            " SUM(CASE WHEN state = 'accepted' THEN 1 ELSE 0 END) AS accepted,"
+            " SUM(CASE WHEN state = 'rejected' THEN 1 ELSE 0 END) AS rejected,"
+            " SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed, MAX(created_at) AS last_at FROM attempts"
             f" WHERE executor_hotkey IS NOT NULL AND state IN ({','.join('?' * len(ends))})"
             " GROUP BY executor_hotkey ORDER BY last_at DESC", ends,
         ).fetchall()
