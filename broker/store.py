@@ -250,8 +250,10 @@ class Store:
         if states_in:
             sql += f" WHERE state IN ({','.join('?' * len(states_in))})"
             args += sorted(states_in)
-        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
-        rows = self.db.execute(sql, [*args, limit]).fetchall()
+        sql += " ORDER BY created_at DESC, id DESC"
+        if limit >= 0:  # a negative limit: every job
+            sql, args = sql + " LIMIT ?", [*args, limit]
+        rows = self.db.execute(sql, args).fetchall()
         return [Job(**r) for r in rows]
 
     def move_job(self, job_id: str, target: str, *, reason: str | None = None, detail: dict | None = None) -> bool:

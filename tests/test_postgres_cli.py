@@ -17,7 +17,7 @@ def test_submit_ls_spend_on_postgresql(tmp_path, job_factory, postgres_url):
     spec = job_factory(TRAIN)
     submitted = tm("submit", str(spec), "--wait", "--json", home=home, extra_env=env)
     assert submitted.returncode == 0, submitted.stderr
-    listed = tm("ls", "--all", "--json", home=home, extra_env=env)
+    listed = tm("ls", "--all", "--limit", "0", "--json", home=home, extra_env=env)  # 0: every job
     jobs = json.loads(listed.stdout)
     assert [j["state"] for j in jobs] == ["accepted"], listed.stderr
     spend = tm("spend", "--json", home=home, extra_env=env)

@@ -139,7 +139,7 @@ def list_jobs(
     from trainmaster.broker.cli import render
 
     wanted = None if all_ else set(states.JOB_TRANSITIONS) - states.JOB_ENDS
-    broker, jobs = guarded(lambda: calls.list_jobs(wanted, limit or -1))  # SQLite: LIMIT -1 is no limit
+    broker, jobs = guarded(lambda: calls.list_jobs(wanted, limit or -1))  # -1: no limit (Store.jobs)
     if as_json:
         print(json.dumps([render.job_json(broker, j) for j in jobs], indent=2))
     else:
