@@ -82,13 +82,14 @@ MIGRATIONS: list[list[str]] = [
 ]
 
 Kind = Literal["reserve", "charge", "release"]
-GROUPS = {
+COLUMNS_GROUPED = {
     "backend": "backend",
     "class": "workload",
     "job": "job_id",
     "project": "COALESCE(project, '-')",
-    "month": None,  # the dialect's: `statedb.dialect(connection).month("at")`
 }
+GROUPS = (*COLUMNS_GROUPED, "month")
+"""What spend is grouped by; `month` is the UTC month of `at`, in each database's own words."""
 
 
 @dataclass(frozen=True)
@@ -326,7 +327,7 @@ class Ledger:
         """Actual spend (charges only), grouped by backend, class, job, project or month."""
         if by is not None and by not in GROUPS:
             raise ValueError(f"cannot group spend by {by!r}; choose one of {', '.join(GROUPS)}")
-        group = (statedb.dialect(self.db).month("at") if by == "month" else GROUPS[by]) if by else "'total'"
+        group = "'total'" if by is None else COLUMNS_GROUPED.get(by) or statedb.dialect(self.db).month("at")
         where, args = ["kind = 'charge'"], []
         if since is not None:
             where.append("at >= ?")
