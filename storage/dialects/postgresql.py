@@ -3,9 +3,10 @@ only when a `postgresql://` location is opened).
 
 The connection takes the same SQL as SQLite's: `?` placeholders become psycopg's, integer sums come back as
 `int`, rows answer by name and by index, and the driver's errors are raised as the storage layer's (those of
-`sqlite3`, the DB-API names every caller already catches). A write transaction takes a transaction-scoped
-advisory lock first, so it has SQLite's one-writer semantics across processes and hosts: a check and the
-write that depends on it stay atomic. Migrations, written in SQLite's words, are rendered: integers are
+`sqlite3`, the DB-API names every caller already catches). A serialized write transaction (the default of
+`statedb.immediate`) takes a transaction-scoped advisory lock first, so it has SQLite's one-writer semantics
+across processes and hosts: a check and the write that depends on it stay atomic. One that is not (the
+ledger's movements, the leases) locks the rows and names it depends on instead (`FOR_UPDATE`, `lock_key`). Migrations, written in SQLite's words, are rendered: integers are
 BIGINT (micro-USD and seeds overflow INTEGER), REAL is DOUBLE PRECISION, BLOB is BYTEA, AUTOINCREMENT is an
 identity column, and a `RAISE(ABORT)` trigger becomes a PL/pgSQL function and its trigger.
 """
@@ -27,7 +28,7 @@ NOW = "(extract(epoch from clock_timestamp())::double precision)"
 """The database's clock in Unix seconds (the statement's own time, not the transaction's start)."""
 
 WRITER_LOCK = 0x7472_6D73
-"""The advisory lock every write transaction takes (one writer at a time, as SQLite)."""
+"""The advisory lock (a bigint key) every serialized write transaction takes: one writer at a time, as SQLite."""
 
 
 class Row(tuple):
@@ -102,7 +103,7 @@ def connect(url: str) -> Connection:
 
 
 KEY_LOCKS = 1
-"""The advisory-lock namespace (the first of two int4 keys) of `lock_key`; WRITER_LOCK's first key is 0."""
+"""The namespace of `lock_key`'s advisory locks (the first of two int4 keys; a space apart from bigint keys)."""
 
 FOR_UPDATE = " FOR UPDATE"
 """The suffix that locks the rows a SELECT reads until the transaction ends."""
