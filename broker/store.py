@@ -185,15 +185,14 @@ class Store:
         try:
             self.db = statedb.connect(path)
             with self.tx() as db:
-                statedb.migrate(db, version_table="schema_version", migrations=MIGRATIONS, what=str(path))
+                statedb.migrate(db, version_table="schema_version", migrations=MIGRATIONS, what=statedb.shown(path))
         except (statedb.Error, OSError, statedb.SchemaTooNew) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             if isinstance(path, Path) and path.parent.exists() and not path.parent.is_dir():
                 why = f"{path.parent} is a file, not a folder"
-            raise StateUnavailable(
-                f"cannot open the state database {path}: {why} (set TRAINMASTER_HOME to a writable folder, "
-                "or move the file aside to start afresh)"
-            ) from None
+            remedy = ("check TRAINMASTER_DATABASE_URL and that the server is up" if statedb.is_server(path) else
+                      "set TRAINMASTER_HOME to a writable folder, or move the file aside to start afresh")
+            raise StateUnavailable(f"cannot open the state database {statedb.shown(path)}: {why} ({remedy})") from None
 
     def close(self) -> None:
         self.db.close()

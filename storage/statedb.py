@@ -52,6 +52,18 @@ def is_server(where: Path | str) -> bool:
     return isinstance(where, str) and where.startswith(("postgresql://", "postgres://"))
 
 
+def shown(where: Path | str) -> str:
+    """A location as it may be printed: a server URL's password masked."""
+    if not is_server(where):
+        return str(where)
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(where)
+    if parts.password is None:
+        return where
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+
+
 def connect(where: Path | str) -> Any:
     """A connection (autocommit; transactions are explicit) to a location: a path or a `postgresql://` URL."""
     if is_server(where):

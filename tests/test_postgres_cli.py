@@ -33,6 +33,16 @@ def test_submit_ls_spend_on_postgresql(tmp_path, job_factory, postgres_url):
     assert not (home / "state.db").exists()
 
 
+def test_a_server_that_is_down_is_one_clear_error_without_the_password(tmp_path):
+    from postgres_server import _free_port
+
+    url = f"postgresql://tm:s3cret@127.0.0.1:{_free_port()}/nothing"
+    out = tm("ls", home=tmp_path / "home", extra_env={"TRAINMASTER_DATABASE_URL": url})
+    assert out.returncode == 2, out.stderr
+    assert "cannot open the state database postgresql://tm:***@127.0.0.1" in out.stderr
+    assert "TRAINMASTER_DATABASE_URL" in out.stderr and "s3cret" not in out.stderr + out.stdout
+
+
 def test_a_bad_database_url_is_one_clear_error(tmp_path):
     out = tm("ls", home=tmp_path / "home", extra_env={"TRAINMASTER_DATABASE_URL": "mysql://x"})
     assert out.returncode != 0 and "TRAINMASTER_DATABASE_URL" in out.stderr + out.stdout, out.stderr

@@ -4,7 +4,6 @@ SQLite and PostgreSQL (the `database` fixture)."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import sqlite3
 
 import pytest
 
@@ -26,13 +25,15 @@ def test_wal_mode_and_schema_version(tmp_path):
     assert Store(tmp_path / "state.db").schema_version == len(MIGRATIONS)  # reopening migrates nothing twice
 
 
-def test_newer_schema_is_refused(tmp_path):
-    Store(tmp_path / "state.db").close()
-    db = sqlite3.connect(tmp_path / "state.db")
+def test_newer_schema_is_refused(database):
+    from trainmaster.storage import statedb
+
+    Store(database).close()
+    db = statedb.connect(database)
     db.execute("UPDATE schema_version SET version = 99")
-    db.commit()
+    db.close()
     with pytest.raises(RuntimeError, match="newer than this trainmaster knows"):
-        Store(tmp_path / "state.db")
+        Store(database)
 
 
 def test_illegal_transition_is_refused_and_recorded_nowhere(database):
