@@ -22,9 +22,9 @@ HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 class Filler:
     """Jobs walked through their states as the broker walks them; money through the ledger."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, where: Path | str | None = None):
         self.home = home
-        self.path = home / "state.db"
+        self.path = where or home / "state.db"
         self.store = Store(self.path)
         self.ledger = Ledger(self.store.db)
         self.verdicts = VerdictStore(self.path)
@@ -76,10 +76,11 @@ class Filler:
             "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
 
 
-def known_state(home: Path) -> Filler:
+def known_state(home: Path, where: Path | str | None = None) -> Filler:
     """Four jobs: `a` accepted on local ($1.50), `b` accepted on bittensor ($0.25 + 5,000 rao), `c` rejected
-    (its reservation released) with a hostile reason and name, `d` running on aws ($2 held); `e` submitted."""
-    filler = Filler(home)
+    (its reservation released) with a hostile reason and name, `d` running on aws ($2 held); `e` submitted.
+    In `home/state.db`, or at `where` (a database server's URL)."""
+    filler = Filler(home, where)
     for job_id in ("a", "b", "c", "d", "e"):
         filler.submit(job_id, name=HOSTILE if job_id == "c" else f"train-{job_id}")
     filler.accept("a", filler.dispatch("a", "local", 2_000_000), 1_500_000)

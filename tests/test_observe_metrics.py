@@ -1,5 +1,5 @@
 """`GET /metrics`: the exposition parsed back with prometheus_client's own parser, against a state database
-with known jobs, ledger rows and verdicts (tests/observe_support.py)."""
+with known jobs, ledger rows and verdicts (tests/observe_support.py), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ def scrape(url: str) -> dict[str, dict[tuple, float]]:
 
 
 @pytest.fixture
-def known(tmp_path):
-    filler = known_state(tmp_path / "home")
+def known(tmp_path, database):
+    """The known state in the home's state.db, then on PostgreSQL (the `database` fixture)."""
+    filler = known_state(tmp_path / "home", database if isinstance(database, str) else None)
     yield filler
     filler.close()
 
