@@ -42,7 +42,7 @@ from trainmaster.backends.features import (
     AllocatesMachine, CheckpointRef, KeepsSegments, ResumesFromCheckpoints, RunsUntrusted,
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
-from trainmaster.broker import cost_cap, failures, paths, states
+from trainmaster.broker import cost_cap, failures, paths, shared_bundles, shared_outputs, shared_storage, states
 from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
 from trainmaster.broker.backend_config import configured
@@ -275,9 +275,11 @@ class Broker:
     async def submit(self, spec_path: Path, policy_name: str = "default", *, origin: dict | None = None) -> Job:
         """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good.
         `origin` (who asked: a trigger's fire and its idempotency key) is kept in the job's first event."""
+        shared_storage.check_database()
         loaded, policy, result = await self._planned(spec_path, policy_name)
         info = await asyncio.to_thread(bundles.build_bundle, loaded.code_dir, loaded.spec.canonical_json(),
                                        paths.bundles_dir(), max_bytes=_max_bundle(loaded.spec))
+        await retried(shared_bundles.publish, info.sha256, self.upload_progress)
         job_id = f"{loaded.spec.name}-{secrets.token_hex(4)}"
         self.store.create_job(
             job_id=job_id, name=loaded.spec.name, workload=loaded.spec.workload, project=loaded.spec.project,
@@ -502,8 +504,8 @@ class Broker:
         backend = self.backend(offer.backend, self.policy(job))
         ctx = await self._context(job, attempt, offer, backend)
         try:
-            handle = await retried(backend.submit, paths.bundles_dir() / f"{job.bundle_sha256}.tar", self.spec(job),
-                                   offer, ctx)
+            bundle = await retried(shared_bundles.fetched, job.bundle_sha256, self.progress)
+            handle = await retried(backend.submit, bundle, self.spec(job), offer, ctx)
         except (BackendError, bundles.BundleError, OSError) as exc:  # a bundle or folder of ours: our side
             failure = exc if isinstance(exc, BackendError) else LocalEnvironmentError(str(exc))
             await self._react(job, attempt, failure, f"could not start on {offer.backend}: {exc}")
@@ -736,6 +738,7 @@ class Broker:
         # judged with the rest (a pickle among them still rejects the attempt), never kept
         await asyncio.to_thread(kept_outputs.remove, dest, self._dropped(job, attempt))
         if verdict.outcome == "accepted":
+            await self._share_outputs(job, attempt, dest)
             opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
             await self._end_attempt(job, attempt, "accepted", job_target="accepted",
                                     detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
@@ -748,6 +751,17 @@ class Broker:
             self.store.move_attempt(attempt.id, "unverified", job_target="unverified", reason=why)
         else:  # rejected: nothing is paid, the offer is blocked, who ran it is banned, the next one tried
             await self._react(job, attempt, failures.REJECTED, f"rejected: {'; '.join(verdict.reasons)}")
+
+    async def _share_outputs(self, job: Job, attempt: Attempt, outputs: Path) -> None:
+        """Put the accepted attempt's kept outputs in the shared storage (when set) before the job is accepted, and
+        record where (broker/shared_outputs.py): a failure leaves the attempt verifying, its verdict stored, and the
+        next pass puts them again."""
+        store = shared_storage.store()
+        if store is None or any(e.kind == shared_outputs.SHARED_EVENT for e in self.store.events(job.id)):
+            return
+        detail = await retried(shared_outputs.publish, store, shared_storage.setting(), job.id, attempt.id, outputs,
+                               self.store.outputs(attempt.id), self.upload_progress)
+        self.store.log_event(job.id, shared_outputs.SHARED_EVENT, detail, attempt.id)
 
     async def promote_pending(self) -> None:
         """Carry on the promotions left pending (broker/promotion/); what fails stays pending for the next pass."""
@@ -821,7 +835,7 @@ class Broker:
         request = pipeline.Attempt(
             job_id=job.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=job.bundle_sha256,
             spec=self.spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
-            bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar", workspace=workspace,
+            bundle=await retried(shared_bundles.fetched, job.bundle_sha256, self.progress), workspace=workspace,
             envs_dir=_envs_dir(backend), exact_replay=offer.trusted and backend.exact_replay,
             hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
             outputs_hashed=hashed_now, seed=attempt.seed, previous_metrics=previous_metrics(self.store, job),
