@@ -10,16 +10,21 @@ with no such event is read from this host's `$TRAINMASTER_HOME`, whose layout is
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import ExecutorFault, Progress
 from trainmaster.backends.managed.store import ObjectStore
 from trainmaster.broker import paths, shared_storage
 from trainmaster.broker.shared_storage import SharedStorageError
+
+if TYPE_CHECKING:
+    from trainmaster.broker.store import Store
 
 SHARED_EVENT = "shared"
 Files = list[tuple[str, int, str]]
@@ -62,6 +67,23 @@ def _relative(path: str) -> PurePosixPath:
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
         raise SharedStorageError(f"{path!r} is not a path inside a job's outputs")
     return relative
+
+
+def recorded(store: Store, job_id: str) -> dict | None:
+    """The `shared` event's detail (where the job's outputs were put), None when they never were."""
+    return next((e.detail for e in reversed(store.events(job_id)) if e.kind == SHARED_EVENT), None)
+
+
+def restore_home(store: Store, job_id: str, attempt_id: str) -> None:
+    """This host's copy of an accepted attempt's outputs, fetched (checked) from the shared storage when it lacks
+    any of them: for what reads them there (the promotion's artifacts and result.json) on a host that did not
+    run the job. Synchronous, for a worker thread."""
+    files = store.outputs(attempt_id)
+    folder = paths.job_dir(job_id) / "outputs"
+    shared = recorded(store, job_id)
+    if shared is None or all((folder / _relative(path)).is_file() for path, _, _ in files):
+        return
+    asyncio.run(download(source(shared)[0], job_id, files, folder))
 
 
 def source(shared: dict | None) -> tuple[ObjectStore, str]:

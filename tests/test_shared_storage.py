@@ -133,3 +133,26 @@ def test_postgresql_without_shared_storage_refuses_to_bundle(job_factory, tm_hom
 def test_a_setting_that_names_no_storage_is_refused(job_factory, tm_home, value):
     got = cli("submit", str(job_factory(TWO_OUTPUTS)), home=tm_home, storage=value)
     assert got.returncode == 2 and f"TRAINMASTER_SHARED_STORAGE={value}" in got.stderr
+
+
+def test_the_promotion_on_another_host_gets_the_outputs_back_from_the_folder(job_factory, tm_home, shared):
+    from trainmaster.broker import paths
+    from trainmaster.broker.shared_outputs import restore_home
+    from trainmaster.broker.shared_storage import SharedStorageError
+    from trainmaster.broker.store import Store
+
+    job = submitted(job_factory(TWO_OUTPUTS), tm_home, str(shared))
+    outputs = tm_home / "jobs" / job["id"] / "outputs"
+    kept = files_under(outputs)
+    _second_host(tm_home, job)
+    store = Store(paths.state_db())
+    try:
+        restore_home(store, job["id"], job["attempts"][-1]["id"])  # what the promotion hook does first
+        assert files_under(outputs) == kept
+        (outputs / "result.txt").unlink()
+        (shared / "jobs" / job["id"] / "outputs" / "result.txt").write_text("no")
+        with pytest.raises(SharedStorageError, match="is not the output that was accepted"):
+            restore_home(store, job["id"], job["attempts"][-1]["id"])
+        assert not (outputs / "result.txt").exists()
+    finally:
+        store.close()

@@ -48,14 +48,13 @@ def outputs(
 
 def _accepted(store, job_ref: str):
     """(the job, its accepted attempt's recorded outputs or None when it was not accepted, the `shared` event's detail)."""
-    from trainmaster.broker.shared_outputs import SHARED_EVENT
+    from trainmaster.broker.shared_outputs import recorded
 
     job = store.find_job(job_ref)
     attempt = next((a for a in store.attempts(job.id) if a.state == "accepted"), None)
     if job.state != "accepted" or attempt is None:
         return job, None, None
-    shared = next((e.detail for e in reversed(store.events(job.id)) if e.kind == SHARED_EVENT), None)
-    return job, store.outputs(attempt.id), shared
+    return job, store.outputs(attempt.id), recorded(store, job.id)
 
 
 def _download(job_id: str, files, shared: dict | None, folder: Path) -> str:
