@@ -186,14 +186,6 @@ class Broker:
         names = [n for n in (cls.constraints.allowed_backends or cls.chain) if n in BACKENDS or n in self._given]
         return {n: self.backend(n, policy) for n in names}
 
-    def _not_dispatched(self, spec: JobSpec, policy: Policy) -> list[OfferSet]:
-        """A reason for each backend the class's chain names that this version cannot dispatch to."""
-        from trainmaster.backends.registry import BACKENDS
-
-        return [OfferSet(backend=n, reasons=["dispatch is not available in this version (`trainmaster offers` shows "
-                                             "its catalog prices for comparison)"])
-                for n in policy.for_class(spec.workload).chain if n not in BACKENDS and n not in self._given]
-
     def budget_refusal(self, spec: JobSpec, policy: Policy, plan_: Plan) -> str | None:
         """Why dispatching the plan's choice would be refused by a budget now (what `submit` would say)."""
         if plan_.chosen is None:
@@ -213,7 +205,6 @@ class Broker:
         offer_sets: list[OfferSet] = await gather_offers(request, self._enabled(spec, policy),
                                                          valid_s=policy.offers.valid_s,
                                                          rate_max_age_s=policy.tao_rate.max_age_s)
-        offer_sets += self._not_dispatched(spec, policy)
         hotkeys, coldkeys = self.executors.banned()
         banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
         history, failure_rates = learned(self.store.ended_attempts())
