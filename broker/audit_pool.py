@@ -7,7 +7,7 @@ default as many as the CPUs up to `DEFAULT_MAX`; verifications beyond that wait 
 
 A worker that dies (killed for memory, a crash in native code) breaks the pool: that is our failure, never the
 executor's. The verification is run again on a fresh pool, at most `TRIES` times in all; `PoolDied` then tells
-the caller, which leaves the attempt unverified.
+the caller, which leaves the attempt unverified. A `kill -9` of the broker takes its workers along.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -24,6 +26,7 @@ from typing import Any, TypeVar
 PROCESSES_ENV = "TRAINMASTER_AUDIT_PROCESSES"
 DEFAULT_MAX = 2
 TRIES = 3
+PR_SET_PDEATHSIG = 1
 
 T = TypeVar("T")
 
@@ -75,7 +78,8 @@ class AuditPool:
     def _current(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ProcessPoolExecutor(size(), mp_context=multiprocessing.get_context("spawn"))
+                self._executor = ProcessPoolExecutor(size(), mp_context=multiprocessing.get_context("spawn"),
+                                                     initializer=_die_with_broker, initargs=(os.getpid(),))
             return self._executor
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
@@ -84,6 +88,17 @@ class AuditPool:
             if self._executor is broken:
                 self._executor = None
         broken.shutdown(wait=False, cancel_futures=True)
+
+
+def _die_with_broker(broker_pid: int) -> None:
+    """In each worker, first: a `kill -9` of the broker takes its workers along (Linux's parent-death signal),
+    so no orphaned verification records a verdict beside the one the next broker runs again."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != broker_pid:  # the broker died before the signal was asked for
+        os._exit(1)
 
 
 shared = AuditPool()

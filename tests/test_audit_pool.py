@@ -181,3 +181,35 @@ def test_the_event_loop_keeps_its_beat_while_a_replay_audit_runs(tm_home, tmp_pa
     assert done.state == "accepted", done.reason
     assert executor.opened == [[0, 1, 2, 3]]  # the worker had the broker open the challenged segments
     assert max(gaps) < MAX_GAP_S, max(gaps)
+
+
+# the broker is killed while its one worker is busy (an idle worker would see its queue close and leave anyway)
+KILLED_BROKER = """
+import asyncio, os, signal, time
+from trainmaster.broker.audit_pool import AuditPool
+
+async def main():
+    pool = AuditPool()
+    print(await pool.run(os.getpid), flush=True)
+    busy = asyncio.ensure_future(pool.run(time.sleep, 60))
+    await asyncio.sleep(1)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+
+
+def test_a_kill_9_of_the_broker_takes_its_workers_along():
+    import subprocess
+    import sys
+
+    import psutil
+
+    done = subprocess.run([sys.executable, "-c", KILLED_BROKER], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, audit_pool.PROCESSES_ENV: "1"})
+    assert done.returncode == -9, done.stderr
+    worker = int(done.stdout)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the pool's worker outlived its broker"
+        time.sleep(0.1)
