@@ -43,3 +43,18 @@ def job_factory(tmp_path):
         return write_job(tmp_path / f"job{next(counter)}", script, spec, **kw)
 
     return make
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The dashboard's routes over a state with known jobs and a $10 monthly budget (tests/observe_support.py),
+    served on 127.0.0.1; `served.filler` changes that state."""
+    from observe_support import known_state, serve
+    from trainmaster.wallet.budget import Budget
+
+    filler = known_state(tmp_path / "home")
+    app = serve(filler.path, [Budget(cap="10", period="month")])
+    app.filler = filler
+    yield app
+    app.stop()
+    filler.close()
