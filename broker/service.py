@@ -8,8 +8,8 @@ attempt id), and a settle that died half-way is redone without recording anythin
 verdict, an untrusted executor is paid and told its conclusion exactly once (broker/settlement.py).
 
 Everything here is a coroutine: the CLI calls `asyncio.run` once at its edge and the daemon runs
-the same calls on its own loop. Work that would block the loop (bundling, hashing, the
-verification pipeline with its replay audit) runs in worker threads.
+the same calls on its own loop. Work that would block the loop (bundling, hashing) runs in worker
+threads; the verification pipeline with its replay audit runs in a process pool (broker/verifying.py).
 
 A job is planned once, at submit, under the policy as it was then (both are stored with the job);
 offers are gathered again to re-plan after a failed attempt, and to quote the planned offer again
@@ -19,7 +19,6 @@ when its price no longer holds at dispatch (`Offer.valid_until`).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import fcntl
 import hashlib
@@ -42,7 +41,9 @@ from trainmaster.backends.features import (
     AllocatesMachine, CheckpointRef, KeepsSegments, ResumesFromCheckpoints, RunsUntrusted,
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
-from trainmaster.broker import cost_cap, failures, paths, states
+from trainmaster.broker import (
+    cost_cap, failures, paths, shared_bundles, shared_outputs, shared_storage, states, verifying,
+)
 from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
 from trainmaster.broker.backend_config import configured
@@ -188,14 +189,6 @@ class Broker:
         names = [n for n in (cls.constraints.allowed_backends or cls.chain) if n in BACKENDS or n in self._given]
         return {n: self.backend(n, policy) for n in names}
 
-    def _not_dispatched(self, spec: JobSpec, policy: Policy) -> list[OfferSet]:
-        """A reason for each backend the class's chain names that this version cannot dispatch to."""
-        from trainmaster.backends.registry import BACKENDS
-
-        return [OfferSet(backend=n, reasons=["dispatch is not available in this version (`trainmaster offers` shows "
-                                             "its catalog prices for comparison)"])
-                for n in policy.for_class(spec.workload).chain if n not in BACKENDS and n not in self._given]
-
     def budget_refusal(self, spec: JobSpec, policy: Policy, plan_: Plan) -> str | None:
         """Why dispatching the plan's choice would be refused by a budget now (what `submit` would say)."""
         if plan_.chosen is None:
@@ -215,7 +208,6 @@ class Broker:
         offer_sets: list[OfferSet] = await gather_offers(request, self._enabled(spec, policy),
                                                          valid_s=policy.offers.valid_s,
                                                          rate_max_age_s=policy.tao_rate.max_age_s)
-        offer_sets += self._not_dispatched(spec, policy)
         hotkeys, coldkeys = self.executors.banned()
         banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
         history, failure_rates = learned(self.store.ended_attempts())
@@ -276,9 +268,11 @@ class Broker:
     async def submit(self, spec_path: Path, policy_name: str = "default", *, origin: dict | None = None) -> Job:
         """Plan, bundle, record and dispatch. Nothing is recorded unless the spec, plan and bundle are good.
         `origin` (who asked: a trigger's fire and its idempotency key) is kept in the job's first event."""
+        shared_storage.check_database()
         loaded, policy, result = await self._planned(spec_path, policy_name)
         info = await asyncio.to_thread(bundles.build_bundle, loaded.code_dir, loaded.spec.canonical_json(),
                                        paths.bundles_dir(), max_bytes=_max_bundle(loaded.spec))
+        await retried(shared_bundles.publish, info.sha256, self.upload_progress)
         job_id = f"{loaded.spec.name}-{secrets.token_hex(4)}"
         self.store.create_job(
             job_id=job_id, name=loaded.spec.name, workload=loaded.spec.workload, project=loaded.spec.project,
@@ -503,8 +497,8 @@ class Broker:
         backend = self.backend(offer.backend, self.policy(job))
         ctx = await self._context(job, attempt, offer, backend)
         try:
-            handle = await retried(backend.submit, paths.bundles_dir() / f"{job.bundle_sha256}.tar", self.spec(job),
-                                   offer, ctx)
+            bundle = await retried(shared_bundles.fetched, job.bundle_sha256, self.progress)
+            handle = await retried(backend.submit, bundle, self.spec(job), offer, ctx)
         except (BackendError, bundles.BundleError, OSError) as exc:  # a bundle or folder of ours: our side
             failure = exc if isinstance(exc, BackendError) else LocalEnvironmentError(str(exc))
             await self._react(job, attempt, failure, f"could not start on {offer.backend}: {exc}")
@@ -737,6 +731,7 @@ class Broker:
         # judged with the rest (a pickle among them still rejects the attempt), never kept
         await asyncio.to_thread(kept_outputs.remove, dest, self._dropped(job, attempt))
         if verdict.outcome == "accepted":
+            await self._share_outputs(job, attempt, dest)
             opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
             await self._end_attempt(job, attempt, "accepted", job_target="accepted",
                                     detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
@@ -749,6 +744,17 @@ class Broker:
             self.store.move_attempt(attempt.id, "unverified", job_target="unverified", reason=why)
         else:  # rejected: nothing is paid, the offer is blocked, who ran it is banned, the next one tried
             await self._react(job, attempt, failures.REJECTED, f"rejected: {'; '.join(verdict.reasons)}")
+
+    async def _share_outputs(self, job: Job, attempt: Attempt, outputs: Path) -> None:
+        """Put the accepted attempt's kept outputs in the shared storage (when set) before the job is accepted, and
+        record where (broker/shared_outputs.py): a failure leaves the attempt verifying, its verdict stored, and the
+        next pass puts them again."""
+        store = shared_storage.store()
+        if store is None or any(e.kind == shared_outputs.SHARED_EVENT for e in self.store.events(job.id)):
+            return
+        detail = await retried(shared_outputs.publish, store, shared_storage.setting(), job.id, attempt.id, outputs,
+                               self.store.outputs(attempt.id), self.upload_progress)
+        self.store.log_event(job.id, shared_outputs.SHARED_EVENT, detail, attempt.id)
 
     async def promote_pending(self) -> None:
         """Carry on the promotions left pending (broker/promotion/); what fails stays pending for the next pass."""
@@ -797,7 +803,7 @@ class Broker:
 
     async def _verify(self, job: Job, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
                       hashed_now: bool):
-        """The verification pipeline (in a worker thread), with the checks the job's policy sets for this
+        """The verification pipeline (in the audit pool's worker process), with the checks the job's policy sets for this
         kind of compute; for an untrusted executor, its signature and its openings of the challenge.
 
         The job's code (its evaluator, its own recipe) runs from the bundle the broker sent, extracted
@@ -814,25 +820,23 @@ class Broker:
             except BackendError as exc:  # the executor sent none: the pipeline rejects an unsigned commitment
                 self.store.log_event(job.id, "error", {"message": f"no signed commitment: {exc}"}, attempt.id)
         if "replay" in checks and isinstance(backend, KeepsSegments):
-            open_segments = _SegmentOpener(asyncio.get_running_loop(), backend, handle,
-                                           paths.job_dir(job.id) / "openings" / str(attempt.n), trusted=offer.trusted,
+            open_segments = _SegmentOpener(backend, handle, paths.job_dir(job.id) / "openings" / str(attempt.n),
+                                           trusted=offer.trusted,
                                            deadline_s=self.policy(job).verification.challenge_deadline_s)
         workspace = paths.job_dir(job.id) / "verify"
         await asyncio.to_thread(shutil.rmtree, workspace, True)  # what a verification that died left (we hold the lock)
         request = pipeline.Attempt(
             job_id=job.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=job.bundle_sha256,
             spec=self.spec(job), trusted=offer.trusted, recorded_outputs=tuple(self.store.outputs(attempt.id)),
-            bundle=paths.bundles_dir() / f"{job.bundle_sha256}.tar", workspace=workspace,
+            bundle=await retried(shared_bundles.fetched, job.bundle_sha256, self.progress), workspace=workspace,
             envs_dir=_envs_dir(backend), exact_replay=offer.trusted and backend.exact_replay,
-            hotkey=attempt.executor_hotkey, signature=signature, open_segments=open_segments,
+            hotkey=attempt.executor_hotkey, signature=signature,
             outputs_hashed=hashed_now, seed=attempt.seed, previous_metrics=previous_metrics(self.store, job),
             dropped=self._dropped(job, attempt),
         )
         settings = self.policy(job).verification
-        return await asyncio.to_thread(
-            pipeline.verify_attempt, request,
-            checks=checks,
-            db_path=self.store.path,
+        return await verifying.verify(
+            request, checks=checks, db_path=self.store.path, opener=open_segments,
             audit_settings=pipeline.AuditSettings(calibration_dir=paths.home() / "calibration", tau=settings.tau),
         )
 
@@ -1063,8 +1067,8 @@ class NothingToDo(RuntimeError):
 
 
 class _SegmentOpener:
-    """What the verification pipeline (in a worker thread) calls to have the executor open the
-    challenged segments: it runs the backend's `open_segments` on the broker's event loop.
+    """What the verification pipeline (in the audit pool) has the broker do, through broker/segment_channel.py, to
+    have the executor open the challenged segments: the backend's `open_segments`, on the broker's event loop.
 
     An untrusted executor answers its challenge or forfeits: one that refuses, sends a short or altered
     stream, stays unreachable after the bounded retries, or has not answered by the policy's
@@ -1073,22 +1077,19 @@ class _SegmentOpener:
     disk) leaves the attempt unverifiable. On trusted compute every failure to open is ours.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, backend: KeepsSegments, handle: Handle, dest: Path, *,
-                 trusted: bool, deadline_s: float):
-        self.loop, self.backend, self.handle, self.dest = loop, backend, handle, dest
+    def __init__(self, backend: KeepsSegments, handle: Handle, dest: Path, *, trusted: bool, deadline_s: float):
+        self.backend, self.handle, self.dest = backend, handle, dest
         self.trusted, self.deadline_s = trusted, deadline_s
 
-    def __call__(self, indices: list[int]):
+    async def __call__(self, indices: list[int]) -> Path:
+        """The folder the openings were written to."""
         from trainmaster.verify.errors import VerificationError
-        from trainmaster.verify.openings import LocalOpenings
 
         call = retried(self.backend.open_segments, self.handle, sorted(indices), self.dest)
-        future = asyncio.run_coroutine_threadsafe(call, self.loop)
         blame = "cannot_verify" if self.trusted else "rejected"
         try:
-            directory = future.result(self.deadline_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
+            return await asyncio.wait_for(call, self.deadline_s)
+        except asyncio.TimeoutError:
             raise VerificationError(f"the executor did not open the challenged segments {indices} within "
                                     f"{self.deadline_s:g} s", kind=blame) from None
         except LocalEnvironmentError as exc:
@@ -1100,7 +1101,6 @@ class _SegmentOpener:
         except BackendError as exc:
             raise VerificationError(f"the executor did not open the challenged segments {indices}: {exc}",
                                     kind=blame) from exc
-        return LocalOpenings(directory)
 
 
 def checks_for(policy: Policy, spec: JobSpec, offer: Offer) -> list[str]:

@@ -67,9 +67,26 @@ def postgres_url(postgres_server) -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request, tmp_path, monkeypatch):
     """Where the state lives, once per database: a SQLite file, then a fresh PostgreSQL database (also set as
-    TRAINMASTER_DATABASE_URL, so whatever opens the state through `paths.state_db()` uses it)."""
+    TRAINMASTER_DATABASE_URL, so whatever opens the state through `paths.state_db()` uses it, with the shared
+    storage a broker on a server needs: a folder beside the test's)."""
     if request.param == "sqlite":
         return tmp_path / "state.db"
     url = request.getfixturevalue("postgres_url")
     monkeypatch.setenv("TRAINMASTER_DATABASE_URL", url)
+    monkeypatch.setenv("TRAINMASTER_SHARED_STORAGE", str(tmp_path / "shared"))
     return url
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The dashboard's routes over a state with known jobs and a $10 monthly budget (tests/observe_support.py),
+    served on 127.0.0.1; `served.filler` changes that state."""
+    from observe_support import known_state, serve
+    from trainmaster.wallet.budget import Budget
+
+    filler = known_state(tmp_path / "home")
+    app = serve(filler.path, [Budget(cap="10", period="month")])
+    app.filler = filler
+    yield app
+    app.stop()
+    filler.close()

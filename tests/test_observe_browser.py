@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from observe_support import HOSTILE, known_state, serve
-from trainmaster.wallet.budget import Budget
+from observe_support import HOSTILE
 
 CHROMIUM = Path("/usr/bin/chromium")
 VIEWPORT = {"width": 1280, "height": 800}
@@ -29,16 +28,6 @@ def browser():
         launched = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
         yield launched
         launched.close()
-
-
-@pytest.fixture
-def served(tmp_path):
-    filler = known_state(tmp_path / "home")
-    app = serve(filler.path, [Budget(cap="10", period="month")])
-    app.filler = filler
-    yield app
-    app.stop()
-    filler.close()
 
 
 @pytest.fixture

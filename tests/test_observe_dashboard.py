@@ -9,24 +9,13 @@ import urllib.request
 
 import pytest
 
-from observe_support import HOSTILE, known_state, serve
+from observe_support import HOSTILE
 from trainmaster.broker.daemon.web import charts, curves
-from trainmaster.wallet.budget import Budget
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):
         return None
-
-
-@pytest.fixture
-def served(tmp_path):
-    filler = known_state(tmp_path / "home")
-    app = serve(filler.path, [Budget(cap="10", period="month")])
-    app.filler = filler
-    yield app
-    app.stop()
-    filler.close()
 
 
 def get(url: str) -> tuple[int, dict, str]:

@@ -1,5 +1,6 @@
-"""The real CLI with its state on a PostgreSQL server (TRAINMASTER_DATABASE_URL): a small local job is
-submitted and accepted, listed, and its spend read; the rows are in PostgreSQL and no state.db is written."""
+"""The real CLI with its state on a PostgreSQL server (TRAINMASTER_DATABASE_URL, with the shared storage such a
+broker needs): a small local job is submitted and accepted, listed, and its spend read; the rows are in
+PostgreSQL and no state.db is written."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ TRAIN = "import os, pathlib\npathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 
 
 
 def test_submit_ls_spend_on_postgresql(tmp_path, job_factory, postgres_url):
-    home, env = tmp_path / "home", {"TRAINMASTER_DATABASE_URL": postgres_url}
+    home = tmp_path / "home"
+    env = {"TRAINMASTER_DATABASE_URL": postgres_url, "TRAINMASTER_SHARED_STORAGE": str(tmp_path / "shared")}
     spec = job_factory(TRAIN)
     submitted = tm("submit", str(spec), "--wait", "--json", home=home, extra_env=env)
     assert submitted.returncode == 0, submitted.stderr

@@ -108,6 +108,10 @@ class BlobStore(ObjectStore):
                 return []
             raise
 
+    async def root_exists(self) -> bool:
+        """Whether the container is there (`list` answers nothing for a missing one: uploads create it)."""
+        return await sdk.call(f"looking up container {self.config.container}", self.container.exists)
+
     async def copy(self, source: str, target: str) -> None:
         client = self.container.get_blob_client(self.prefix + target)
         source_url = self.container.get_blob_client(self.prefix + source).url

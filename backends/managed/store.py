@@ -51,6 +51,11 @@ class ObjectStore(abc.ABC):
     async def list(self, prefix: str) -> list[StoredObject]:
         """Every object whose key starts with `prefix` (recursively), keys relative to the root."""
 
+    async def root_exists(self) -> bool:
+        """Whether the bucket or container is there. A store whose `list` of a missing one answers nothing (rather
+        than raising) says so here; the others are there whenever their `list` answered."""
+        return True
+
     @abc.abstractmethod
     async def copy(self, source: str, target: str) -> None:
         """Copy one object inside the store, on the server's side."""

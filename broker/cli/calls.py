@@ -67,10 +67,16 @@ def _reconciler(broker):
 
 
 def _run(main):
-    """The one event loop of a command: the broker's coroutines run inside it, and nothing below creates another."""
+    """The one event loop of a command: the broker's coroutines run inside it, and nothing below creates another.
+    The audit pool a verification started ends with it."""
     import asyncio
 
-    return asyncio.run(main())
+    from trainmaster.broker import audit_pool
+
+    try:
+        return asyncio.run(main())
+    finally:
+        audit_pool.shutdown()
 
 
 def dry_run(spec: Path, policy: str):

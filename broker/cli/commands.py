@@ -11,7 +11,7 @@ import sys
 import typer
 
 from trainmaster.broker.cli import (
-    backends, catalog, cost, daemon, executors, gc, jobs, log_setup, miner, models, verify, wallet,
+    backends, catalog, cost, daemon, executors, gc, jobs, log_setup, miner, models, outputs, verify, wallet,
 )
 
 app = typer.Typer(
@@ -38,7 +38,7 @@ def _options(
         print(f"trainmaster {installed('trainmaster')}")
         raise typer.Exit(0)
 
-for _module in (jobs, cost, verify, backends, catalog, executors, gc, miner, wallet, models, daemon):
+for _module in (jobs, outputs, cost, verify, backends, catalog, executors, gc, miner, wallet, models, daemon):
     _module.register(app)
 
 

@@ -7,7 +7,6 @@ offer can run the job), 2 usage or environment error (missing file, unreadable o
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -34,8 +33,8 @@ def offers(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     limit: int = typer.Option(15, "--limit", min=1, help="Rows shown in the table (the rest are summarised)."),
 ) -> None:
-    """Show the offers `submit` would consider for a job and its choice (budgets checked), plus catalog
-    prices of the clouds this version cannot dispatch to yet, for comparison. Submits nothing.
+    """Show the offers `submit` would consider for a job and its choice (budgets checked); a price catalog
+    older than the policy allows is warned of. Submits nothing.
     Exit 0 when submit would start the job, 1 when it would not."""
     from trainmaster.broker.cli import calls
     from trainmaster.broker.cli.plan_table import render_plan
@@ -44,17 +43,16 @@ def offers(
     spec = load(lambda: load_spec(job)).spec
     chosen_policy = _load_policy(policy)
     # a file the offers read besides the job's (a catalog override, backends.yaml) is the environment's: exit 2
-    result, budget = guarded(lambda: load(lambda: calls.offers(spec, chosen_policy), usage_on_error=True))
-    comparison, warnings_seen = _catalog_comparison(spec, chosen_policy)
-    shown = dataclasses.replace(result, rows=result.rows + comparison)
+    (result, budget), warnings_seen = _stale_catalogs(
+        lambda: guarded(lambda: load(lambda: calls.offers(spec, chosen_policy), usage_on_error=True)))
     if as_json:
         print(json.dumps({"policy": chosen_policy.name, "warnings": warnings_seen, "budget": budget,
-                          **shown.as_dict()}, indent=2))
+                          **result.as_dict()}, indent=2))
     else:
         out = console()
         for line in warnings_seen:
             console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
-        out.print(render_plan(shown, limit=limit, width=out.width))
+        out.print(render_plan(result, limit=limit, width=out.width))
         for backend, why in result.reasons.items():
             out.print(f"  {backend}: {escape('; '.join(why))}", highlight=False)
         if result.chosen is None:
@@ -64,32 +62,19 @@ def offers(
     raise typer.Exit(OK if result.chosen and not budget else BAD)
 
 
-def _catalog_comparison(spec, policy) -> tuple[list, list[str]]:
-    """Rows for the clouds of the class's chain that this version cannot dispatch to: their catalog
-    prices, planned under the same policy, each marked as a comparison that submit will not choose."""
+def _stale_catalogs(call):
+    """`call()`'s result and the messages of the StaleCatalogWarnings it raised (each once), for the command
+    to show as its own warnings; any other warning is shown as Python shows it."""
     import warnings
 
-    from trainmaster.backends.catalog import catalog_offers
-    from trainmaster.backends.registry import REGISTRY
-    from trainmaster.broker.offer_request import offer_request
-    from trainmaster.broker.planner import CHOSEN, plan
+    from trainmaster.backends.catalog import StaleCatalogWarning
 
-    cls = policy.for_class(spec.workload)
-    request = offer_request(spec, policy, rate=None)
-    sets = []
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for name in cls.chain:
-            entry = REGISTRY[name]
-            if not entry.implemented and entry.catalog:
-                sets.append(load(lambda: catalog_offers(name, request), usage_on_error=True))
-    rows = plan(spec, policy, sets, data_bytes=request.data_bytes, total_steps=request.total_steps).rows if sets else []
-    marked = [r._replace(verdict=COMPARED_BEST if r.verdict == CHOSEN else f"{r.verdict} ({COMPARISON})") for r in rows]
-    return marked, list(dict.fromkeys(str(w.message) for w in caught))
-
-
-COMPARISON = "catalog comparison; not dispatched in this version"
-COMPARED_BEST = f"best {COMPARISON}"
+        warnings.simplefilter("always", StaleCatalogWarning)  # the other warnings keep the filters they have
+        result = call()
+    for other in (w for w in caught if not issubclass(w.category, StaleCatalogWarning)):
+        warnings.showwarning(other.message, other.category, other.filename, other.lineno)
+    return result, list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, StaleCatalogWarning)))
 
 
 def spend(

@@ -63,6 +63,7 @@ def job_json(broker, job, *, events: bool = False) -> dict:
         "cost_usd": format_usd(sum(a.cost_micro_usd or 0 for a in attempts)),
         "job_dir": str(paths.job_dir(job.id)),
         "outputs_dir": str(paths.job_dir(job.id) / "outputs") if job.state == "accepted" else None,
+        "outputs_url": _shared_outputs(broker.store, job.id) if job.state == "accepted" else None,
         "attempts": [
             {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": a.started_at,
              "ended_at": a.ended_at, "cost_micro_usd": a.cost_micro_usd, "billable_seconds": a.billable_seconds,
@@ -85,6 +86,12 @@ def _state(state: str, position: int | None = None) -> str:
     return f"[{style}]{shown}[/{style}]" if style else shown
 
 
+def _shared_outputs(store, job_id: str) -> str | None:
+    """Where the job's outputs were put in the shared storage: the `shared` event's record
+    (broker/shared_outputs.py, not imported here: it imports the backends' transfer code)."""
+    return next((e.detail["outputs"] for e in reversed(store.events(job_id)) if e.kind == "shared"), None)
+
+
 def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     data = job_json(broker, job, events=events)
     console.print(f"[bold]{safe(job.id)}[/bold]  {_state(job.state, data['queue_position'])}  ({safe(job.workload)}, "
@@ -96,6 +103,9 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     console.print(f"  job dir: {safe(data['job_dir'])}", highlight=False, soft_wrap=True)
     if data["outputs_dir"]:
         console.print(f"  outputs: [bold]{safe(data['outputs_dir'])}[/bold]", highlight=False, soft_wrap=True)
+    if data["outputs_url"]:
+        console.print(f"  shared outputs: [bold]{safe(data['outputs_url'])}[/bold] (`trainmaster outputs {safe(job.id)}`)",
+                      highlight=False, soft_wrap=True)
     table = Table("#", "backend", "state", "started", "ended", "cost", box=None)
     for column in table.columns:
         column.no_wrap = True

@@ -1,5 +1,6 @@
 """The daemon process (`python -m trainmaster.broker.daemon`): the API, the reconcile loop, the outbox tasks (budget
 alerts; job and verdict notifications), and the trigger engine when `triggers.yaml` names any trigger.
+Verifications run in its audit pool (broker/audit_pool.py), stopped with it.
 
 It listens on 127.0.0.1 (port 0: a free one) or a unix socket, writes its state file once it listens,
 and runs reconcile passes every `--interval` seconds. SIGTERM or SIGINT stops it gracefully: no new job
@@ -19,7 +20,7 @@ import signal
 import socket
 import time
 
-from trainmaster.broker import paths
+from trainmaster.broker import audit_pool, paths
 from trainmaster.broker.daemon import state, token
 
 log = logging.getLogger("trainmaster.daemon")
@@ -81,6 +82,7 @@ async def serve(*, port: int, socket_path: str | None, workers: int, interval: f
         await runner.cleanup()
         for broker in [*brokers, ctx.api_broker]:
             broker.close()
+        await asyncio.to_thread(audit_pool.shutdown)
         leases.close()
         notes.close()
         state.remove(os.getpid())

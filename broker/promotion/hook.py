@@ -52,13 +52,16 @@ def _settings() -> tuple[MlflowSettings | None, str | None]:
 
 def _advance(store: Store, records: PromotionStore, promotion: Promotion, settings: MlflowSettings | None,
              problem: str | None) -> None:
+    from trainmaster.backends.base import BackendError
     from trainmaster.broker.promotion.mlflow_registry import RegistryError
     from trainmaster.broker.promotion.registration import register_and_gate
+    from trainmaster.broker.shared_outputs import restore_home
 
     if settings is None:
         records.set_error(promotion.lineage.job_id, problem or "no registry is configured")
         return
-    try:
+    try:  # on a host that did not run the job, its outputs (the artifacts) come from the shared storage first
+        restore_home(store, promotion.lineage.job_id, promotion.lineage.attempt_id)
         register_and_gate(store, records, promotion, settings)
-    except RegistryError as exc:
+    except (RegistryError, BackendError) as exc:
         records.set_error(promotion.lineage.job_id, str(exc))

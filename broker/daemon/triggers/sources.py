@@ -56,9 +56,12 @@ async def _prefix_names(uri: str, configs: Mapping[str, Any]) -> set[str]:
 
     store = object_store(uri, configs)
     try:
-        return {o.key for o in await store.list("")}
+        names = {o.key for o in await store.list("")}
+        if not names and not await store.root_exists():  # an empty listing of a container that is not there
+            raise SourceUnavailable(f"cannot list {uri}: {urlparse(uri).netloc} does not exist")
     except BackendError as exc:
         raise SourceUnavailable(f"cannot list {uri}: {exc}") from exc
+    return names
 
 
 def object_store(uri: str, configs: Mapping[str, Any]):
