@@ -30,7 +30,8 @@ class VerifyCall:
 
     request: Attempt
     checks: tuple[str, ...]
-    db_path: Path
+    db_path: Path | str
+    """The state database: a SQLite file's path or a `postgresql://` URL (never made a Path: that mangles a URL)."""
     audit_settings: AuditSettings
     environment: dict[str, str]
 
@@ -45,13 +46,13 @@ def run_call(call: VerifyCall) -> Verdict:
                                    audit_settings=call.audit_settings)
 
 
-async def verify(request: Attempt, *, checks: Collection[str], db_path: Path, audit_settings: AuditSettings,
+async def verify(request: Attempt, *, checks: Collection[str], db_path: Path | str, audit_settings: AuditSettings,
                  opener: segment_channel.Opener | None = None,
                  pool: audit_pool.AuditPool | None = None) -> Verdict:
     """The attempt's verdict, its pipeline run in the pool; `opener` opens the challenged segments (an executor
     that keeps them), served to the worker for as long as the verification runs."""
     pool = pool or audit_pool.shared
-    call = VerifyCall(request, tuple(checks), Path(db_path), audit_settings, dict(os.environ))
+    call = VerifyCall(request, tuple(checks), db_path, audit_settings, dict(os.environ))
     try:
         if opener is None:
             return await pool.run(run_call, call)
@@ -59,10 +60,10 @@ async def verify(request: Attempt, *, checks: Collection[str], db_path: Path, au
             return await pool.run(run_call, dataclasses.replace(call, request=dataclasses.replace(
                 request, open_segments=ask)))
     except audit_pool.PoolDied as exc:
-        return await asyncio.to_thread(_record_ours, request, Path(db_path), str(exc))
+        return await asyncio.to_thread(_record_ours, request, db_path, str(exc))
 
 
-def _record_ours(request: Attempt, db_path: Path, reason: str) -> Verdict:
+def _record_ours(request: Attempt, db_path: Path | str, reason: str) -> Verdict:
     """The `cannot_verify` verdict of a verification that could not run to its end, recorded."""
     from trainmaster.verify.records import VerdictStore
     from trainmaster.verify.verdict import Verdict

@@ -70,6 +70,8 @@ def connect(where: Path | str) -> Any:
         from trainmaster.storage.dialects import postgresql
 
         return postgresql.connect(where)
+    if str(where).startswith(("postgresql:", "postgres:")):  # a URL made a Path ("//" collapsed): never a file
+        raise BadDatabaseUrl(f"{where}: a database URL was passed as a path (a bug: locations stay strings)")
     return sqlite.connect(where)
 
 

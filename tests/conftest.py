@@ -73,6 +73,7 @@ def database(request, tmp_path, monkeypatch):
         return tmp_path / "state.db"
     url = request.getfixturevalue("postgres_url")
     monkeypatch.setenv("TRAINMASTER_DATABASE_URL", url)
+    (tmp_path / "shared").mkdir()
     monkeypatch.setenv("TRAINMASTER_SHARED_STORAGE", str(tmp_path / "shared"))
     return url
 

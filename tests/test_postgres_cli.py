@@ -14,8 +14,9 @@ TRAIN = "import os, pathlib\npathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 
 
 
 def test_submit_ls_spend_on_postgresql(tmp_path, job_factory, postgres_url):
-    home = tmp_path / "home"
-    env = {"TRAINMASTER_DATABASE_URL": postgres_url, "TRAINMASTER_SHARED_STORAGE": str(tmp_path / "shared")}
+    home, shared = tmp_path / "home", tmp_path / "shared"
+    shared.mkdir()
+    env = {"TRAINMASTER_DATABASE_URL": postgres_url, "TRAINMASTER_SHARED_STORAGE": str(shared)}
     spec = job_factory(TRAIN)
     submitted = tm("submit", str(spec), "--wait", "--json", home=home, extra_env=env)
     assert submitted.returncode == 0, submitted.stderr
@@ -33,6 +34,7 @@ def test_submit_ls_spend_on_postgresql(tmp_path, job_factory, postgres_url):
     finally:
         db.close()
     assert not (home / "state.db").exists()
+    assert any(path.is_file() for path in shared.rglob("*"))  # the bundle and outputs, where every host finds them
 
 
 def test_a_server_that_is_down_is_one_clear_error_without_the_password(tmp_path):

@@ -120,9 +120,9 @@ def test_a_job_not_accepted_has_no_outputs_to_download(job_factory, tm_home, tmp
     assert got.returncode == 1 and "is failed: only an accepted job's outputs are kept" in got.stderr
 
 
-def test_postgresql_without_shared_storage_refuses_to_bundle(job_factory, tm_home):
+def test_postgresql_without_shared_storage_refuses_to_bundle(job_factory, tm_home, postgres_url):
     got = cli("submit", str(job_factory(TWO_OUTPUTS)), home=tm_home, storage=None,
-              TRAINMASTER_DATABASE_URL="postgresql://tm@127.0.0.1:1/tm")
+              TRAINMASTER_DATABASE_URL=postgres_url)  # a real server: the state opens, the bundle is refused
     assert got.returncode == 2
     said = " ".join(got.stderr.split())
     assert "TRAINMASTER_DATABASE_URL names a PostgreSQL server" in said and "TRAINMASTER_SHARED_STORAGE is not set" in said
