@@ -83,9 +83,13 @@ def run(smoke: bool = False, jobs: int = 1000, passes: int = 5) -> dict[str, flo
 
 
 def _run_on(jobs: int, passes: int, *, database_url: str | None) -> dict[str, float]:
-    """The figures with a temp home, the state in it (SQLite) or on the server at `database_url`."""
+    """The figures with a temp home, the state in it (SQLite) or on the server at `database_url` (with the shared
+    storage a broker on a server needs, a temp folder)."""
     with tempfile.TemporaryDirectory() as tmp:
-        settings = {"TRAINMASTER_HOME": str(Path(tmp) / "home"), "TRAINMASTER_DATABASE_URL": database_url}
+        shared = Path(tmp) / "shared"
+        shared.mkdir()
+        settings = {"TRAINMASTER_HOME": str(Path(tmp) / "home"), "TRAINMASTER_DATABASE_URL": database_url,
+                    "TRAINMASTER_SHARED_STORAGE": str(shared) if database_url else None}
         before = {name: os.environ.get(name) for name in settings}
         _set(settings)
         try:
