@@ -57,11 +57,11 @@ from trainmaster.broker.predecessor import previous_metrics
 from trainmaster.broker.resuming import ResumePoint, raised_limits, resume_point
 from trainmaster.broker.settlement import Settlement
 from trainmaster.broker.store import Attempt, Job, Store
-from trainmaster.storage import statedb
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs import outputs as kept_outputs
 from trainmaster.jobs.launch_checks import launch_problems
 from trainmaster.jobs.spec import JobSpec, LoadedSpec, load_spec
+from trainmaster.storage import statedb
 from trainmaster.wallet.ledger import BudgetExceeded, Ledger
 from trainmaster.wallet.rates import Rate, RateProvider
 from trainmaster.wallet.payments import PaymentOrder, PaymentSender
