@@ -1,8 +1,10 @@
 """The Ray backend end to end through the real CLI against a real Ray cluster on 127.0.0.1 (tests/ray_cluster.py:
 a head with 2 CPUs and a second node with 1, started once for this file): a tiny job accepted, run through the
-Jobs API and the shared launcher; a 2-process gloo job on one node and a 2-node one (the gang driver); cancel stops every process of the job, even one that ignores SIGTERM; a
+Jobs API and the shared launcher; a 2-process gloo job on one node and a 2-node one (Ray Train's TorchTrainer,
+a worker per process); cancel stops every process of the job, on one node or two, even one that ignores SIGTERM; a
 `kill -9` of the job on its node is `lost`, retried from the last committed segment to the bits of an
-uninterrupted run; a cluster that does not answer drops out of the plan with its reason and local runs the job;
+uninterrupted run; a cluster that does not answer drops out of the plan with its reason and local runs the job,
+and one that stops answering under a running attempt loses it past the policy's deadline, so local runs the job;
 `ray:spot` is refused in a policy."""
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import pytest
 
 from miner_support import shown, tm
 from ray_cluster import RayCluster, free_port
+from tcp_relay import Relay
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
-from trainmaster.backends.base import AttemptContext, Cause, Offer, OfferRequest, Phase
+from trainmaster.backends.base import AttemptContext, BackendError, Cause, Offer, OfferRequest, Phase
 from trainmaster.backends.ray.backend import RayBackend
 from trainmaster.backends.ray.config import RayConfig
 from trainmaster.jobs.bundle import build_bundle
@@ -90,20 +93,27 @@ def model_hash(tm_home: Path, job_id: str) -> str:
 
 
 def job_processes(cluster: RayCluster, attempt_id: str) -> list[psutil.Process]:
-    """The attempt's launcher and job processes on the cluster's nodes (by the synced folder they carry)."""
+    """The attempt's launchers and job processes on the cluster's nodes: the launchers by the synced folder
+    their plan names, and every process below them (rank 1's job writes to scratch, not the synced folder)."""
     marker = str(cluster.storage / "attempts" / attempt_id)
-    found = []
+    found = {}
     for proc in psutil.process_iter(["cmdline", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
         try:
             env = proc.environ()
+            launcher = "trainmaster.jobs.launcher" in (proc.info["cmdline"] or []) and marker in env.get(
+                "TRAINMASTER_LAUNCH", "")
+            if launcher or env.get("TRAINMASTER_OUTPUT_DIR", "").startswith(marker):
+                found.update({p.pid: p for p in [proc, *(proc.children(recursive=True) if launcher else [])]})
         except psutil.Error:
             continue
-        launcher = "trainmaster.jobs.launcher" in (proc.info["cmdline"] or []) and marker in env.get("TRAINMASTER_LAUNCH", "")
-        if launcher or env.get("TRAINMASTER_OUTPUT_DIR", "").startswith(marker):
-            found.append(proc)
-    return found
+    return [p for p in found.values() if _running(p)]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def wait_for(what: str, check, timeout: float = WAIT_S):
@@ -135,6 +145,8 @@ def test_a_second_submit_finds_the_first_job_and_logs_and_outputs_read_back(clus
     from ray.job_submission import JobSubmissionClient
 
     assert [j.submission_id for j in JobSubmissionClient(cluster.address).list_jobs()].count("tm-direct-1") == 1
+    with pytest.raises(BackendError, match="HTTP 404 .*Job tm-none does not exist"):
+        backend.jobs.info("tm-none")
     whole = (cluster.storage / "attempts" / "direct-1" / "job.log").read_bytes()
     at = whole.index("é".encode()) + 1  # inside a character: offsets are bytes of the synced log, never shifted
     head, tail = asyncio.run(backend.logs(first, 0)), asyncio.run(backend.logs(first, at))
@@ -145,6 +157,27 @@ def test_a_second_submit_finds_the_first_job_and_logs_and_outputs_read_back(clus
     price = backend.config.power.price_per_hour_micro(0)
     cost = asyncio.run(backend.cost(first, Offer(backend="ray", instance="x", price_per_hour_micro_usd=price)))
     assert cost.billable_seconds > 0 and cost.micro_usd == -(-int(cost.billable_seconds * 1000) * price // 3_600_000)
+
+
+def test_offers_come_from_what_the_nodes_have_free(cluster, tmp_path):
+    spec = load_spec(script_job(tmp_path / "code", "import time\ntime.sleep(120)\n"))
+    two = spec.spec.model_copy(update={"resources": spec.spec.resources.model_copy(update={"cpus": 2})})
+    info = build_bundle(spec.code_dir, spec.spec.canonical_json(), tmp_path / "bundles")
+    backend = RayBackend(RayConfig(address=cluster.address, storage_path=str(cluster.storage), python=sys.executable))
+    [idle] = asyncio.run(backend.offers(OfferRequest(spec=two))).offers
+    assert idle.cpus == 2 and idle.detail["fitting_nodes"] == 1, idle  # the head, 2 CPUs free
+    ctx = AttemptContext(job_id="j", attempt_id="busy-1", bundle_sha256=info.sha256, seed=1,
+                         workdir=str(tmp_path / "attempt"))
+    handle = asyncio.run(backend.submit(info.path, two, idle, ctx))  # holds the head's 2 CPUs while it sleeps
+    try:
+        busy = wait_for("the usage report to show the job's CPUs held", lambda: (
+            (found := asyncio.run(backend.offers(OfferRequest(spec=two)))).reasons and found))
+        assert not busy.offers and "no node of the Ray cluster has 2 CPU(s)" in busy.reasons[0], busy
+        assert "0 CPU(s) free" in busy.reasons[0] and "1 CPU(s) free" in busy.reasons[0], busy
+        [small] = asyncio.run(backend.offers(OfferRequest(spec=spec.spec))).offers  # the second node's one CPU
+        assert (small.cpus, small.detail["fitting_nodes"]) == (1, 1), small
+    finally:
+        asyncio.run(backend.cancel(handle))
 
 
 def test_a_bundle_that_does_not_match_is_refused_on_the_node(cluster, tmp_path):
@@ -167,14 +200,16 @@ def test_a_tiny_job_runs_on_the_cluster_and_is_accepted(ray_home, tmp_path):
     assert (ray_home / "jobs" / job["id"] / "outputs" / "model.safetensors").is_file()
 
 
-def test_cancel_stops_every_process_of_the_job(cluster, ray_home, tmp_path):
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_cancel_stops_every_process_of_the_job(cluster, ray_home, tmp_path, nodes):
     stubborn = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                 "print('started', flush=True)\ntime.sleep(300)\n")
-    job = shown(tm("submit", str(script_job(tmp_path / "long", stubborn)), "--policy", str(tmp_path / "policy.yaml"),
-                   "--json"))
+    spec = script_job(tmp_path / "long", stubborn)
+    spec.write_text(spec.read_text() + f"resources:\n  nodes: {nodes}\n")
+    job = shown(tm("submit", str(spec), "--policy", str(tmp_path / "policy.yaml"), "--json"))
     attempt = wait_for("an attempt", lambda: shown(tm("status", job["id"], "--json"))["attempts"])[0]
-    wait_for("the job's process", lambda: any("train.py" in " ".join(p.cmdline())
-                                              for p in job_processes(cluster, attempt["id"])))
+    wait_for(f"the job's {nodes} process(es)", lambda: sum("train.py" in " ".join(p.cmdline())
+                                                           for p in job_processes(cluster, attempt["id"])) == nodes)
     cancelled = tm("cancel", job["id"], "--json")
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     wait_for("every process of the job gone", lambda: not job_processes(cluster, attempt["id"]), timeout=30)
@@ -228,9 +263,9 @@ def test_a_two_node_gloo_job_runs_on_two_nodes_of_the_cluster(cluster, ray_home,
     job = shown(tm("submit", str(root / "job.yaml"), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
     assert job["state"] in ("accepted", "succeeded") and [a["backend"] for a in job["attempts"]] == ["ray"], job
     assert (ray_home / "jobs" / job["id"] / "outputs" / "sum.txt").read_text() == "3 2 1.0"
-    log = tm("logs", job["id"]).stdout
-    node0 = cluster.alive_nodes()[0]["node_ip"]  # node 0's address as the cluster knows it: torchrun's rendezvous
-    assert "node 0 of 2" in log and f"--nnodes=2 --node-rank=0 --master-addr={node0} " in log, log
+    log = tm("logs", job["id"]).stdout  # rank 0's launcher, run by a Ray Train worker: the script directly
+    assert "node 0 of 2, process 0 of 2" in log and "$ python train.py" in log and "torch.distributed" not in log, log
+    assert (cluster.storage / "ray-train" / job["attempts"][0]["id"]).is_dir()  # Ray Train's run state
 
 
 def test_an_unreachable_cluster_drops_out_of_the_plan_and_local_runs_the_job(tm_home, tmp_path):
@@ -244,6 +279,43 @@ def test_an_unreachable_cluster_drops_out_of_the_plan_and_local_runs_the_job(tm_
     job = shown(tm("submit", str(spec), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
     assert job["state"] in ("accepted", "succeeded"), job
     assert [a["backend"] for a in job["attempts"]] == ["local"], job["attempts"]
+
+
+def test_a_cluster_that_stops_answering_loses_the_attempt_and_local_runs_the_job(cluster, tm_home, tmp_path):
+    relay = Relay(cluster.dashboard_port).start()  # the head as this machine reaches it, until the relay stops
+    (tm_home / "config").mkdir(parents=True)
+    (tm_home / "config" / "backends.yaml").write_text(
+        f"ray:\n  address: http://127.0.0.1:{relay.port}\n  storage_path: {cluster.storage}\n"
+        f"  python: {sys.executable}\n  timeout_s: 2\n")
+    (tmp_path / "policy.yaml").write_text("name: ray\ndefault:\n  primary: ray\n  fallbacks: [local]\n  retries: 0\n"
+                                          "  unreachable_after_s: 3\n")
+    on_ray_waits = WRITES + "import os, time\nif os.environ.get('RAY_ADDRESS'):\n    time.sleep(120)\n"
+    submit = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit",
+                               str(script_job(tmp_path / "job", on_ray_waits)), "--policy",
+                               str(tmp_path / "policy.yaml"), "--wait", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    attempt = None
+    try:
+        sync = wait_for("the job running on the cluster", lambda: [
+            p for p in (cluster.storage / "attempts").glob("*/job.log") if "$ python train.py" in p.read_text()])
+        attempt = sync[0].parent.name
+        relay.stop()
+        out, err = submit.communicate(timeout=WAIT_S)
+        job = json.loads(out[out.index("{"):]) if "{" in out else pytest.fail(out + err)
+        assert job["state"] == "accepted", job
+        first, second = job["attempts"]
+        assert (first["backend"], first["state"], second["backend"]) == ("ray", "failed", "local"), job["attempts"]
+        assert "unreachable for" in first["reason"] and "does not answer" in first["reason"], first
+        db = sqlite3.connect(tm_home / "state.db")
+        events = db.execute("SELECT kind, to_state, detail FROM events WHERE attempt_id = ?", (first["id"],)).fetchall()
+        assert [kind for kind, _, _ in events].count("unreachable") == 1, events  # first found unreachable, once
+        assert json.loads(next(d for _, to, d in events if to == "failed"))["cause"] == "lost", events
+    finally:
+        submit.kill()
+        relay.stop()
+        if attempt is not None:  # the job ran on, out of the broker's reach: stop it on the cluster itself
+            RayBackend(RayConfig(address=cluster.address)).jobs.stop("tm-" + attempt)
+            wait_for("the job's processes gone", lambda: not job_processes(cluster, attempt), timeout=30)
 
 
 def test_ray_spot_is_refused_in_a_policy(tm_home, tmp_path):

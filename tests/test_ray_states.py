@@ -1,15 +1,18 @@
 """The Ray backend's reading of what Ray says, without a cluster: the Jobs API's states mapped to ours and their
-causes (with the launcher's exit record, or without it: lost), the state API's nodes, the client's errors typed,
-and `backends check` off the network."""
+causes (with the launcher's exit record, or without it: lost), the nodes with what they have free, the client's
+errors typed, a dashboard that does not answer transient, and `backends check` off the network."""
 
 from __future__ import annotations
+
+import socket
+import time
 
 import pytest
 
 from trainmaster.backends.base import BackendError, Cause, Phase, TransientBackendError
 from trainmaster.backends.ray import check
 from trainmaster.backends.ray.backend import _misfit, _status
-from trainmaster.backends.ray.cluster import Jobs, RayJob, _node
+from trainmaster.backends.ray.cluster import Jobs, RayJob, _node, nodes
 from trainmaster.backends.ray.config import RayConfig
 from trainmaster.jobs.spec import JobSpec
 
@@ -45,10 +48,13 @@ def test_a_stopped_job_is_cancelled():
     assert (found.phase, found.cause) == (Phase.cancelled, Cause.cancelled)
 
 
-def test_nodes_are_read_from_their_total_resources_with_the_gpu_type():
-    node = _node({"node_id": "n1", "node_ip": "10.0.0.2", "is_head_node": False, "state": "ALIVE",
-                  "resources_total": {"CPU": 16.0, "GPU": 2.0, "memory": 64 * 2**30, "accelerator_type:A100": 1.0}})
+def test_nodes_offer_what_they_have_free_with_the_gpu_type():
+    item = {"node_id": "n1", "node_ip": "10.0.0.2", "is_head_node": False, "state": "ALIVE",
+            "resources_total": {"CPU": 16.0, "GPU": 2.0, "memory": 64 * 2**30, "accelerator_type:A100": 1.0}}
+    node = _node(item, {})  # not in the usage report yet: all free
     assert (node.cpus, node.gpus, node.gpu_type, node.memory_mb, node.head) == (16, 2, "A100", 65536, False)
+    busy = _node(item, {"CPU": [5.5, 16.0], "GPU": [2.0, 2.0], "memory": [16 * 2**30, 64 * 2**30]})
+    assert (busy.cpus, busy.gpus, busy.memory_mb) == (10, 0, 49152)
     spec = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py",
                                    "resources": {"gpus": 2, "gpu_types": ["H100"]}})
     assert _misfit(node, spec) == "GPUs of type A100"
@@ -66,8 +72,23 @@ def test_the_clients_errors_are_typed(raised, typed):
         raise raised
 
     with pytest.raises(typed) as caught:
-        Jobs("http://127.0.0.1:1")._call(fails)
+        Jobs("http://127.0.0.1:1", 1.0)._call(fails)
     assert type(caught.value) is typed
+
+
+def test_a_dashboard_that_does_not_answer_is_transient_for_nodes_status_and_stop():
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        began = time.monotonic()
+        for call in (lambda: nodes(address, 0.5), lambda: Jobs(address, 0.5).info("tm-a"),
+                     lambda: Jobs(address, 0.5).stop("tm-a")):
+            with pytest.raises(TransientBackendError, match="does not answer"):
+                call()
+        assert time.monotonic() - began < 5  # each bounded by the timeout, not held
+    with pytest.raises(TransientBackendError, match="does not answer"):  # nothing listens there now
+        Jobs(address, 0.5).info("tm-a")
 
 
 def test_check_names_what_the_settings_lack_without_asking_the_cluster(tmp_path):

@@ -4,18 +4,20 @@ power model.
 Submit: the bundle, alone in a folder of the attempt's work dir, is the job's `working_dir` (Ray uploads it
 to the cluster); the entrypoint is the shared launcher (`python -m trainmaster.jobs.launcher`, the `ray`
 service of jobs/launch_plan.py), which checks the bundle's sha256 on the node before the job starts. The
-submission id derives from the attempt id, so a second submit finds the first job. A job of several nodes
-is submitted as the gang driver (gang.py), which runs the launcher on that many distinct nodes, torchrun's
-rendezvous between them. The synced folder is
+submission id derives from the attempt id, so a second submit finds the first job. A job of several nodes, or
+of more GPUs than one node has free, is submitted as the Ray Train driver (trainer.py): Ray Train's
+`TorchTrainer` runs one worker per GPU, or per process of a CPU job, each starting the launcher for its one
+process with torchrun's rank variables. The synced folder is
 `<storage_path>/attempts/<attempt id>/` on the cluster's shared storage, which this machine sees at the same
-path: the launcher keeps the outputs, checkpoints, log and exit record there, and status, logs, metrics, the
-resume point and the outputs are read from it, as the managed backends read theirs from an object store.
+path: the launcher (rank 0's) keeps the outputs, checkpoints, log and exit record there, and status, logs,
+metrics, the resume point and the outputs are read from it, as the managed backends read theirs from an
+object store. Ray Train keeps its own run state under `<storage_path>/ray-train/<attempt id>`.
 
 States: Ray's PENDING/RUNNING/SUCCEEDED map to ours, STOPPED to cancelled; a FAILED job whose launcher wrote
 its exit record failed with the job's own exit code (the script failed); one without it never finished (its
 node or its driver died): `lost`, so the policy retries it, resuming from the synced checkpoints. Offers come
-from the cluster's live nodes (the dashboard's REST state API, with a timeout): a cluster that does not answer
-has no offers and says why, so the plan falls back.
+from what the cluster's live nodes have free (the dashboard's REST API, with a timeout): a busy cluster offers
+less, and one that does not answer has no offers and says why, so the plan falls back.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ from trainmaster.backends.features import (
 from trainmaster.backends.local.backend import newest_segment, read_chunk
 from trainmaster.backends.ray import check
 from trainmaster.backends.ray.cluster import Jobs, Node, RayJob, nodes
-from trainmaster.backends.ray.gang import RESOURCES
 from trainmaster.backends.ray.config import RayConfig
+from trainmaster.backends.ray.trainer import RUN
 from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS
 from trainmaster.jobs.files import HostileFile, read_regular
@@ -71,7 +73,7 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
 
     def __init__(self, config: RayConfig | None = None):
         super().__init__(config)
-        self.jobs = Jobs(self.config.address)
+        self.jobs = Jobs(self.config.address, self.config.timeout_s)
 
     # planning
 
@@ -87,16 +89,18 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
         except BackendError as exc:
             return OfferSet(backend=self.name, reasons=[str(exc)])
         fitting = sorted((n for n in live if not _misfit(n, spec)), key=lambda n: (n.gpus, n.cpus, n.memory_mb))
-        if len(fitting) < spec.resources.nodes:
+        spans = spec.resources.nodes == 1 and not fitting and _spans(live, spec)
+        if len(fitting) < spec.resources.nodes and not spans:
             return OfferSet(backend=self.name, reasons=[_no_node(live, spec)])
-        node = fitting[-spec.resources.nodes]  # the least of the nodes the job would get
+        node = fitting[-spec.resources.nodes] if not spans else max(live, key=lambda n: n.gpus)
         gpus = spec.resources.gpus
         return OfferSet(backend=self.name, offers=[Offer(
             backend=self.name, instance=f"ray@{urlsplit(self.config.address).hostname}", region="ray",
             gpu_type=node.gpu_type if gpus else None, gpu_count=gpus, cpus=node.cpus, memory_mb=node.memory_mb,
             nodes=spec.resources.nodes,
             price_per_hour_micro_usd=self.config.power.price_per_hour_micro(gpus),
-            detail={"nodes": len(live), "fitting_nodes": len(fitting), "nproc": spec.resources.nproc},
+            detail={"nodes": len(live), "fitting_nodes": len(fitting), "nproc": spec.resources.nproc,
+                    "ray_train": spec.resources.nodes > 1 or spans},
             quote={"source": "power model"},
         )])
 
@@ -116,15 +120,25 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
         if self.config.namespace:
             env["RAY_NAMESPACE"] = self.config.namespace
         python = shlex.quote(self.config.python)
-        if res.nodes == 1:  # the launcher is the entrypoint, holding the job's resources
+        if not offer.detail.get("ray_train"):  # the launcher is the entrypoint, holding the job's resources
             entry, cpus, gpus = f"{python} -m trainmaster.jobs.launcher", node_cpus(spec), res.gpus
-        else:  # the gang driver holds nothing; each node's launcher holds its share (gang.py)
-            entry, cpus, gpus = f"{python} -m trainmaster.backends.ray.gang", 0, 0
-            env[RESOURCES] = json.dumps({"CPU": node_cpus(spec), **({"GPU": res.gpus} if res.gpus else {})})
+        else:  # the Ray Train driver holds nothing; each worker holds its process's share (trainer.py)
+            entry, cpus, gpus = f"{python} -m trainmaster.backends.ray.trainer", 0, 0
+            env[RUN] = json.dumps(self._run(spec, ctx.attempt_id))
         await asyncio.to_thread(self.jobs.submit, submission, entrypoint=entry, working_dir=str(working_dir), env=env,
                                 cpus=cpus, gpus=gpus)
         return Handle(backend=self.name, attempt_id=ctx.attempt_id,
                       data={"submission": submission, "sync": str(sync), "nodes": res.nodes})
+
+    def _run(self, spec: JobSpec, attempt_id: str) -> dict:
+        """The Ray Train run of a job across nodes: one worker per process (per GPU, or per process on CPU),
+        each holding its share of a node's resources; one worker per node when the job runs one process per node
+        (STRICT_SPREAD), else spread as Ray can (SPREAD) or, for GPUs beyond one node, packed (PACK)."""
+        res = spec.resources
+        placement = ("STRICT_SPREAD" if res.nproc == 1 else "SPREAD") if res.nodes > 1 else "PACK"
+        return {"workers": res.nodes * res.nproc, "cpus": max(1, node_cpus(spec) // res.nproc),
+                "gpus": res.gpus / res.nproc if res.gpus else 0, "placement": placement,
+                "storage": str(Path(self.config.storage_path) / "ray-train"), "name": attempt_id}
 
     @staticmethod
     def _plan(spec: JobSpec, ctx: AttemptContext, sync: Path) -> plan.LaunchPlan:
@@ -244,13 +258,22 @@ def _misfit(node: Node, spec: JobSpec) -> str | None:
     return None
 
 
+def _spans(live: list[Node], spec: JobSpec) -> bool:
+    """Whether the nodes together have the GPUs (of a wanted type) a one-node job asks for, one worker per GPU
+    with its share of CPUs: Ray Train runs it across them."""
+    res = spec.resources
+    share = max(1, node_cpus(spec) // res.nproc)
+    usable = (min(n.gpus, n.cpus // share) for n in live if not res.gpu_types or n.gpu_type in res.gpu_types)
+    return res.gpus > 0 and sum(usable) >= res.gpus
+
+
 def _no_node(live: list[Node], spec: JobSpec) -> str:
     if not live:
         return "the Ray cluster has no live node"
     res = spec.resources
     need = (f"{res.gpus} GPU(s)" + (f" of type {'/'.join(res.gpu_types)}" if res.gpu_types else "") + ", "
             if res.gpus else "") + f"{node_cpus(spec)} CPU(s)"
-    have = "; ".join(f"{n.ip}: {_misfit(n, spec)}" for n in live[:5])
+    have = "; ".join(f"{n.ip}: {_misfit(n, spec)} free" for n in live[:5])
     many = f"{res.nodes} nodes" if res.nodes > 1 else "no node"
     return f"{many} of the Ray cluster {'have' if res.nodes > 1 else 'has'} {need} (nodes have {have})"
 
