@@ -2,7 +2,8 @@
 API on 127.0.0.1) and a second node (1 CPU), each a `ray start --block` process in a session of its own, every
 port chosen free, everything under one temp dir. (Ray registers both nodes under this host's own interface
 address, whatever `--node-ip-address 127.0.0.1` says: its traffic still never leaves the machine.) Stopped by what it started: the two `ray start` processes, every process
-below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine).
+below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine); then
+the temp dir is removed.
 A missing `ray` fails the test: it is in the dev extra.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -115,3 +117,4 @@ class RayCluster:
                 continue
         for start in self.starts:
             start.wait(timeout=STOP_GRACE_S)
+        shutil.rmtree(self.root, ignore_errors=True)  # a requirements job's virtualenv there copies this venv: GBs

@@ -5,11 +5,13 @@ a worker per process); cancel stops every process of the job, on one node or two
 `kill -9` of the job on its node is `lost`, retried from the last committed segment to the bits of an
 uninterrupted run; a cluster that does not answer drops out of the plan with its reason and local runs the job,
 and one that stops answering under a running attempt loses it past the policy's deadline, so local runs the job;
+`environment: requirements` installed on the nodes by Ray's runtime environment from a local wheel folder;
 `ray:spot` is refused in a policy."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import signal
@@ -17,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import psutil
@@ -28,6 +31,7 @@ from tcp_relay import Relay
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
 from trainmaster.backends.base import AttemptContext, BackendError, Cause, Offer, OfferRequest, Phase
 from trainmaster.backends.ray.backend import RayBackend
+from trainmaster.backends.ray.cluster import nodes
 from trainmaster.backends.ray.config import RayConfig
 from trainmaster.jobs.bundle import build_bundle
 from trainmaster.jobs.spec import load_spec
@@ -36,6 +40,7 @@ pytestmark = pytest.mark.slow
 
 POLICY = "name: ray\ndefault:\n  primary: ray\n  fallbacks: [local]\n  retries: 1\n"
 WAIT_S = 90
+CPUS = 3  # the head's 2 and the second node's 1
 DIST = """\
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -65,11 +70,19 @@ def cluster():
 
 
 @pytest.fixture
-def ray_home(cluster, tm_home, tmp_path):
+def idle(cluster):
+    """The cluster once its usage report shows every CPU free again (the head's monitor refreshes it every few
+    seconds: a job of the test before may still be counted), so offers are the whole cluster's."""
+    wait_for("the cluster idle", lambda: sum(n.cpus for n in nodes(cluster.address, 5)) == CPUS, timeout=30)
+    return cluster
+
+
+@pytest.fixture
+def ray_home(idle, tm_home, tmp_path):
     """backends.yaml pointing at the cluster (its storage path shared, this interpreter on the nodes); the policy."""
     (tm_home / "config").mkdir(parents=True)
     (tm_home / "config" / "backends.yaml").write_text(
-        f"ray:\n  address: {cluster.address}\n  storage_path: {cluster.storage}\n  python: {sys.executable}\n")
+        f"ray:\n  address: {idle.address}\n  storage_path: {idle.storage}\n  python: {sys.executable}\n")
     (tmp_path / "policy.yaml").write_text(POLICY)
     return tm_home
 
@@ -159,6 +172,7 @@ def test_a_second_submit_finds_the_first_job_and_logs_and_outputs_read_back(clus
     assert cost.billable_seconds > 0 and cost.micro_usd == -(-int(cost.billable_seconds * 1000) * price // 3_600_000)
 
 
+@pytest.mark.usefixtures("idle")
 def test_offers_come_from_what_the_nodes_have_free(cluster, tmp_path):
     spec = load_spec(script_job(tmp_path / "code", "import time\ntime.sleep(120)\n"))
     two = spec.spec.model_copy(update={"resources": spec.spec.resources.model_copy(update={"cpus": 2})})
@@ -198,6 +212,20 @@ def test_a_tiny_job_runs_on_the_cluster_and_is_accepted(ray_home, tmp_path):
     offer, cost = db.execute("SELECT offer_json, cost_micro_usd FROM attempts WHERE job_id = ?", (job["id"],)).fetchone()
     assert json.loads(offer)["quote"]["source"] == "power model" and cost > 0
     assert (ray_home / "jobs" / job["id"] / "outputs" / "model.safetensors").is_file()
+
+
+def test_a_ray_job_whose_policy_asks_for_the_replay_audit_is_audited_within_tau(ray_home, tmp_path):
+    (tmp_path / "audited.yaml").write_text("name: audited\ndefault:\n  primary: ray\nverification:\n"
+                                           "  trusted: [integrity, safety, replay, outcome]\n  tau: 0.05\n")
+    job = shown(tm("submit", str(lm_job(tmp_path / "lm", steps=50)), "--policy", str(tmp_path / "audited.yaml"),
+                   "--wait", "--json"))
+    assert job["state"] == "accepted" and [a["backend"] for a in job["attempts"]] == ["ray"], job
+    verdict = json.loads((ray_home / "jobs" / job["id"] / "verdict.json").read_text())
+    assert verdict["outcome"] == "accepted" and "replay" in verdict["checks"], verdict
+    replay = verdict["evidence"]["replay"]
+    assert replay["passed"] and replay["segments"], replay
+    # within the policy's τ, not bit-exact (local's trusted replay demands r = 0): Ray's nodes may differ
+    assert (replay["tau"], replay["tau_source"]) == (0.05, "explicit"), replay
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -268,6 +296,40 @@ def test_a_two_node_gloo_job_runs_on_two_nodes_of_the_cluster(cluster, ray_home,
     assert (cluster.storage / "ray-train" / job["attempts"][0]["id"]).is_dir()  # Ray Train's run state
 
 
+def local_wheel(folder: Path) -> Path:
+    """A tiny pure-Python wheel, tm-probe 1.0 (module tm_probe), written by hand into `folder`: a package no index
+    has, so it can only come from there."""
+    files = {"tm_probe.py": b"VALUE = 42\n",
+             "tm_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tm-probe\nVersion: 1.0\n",
+             "tm_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                             b"Tag: py3-none-any\n"}
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for name, data in files.items()) + "tm_probe-1.0.dist-info/RECORD,,\n"
+    folder.mkdir(parents=True)
+    wheel = folder / "tm_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in [*files.items(), ("tm_probe-1.0.dist-info/RECORD", record.encode())]:
+            zf.writestr(name, data)
+    return wheel
+
+
+def test_requirements_are_installed_on_the_nodes_from_a_local_wheel_folder(cluster, ray_home, tmp_path):
+    wheels = local_wheel(tmp_path / "wheels").parent
+    with (ray_home / "config" / "backends.yaml").open("a") as config:  # pip on the nodes never reaches an index
+        config.write(f"  pip_install_options: [--no-index, --find-links, '{wheels}']\n")
+    script = ("import os, sys, yaml, tm_probe\n"
+              "open(os.path.join(os.environ['TRAINMASTER_OUTPUT_DIR'], 'probe.txt'), 'w').write(\n"
+              "    f'{tm_probe.VALUE} {tm_probe.__file__} {sys.prefix}')\n")
+    spec = script_job(tmp_path / "job", script)
+    spec.write_text(spec.read_text() + "environment:\n  python: requirements\n")
+    (spec.parent / "requirements.txt").write_text("pyyaml  # as the local backend's test\ntm-probe==1.0\n")
+    job = shown(tm("submit", str(spec), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
+    assert job["state"] in ("accepted", "succeeded") and [a["backend"] for a in job["attempts"]] == ["ray"], job
+    value, where, prefix = (ray_home / "jobs" / job["id"] / "outputs" / "probe.txt").read_text().split()
+    assert value == "42" and where.startswith(prefix) and "runtime_resources/pip" in prefix, (where, prefix)
+    assert prefix != sys.prefix  # the runtime environment's virtualenv, not the node's own interpreter
+
+
 def test_an_unreachable_cluster_drops_out_of_the_plan_and_local_runs_the_job(tm_home, tmp_path):
     (tm_home / "config").mkdir(parents=True)
     (tm_home / "config" / "backends.yaml").write_text(
@@ -281,6 +343,7 @@ def test_an_unreachable_cluster_drops_out_of_the_plan_and_local_runs_the_job(tm_
     assert [a["backend"] for a in job["attempts"]] == ["local"], job["attempts"]
 
 
+@pytest.mark.usefixtures("idle")
 def test_a_cluster_that_stops_answering_loses_the_attempt_and_local_runs_the_job(cluster, tm_home, tmp_path):
     relay = Relay(cluster.dashboard_port).start()  # the head as this machine reaches it, until the relay stops
     (tm_home / "config").mkdir(parents=True)
@@ -294,15 +357,16 @@ def test_a_cluster_that_stops_answering_loses_the_attempt_and_local_runs_the_job
                                str(script_job(tmp_path / "job", on_ray_waits)), "--policy",
                                str(tmp_path / "policy.yaml"), "--wait", "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    attempt = None
+    attempt, before = None, set((cluster.storage / "attempts").iterdir())
     try:
         sync = wait_for("the job running on the cluster", lambda: [
-            p for p in (cluster.storage / "attempts").glob("*/job.log") if "$ python train.py" in p.read_text()])
-        attempt = sync[0].parent.name
+            p for p in set((cluster.storage / "attempts").iterdir()) - before
+            if (p / "job.log").is_file() and "$ python train.py" in (p / "job.log").read_text()])
+        attempt = sync[0].name
         relay.stop()
         out, err = submit.communicate(timeout=WAIT_S)
         job = json.loads(out[out.index("{"):]) if "{" in out else pytest.fail(out + err)
-        assert job["state"] == "accepted", job
+        assert job["state"] == "accepted" and len(job["attempts"]) == 2, job
         first, second = job["attempts"]
         assert (first["backend"], first["state"], second["backend"]) == ("ray", "failed", "local"), job["attempts"]
         assert "unreachable for" in first["reason"] and "does not answer" in first["reason"], first

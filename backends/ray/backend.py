@@ -37,14 +37,16 @@ from trainmaster.backends.base import (
     OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import (
-    CheckpointRef, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu, SupportsMultiNode,
+    CheckpointRef, KeepsSegments, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu,
+    SupportsMultiNode,
 )
-from trainmaster.backends.local.backend import newest_segment, read_chunk
+from trainmaster.backends.local.backend import copy_segments, newest_segment, read_chunk
 from trainmaster.backends.ray import check
 from trainmaster.backends.ray.cluster import Jobs, Node, RayJob, nodes
 from trainmaster.backends.ray.config import RayConfig
 from trainmaster.backends.ray.trainer import RUN
 from trainmaster.jobs import launch_plan as plan
+from trainmaster.jobs.bundle import BundleError, read_member
 from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS
 from trainmaster.jobs.files import HostileFile, read_regular
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
@@ -60,9 +62,12 @@ OMP_THREADS = "OMP_NUM_THREADS"
 the CPUs (13× slower DDP steps measured with 2 processes on 2 CPUs), so each process gets its share (the
 spec's `env` wins)."""
 POLL_S = 0.2
+MAX_REQUIREMENTS_BYTES = 2**20
+RAY_PIP_OPTIONS = ("--disable-pip-version-check", "--no-cache-dir")
+"""Ray's own pip options, which a runtime environment's `pip_install_options` replaces."""
 
 
-class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, ReportsMetrics, Backend):
+class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFromCheckpoints, ReportsMetrics, Backend):
     name = "ray"
     unsupported = {
         "spot": "your own machines are never preempted, so there is no spot price",
@@ -70,6 +75,7 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
     }
     config_model = RayConfig
     config: RayConfig
+    exact_replay = False  # the nodes may differ from this machine: a replay audit of a Ray job is within τ
 
     def __init__(self, config: RayConfig | None = None):
         super().__init__(config)
@@ -80,8 +86,6 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
     async def offers(self, request: OfferRequest) -> OfferSet:
         spec = request.spec
         reasons = check.check(self.config)
-        if spec.environment.python == "requirements":
-            reasons.append("environment: requirements is not built on Ray nodes in this version")
         if reasons:
             return OfferSet(backend=self.name, reasons=reasons)
         try:
@@ -119,16 +123,31 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
         env = {plan.VARIABLE: self._plan(spec, ctx, sync).model_dump_json()}
         if self.config.namespace:
             env["RAY_NAMESPACE"] = self.config.namespace
-        python = shlex.quote(self.config.python)
+        pip = await asyncio.to_thread(self._pip, bundle, spec)
+        # with requirements, `python` is the runtime environment's (a virtualenv over the node's interpreter)
+        python = "python" if pip else shlex.quote(self.config.python)
         if not offer.detail.get("ray_train"):  # the launcher is the entrypoint, holding the job's resources
             entry, cpus, gpus = f"{python} -m trainmaster.jobs.launcher", node_cpus(spec), res.gpus
         else:  # the Ray Train driver holds nothing; each worker holds its process's share (trainer.py)
             entry, cpus, gpus = f"{python} -m trainmaster.backends.ray.trainer", 0, 0
             env[RUN] = json.dumps(self._run(spec, ctx.attempt_id))
         await asyncio.to_thread(self.jobs.submit, submission, entrypoint=entry, working_dir=str(working_dir), env=env,
-                                cpus=cpus, gpus=gpus)
+                                cpus=cpus, gpus=gpus, pip=pip)
         return Handle(backend=self.name, attempt_id=ctx.attempt_id,
                       data={"submission": submission, "sync": str(sync), "nodes": res.nodes})
+
+    def _pip(self, bundle: Path, spec: JobSpec) -> dict | None:
+        """Ray's `pip` runtime environment for an `environment: requirements` job (None for `current`): the
+        requirements file's lines, read from the bundle, and the configured pip options."""
+        if spec.environment.python != "requirements":
+            return None
+        try:
+            text = read_member(bundle, spec.environment.requirements, MAX_REQUIREMENTS_BYTES).decode()
+        except (BundleError, UnicodeDecodeError) as exc:
+            raise BackendError(f"cannot read the job's requirements from its bundle: {exc}") from None
+        lines = [line.split(" #")[0].strip() for line in text.splitlines()]
+        return {"packages": [line for line in lines if line and not line.startswith("#")],
+                "pip_install_options": [*RAY_PIP_OPTIONS, *self.config.pip_install_options]}
 
     def _run(self, spec: JobSpec, attempt_id: str) -> dict:
         """The Ray Train run of a job across nodes: one worker per process (per GPU, or per process on CPU),
@@ -185,6 +204,11 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
         sync = Path(handle.data["sync"])
         newest = await asyncio.to_thread(newest_segment, sync / plan.SYNC_CHECKPOINTS)
         return CheckpointRef(uri=str(sync), segment=newest[0], step=newest[1]) if newest else None
+
+    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
+        """For the replay audit: the segments it challenges (and every manifest) copied from the synced
+        checkpoints into the broker's `dest`, hashed as they go."""
+        return await copy_segments(Path(handle.data["sync"]) / plan.SYNC_CHECKPOINTS, indices, Path(dest))
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """The outputs from the synced folder, hashed as they are copied, checked against the launcher's manifest

@@ -112,12 +112,14 @@ class Jobs:
         return self._client
 
     def submit(self, submission_id: str, *, entrypoint: str, working_dir: str, env: dict[str, str], cpus: int,
-               gpus: int) -> None:
-        """Submit once: a submission of that id already there is the one submitted before (no second one)."""
+               gpus: int, pip: dict | None = None) -> None:
+        """Submit once: a submission of that id already there is the one submitted before (no second one).
+        `pip`: Ray's runtime environment of packages (`{"packages", "pip_install_options"}`), installed into a
+        virtualenv over the node's interpreter before the entrypoint starts, on every node the job uses."""
+        runtime_env = {"working_dir": working_dir, "env_vars": env, **({"pip": pip} if pip else {})}
         try:
             self._call(self.client().submit_job, entrypoint=entrypoint, submission_id=submission_id,
-                       runtime_env={"working_dir": working_dir, "env_vars": env}, entrypoint_num_cpus=cpus,
-                       entrypoint_num_gpus=gpus)
+                       runtime_env=runtime_env, entrypoint_num_cpus=cpus, entrypoint_num_gpus=gpus)
         except BackendError as exc:
             if "already exists" not in str(exc):
                 raise

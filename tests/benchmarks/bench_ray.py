@@ -1,7 +1,8 @@
 """The Ray backend's overhead: submit → the entrypoint starting on a Ray cluster vs on `local`, and the engine's own
 part (a bare Jobs API submission → its entrypoint starting) printed apart; the steps/s of a DDP job with 2
-workers vs 1 on the same node (gloo on CPU: the scaling efficiency, 1.0 ideal, per added worker; the test
-cluster's head has 2 CPUs); plus `trainmaster --help` with ray installed (it must not import Ray: ≤ 0.10 s).
+workers vs 1 (gloo on CPU: the scaling efficiency, 1.0 ideal, per added worker), the 2 workers on one node
+(torchrun under the launcher; the test cluster's head has 2 CPUs) and on two nodes (Ray Train's TorchTrainer,
+a worker of 1 CPU on each node); plus `trainmaster --help` with ray installed (it must not import Ray: ≤ 0.10 s).
 
 The backends' figures are timed from the job's `submitted` event to the first line of its script (as
 bench_overhead.py does for local), the median of 10 runs (1 in the smoke run), each through a fresh
@@ -76,12 +77,14 @@ def to_start(root: Path, home: Path, policy: Path | None) -> float:
     return started - submitted
 
 
-def ddp_steps_per_s(root: Path, home: Path, policy: Path, workers: int, steps: int) -> float:
-    code = root / f"ddp-{workers}-{time.time_ns()}"
+def ddp_steps_per_s(root: Path, home: Path, policy: Path, workers: int, steps: int, nodes: int = 1) -> float:
+    """Steps/s of rank 0 of a DDP job of `workers` processes on each of `nodes` nodes."""
+    code = root / f"ddp-{workers}-{nodes}-{time.time_ns()}"
     code.mkdir()
     (code / "train.py").write_text(DDP)
     (code / "job.yaml").write_text(f"name: ddp\nentrypoint: python train.py\nlauncher: torchrun\n"
-                                   f"env: {{STEPS: '{steps}'}}\nresources:\n  cpus: {workers}\n  processes: {workers}\n")
+                                   f"env: {{STEPS: '{steps}'}}\nresources:\n  cpus: {workers}\n  processes: {workers}\n"
+                                   f"  nodes: {nodes}\n")
     job = cli({**os.environ, "TRAINMASTER_HOME": str(home)}, "submit", str(code / "job.yaml"), "--policy", str(policy),
               "--wait", "--json")
     assert job["state"] in ("accepted", "succeeded"), job
@@ -129,8 +132,11 @@ def run(smoke: bool = False) -> dict[str, float]:
         }
         steps = 20 if smoke else 300
         one, two = (ddp_steps_per_s(root, home, policy, workers, steps) for workers in (1, 2))
-        figures.update({"DDP on Ray, 1 worker (steps/s)": one, "DDP on Ray, 2 workers (steps/s)": two,
-                        "scaling efficiency, 2 workers (steps/s ratio)": two / one})
+        spread = ddp_steps_per_s(root, home, policy, 1, steps, nodes=2)
+        figures.update({"DDP on Ray, 1 worker (steps/s)": one, "DDP on Ray, 2 workers on 1 node (steps/s)": two,
+                        "scaling efficiency, 2 workers on 1 node (steps/s ratio)": two / one,
+                        "DDP on Ray Train, 2 workers on 2 nodes (steps/s)": spread,
+                        "scaling efficiency, 2 workers on 2 nodes (steps/s ratio)": spread / one})
     finally:
         cluster.stop()
     figures["trainmaster --help (s, median of 5)"] = median_seconds(
