@@ -5,13 +5,13 @@ finds the bundle and the synced folder where the service put them (jobs/services
 sha256 and unpacks it into a fresh local folder (a mismatch exits 2 before anything runs), and runs the
 entrypoint as the local backend would (jobs/launch_command.py): one process, or torchrun across the service's
 machines, or (where the service started a launcher per process: Ray Train) the one process with the rank
-variables the service set, rank 0's launcher then standing for node 0's below. Node 0 gives the job the synced folder's `outputs/` and `checkpoints/` (resuming from the latter when
-it already holds a complete segment); the other nodes get local scratch folders. Node 0 also tees what the job
-prints into the synced `job.log` (appended, written as it comes) and its own stdout, and once the job ended
-writes the outputs' manifest and the exit record there (jobs/synced_folder.py) and copies the outputs into the
-service's model folder. SIGTERM or SIGINT to the launcher goes to the job's process group; the launcher exits
-with the job's exit code; killed outright, it takes the job's first process with it (Linux). Formats:
-docs/runtime.md, "The container launcher".
+variables the service set, rank 0's launcher then standing for node 0's below. Node 0 gives the job the synced
+folder's `outputs/` and `checkpoints/` (resuming from the latter when it already holds a complete segment); the
+other nodes get local scratch folders. Node 0 also tees what the job prints into the synced `job.log`
+(appended, written as it comes) and its own stdout, and once the job ended writes the outputs' manifest and the
+exit record there (jobs/synced_folder.py) and copies the outputs into the service's model folder. SIGTERM or
+SIGINT to the launcher goes to the job's process group; the launcher exits with the job's exit code; killed
+outright, it takes the job's first process with it (Linux). Formats: docs/runtime.md, "The container launcher".
 
 It imports only the standard library and small `jobs` modules: no torch, so it starts at once.
 """
@@ -107,8 +107,8 @@ def run(plan: LaunchPlan, where: Placement, launcher: str, scratch: Path, starte
 
 def job_env(plan: LaunchPlan, where: Placement, folders: Path, launcher: str) -> dict[str, str]:
     """The job's environment: this container's, the plan's `env`, the folders, and one process's rank variables
-    when it runs directly (the service's when it started one launcher per process). Every node resumes from the synced checkpoints when they hold a segment (the others'
-    own checkpoints are scratch: only rank 0 writes)."""
+    when it runs directly (the service's when it started one launcher per process). Every node resumes from the
+    synced checkpoints when they hold a segment (the others' own checkpoints are scratch: only rank 0 writes)."""
     synced = where.sync / SYNC_CHECKPOINTS
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
     env.update(plan.env)

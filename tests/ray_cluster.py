@@ -24,6 +24,8 @@ from pathlib import Path
 import psutil
 
 START_S = 90.0
+IDLE_S = 30.0
+CPUS = 3  # the head's 2 and the second node's 1
 STOP_GRACE_S = 10.0
 
 
@@ -49,7 +51,7 @@ class RayCluster:
         head = ["--head", "--num-cpus", "2", "--port", str(self.gcs_port), "--dashboard-host", "127.0.0.1",
                 "--dashboard-port", str(self.dashboard_port), "--include-dashboard", "true",
                 "--ray-client-server-port", str(free_port()), "--temp-dir", str(self.root / "t")]
-        worker = ["--address", f"127.0.0.1:{self.gcs_port}", "--num-cpus", "1"]
+        worker = ["--address", f"127.0.0.1:{self.gcs_port}", "--num-cpus", str(CPUS - 2)]
         for args in (head, worker):
             node = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats", "--block",
                     "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
@@ -74,6 +76,17 @@ class RayCluster:
                 return
             time.sleep(0.5)
         raise RuntimeError(f"the Ray cluster did not have {count} node(s) within {START_S:.0f} s: {self.log()}")
+
+    def wait_idle(self) -> None:
+        """Until the usage report shows every CPU free (the head's monitor refreshes it every few seconds: a job
+        that just ended may still be counted), so offers are the whole cluster's."""
+        from trainmaster.backends.ray.cluster import nodes
+
+        deadline = time.monotonic() + IDLE_S
+        while sum(n.cpus for n in nodes(self.address, 5)) < CPUS:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray cluster still has CPUs held after {IDLE_S:.0f} s")
+            time.sleep(0.5)
 
     def alive_nodes(self) -> list[dict]:
         try:

@@ -1,6 +1,7 @@
 """The Ray backend's reading of what Ray says, without a cluster: the Jobs API's states mapped to ours and their
 causes (with the launcher's exit record, or without it: lost), the nodes with what they have free, the client's
-errors typed, a dashboard that does not answer transient, and `backends check` off the network."""
+errors typed, a dashboard that does not answer transient, `backends check` off the network, and the shape of
+a Ray Train run (workers, their shares, placement; GPUs beyond one node spanning the nodes that have them)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 
 from trainmaster.backends.base import BackendError, Cause, Phase, TransientBackendError
 from trainmaster.backends.ray import check
-from trainmaster.backends.ray.backend import _misfit, _status
-from trainmaster.backends.ray.cluster import Jobs, RayJob, _node, nodes
+from trainmaster.backends.ray.backend import _misfit, _spans, _status
+from trainmaster.backends.ray.cluster import Jobs, Node, RayJob, _node, nodes
 from trainmaster.backends.ray.config import RayConfig
 from trainmaster.jobs.spec import JobSpec
 
@@ -107,3 +108,34 @@ def test_each_process_gets_its_share_of_the_cpus_unless_the_spec_says(tmp_path):
     assert RayBackend._plan(spec, ctx, tmp_path).env["OMP_NUM_THREADS"] == "2"  # Ray would give each process 4
     own = spec.model_copy(update={"env": {"OMP_NUM_THREADS": "3"}})
     assert RayBackend._plan(own, ctx, tmp_path).env["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_job_across_nodes_is_one_ray_train_worker_per_process_with_its_share(tmp_path):
+    from trainmaster.backends.ray.backend import RayBackend
+
+    backend = RayBackend(RayConfig(storage_path=str(tmp_path)))
+    cpu = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "resources": {"nodes": 2}})
+    assert backend._run(cpu, "a.1") == {"workers": 2, "cpus": 1, "gpus": 0, "placement": "STRICT_SPREAD",
+                                        "storage": str(tmp_path / "ray-train"), "name": "a.1"}
+    two_each = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py",
+                                       "resources": {"nodes": 2, "gpus": 2, "cpus": 8}})
+    assert {k: backend._run(two_each, "a.1")[k] for k in ("workers", "cpus", "gpus", "placement")} == {
+        "workers": 4, "cpus": 4, "gpus": 1.0, "placement": "SPREAD"}
+    beyond = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "resources": {"gpus": 4}})
+    assert {k: backend._run(beyond, "a.1")[k] for k in ("workers", "gpus", "placement")} == {
+        "workers": 4, "gpus": 1.0, "placement": "PACK"}
+
+
+def test_more_gpus_than_one_node_has_span_the_nodes_that_have_them_free():
+    def node(gpus: int, cpus: int, kind: str = "A100") -> Node:
+        return Node(node_id=f"n{gpus}{cpus}{kind}", ip="10.0.0.2", head=False, cpus=cpus, memory_mb=2**16,
+                    gpus=gpus, gpu_type=kind)
+
+    four = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "resources": {"gpus": 4}})
+    assert len(_spans([node(2, 8), node(2, 8)], four)) == 2
+    assert _spans([node(2, 8), node(1, 8)], four) == []  # 3 GPUs free in all
+    assert _spans([node(2, 8), node(2, 1)], four) == []  # a worker needs a CPU beside its GPU
+    typed = four.model_copy(update={"resources": four.resources.model_copy(update={"gpu_types": ["H100"]})})
+    assert _spans([node(2, 8), node(2, 8, "H100")], typed) == []
+    cpu = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py"})
+    assert _spans([node(0, 8), node(0, 8)], cpu) == []  # a CPU job never spans: it fits one node or waits

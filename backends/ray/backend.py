@@ -93,10 +93,10 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFrom
         except BackendError as exc:
             return OfferSet(backend=self.name, reasons=[str(exc)])
         fitting = sorted((n for n in live if not _misfit(n, spec)), key=lambda n: (n.gpus, n.cpus, n.memory_mb))
-        spans = spec.resources.nodes == 1 and not fitting and _spans(live, spec)
+        spans = _spans(live, spec) if spec.resources.nodes == 1 and not fitting else []
         if len(fitting) < spec.resources.nodes and not spans:
             return OfferSet(backend=self.name, reasons=[_no_node(live, spec)])
-        node = fitting[-spec.resources.nodes] if not spans else max(live, key=lambda n: n.gpus)
+        node = fitting[-spec.resources.nodes] if not spans else max(spans, key=lambda n: n.gpus)
         gpus = spec.resources.gpus
         return OfferSet(backend=self.name, offers=[Offer(
             backend=self.name, instance=f"ray@{urlsplit(self.config.address).hostname}", region="ray",
@@ -104,7 +104,7 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFrom
             nodes=spec.resources.nodes,
             price_per_hour_micro_usd=self.config.power.price_per_hour_micro(gpus),
             detail={"nodes": len(live), "fitting_nodes": len(fitting), "nproc": spec.resources.nproc,
-                    "ray_train": spec.resources.nodes > 1 or spans},
+                    "ray_train": spec.resources.nodes > 1 or bool(spans)},
             quote={"source": "power model"},
         )])
 
@@ -282,13 +282,16 @@ def _misfit(node: Node, spec: JobSpec) -> str | None:
     return None
 
 
-def _spans(live: list[Node], spec: JobSpec) -> bool:
-    """Whether the nodes together have the GPUs (of a wanted type) a one-node job asks for, one worker per GPU
-    with its share of CPUs: Ray Train runs it across them."""
+def _spans(live: list[Node], spec: JobSpec) -> list[Node]:
+    """The nodes (of a wanted GPU type) that together hold the workers of a one-node job asking for more GPUs than
+    any one node has free: one worker per process, each with its share of the GPUs and CPUs (Ray Train runs them
+    across the nodes); empty when they cannot."""
     res = spec.resources
-    share = max(1, node_cpus(spec) // res.nproc)
-    usable = (min(n.gpus, n.cpus // share) for n in live if not res.gpu_types or n.gpu_type in res.gpu_types)
-    return res.gpus > 0 and sum(usable) >= res.gpus
+    if not res.gpus:
+        return []
+    gpus, cpus = res.gpus / res.nproc, max(1, node_cpus(spec) // res.nproc)
+    typed = [n for n in live if not res.gpu_types or n.gpu_type in res.gpu_types]
+    return typed if sum(min(int(n.gpus // gpus), n.cpus // cpus) for n in typed) >= res.nproc else []
 
 
 def _no_node(live: list[Node], spec: JobSpec) -> str:

@@ -6,7 +6,7 @@ and runs Ray Train's `TorchTrainer` (Ray places and watches the workers; no sche
 GPU, or per process of a CPU job. Each worker runs the shared launcher for its one process with torchrun's
 variables mapped from Ray Train's context (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK,
 GROUP_RANK, ROLE_RANK) and MASTER_ADDR/MASTER_PORT: rank 0's node and a port free there, broadcast by Ray
-Train, where the entrypoint's own process group meets (Ray Train's own group keeps its port). The launcher
+Train, where the entrypoint's own process group meets (Ray Train's own group, gloo, keeps its port). The launcher
 checks the bundle's sha256 and runs the entrypoint directly; rank 0's keeps the synced folder on the cluster's
 shared storage (outputs, checkpoints, log, exit record).
 
@@ -41,7 +41,7 @@ class LauncherFailed(Exception):
 
 def main() -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     run = json.loads(os.environ[RUN])
     os.environ[STAY] = "0"  # read as the trainer is made: the workers stay in the job's working dir (the bundle's)
@@ -52,6 +52,7 @@ def main() -> int:
                                      resources_per_worker=per_worker, placement_strategy=run["placement"]),
         run_config=RunConfig(name=run["name"], storage_path=run["storage"],
                              failure_config=FailureConfig(max_failures=0)),
+        torch_config=TorchConfig(backend="gloo"),  # Ray Train's own group: never on the job's GPUs (no NCCL there)
     )
     try:
         trainer.fit()

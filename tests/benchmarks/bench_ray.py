@@ -58,13 +58,17 @@ BARE = "python -c 'import time; print(\"STARTED\", time.time())'"
 
 
 def cli(env: dict[str, str], *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
-                         env=env).stdout
-    return json.loads(out[out.index("{"):])
+    done = subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
+                          env=env)
+    if "{" not in done.stdout:
+        raise RuntimeError(f"trainmaster {' '.join(args)}: {done.stdout}{done.stderr}")
+    return json.loads(done.stdout[done.stdout.index("{"):])
 
 
-def to_start(root: Path, home: Path, policy: Path | None) -> float:
-    """Seconds from the job's `submitted` event to its script's first line."""
+def to_start(root: Path, home: Path, policy: Path | None, cluster: RayCluster | None = None) -> float:
+    """Seconds from the job's `submitted` event to its script's first line (on `cluster` once it is idle)."""
+    if cluster is not None:
+        cluster.wait_idle()
     code = root / f"job-{time.time_ns()}"
     code.mkdir()
     (code / "train.py").write_text(SCRIPT)
@@ -77,8 +81,10 @@ def to_start(root: Path, home: Path, policy: Path | None) -> float:
     return started - submitted
 
 
-def ddp_steps_per_s(root: Path, home: Path, policy: Path, workers: int, steps: int, nodes: int = 1) -> float:
+def ddp_steps_per_s(cluster: RayCluster, root: Path, home: Path, policy: Path, workers: int, steps: int,
+                    nodes: int = 1) -> float:
     """Steps/s of rank 0 of a DDP job of `workers` processes on each of `nodes` nodes."""
+    cluster.wait_idle()  # offers count free CPUs: the job before may still be counted for a few seconds
     code = root / f"ddp-{workers}-{nodes}-{time.time_ns()}"
     code.mkdir()
     (code / "train.py").write_text(DDP)
@@ -125,14 +131,14 @@ def run(smoke: bool = False) -> dict[str, float]:
         home, policy = ray_home(root, cluster)
         figures = {
             "ray: submitted → entrypoint start (s, median)":
-                statistics.median(to_start(root, home, policy) for _ in range(repeat)),
+                statistics.median(to_start(root, home, policy, cluster) for _ in range(repeat)),
             "local: submitted → entrypoint start (s, median)":
                 statistics.median(to_start(root, root / "home-local", None) for _ in range(repeat)),
             "Ray Jobs API alone: submit → entrypoint start (s, median)": engine_start(cluster.address, repeat),
         }
         steps = 20 if smoke else 300
-        one, two = (ddp_steps_per_s(root, home, policy, workers, steps) for workers in (1, 2))
-        spread = ddp_steps_per_s(root, home, policy, 1, steps, nodes=2)
+        one, two = (ddp_steps_per_s(cluster, root, home, policy, workers, steps) for workers in (1, 2))
+        spread = ddp_steps_per_s(cluster, root, home, policy, 1, steps, nodes=2)
         figures.update({"DDP on Ray, 1 worker (steps/s)": one, "DDP on Ray, 2 workers on 1 node (steps/s)": two,
                         "scaling efficiency, 2 workers on 1 node (steps/s ratio)": two / one,
                         "DDP on Ray Train, 2 workers on 2 nodes (steps/s)": spread,
