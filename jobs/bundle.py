@@ -409,18 +409,24 @@ def extract_bundle(
 
 def read_spec(tar_path: Path) -> bytes:
     """The bytes of the bundle's `SPEC_MEMBER`, after the same header checks as extraction."""
+    return read_member(tar_path, SPEC_MEMBER, _MAX_SPEC_BYTES)
+
+
+def read_member(tar_path: Path, name: str, max_bytes: int) -> bytes:
+    """The bytes of one regular file of the bundle (a path of the code dir, or `SPEC_MEMBER`), after the same
+    header checks as extraction; BundleError when it is missing, not a file, or over `max_bytes`."""
     tar_path = Path(tar_path)
     with _open_file(tar_path) as raw, _open_tar(raw, tar_path) as tar:
         members = _validated_members(tar, tar_path, DEFAULT_MAX_BYTES, DEFAULT_MAX_BYTES)
-        member = members.get(SPEC_MEMBER)
+        member = members.get(_normalise(name, name))
         if member is None or not member.isreg():
-            raise BundleError(f"{tar_path} has no {SPEC_MEMBER}")
-        if member.size > _MAX_SPEC_BYTES:
-            raise BundleError(f"{tar_path}: {SPEC_MEMBER} is {_human(member.size)}, over {_human(_MAX_SPEC_BYTES)}")
+            raise BundleError(f"{tar_path} has no {name}")
+        if member.size > max_bytes:
+            raise BundleError(f"{tar_path}: {name} is {_human(member.size)}, over {_human(max_bytes)}")
         try:
             return tar.extractfile(member).read()
         except tarfile.TarError as e:
-            raise BundleError(f"{tar_path}: cannot read {SPEC_MEMBER}: {e}") from e
+            raise BundleError(f"{tar_path}: cannot read {name}: {e}") from e
 
 
 class _BoundedTarInfo(tarfile.TarInfo):

@@ -4,13 +4,14 @@ It reads the plan from `TRAINMASTER_LAUNCH` (jobs/launch_plan.py; a bad plan exi
 finds the bundle and the synced folder where the service put them (jobs/services.py), checks the bundle's
 sha256 and unpacks it into a fresh local folder (a mismatch exits 2 before anything runs), and runs the
 entrypoint as the local backend would (jobs/launch_command.py): one process, or torchrun across the service's
-machines. Node 0 gives the job the synced folder's `outputs/` and `checkpoints/` (resuming from the latter when
-it already holds a complete segment); the other nodes get local scratch folders. Node 0 also tees what the job
-prints into the synced `job.log` (appended, written as it comes) and its own stdout, and once the job ended
-writes the outputs' manifest and the exit record there (jobs/synced_folder.py) and copies the outputs into the
-service's model folder. SIGTERM or SIGINT to the launcher goes to the job's process group; the launcher exits
-with the job's exit code; killed outright, it takes the job's first process with it (Linux). Formats:
-docs/runtime.md, "The container launcher".
+machines, or (where the service started a launcher per process: Ray Train) the one process with the rank
+variables the service set, rank 0's launcher then standing for node 0's below. Node 0 gives the job the synced
+folder's `outputs/` and `checkpoints/` (resuming from the latter when it already holds a complete segment); the
+other nodes get local scratch folders. Node 0 also tees what the job prints into the synced `job.log`
+(appended, written as it comes) and its own stdout, and once the job ended writes the outputs' manifest and the
+exit record there (jobs/synced_folder.py) and copies the outputs into the service's model folder. SIGTERM or
+SIGINT to the launcher goes to the job's process group; the launcher exits with the job's exit code; killed
+outright, it takes the job's first process with it (Linux). Formats: docs/runtime.md, "The container launcher".
 
 It imports only the standard library and small `jobs` modules: no torch, so it starts at once.
 """
@@ -53,8 +54,9 @@ def main() -> int:
     try:
         plan = read_plan(os.environ.get(VARIABLE))
         where = place(plan, os.environ)
-        launcher = launch_command.resolve_launcher(plan.launcher, plan.nproc, where.nnodes)
-        if launcher == launch_command.DIRECT and where.nnodes > 1:
+        launcher = (launch_command.DIRECT if where.ranks  # the service started this one process of many
+                    else launch_command.resolve_launcher(plan.launcher, plan.nproc, where.nnodes))
+        if launcher == launch_command.DIRECT and where.nnodes > 1 and not where.ranks:
             raise Refused(f"the launcher 'direct' runs one process; this job has {where.nnodes} nodes")
     except (Refused, PlacementError) as exc:
         print(f"{PREFIX} cannot launch: {exc}", file=sys.stderr, flush=True)
@@ -77,12 +79,13 @@ def read_plan(text: str | None) -> LaunchPlan:
 
 def run(plan: LaunchPlan, where: Placement, launcher: str, scratch: Path, started: float) -> int:
     """Unpack, run and record the job on this node; its exit code."""
-    lead = where.node_rank == 0
+    lead = where.lead
     folders = where.sync if lead else scratch
     for sub in (SYNC_OUTPUTS, SYNC_CHECKPOINTS):
         (folders / sub).mkdir(parents=True, exist_ok=True)
     with Tee(where.sync / SYNC_LOG if lead else None) as tee:
-        tee.say(f"node {where.node_rank} of {where.nnodes}; bundle {where.bundle}; synced folder {where.sync}")
+        process = f", process {where.ranks['RANK']} of {where.ranks['WORLD_SIZE']}" if where.ranks else ""
+        tee.say(f"node {where.node_rank} of {where.nnodes}{process}; bundle {where.bundle}; synced folder {where.sync}")
         try:
             extract_bundle(where.bundle, scratch / "code", expected_sha256=plan.bundle_sha256)
         except BundleError as exc:
@@ -104,15 +107,15 @@ def run(plan: LaunchPlan, where: Placement, launcher: str, scratch: Path, starte
 
 def job_env(plan: LaunchPlan, where: Placement, folders: Path, launcher: str) -> dict[str, str]:
     """The job's environment: this container's, the plan's `env`, the folders, and one process's rank variables
-    when it runs directly. Every node resumes from the synced checkpoints when they hold a segment (the others'
-    own checkpoints are scratch: only rank 0 writes)."""
+    when it runs directly (the service's when it started one launcher per process). Every node resumes from the
+    synced checkpoints when they hold a segment (the others' own checkpoints are scratch: only rank 0 writes)."""
     synced = where.sync / SYNC_CHECKPOINTS
     env = {k: v for k, v in os.environ.items() if k != VARIABLE}
     env.update(plan.env)
     env.update({OUTPUT_DIR: str(folders / SYNC_OUTPUTS), CHECKPOINT_DIR: str(folders / SYNC_CHECKPOINTS),
                 RESUME_FROM: str(synced) if synced_folder.holds_segment(synced) else "", "PYTHONUNBUFFERED": "1"})
     if launcher == launch_command.DIRECT:
-        env.update(launch_command.single_process_env())
+        env.update(where.ranks or launch_command.single_process_env())
     return interpreter_environment(sys.executable, env)
 
 

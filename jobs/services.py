@@ -14,7 +14,10 @@ file, the synced folder, the service's model folder, and this machine's place am
   output; its PyTorch distribution (one process per instance) sets `MASTER_ADDR`, `MASTER_PORT`, `NODE_RANK`.
 * Ray (the Jobs API): the bundle is a file of the job's working directory (Ray unpacks it and starts the
   launcher there), named by the plan; the synced folder is the plan's, under the cluster's shared storage
-  path; one node (the Ray backend runs no multi-node job in this version).
+  path. A job on one node has the launcher as its entrypoint. Across nodes each Ray Train worker runs a
+  launcher for one process (`TRAINMASTER_RAY_TRAIN_WORKER` set, backends/ray/trainer.py) with torchrun's
+  variables already set: the entrypoint runs directly with them (`ranks`), and the process of rank 0 keeps the
+  synced folder.
 
 Everywhere `MASTER_ADDR` and `MASTER_PORT` set by the service win over the derived ones; the port is
 otherwise the plan's. A plan's own `bundle` or `sync` wins over the service's input. Standard library and the
@@ -25,13 +28,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmaster.jobs.launch_plan import LaunchPlan
 
 OPT_ML = "TRAINMASTER_OPT_ML"
 GCS_MOUNT = "TRAINMASTER_GCS_MOUNT"
+RAY_TRAIN_WORKER = "TRAINMASTER_RAY_TRAIN_WORKER"
+"""Set (to 1) by a Ray Train worker in the launcher it starts: one process of the job, its ranks in RANKS."""
+RANKS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "ROLE_RANK",
+         "MASTER_ADDR", "MASTER_PORT")
 
 
 class PlacementError(Exception):
@@ -47,6 +54,14 @@ class Placement:
     node_rank: int
     master_addr: str
     master_port: int
+    ranks: Mapping[str, str] = field(default_factory=dict)
+    """torchrun's variables of the one process this launcher runs when the service started a launcher per
+    process (Ray Train's workers); empty when the launcher starts the node's processes itself."""
+
+    @property
+    def lead(self) -> bool:
+        """Whether this launcher keeps the synced folder: node 0's, or rank 0's when it runs one process."""
+        return self.ranks["RANK"] == "0" if self.ranks else self.node_rank == 0
 
 
 def place(plan: LaunchPlan, environ: Mapping[str, str]) -> Placement:
@@ -57,7 +72,8 @@ def place(plan: LaunchPlan, environ: Mapping[str, str]) -> Placement:
     if not 0 <= found["node_rank"] < found["nnodes"]:
         raise PlacementError(f"node rank {found['node_rank']} is outside the job's {found['nnodes']} node(s)")
     return Placement(bundle=found["bundle"], sync=found["sync"], model_dir=found["model_dir"],
-                     nnodes=found["nnodes"], node_rank=found["node_rank"], master_addr=addr, master_port=port)
+                     nnodes=found["nnodes"], node_rank=found["node_rank"], master_addr=addr, master_port=port,
+                     ranks=found.get("ranks", {}))
 
 
 def _sagemaker(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
@@ -110,8 +126,18 @@ def _azureml(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
 def _ray(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
     if not plan.bundle or not plan.sync:
         raise PlacementError(f"Ray: the plan names no {'bundle' if not plan.bundle else 'synced folder'}")
-    return {"bundle": Path(plan.bundle).absolute(), "sync": Path(plan.sync), "model_dir": None, "nnodes": plan.nodes,
-            "node_rank": _int(environ.get("NODE_RANK", "0"), "NODE_RANK"), "master_addr": "127.0.0.1"}
+    found = {"bundle": Path(plan.bundle).absolute(), "sync": Path(plan.sync), "model_dir": None, "nnodes": plan.nodes,
+             "node_rank": _int(environ.get("NODE_RANK", "0"), "NODE_RANK"), "master_addr": "127.0.0.1"}
+    if environ.get(RAY_TRAIN_WORKER) != "1":
+        return found
+    missing = [name for name in RANKS if not environ.get(name)]
+    if missing:
+        raise PlacementError(f"Ray Train worker: {', '.join(missing)} not set")
+    ranks = {name: environ[name] for name in RANKS}
+    for name in RANKS[:-2]:
+        _int(ranks[name], name)
+    # a job of more GPUs than one node has spans nodes though it asked for one
+    return {**found, "nnodes": max(plan.nodes, found["node_rank"] + 1), "ranks": ranks}
 
 
 def _mounted(uri: str, mount: Path) -> Path:

@@ -2,7 +2,8 @@
 API on 127.0.0.1) and a second node (1 CPU), each a `ray start --block` process in a session of its own, every
 port chosen free, everything under one temp dir. (Ray registers both nodes under this host's own interface
 address, whatever `--node-ip-address 127.0.0.1` says: its traffic still never leaves the machine.) Stopped by what it started: the two `ray start` processes, every process
-below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine).
+below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine); then
+the temp dir is removed.
 A missing `ray` fails the test: it is in the dev extra.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +24,8 @@ from pathlib import Path
 import psutil
 
 START_S = 90.0
+IDLE_S = 30.0
+CPUS = 3  # the head's 2 and the second node's 1
 STOP_GRACE_S = 10.0
 
 
@@ -47,7 +51,7 @@ class RayCluster:
         head = ["--head", "--num-cpus", "2", "--port", str(self.gcs_port), "--dashboard-host", "127.0.0.1",
                 "--dashboard-port", str(self.dashboard_port), "--include-dashboard", "true",
                 "--ray-client-server-port", str(free_port()), "--temp-dir", str(self.root / "t")]
-        worker = ["--address", f"127.0.0.1:{self.gcs_port}", "--num-cpus", "1"]
+        worker = ["--address", f"127.0.0.1:{self.gcs_port}", "--num-cpus", str(CPUS - 2)]
         for args in (head, worker):
             node = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats", "--block",
                     "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
@@ -72,6 +76,17 @@ class RayCluster:
                 return
             time.sleep(0.5)
         raise RuntimeError(f"the Ray cluster did not have {count} node(s) within {START_S:.0f} s: {self.log()}")
+
+    def wait_idle(self) -> None:
+        """Until the usage report shows every CPU free (the head's monitor refreshes it every few seconds: a job
+        that just ended may still be counted), so offers are the whole cluster's."""
+        from trainmaster.backends.ray.cluster import nodes
+
+        deadline = time.monotonic() + IDLE_S
+        while sum(n.cpus for n in nodes(self.address, 5)) < CPUS:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray cluster still has CPUs held after {IDLE_S:.0f} s")
+            time.sleep(0.5)
 
     def alive_nodes(self) -> list[dict]:
         try:
@@ -115,3 +130,4 @@ class RayCluster:
                 continue
         for start in self.starts:
             start.wait(timeout=STOP_GRACE_S)
+        shutil.rmtree(self.root, ignore_errors=True)  # a requirements job's virtualenv there copies this venv: GBs

@@ -187,13 +187,40 @@ def test_a_vertex_cluster_spec_runs_one_gloo_job_across_two_launchers(tmp_path):
     assert read_json(sync / "exit.json")["exit_code"] == 0
 
 
-def test_ray_takes_the_bundle_from_the_working_dir_and_the_rank_from_the_gang_driver(tmp_path, monkeypatch):
+def test_ray_takes_the_bundle_from_the_working_dir_and_the_ranks_from_a_ray_train_worker(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # Ray starts the launcher in the job's working directory
-    where = place(_plan("ray", nodes=2, bundle="bundle.tar", sync="/shared/attempts/a1"),
-                  {"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "4000"})
+    ranks = {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "1",
+             "GROUP_RANK": "1", "ROLE_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "4000"}
+    worker = {**ranks, "TRAINMASTER_RAY_TRAIN_WORKER": "1", "OTHER": "x"}
+    where = place(_plan("ray", nodes=2, bundle="bundle.tar", sync="/shared/attempts/a1"), worker)
     assert (where.bundle, where.sync, where.model_dir) == (tmp_path / "bundle.tar", Path("/shared/attempts/a1"), None)
     assert (where.nnodes, where.node_rank, where.master_addr, where.master_port) == (2, 1, "10.0.0.5", 4000)
+    assert where.ranks == ranks and not where.lead  # rank 1 keeps nothing in the synced folder
+    lead = place(_plan("ray", nodes=2, bundle="b", sync="/s"), {**worker, "RANK": "0", "NODE_RANK": "0"})
+    assert lead.lead and lead.node_rank == 0
+    spans = place(_plan("ray", bundle="b", sync="/s"), worker)  # GPUs beyond one node: a one-node job spans two
+    assert (spans.nnodes, spans.node_rank) == (2, 1)
     alone = place(_plan("ray", bundle="bundle.tar", sync="/s"), {})
-    assert (alone.nnodes, alone.node_rank) == (1, 0)
+    assert (alone.nnodes, alone.node_rank, alone.ranks, alone.lead) == (1, 0, {}, True)
     with pytest.raises(PlacementError, match="Ray: the plan names no synced folder"):
         place(_plan("ray", bundle="bundle.tar"), {})
+    with pytest.raises(PlacementError, match="Ray Train worker: LOCAL_WORLD_SIZE not set"):
+        place(_plan("ray", bundle="b", sync="/s"), {k: v for k, v in worker.items() if k != "LOCAL_WORLD_SIZE"})
+    with pytest.raises(PlacementError, match="RANK is not a number"):
+        place(_plan("ray", bundle="b", sync="/s"), {**worker, "RANK": "one"})
+
+
+@pytest.mark.slow
+def test_two_ray_train_workers_launchers_run_one_gloo_job_directly_with_their_ranks(tmp_path):
+    bundle, digest = make_bundle(tmp_path / "in", {"gloo.py": GLOO}, "python gloo.py")
+    sync = tmp_path / "shared" / "a1"
+    launch_json = plan("ray", "python gloo.py", digest, nodes=2, bundle=str(bundle), sync=str(sync))
+    port = str(free_port())
+    envs = [{"TRAINMASTER_RAY_TRAIN_WORKER": "1", "RANK": str(r), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+             "LOCAL_WORLD_SIZE": "1", "NODE_RANK": str(r), "GROUP_RANK": str(r), "ROLE_RANK": str(r),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in range(2)]
+    outs = _two_nodes(tmp_path, launch_json, envs)
+    assert "node 1 of 2, process 1 of 2" in outs[1] and "rank 1 of 2: sum 3" in outs[1], outs[1]
+    assert "torch.distributed.run" not in outs[0] + outs[1]  # each launcher runs its one process directly
+    assert set(read_json(sync / "outputs.json")["files"]) == {"rank0.txt"}
+    assert "rank 0 of 2: sum 3" in (sync / "job.log").read_text()

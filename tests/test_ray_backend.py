@@ -1,13 +1,17 @@
 """The Ray backend end to end through the real CLI against a real Ray cluster on 127.0.0.1 (tests/ray_cluster.py:
 a head with 2 CPUs and a second node with 1, started once for this file): a tiny job accepted, run through the
-Jobs API and the shared launcher; a 2-process gloo job on one node and a 2-node one (the gang driver); cancel stops every process of the job, even one that ignores SIGTERM; a
+Jobs API and the shared launcher; a 2-process gloo job on one node and a 2-node one (Ray Train's TorchTrainer,
+a worker per process); cancel stops every process of the job, on one node or two, even one that ignores SIGTERM; a
 `kill -9` of the job on its node is `lost`, retried from the last committed segment to the bits of an
-uninterrupted run; a cluster that does not answer drops out of the plan with its reason and local runs the job;
+uninterrupted run; a cluster that does not answer drops out of the plan with its reason and local runs the job,
+and one that stops answering under a running attempt loses it past the policy's deadline, so local runs the job;
+`environment: requirements` installed on the nodes by Ray's runtime environment from a local wheel folder;
 `ray:spot` is refused in a policy."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import signal
@@ -15,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import psutil
@@ -22,8 +27,9 @@ import pytest
 
 from miner_support import shown, tm
 from ray_cluster import RayCluster, free_port
+from tcp_relay import Relay
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
-from trainmaster.backends.base import AttemptContext, Cause, Offer, OfferRequest, Phase
+from trainmaster.backends.base import AttemptContext, BackendError, Cause, Offer, OfferRequest, Phase
 from trainmaster.backends.ray.backend import RayBackend
 from trainmaster.backends.ray.config import RayConfig
 from trainmaster.jobs.bundle import build_bundle
@@ -62,11 +68,18 @@ def cluster():
 
 
 @pytest.fixture
-def ray_home(cluster, tm_home, tmp_path):
+def idle(cluster):
+    """The cluster once every CPU is free again (a job of the test before may still be counted)."""
+    cluster.wait_idle()
+    return cluster
+
+
+@pytest.fixture
+def ray_home(idle, tm_home, tmp_path):
     """backends.yaml pointing at the cluster (its storage path shared, this interpreter on the nodes); the policy."""
     (tm_home / "config").mkdir(parents=True)
     (tm_home / "config" / "backends.yaml").write_text(
-        f"ray:\n  address: {cluster.address}\n  storage_path: {cluster.storage}\n  python: {sys.executable}\n")
+        f"ray:\n  address: {idle.address}\n  storage_path: {idle.storage}\n  python: {sys.executable}\n")
     (tmp_path / "policy.yaml").write_text(POLICY)
     return tm_home
 
@@ -90,20 +103,27 @@ def model_hash(tm_home: Path, job_id: str) -> str:
 
 
 def job_processes(cluster: RayCluster, attempt_id: str) -> list[psutil.Process]:
-    """The attempt's launcher and job processes on the cluster's nodes (by the synced folder they carry)."""
+    """The attempt's launchers and job processes on the cluster's nodes: the launchers by the synced folder
+    their plan names, and every process below them (rank 1's job writes to scratch, not the synced folder)."""
     marker = str(cluster.storage / "attempts" / attempt_id)
-    found = []
+    found = {}
     for proc in psutil.process_iter(["cmdline", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
         try:
             env = proc.environ()
+            launcher = "trainmaster.jobs.launcher" in (proc.info["cmdline"] or []) and marker in env.get(
+                "TRAINMASTER_LAUNCH", "")
+            if launcher or env.get("TRAINMASTER_OUTPUT_DIR", "").startswith(marker):
+                found.update({p.pid: p for p in [proc, *(proc.children(recursive=True) if launcher else [])]})
         except psutil.Error:
             continue
-        launcher = "trainmaster.jobs.launcher" in (proc.info["cmdline"] or []) and marker in env.get("TRAINMASTER_LAUNCH", "")
-        if launcher or env.get("TRAINMASTER_OUTPUT_DIR", "").startswith(marker):
-            found.append(proc)
-    return found
+    return [p for p in found.values() if _running(p)]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def wait_for(what: str, check, timeout: float = WAIT_S):
@@ -135,6 +155,8 @@ def test_a_second_submit_finds_the_first_job_and_logs_and_outputs_read_back(clus
     from ray.job_submission import JobSubmissionClient
 
     assert [j.submission_id for j in JobSubmissionClient(cluster.address).list_jobs()].count("tm-direct-1") == 1
+    with pytest.raises(BackendError, match="HTTP 404 .*Job tm-none does not exist"):
+        backend.jobs.info("tm-none")
     whole = (cluster.storage / "attempts" / "direct-1" / "job.log").read_bytes()
     at = whole.index("é".encode()) + 1  # inside a character: offsets are bytes of the synced log, never shifted
     head, tail = asyncio.run(backend.logs(first, 0)), asyncio.run(backend.logs(first, at))
@@ -145,6 +167,28 @@ def test_a_second_submit_finds_the_first_job_and_logs_and_outputs_read_back(clus
     price = backend.config.power.price_per_hour_micro(0)
     cost = asyncio.run(backend.cost(first, Offer(backend="ray", instance="x", price_per_hour_micro_usd=price)))
     assert cost.billable_seconds > 0 and cost.micro_usd == -(-int(cost.billable_seconds * 1000) * price // 3_600_000)
+
+
+@pytest.mark.usefixtures("idle")
+def test_offers_come_from_what_the_nodes_have_free(cluster, tmp_path):
+    spec = load_spec(script_job(tmp_path / "code", "import time\ntime.sleep(120)\n"))
+    two = spec.spec.model_copy(update={"resources": spec.spec.resources.model_copy(update={"cpus": 2})})
+    info = build_bundle(spec.code_dir, spec.spec.canonical_json(), tmp_path / "bundles")
+    backend = RayBackend(RayConfig(address=cluster.address, storage_path=str(cluster.storage), python=sys.executable))
+    [idle] = asyncio.run(backend.offers(OfferRequest(spec=two))).offers
+    assert idle.cpus == 2 and idle.detail["fitting_nodes"] == 1, idle  # the head, 2 CPUs free
+    ctx = AttemptContext(job_id="j", attempt_id="busy-1", bundle_sha256=info.sha256, seed=1,
+                         workdir=str(tmp_path / "attempt"))
+    handle = asyncio.run(backend.submit(info.path, two, idle, ctx))  # holds the head's 2 CPUs while it sleeps
+    try:
+        busy = wait_for("the usage report to show the job's CPUs held", lambda: (
+            (found := asyncio.run(backend.offers(OfferRequest(spec=two)))).reasons and found))
+        assert not busy.offers and "no node of the Ray cluster has 2 CPU(s)" in busy.reasons[0], busy
+        assert "0 CPU(s) free" in busy.reasons[0] and "1 CPU(s) free" in busy.reasons[0], busy
+        [small] = asyncio.run(backend.offers(OfferRequest(spec=spec.spec))).offers  # the second node's one CPU
+        assert (small.cpus, small.detail["fitting_nodes"]) == (1, 1), small
+    finally:
+        asyncio.run(backend.cancel(handle))
 
 
 def test_a_bundle_that_does_not_match_is_refused_on_the_node(cluster, tmp_path):
@@ -167,14 +211,30 @@ def test_a_tiny_job_runs_on_the_cluster_and_is_accepted(ray_home, tmp_path):
     assert (ray_home / "jobs" / job["id"] / "outputs" / "model.safetensors").is_file()
 
 
-def test_cancel_stops_every_process_of_the_job(cluster, ray_home, tmp_path):
+def test_a_ray_job_whose_policy_asks_for_the_replay_audit_is_audited_within_tau(ray_home, tmp_path):
+    (tmp_path / "audited.yaml").write_text("name: audited\ndefault:\n  primary: ray\nverification:\n"
+                                           "  trusted: [integrity, safety, replay, outcome]\n  tau: 0.05\n")
+    job = shown(tm("submit", str(lm_job(tmp_path / "lm", steps=50)), "--policy", str(tmp_path / "audited.yaml"),
+                   "--wait", "--json"))
+    assert job["state"] == "accepted" and [a["backend"] for a in job["attempts"]] == ["ray"], job
+    verdict = json.loads((ray_home / "jobs" / job["id"] / "verdict.json").read_text())
+    assert verdict["outcome"] == "accepted" and "replay" in verdict["checks"], verdict
+    replay = verdict["evidence"]["replay"]
+    assert replay["passed"] and replay["segments"], replay
+    # within the policy's τ, not bit-exact (local's trusted replay demands r = 0): Ray's nodes may differ
+    assert (replay["tau"], replay["tau_source"]) == (0.05, "explicit"), replay
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_cancel_stops_every_process_of_the_job(cluster, ray_home, tmp_path, nodes):
     stubborn = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                 "print('started', flush=True)\ntime.sleep(300)\n")
-    job = shown(tm("submit", str(script_job(tmp_path / "long", stubborn)), "--policy", str(tmp_path / "policy.yaml"),
-                   "--json"))
+    spec = script_job(tmp_path / "long", stubborn)
+    spec.write_text(spec.read_text() + f"resources:\n  nodes: {nodes}\n")
+    job = shown(tm("submit", str(spec), "--policy", str(tmp_path / "policy.yaml"), "--json"))
     attempt = wait_for("an attempt", lambda: shown(tm("status", job["id"], "--json"))["attempts"])[0]
-    wait_for("the job's process", lambda: any("train.py" in " ".join(p.cmdline())
-                                              for p in job_processes(cluster, attempt["id"])))
+    wait_for(f"the job's {nodes} process(es)", lambda: sum("train.py" in " ".join(p.cmdline())
+                                                           for p in job_processes(cluster, attempt["id"])) == nodes)
     cancelled = tm("cancel", job["id"], "--json")
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     wait_for("every process of the job gone", lambda: not job_processes(cluster, attempt["id"]), timeout=30)
@@ -182,18 +242,24 @@ def test_cancel_stops_every_process_of_the_job(cluster, ray_home, tmp_path):
     assert final["state"] == "cancelled" and [a["state"] for a in final["attempts"]] == ["cancelled"], final
 
 
-def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, ray_home, tmp_path):
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, ray_home, tmp_path, nodes):
+    """On one node, the launcher and its job; on two (Ray Train), every worker's: killed as with their machines."""
     policy = str(tmp_path / "policy.yaml")
-    plain = shown(tm("submit", str(lm_job(tmp_path / "plain", steps=300)), "--policy", policy, "--wait", "--json"))
+    jobs = [lm_job(tmp_path / name, steps=300) for name in ("plain", "killed")]
+    for spec in jobs:
+        spec.write_text(spec.read_text() + f"resources:\n  nodes: {nodes}\n")
+    plain = shown(tm("submit", str(jobs[0]), "--policy", policy, "--wait", "--json"))
     assert plain["state"] == "accepted", plain
     before = set((cluster.storage / "attempts").iterdir())
-    submit = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit",
-                               str(lm_job(tmp_path / "killed", steps=300)), "--policy", policy, "--wait", "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    submit = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(jobs[1]), "--policy",
+                               policy, "--wait", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sync = wait_for("the attempt's synced folder", lambda: set((cluster.storage / "attempts").iterdir()) - before)
     [sync] = sync
     wait_for("a committed segment", lambda: (sync / "checkpoints" / "segments" / "00000001" / "manifest.json").is_file())
-    for proc in job_processes(cluster, sync.name):  # the node's side of the job dies at once, as with its machine
+    killed = job_processes(cluster, sync.name)  # the nodes' side of the job dies at once, as with its machines
+    assert sum("trainmaster.jobs.launcher" in p.cmdline() for p in killed) == nodes, killed
+    for proc in killed:
         proc.send_signal(signal.SIGKILL)
     out, err = submit.communicate(timeout=WAIT_S * 2)
     job = json.loads(out[out.index("{"):]) if "{" in out else pytest.fail(out + err)
@@ -228,9 +294,43 @@ def test_a_two_node_gloo_job_runs_on_two_nodes_of_the_cluster(cluster, ray_home,
     job = shown(tm("submit", str(root / "job.yaml"), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
     assert job["state"] in ("accepted", "succeeded") and [a["backend"] for a in job["attempts"]] == ["ray"], job
     assert (ray_home / "jobs" / job["id"] / "outputs" / "sum.txt").read_text() == "3 2 1.0"
-    log = tm("logs", job["id"]).stdout
-    node0 = cluster.alive_nodes()[0]["node_ip"]  # node 0's address as the cluster knows it: torchrun's rendezvous
-    assert "node 0 of 2" in log and f"--nnodes=2 --node-rank=0 --master-addr={node0} " in log, log
+    log = tm("logs", job["id"]).stdout  # rank 0's launcher, run by a Ray Train worker: the script directly
+    assert "node 0 of 2, process 0 of 2" in log and "$ python train.py" in log and "torch.distributed" not in log, log
+    assert (cluster.storage / "ray-train" / job["attempts"][0]["id"]).is_dir()  # Ray Train's run state
+
+
+def local_wheel(folder: Path) -> Path:
+    """A tiny pure-Python wheel, tm-probe 1.0 (module tm_probe), written by hand into `folder`: a package no index
+    has, so it can only come from there."""
+    files = {"tm_probe.py": b"VALUE = 42\n",
+             "tm_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tm-probe\nVersion: 1.0\n",
+             "tm_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                             b"Tag: py3-none-any\n"}
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for name, data in files.items()) + "tm_probe-1.0.dist-info/RECORD,,\n"
+    folder.mkdir(parents=True)
+    wheel = folder / "tm_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in [*files.items(), ("tm_probe-1.0.dist-info/RECORD", record.encode())]:
+            zf.writestr(name, data)
+    return wheel
+
+
+def test_requirements_are_installed_on_the_nodes_from_a_local_wheel_folder(cluster, ray_home, tmp_path):
+    wheels = local_wheel(tmp_path / "wheels").parent
+    with (ray_home / "config" / "backends.yaml").open("a") as config:  # pip on the nodes never reaches an index
+        config.write(f"  pip_install_options: [--no-index, --find-links, '{wheels}']\n")
+    script = ("import os, sys, yaml, tm_probe\n"
+              "open(os.path.join(os.environ['TRAINMASTER_OUTPUT_DIR'], 'probe.txt'), 'w').write(\n"
+              "    f'{tm_probe.VALUE} {tm_probe.__file__} {sys.prefix}')\n")
+    spec = script_job(tmp_path / "job", script)
+    spec.write_text(spec.read_text() + "environment:\n  python: requirements\n")
+    (spec.parent / "requirements.txt").write_text("pyyaml  # as the local backend's test\ntm-probe==1.0\n")
+    job = shown(tm("submit", str(spec), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
+    assert job["state"] in ("accepted", "succeeded") and [a["backend"] for a in job["attempts"]] == ["ray"], job
+    value, where, prefix = (ray_home / "jobs" / job["id"] / "outputs" / "probe.txt").read_text().split()
+    assert value == "42" and where.startswith(prefix) and "runtime_resources/pip" in prefix, (where, prefix)
+    assert prefix != sys.prefix  # the runtime environment's virtualenv, not the node's own interpreter
 
 
 def test_an_unreachable_cluster_drops_out_of_the_plan_and_local_runs_the_job(tm_home, tmp_path):
@@ -244,6 +344,45 @@ def test_an_unreachable_cluster_drops_out_of_the_plan_and_local_runs_the_job(tm_
     job = shown(tm("submit", str(spec), "--policy", str(tmp_path / "policy.yaml"), "--wait", "--json"))
     assert job["state"] in ("accepted", "succeeded"), job
     assert [a["backend"] for a in job["attempts"]] == ["local"], job["attempts"]
+
+
+@pytest.mark.usefixtures("idle")
+def test_a_cluster_that_stops_answering_loses_the_attempt_and_local_runs_the_job(cluster, tm_home, tmp_path):
+    relay = Relay(cluster.dashboard_port).start()  # the head as this machine reaches it, until the relay stops
+    (tm_home / "config").mkdir(parents=True)
+    (tm_home / "config" / "backends.yaml").write_text(
+        f"ray:\n  address: http://127.0.0.1:{relay.port}\n  storage_path: {cluster.storage}\n"
+        f"  python: {sys.executable}\n  timeout_s: 2\n")
+    (tmp_path / "policy.yaml").write_text("name: ray\ndefault:\n  primary: ray\n  fallbacks: [local]\n  retries: 0\n"
+                                          "  unreachable_after_s: 3\n")
+    on_ray_waits = WRITES + "import os, time\nif os.environ.get('RAY_ADDRESS'):\n    time.sleep(120)\n"
+    submit = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit",
+                               str(script_job(tmp_path / "job", on_ray_waits)), "--policy",
+                               str(tmp_path / "policy.yaml"), "--wait", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    attempt, before = None, set((cluster.storage / "attempts").iterdir())
+    try:
+        sync = wait_for("the job running on the cluster", lambda: [
+            p for p in set((cluster.storage / "attempts").iterdir()) - before
+            if (p / "job.log").is_file() and "$ python train.py" in (p / "job.log").read_text()])
+        attempt = sync[0].name
+        relay.stop()
+        out, err = submit.communicate(timeout=WAIT_S)
+        job = json.loads(out[out.index("{"):]) if "{" in out else pytest.fail(out + err)
+        assert job["state"] == "accepted" and len(job["attempts"]) == 2, job
+        first, second = job["attempts"]
+        assert (first["backend"], first["state"], second["backend"]) == ("ray", "failed", "local"), job["attempts"]
+        assert "unreachable for" in first["reason"] and "does not answer" in first["reason"], first
+        db = sqlite3.connect(tm_home / "state.db")
+        events = db.execute("SELECT kind, to_state, detail FROM events WHERE attempt_id = ?", (first["id"],)).fetchall()
+        assert [kind for kind, _, _ in events].count("unreachable") == 1, events  # first found unreachable, once
+        assert json.loads(next(d for _, to, d in events if to == "failed"))["cause"] == "lost", events
+    finally:
+        submit.kill()
+        relay.stop()
+        if attempt is not None:  # the job ran on, out of the broker's reach: stop it on the cluster itself
+            RayBackend(RayConfig(address=cluster.address)).jobs.stop("tm-" + attempt)
+            wait_for("the job's processes gone", lambda: not job_processes(cluster, attempt), timeout=30)
 
 
 def test_ray_spot_is_refused_in_a_policy(tm_home, tmp_path):

@@ -1,15 +1,19 @@
 """The Ray backend's reading of what Ray says, without a cluster: the Jobs API's states mapped to ours and their
-causes (with the launcher's exit record, or without it: lost), the state API's nodes, the client's errors typed,
-and `backends check` off the network."""
+causes (with the launcher's exit record, or without it: lost), the nodes with what they have free, the client's
+errors typed, a dashboard that does not answer transient, `backends check` off the network, and the shape of
+a Ray Train run (workers, their shares, placement; GPUs beyond one node spanning the nodes that have them)."""
 
 from __future__ import annotations
+
+import socket
+import time
 
 import pytest
 
 from trainmaster.backends.base import BackendError, Cause, Phase, TransientBackendError
 from trainmaster.backends.ray import check
-from trainmaster.backends.ray.backend import _misfit, _status
-from trainmaster.backends.ray.cluster import Jobs, RayJob, _node
+from trainmaster.backends.ray.backend import _misfit, _spans, _status
+from trainmaster.backends.ray.cluster import Jobs, Node, RayJob, _node, nodes
 from trainmaster.backends.ray.config import RayConfig
 from trainmaster.jobs.spec import JobSpec
 
@@ -45,10 +49,13 @@ def test_a_stopped_job_is_cancelled():
     assert (found.phase, found.cause) == (Phase.cancelled, Cause.cancelled)
 
 
-def test_nodes_are_read_from_their_total_resources_with_the_gpu_type():
-    node = _node({"node_id": "n1", "node_ip": "10.0.0.2", "is_head_node": False, "state": "ALIVE",
-                  "resources_total": {"CPU": 16.0, "GPU": 2.0, "memory": 64 * 2**30, "accelerator_type:A100": 1.0}})
+def test_nodes_offer_what_they_have_free_with_the_gpu_type():
+    item = {"node_id": "n1", "node_ip": "10.0.0.2", "is_head_node": False, "state": "ALIVE",
+            "resources_total": {"CPU": 16.0, "GPU": 2.0, "memory": 64 * 2**30, "accelerator_type:A100": 1.0}}
+    node = _node(item, {})  # not in the usage report yet: all free
     assert (node.cpus, node.gpus, node.gpu_type, node.memory_mb, node.head) == (16, 2, "A100", 65536, False)
+    busy = _node(item, {"CPU": [5.5, 16.0], "GPU": [2.0, 2.0], "memory": [16 * 2**30, 64 * 2**30]})
+    assert (busy.cpus, busy.gpus, busy.memory_mb) == (10, 0, 49152)
     spec = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py",
                                    "resources": {"gpus": 2, "gpu_types": ["H100"]}})
     assert _misfit(node, spec) == "GPUs of type A100"
@@ -66,8 +73,23 @@ def test_the_clients_errors_are_typed(raised, typed):
         raise raised
 
     with pytest.raises(typed) as caught:
-        Jobs("http://127.0.0.1:1")._call(fails)
+        Jobs("http://127.0.0.1:1", 1.0)._call(fails)
     assert type(caught.value) is typed
+
+
+def test_a_dashboard_that_does_not_answer_is_transient_for_nodes_status_and_stop():
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        began = time.monotonic()
+        for call in (lambda: nodes(address, 0.5), lambda: Jobs(address, 0.5).info("tm-a"),
+                     lambda: Jobs(address, 0.5).stop("tm-a")):
+            with pytest.raises(TransientBackendError, match="does not answer"):
+                call()
+        assert time.monotonic() - began < 5  # each bounded by the timeout, not held
+    with pytest.raises(TransientBackendError, match="does not answer"):  # nothing listens there now
+        Jobs(address, 0.5).info("tm-a")
 
 
 def test_check_names_what_the_settings_lack_without_asking_the_cluster(tmp_path):
@@ -86,3 +108,34 @@ def test_each_process_gets_its_share_of_the_cpus_unless_the_spec_says(tmp_path):
     assert RayBackend._plan(spec, ctx, tmp_path).env["OMP_NUM_THREADS"] == "2"  # Ray would give each process 4
     own = spec.model_copy(update={"env": {"OMP_NUM_THREADS": "3"}})
     assert RayBackend._plan(own, ctx, tmp_path).env["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_job_across_nodes_is_one_ray_train_worker_per_process_with_its_share(tmp_path):
+    from trainmaster.backends.ray.backend import RayBackend
+
+    backend = RayBackend(RayConfig(storage_path=str(tmp_path)))
+    cpu = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "resources": {"nodes": 2}})
+    assert backend._run(cpu, "a.1") == {"workers": 2, "cpus": 1, "gpus": 0, "placement": "STRICT_SPREAD",
+                                        "storage": str(tmp_path / "ray-train"), "name": "a.1"}
+    two_each = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py",
+                                       "resources": {"nodes": 2, "gpus": 2, "cpus": 8}})
+    assert {k: backend._run(two_each, "a.1")[k] for k in ("workers", "cpus", "gpus", "placement")} == {
+        "workers": 4, "cpus": 4, "gpus": 1.0, "placement": "SPREAD"}
+    beyond = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "resources": {"gpus": 4}})
+    assert {k: backend._run(beyond, "a.1")[k] for k in ("workers", "gpus", "placement")} == {
+        "workers": 4, "gpus": 1.0, "placement": "PACK"}
+
+
+def test_more_gpus_than_one_node_has_span_the_nodes_that_have_them_free():
+    def node(gpus: int, cpus: int, kind: str = "A100") -> Node:
+        return Node(node_id=f"n{gpus}{cpus}{kind}", ip="10.0.0.2", head=False, cpus=cpus, memory_mb=2**16,
+                    gpus=gpus, gpu_type=kind)
+
+    four = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "resources": {"gpus": 4}})
+    assert len(_spans([node(2, 8), node(2, 8)], four)) == 2
+    assert _spans([node(2, 8), node(1, 8)], four) == []  # 3 GPUs free in all
+    assert _spans([node(2, 8), node(2, 1)], four) == []  # a worker needs a CPU beside its GPU
+    typed = four.model_copy(update={"resources": four.resources.model_copy(update={"gpu_types": ["H100"]})})
+    assert _spans([node(2, 8), node(2, 8, "H100")], typed) == []
+    cpu = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py"})
+    assert _spans([node(0, 8), node(0, 8)], cpu) == []  # a CPU job never spans: it fits one node or waits

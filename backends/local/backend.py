@@ -255,17 +255,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
         in `dest` (the broker's) as the runtime's checkpoint directory: hard-linked where one filesystem holds
         both (the run has ended, nothing writes to them), hashed as they go, so the broker reads nothing of
         this backend's own folder."""
-        source = Path(handle.data["workdir"]) / "checkpoints" / "segments"
-        wanted = set(indices) | {i + 1 for i in indices}
-        names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())
-                                        if source.is_dir() and not source.is_symlink() else [])
-        for name in names:
-            here, there = source / name, Path(dest) / "segments" / name
-            if int(name) in wanted:
-                await transfer.copy_tree(here, there)
-            else:
-                await asyncio.to_thread(_copy_manifest, here / "manifest.json", there / "manifest.json")
-        return Path(dest)
+        return await copy_segments(Path(handle.data["workdir"]) / "checkpoints", indices, Path(dest))
 
     async def last_checkpoint(self, handle: Handle) -> CheckpointRef | None:
         """The attempt's checkpoint directory, once it holds anything (the runtime resumes from its newest
@@ -316,6 +306,23 @@ def read_chunk(path: Path, offset: int, limit: int) -> MetricsChunk:
         f.seek(offset)
         data = f.read(max(0, limit))
     return MetricsChunk(data=data, offset=offset, size=info.st_size, modified_at=info.st_mtime)
+
+
+async def copy_segments(checkpoints: Path, indices: list[int], dest: Path) -> Path:
+    """Every segment's manifest under the runtime's checkpoint directory `checkpoints`, and the whole of each
+    segment of `indices` and of the one after it, copied into `dest` laid out the same (hashed as they go);
+    returns `dest`."""
+    source = checkpoints / "segments"
+    wanted = set(indices) | {i + 1 for i in indices}
+    names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())
+                                    if source.is_dir() and not source.is_symlink() else [])
+    for name in names:
+        here, there = source / name, dest / "segments" / name
+        if int(name) in wanted:
+            await transfer.copy_tree(here, there)
+        else:
+            await asyncio.to_thread(_copy_manifest, here / "manifest.json", there / "manifest.json")
+    return dest
 
 
 def _copy_manifest(source: Path, target: Path) -> None:

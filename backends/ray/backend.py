@@ -4,18 +4,20 @@ power model.
 Submit: the bundle, alone in a folder of the attempt's work dir, is the job's `working_dir` (Ray uploads it
 to the cluster); the entrypoint is the shared launcher (`python -m trainmaster.jobs.launcher`, the `ray`
 service of jobs/launch_plan.py), which checks the bundle's sha256 on the node before the job starts. The
-submission id derives from the attempt id, so a second submit finds the first job. A job of several nodes
-is submitted as the gang driver (gang.py), which runs the launcher on that many distinct nodes, torchrun's
-rendezvous between them. The synced folder is
+submission id derives from the attempt id, so a second submit finds the first job. A job of several nodes, or
+of more GPUs than one node has free, is submitted as the Ray Train driver (trainer.py): Ray Train's
+`TorchTrainer` runs one worker per GPU, or per process of a CPU job, each starting the launcher for its one
+process with torchrun's rank variables. The synced folder is
 `<storage_path>/attempts/<attempt id>/` on the cluster's shared storage, which this machine sees at the same
-path: the launcher keeps the outputs, checkpoints, log and exit record there, and status, logs, metrics, the
-resume point and the outputs are read from it, as the managed backends read theirs from an object store.
+path: the launcher (rank 0's) keeps the outputs, checkpoints, log and exit record there, and status, logs,
+metrics, the resume point and the outputs are read from it, as the managed backends read theirs from an
+object store. Ray Train keeps its own run state under `<storage_path>/ray-train/<attempt id>`.
 
 States: Ray's PENDING/RUNNING/SUCCEEDED map to ours, STOPPED to cancelled; a FAILED job whose launcher wrote
 its exit record failed with the job's own exit code (the script failed); one without it never finished (its
 node or its driver died): `lost`, so the policy retries it, resuming from the synced checkpoints. Offers come
-from the cluster's live nodes (the dashboard's REST state API, with a timeout): a cluster that does not answer
-has no offers and says why, so the plan falls back.
+from what the cluster's live nodes have free (the dashboard's REST API, with a timeout): a busy cluster offers
+less, and one that does not answer has no offers and says why, so the plan falls back.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ from trainmaster.backends.base import (
     OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import (
-    CheckpointRef, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu, SupportsMultiNode,
+    CheckpointRef, KeepsSegments, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu,
+    SupportsMultiNode,
 )
-from trainmaster.backends.local.backend import newest_segment, read_chunk
+from trainmaster.backends.local.backend import copy_segments, newest_segment, read_chunk
 from trainmaster.backends.ray import check
 from trainmaster.backends.ray.cluster import Jobs, Node, RayJob, nodes
-from trainmaster.backends.ray.gang import RESOURCES
 from trainmaster.backends.ray.config import RayConfig
+from trainmaster.backends.ray.trainer import RUN
 from trainmaster.jobs import launch_plan as plan
+from trainmaster.jobs.bundle import BundleError, read_member
 from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS
 from trainmaster.jobs.files import HostileFile, read_regular
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
@@ -58,9 +62,12 @@ OMP_THREADS = "OMP_NUM_THREADS"
 the CPUs (13× slower DDP steps measured with 2 processes on 2 CPUs), so each process gets its share (the
 spec's `env` wins)."""
 POLL_S = 0.2
+MAX_REQUIREMENTS_BYTES = 2**20
+RAY_PIP_OPTIONS = ("--disable-pip-version-check", "--no-cache-dir")
+"""Ray's own pip options, which a runtime environment's `pip_install_options` replaces."""
 
 
-class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, ReportsMetrics, Backend):
+class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFromCheckpoints, ReportsMetrics, Backend):
     name = "ray"
     unsupported = {
         "spot": "your own machines are never preempted, so there is no spot price",
@@ -68,18 +75,17 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
     }
     config_model = RayConfig
     config: RayConfig
+    exact_replay = False  # the nodes may differ from this machine: a replay audit of a Ray job is within τ
 
     def __init__(self, config: RayConfig | None = None):
         super().__init__(config)
-        self.jobs = Jobs(self.config.address)
+        self.jobs = Jobs(self.config.address, self.config.timeout_s)
 
     # planning
 
     async def offers(self, request: OfferRequest) -> OfferSet:
         spec = request.spec
         reasons = check.check(self.config)
-        if spec.environment.python == "requirements":
-            reasons.append("environment: requirements is not built on Ray nodes in this version")
         if reasons:
             return OfferSet(backend=self.name, reasons=reasons)
         try:
@@ -87,16 +93,18 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
         except BackendError as exc:
             return OfferSet(backend=self.name, reasons=[str(exc)])
         fitting = sorted((n for n in live if not _misfit(n, spec)), key=lambda n: (n.gpus, n.cpus, n.memory_mb))
-        if len(fitting) < spec.resources.nodes:
+        spans = _spans(live, spec) if spec.resources.nodes == 1 and not fitting else []
+        if len(fitting) < spec.resources.nodes and not spans:
             return OfferSet(backend=self.name, reasons=[_no_node(live, spec)])
-        node = fitting[-spec.resources.nodes]  # the least of the nodes the job would get
+        node = fitting[-spec.resources.nodes] if not spans else max(spans, key=lambda n: n.gpus)
         gpus = spec.resources.gpus
         return OfferSet(backend=self.name, offers=[Offer(
             backend=self.name, instance=f"ray@{urlsplit(self.config.address).hostname}", region="ray",
             gpu_type=node.gpu_type if gpus else None, gpu_count=gpus, cpus=node.cpus, memory_mb=node.memory_mb,
             nodes=spec.resources.nodes,
             price_per_hour_micro_usd=self.config.power.price_per_hour_micro(gpus),
-            detail={"nodes": len(live), "fitting_nodes": len(fitting), "nproc": spec.resources.nproc},
+            detail={"nodes": len(live), "fitting_nodes": len(fitting), "nproc": spec.resources.nproc,
+                    "ray_train": spec.resources.nodes > 1 or bool(spans)},
             quote={"source": "power model"},
         )])
 
@@ -115,16 +123,41 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
         env = {plan.VARIABLE: self._plan(spec, ctx, sync).model_dump_json()}
         if self.config.namespace:
             env["RAY_NAMESPACE"] = self.config.namespace
-        python = shlex.quote(self.config.python)
-        if res.nodes == 1:  # the launcher is the entrypoint, holding the job's resources
+        pip = await asyncio.to_thread(self._pip, bundle, spec)
+        # with requirements, `python` is the runtime environment's (a virtualenv over the node's interpreter)
+        python = "python" if pip else shlex.quote(self.config.python)
+        if not offer.detail.get("ray_train"):  # the launcher is the entrypoint, holding the job's resources
             entry, cpus, gpus = f"{python} -m trainmaster.jobs.launcher", node_cpus(spec), res.gpus
-        else:  # the gang driver holds nothing; each node's launcher holds its share (gang.py)
-            entry, cpus, gpus = f"{python} -m trainmaster.backends.ray.gang", 0, 0
-            env[RESOURCES] = json.dumps({"CPU": node_cpus(spec), **({"GPU": res.gpus} if res.gpus else {})})
+        else:  # the Ray Train driver holds nothing; each worker holds its process's share (trainer.py)
+            entry, cpus, gpus = f"{python} -m trainmaster.backends.ray.trainer", 0, 0
+            env[RUN] = json.dumps(self._run(spec, ctx.attempt_id))
         await asyncio.to_thread(self.jobs.submit, submission, entrypoint=entry, working_dir=str(working_dir), env=env,
-                                cpus=cpus, gpus=gpus)
+                                cpus=cpus, gpus=gpus, pip=pip)
         return Handle(backend=self.name, attempt_id=ctx.attempt_id,
                       data={"submission": submission, "sync": str(sync), "nodes": res.nodes})
+
+    def _pip(self, bundle: Path, spec: JobSpec) -> dict | None:
+        """Ray's `pip` runtime environment for an `environment: requirements` job (None for `current`): the
+        requirements file's lines, read from the bundle, and the configured pip options."""
+        if spec.environment.python != "requirements":
+            return None
+        try:
+            text = read_member(bundle, spec.environment.requirements, MAX_REQUIREMENTS_BYTES).decode()
+        except (BundleError, UnicodeDecodeError) as exc:
+            raise BackendError(f"cannot read the job's requirements from its bundle: {exc}") from None
+        lines = [line.split(" #")[0].strip() for line in text.splitlines()]
+        return {"packages": [line for line in lines if line and not line.startswith("#")],
+                "pip_install_options": [*RAY_PIP_OPTIONS, *self.config.pip_install_options]}
+
+    def _run(self, spec: JobSpec, attempt_id: str) -> dict:
+        """The Ray Train run of a job across nodes: one worker per process (per GPU, or per process on CPU),
+        each holding its share of a node's resources; one worker per node when the job runs one process per node
+        (STRICT_SPREAD), else spread as Ray can (SPREAD) or, for GPUs beyond one node, packed (PACK)."""
+        res = spec.resources
+        placement = ("STRICT_SPREAD" if res.nproc == 1 else "SPREAD") if res.nodes > 1 else "PACK"
+        return {"workers": res.nodes * res.nproc, "cpus": max(1, node_cpus(spec) // res.nproc),
+                "gpus": res.gpus / res.nproc if res.gpus else 0, "placement": placement,
+                "storage": str(Path(self.config.storage_path) / "ray-train"), "name": attempt_id}
 
     @staticmethod
     def _plan(spec: JobSpec, ctx: AttemptContext, sync: Path) -> plan.LaunchPlan:
@@ -171,6 +204,11 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, ResumesFromCheckpoints, Re
         sync = Path(handle.data["sync"])
         newest = await asyncio.to_thread(newest_segment, sync / plan.SYNC_CHECKPOINTS)
         return CheckpointRef(uri=str(sync), segment=newest[0], step=newest[1]) if newest else None
+
+    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
+        """For the replay audit: the segments it challenges (and every manifest) copied from the synced
+        checkpoints into the broker's `dest`, hashed as they go."""
+        return await copy_segments(Path(handle.data["sync"]) / plan.SYNC_CHECKPOINTS, indices, Path(dest))
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """The outputs from the synced folder, hashed as they are copied, checked against the launcher's manifest
@@ -244,13 +282,25 @@ def _misfit(node: Node, spec: JobSpec) -> str | None:
     return None
 
 
+def _spans(live: list[Node], spec: JobSpec) -> list[Node]:
+    """The nodes (of a wanted GPU type) that together hold the workers of a one-node job asking for more GPUs than
+    any one node has free: one worker per process, each with its share of the GPUs and CPUs (Ray Train runs them
+    across the nodes); empty when they cannot."""
+    res = spec.resources
+    if not res.gpus:
+        return []
+    gpus, cpus = res.gpus / res.nproc, max(1, node_cpus(spec) // res.nproc)
+    typed = [n for n in live if not res.gpu_types or n.gpu_type in res.gpu_types]
+    return typed if sum(min(int(n.gpus // gpus), n.cpus // cpus) for n in typed) >= res.nproc else []
+
+
 def _no_node(live: list[Node], spec: JobSpec) -> str:
     if not live:
         return "the Ray cluster has no live node"
     res = spec.resources
     need = (f"{res.gpus} GPU(s)" + (f" of type {'/'.join(res.gpu_types)}" if res.gpu_types else "") + ", "
             if res.gpus else "") + f"{node_cpus(spec)} CPU(s)"
-    have = "; ".join(f"{n.ip}: {_misfit(n, spec)}" for n in live[:5])
+    have = "; ".join(f"{n.ip}: {_misfit(n, spec)} free" for n in live[:5])
     many = f"{res.nodes} nodes" if res.nodes > 1 else "no node"
     return f"{many} of the Ray cluster {'have' if res.nodes > 1 else 'has'} {need} (nodes have {have})"
 

@@ -1,7 +1,11 @@
-"""The Ray cluster as the Ray backend talks to it: its live nodes over the dashboard's REST state API (one HTTP
-GET with a timeout, Ray not imported), and its jobs through the Jobs API client (`ray.job_submission`, imported
-on first use). Every call blocks: the backend runs them with `asyncio.to_thread`. Errors are the core's: the
-dashboard unreachable or answering 5xx → TransientBackendError; a refusal → BackendError saying what Ray said.
+"""The Ray cluster as the Ray backend talks to it, over its dashboard: its live nodes and what each has free
+(two HTTP GETs, Ray not imported: the state API's node list, and the autoscaler's per-node usage report, which
+the head's monitor refreshes every few seconds), and its jobs through the Jobs API: submitted with its client
+(`ray.job_submission`, imported on first use: it packs and uploads the working dir), read and stopped over
+its REST routes (`GET /api/jobs/<id>`, `POST /api/jobs/<id>/stop`), where every call has a timeout, so a head
+that stops answering fails the call rather than holding it. Every call blocks: the backend runs them with
+`asyncio.to_thread`. Errors are the core's: the dashboard unreachable, slow or answering 5xx →
+TransientBackendError; a refusal → BackendError saying what Ray said.
 """
 
 from __future__ import annotations
@@ -11,18 +15,22 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from trainmaster.backends.base import BackendError, TransientBackendError
 
 NODES_PATH = "/api/v0/nodes?limit=10000&detail=true"
+USAGE_PATH = "/api/cluster_status"
 MAX_BODY_BYTES = 2**24
+MAX_RECORD_BYTES = 2**16
 ACCELERATOR = "accelerator_type:"
 STATUS_CODE = re.compile(r"status code (\d{3})")
 
 
 @dataclass(frozen=True)
 class Node:
-    """One live node, from its total resources (Ray's own view: `ray start --num-cpus/--num-gpus`)."""
+    """One live node: what it has free now (its total less what Ray's tasks, actors and placement groups hold;
+    Ray's own view: `ray start --num-cpus/--num-gpus`), and its GPUs' type."""
 
     node_id: str
     ip: str
@@ -46,37 +54,54 @@ class RayJob:
 
 
 def nodes(address: str, timeout: float) -> list[Node]:
-    """The cluster's live nodes; TransientBackendError when the dashboard does not answer."""
-    url = address.rstrip("/") + NODES_PATH
+    """The cluster's live nodes and what each has free; TransientBackendError when the dashboard does not answer.
+    A node the usage report does not hold yet (it joined since the monitor's last round) counts as all free."""
+    listed = _request(address, NODES_PATH, timeout, "its node list")
+    report = _request(address, USAGE_PATH, timeout, "its cluster status")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            body = json.loads(resp.read(MAX_BODY_BYTES))
-    except urllib.error.HTTPError as exc:
-        error = TransientBackendError if exc.code >= 500 else BackendError
-        raise error(f"the Ray dashboard at {address} answered HTTP {exc.code} to its node list") from None
-    except (OSError, ValueError) as exc:
-        why = getattr(exc, "reason", None) or exc
-        raise TransientBackendError(f"the Ray dashboard at {address} does not answer: {why}") from None
-    try:
-        listed = body["data"]["result"]["result"]
-        return [_node(item) for item in listed if item.get("state") == "ALIVE"]
+        usage = (((report["data"].get("clusterStatus") or {}).get("loadMetricsReport") or {}).get("usageByNode")
+                 or {})
+        return [_node(item, usage.get(item["node_id"], {})) for item in listed["data"]["result"]["result"]
+                if item.get("state") == "ALIVE"]
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise BackendError(f"the Ray dashboard at {address} sent a node list that does not read ({exc!r})") from None
 
 
-def _node(item: dict) -> Node:
+def _request(address: str, path: str, timeout: float, what: str, method: str = "GET") -> dict:
+    """The dashboard's JSON answer to one request."""
+    request = urllib.request.Request(address.rstrip("/") + path, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read(MAX_BODY_BYTES))
+    except urllib.error.HTTPError as exc:
+        error = TransientBackendError if exc.code >= 500 else BackendError
+        said = _last_line(exc.read(MAX_RECORD_BYTES).decode(errors="replace"))
+        raise error(f"the Ray dashboard at {address} answered HTTP {exc.code} to {what}: {said}") from None
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "reason", None) or exc
+        raise TransientBackendError(f"the Ray dashboard at {address} does not answer: {why}") from None
+
+
+def _node(item: dict, usage: dict) -> Node:
+    """A node from its totals (the state API) less what the usage report says is in use ({resource: [used,
+    total]}, resource names as the dashboard spells them: CPU, GPU, memory in bytes)."""
     total = item["resources_total"]
     types = [key[len(ACCELERATOR):] for key in total if key.startswith(ACCELERATOR)]
+
+    def free(name: str) -> float:
+        used = usage.get(name, [0.0])[0]
+        return max(0.0, float(total.get(name, 0)) - float(used))
+
     return Node(node_id=str(item["node_id"]), ip=str(item["node_ip"]), head=bool(item.get("is_head_node")),
-                cpus=int(total.get("CPU", 0)), memory_mb=int(total.get("memory", 0)) // 2**20,
-                gpus=int(total.get("GPU", 0)), gpu_type=types[0] if types else None)
+                cpus=int(free("CPU")), memory_mb=int(free("memory")) // 2**20, gpus=int(free("GPU")),
+                gpu_type=types[0] if types else None)
 
 
 class Jobs:
-    """The cluster's Jobs API; the client is made on first use and kept (making one asks the dashboard)."""
+    """The cluster's Jobs API; the client is made on first submit and kept (making one asks the dashboard)."""
 
-    def __init__(self, address: str):
-        self.address = address
+    def __init__(self, address: str, timeout: float):
+        self.address, self.timeout = address, timeout
         self._client = None
 
     def client(self):
@@ -87,25 +112,32 @@ class Jobs:
         return self._client
 
     def submit(self, submission_id: str, *, entrypoint: str, working_dir: str, env: dict[str, str], cpus: int,
-               gpus: int) -> None:
-        """Submit once: a submission of that id already there is the one submitted before (no second one)."""
+               gpus: int, pip: dict | None = None) -> None:
+        """Submit once: a submission of that id already there is the one submitted before (no second one).
+        `pip`: Ray's runtime environment of packages (`{"packages", "pip_install_options"}`), installed into a
+        virtualenv over the node's interpreter before the entrypoint starts, on every node the job uses."""
+        runtime_env = {"working_dir": working_dir, "env_vars": env, **({"pip": pip} if pip else {})}
         try:
             self._call(self.client().submit_job, entrypoint=entrypoint, submission_id=submission_id,
-                       runtime_env={"working_dir": working_dir, "env_vars": env}, entrypoint_num_cpus=cpus,
-                       entrypoint_num_gpus=gpus)
+                       runtime_env=runtime_env, entrypoint_num_cpus=cpus, entrypoint_num_gpus=gpus)
         except BackendError as exc:
             if "already exists" not in str(exc):
                 raise
 
     def info(self, submission_id: str) -> RayJob:
-        info = self._call(self.client().get_job_info, submission_id)
-        return RayJob(status=info.status.value, message=info.message or "", error_type=info.error_type,
-                      started_at=info.start_time / 1000 if info.start_time else None,
-                      ended_at=info.end_time / 1000 if info.end_time else None)
+        info = _request(self.address, f"/api/jobs/{quote(submission_id)}", self.timeout, f"job {submission_id}")
+        try:
+            return RayJob(status=str(info["status"]), message=str(info.get("message") or ""),
+                          error_type=info.get("error_type"),
+                          started_at=info["start_time"] / 1000 if info.get("start_time") else None,
+                          ended_at=info["end_time"] / 1000 if info.get("end_time") else None)
+        except (KeyError, TypeError) as exc:
+            raise BackendError(f"the Ray Jobs API sent job {submission_id} in a form that does not read "
+                               f"({exc!r})") from None
 
     def stop(self, submission_id: str) -> None:
         """Ask Ray to stop the job (SIGTERM to its entrypoint, SIGKILL past Ray's grace); an ended job stays as it is."""
-        self._call(self.client().stop_job, submission_id)
+        _request(self.address, f"/api/jobs/{quote(submission_id)}/stop", self.timeout, f"stop {submission_id}", "POST")
 
     def _call(self, method, *args, **kwargs):
         try:

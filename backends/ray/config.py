@@ -1,5 +1,6 @@
 """The Ray backend's settings (`ray:` in backends.yaml): where the cluster's Jobs API listens, the folder every node
-(and this machine) sees at the same path, the interpreter on the nodes, and what the machines' power costs."""
+(and this machine) sees at the same path, the interpreter on the nodes, pip's options there, and what the machines'
+power costs."""
 
 from __future__ import annotations
 
@@ -20,5 +21,9 @@ class RayConfig(BackendConfig):
                                                        "log and exit record are kept there.")
     python: str = Field("python", description="The interpreter on the nodes that has trainmaster installed (it "
                                               "runs `-m trainmaster.jobs.launcher`).")
+    pip_install_options: list[str] = Field(
+        default_factory=list, description="Options for pip as it installs an `environment: requirements` job's "
+                                          "requirements on the nodes (Ray's runtime environment), after Ray's own: "
+                                          "e.g. [--no-index, --find-links, /shared/wheels] on a cluster offline.")
     power: PowerModel = Field(default_factory=PowerModel, description="Prices runs on the cluster's machines.")
     timeout_s: float = Field(5.0, gt=0, description="How long a call to the dashboard may take.")

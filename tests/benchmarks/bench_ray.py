@@ -1,7 +1,8 @@
 """The Ray backend's overhead: submit → the entrypoint starting on a Ray cluster vs on `local`, and the engine's own
 part (a bare Jobs API submission → its entrypoint starting) printed apart; the steps/s of a DDP job with 2
-workers vs 1 on the same node (gloo on CPU: the scaling efficiency, 1.0 ideal, per added worker; the test
-cluster's head has 2 CPUs); plus `trainmaster --help` with ray installed (it must not import Ray: ≤ 0.10 s).
+workers vs 1 (gloo on CPU: the scaling efficiency, 1.0 ideal, per added worker), the 2 workers on one node
+(torchrun under the launcher; the test cluster's head has 2 CPUs) and on two nodes (Ray Train's TorchTrainer,
+a worker of 1 CPU on each node); plus `trainmaster --help` with ray installed (it must not import Ray: ≤ 0.10 s).
 
 The backends' figures are timed from the job's `submitted` event to the first line of its script (as
 bench_overhead.py does for local), the median of 10 runs (1 in the smoke run), each through a fresh
@@ -57,13 +58,17 @@ BARE = "python -c 'import time; print(\"STARTED\", time.time())'"
 
 
 def cli(env: dict[str, str], *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
-                         env=env).stdout
-    return json.loads(out[out.index("{"):])
+    done = subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
+                          env=env)
+    if "{" not in done.stdout:
+        raise RuntimeError(f"trainmaster {' '.join(args)}: {done.stdout}{done.stderr}")
+    return json.loads(done.stdout[done.stdout.index("{"):])
 
 
-def to_start(root: Path, home: Path, policy: Path | None) -> float:
-    """Seconds from the job's `submitted` event to its script's first line."""
+def to_start(root: Path, home: Path, policy: Path | None, cluster: RayCluster | None = None) -> float:
+    """Seconds from the job's `submitted` event to its script's first line (on `cluster` once it is idle)."""
+    if cluster is not None:
+        cluster.wait_idle()
     code = root / f"job-{time.time_ns()}"
     code.mkdir()
     (code / "train.py").write_text(SCRIPT)
@@ -76,12 +81,16 @@ def to_start(root: Path, home: Path, policy: Path | None) -> float:
     return started - submitted
 
 
-def ddp_steps_per_s(root: Path, home: Path, policy: Path, workers: int, steps: int) -> float:
-    code = root / f"ddp-{workers}-{time.time_ns()}"
+def ddp_steps_per_s(cluster: RayCluster, root: Path, home: Path, policy: Path, workers: int, steps: int,
+                    nodes: int = 1) -> float:
+    """Steps/s of rank 0 of a DDP job of `workers` processes on each of `nodes` nodes."""
+    cluster.wait_idle()  # offers count free CPUs: the job before may still be counted for a few seconds
+    code = root / f"ddp-{workers}-{nodes}-{time.time_ns()}"
     code.mkdir()
     (code / "train.py").write_text(DDP)
     (code / "job.yaml").write_text(f"name: ddp\nentrypoint: python train.py\nlauncher: torchrun\n"
-                                   f"env: {{STEPS: '{steps}'}}\nresources:\n  cpus: {workers}\n  processes: {workers}\n")
+                                   f"env: {{STEPS: '{steps}'}}\nresources:\n  cpus: {workers}\n  processes: {workers}\n"
+                                   f"  nodes: {nodes}\n")
     job = cli({**os.environ, "TRAINMASTER_HOME": str(home)}, "submit", str(code / "job.yaml"), "--policy", str(policy),
               "--wait", "--json")
     assert job["state"] in ("accepted", "succeeded"), job
@@ -122,15 +131,18 @@ def run(smoke: bool = False) -> dict[str, float]:
         home, policy = ray_home(root, cluster)
         figures = {
             "ray: submitted → entrypoint start (s, median)":
-                statistics.median(to_start(root, home, policy) for _ in range(repeat)),
+                statistics.median(to_start(root, home, policy, cluster) for _ in range(repeat)),
             "local: submitted → entrypoint start (s, median)":
                 statistics.median(to_start(root, root / "home-local", None) for _ in range(repeat)),
             "Ray Jobs API alone: submit → entrypoint start (s, median)": engine_start(cluster.address, repeat),
         }
         steps = 20 if smoke else 300
-        one, two = (ddp_steps_per_s(root, home, policy, workers, steps) for workers in (1, 2))
-        figures.update({"DDP on Ray, 1 worker (steps/s)": one, "DDP on Ray, 2 workers (steps/s)": two,
-                        "scaling efficiency, 2 workers (steps/s ratio)": two / one})
+        one, two = (ddp_steps_per_s(cluster, root, home, policy, workers, steps) for workers in (1, 2))
+        spread = ddp_steps_per_s(cluster, root, home, policy, 1, steps, nodes=2)
+        figures.update({"DDP on Ray, 1 worker (steps/s)": one, "DDP on Ray, 2 workers on 1 node (steps/s)": two,
+                        "scaling efficiency, 2 workers on 1 node (steps/s ratio)": two / one,
+                        "DDP on Ray Train, 2 workers on 2 nodes (steps/s)": spread,
+                        "scaling efficiency, 2 workers on 2 nodes (steps/s ratio)": spread / one})
     finally:
         cluster.stop()
     figures["trainmaster --help (s, median of 5)"] = median_seconds(
