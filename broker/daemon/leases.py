@@ -42,7 +42,7 @@ class Leases:
 
     def claim(self, job_id: str, holder: str, ttl_s: float) -> bool:
         """Take the job's lease for `ttl_s` seconds; False when another holder's lease has not expired."""
-        with self._lock, statedb.immediate(self.db, serialized=False) as db:
+        with self._lock, statedb.single_write(self.db) as db:
             return db.execute(
                 f"INSERT INTO job_leases (job_id, holder, expires_at) VALUES (?, ?, {self._now} + ?)"
                 " ON CONFLICT (job_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at"
@@ -52,13 +52,13 @@ class Leases:
 
     def renew(self, job_id: str, holder: str, ttl_s: float) -> bool:
         """Extend a lease this holder still has; False when it lost it (it expired and another took it)."""
-        with self._lock, statedb.immediate(self.db, serialized=False) as db:
+        with self._lock, statedb.single_write(self.db) as db:
             return db.execute(f"UPDATE job_leases SET expires_at = {self._now} + ? WHERE job_id = ? AND holder = ?",
                               (ttl_s, job_id, holder)).rowcount == 1
 
     def release(self, job_id: str, holder: str) -> None:
         """Give the job's lease up (nothing when another holder has it)."""
-        with self._lock, statedb.immediate(self.db, serialized=False) as db:
+        with self._lock, statedb.single_write(self.db) as db:
             db.execute("DELETE FROM job_leases WHERE job_id = ? AND holder = ?", (job_id, holder))
 
     def holder(self, job_id: str) -> str | None:
