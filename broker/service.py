@@ -328,7 +328,8 @@ class Broker:
 
     async def _advance(self, job_id: str, seen: Job | None = None) -> Job:
         """Advance the job; `seen`: its row as the caller just read it (an ended job is left there). Under
-        its lock the row is read again, and again only after a step that may have moved it."""
+        its lock the row is read again, and again only after a step that may have moved it (a watch that
+        wrote nothing did not)."""
         job = seen or self.store.job(job_id)
         if job.state in states.JOB_ENDS:
             return job
@@ -345,8 +346,10 @@ class Broker:
                 job = self.store.job(job_id)
             for attempt in self.store.attempts(job_id):
                 if attempt.state not in states.ATTEMPT_ENDS | states.WAITING:
+                    written = self.store.transactions
                     await self._watch(job, attempt)
-                    job = self.store.job(job_id)
+                    if self.store.transactions != written:  # else the job is as it was read under its lock
+                        job = self.store.job(job_id)
         return job
 
     async def refresh(self) -> None:

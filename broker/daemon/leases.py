@@ -2,12 +2,13 @@
 
 A lease is a row (job id, holder, expires_at). Its times come from the DATABASE's clock (its dialect's
 `NOW`: `clock_timestamp()` on PostgreSQL), never the caller's, so reconcilers on machines whose clocks
-disagree still agree on who holds a job. A claim is one statement, an upsert whose update has a WHERE, that
-takes the row when it is free, expired, or already this holder's (on PostgreSQL the row lock of the
-conflicting row makes two claims of one job take turns: the second sees the first's lease); a holder renews
-its leases while it works and releases them when it is done. A holder that dies (kill -9) releases
-nothing: its leases expire after their time to live, and another reconciler takes the job over (the
-broker's state machine is idempotent, so the step it redoes records nothing twice).
+disagree still agree on who holds a job. A claim is one statement (`statedb.single_write`: one round trip
+on a server), an upsert whose update has a WHERE, that takes the row when it is free, expired, or already
+this holder's (on PostgreSQL the row lock of the conflicting row makes two claims of one job take turns: the
+second sees the first's lease); a holder renews its leases while it works and releases them when it is done.
+A holder that dies (kill -9) releases nothing: its leases expire after their time to live, and another
+reconciler takes the job over (the broker's state machine is idempotent, so the step it redoes records
+nothing twice).
 
 The table is its own schema part (`daemon_leases_schema`), beside the store's, the ledger's and the
 verify records' parts, so it migrates without knowing them.
