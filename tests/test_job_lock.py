@@ -92,10 +92,12 @@ def test_a_session_beyond_what_is_kept_is_closed_and_releases_its_lock(postgres_
             async with locks.hold("j-1"):
                 await asyncio.sleep(seconds)
 
-        await asyncio.gather(held(0.1), held(0.1))  # two sessions open at once, `kept` of them kept
-        async with asyncio.timeout(2):
+        async def taken_by_the_other() -> None:
             async with other.hold("j-1"):
                 pass
+
+        await asyncio.gather(held(0.1), held(0.1))  # two sessions open at once, `kept` of them kept
+        await asyncio.wait_for(taken_by_the_other(), timeout=2)  # released, kept or closed
 
     try:
         asyncio.run(main())
