@@ -116,13 +116,28 @@ class Broker:
         self._backend_configs: dict | None = None
         self._executors: Executors | None = None
         self._rate_providers: dict[str, RateProvider | None] = {}
+        self._session_locks = None
+        """The server's session locks on jobs (`_job_locked`), when the state is on PostgreSQL."""
         self.offer_rounds = 0
         """How many times offers were gathered from the backends (one per plan)."""
 
     def close(self) -> None:
         for ledger in self._ledgers.values():
             ledger.close()
+        if self._session_locks is not None:
+            self._session_locks.close()
         self.store.close()
+
+    def _job_locked(self, job_id: str):
+        """The job's lock, so two brokers never dispatch or settle it at once: a file lock beside a SQLite state
+        file (one host), a session advisory lock of the database server when the state is on one (any host)."""
+        if not statedb.is_server(self.store.path):
+            return _locked(paths.job_dir(job_id) / ".lock")
+        if self._session_locks is None:
+            from trainmaster.storage.dialects import postgresql
+
+            self._session_locks = postgresql.SessionLocks(self.store.path)
+        return self._session_locks.hold(f"job:{job_id}")
 
     # policies and backends
 
@@ -295,9 +310,10 @@ class Broker:
         """Move a job as far as it can go now; safe to call from any process at any time. A queued job
         first has the jobs that hold the machine brought up to date, so a run that ended frees its place.
         An untrusted attempt with a verdict is then settled with its executor (broker/settlement.py)."""
-        if self.store.job(job_id).state == "queued":
+        seen = self.store.job(job_id)
+        if seen.state == "queued":
             await self._advance_holders()
-        job = await self._advance(job_id)
+        job = await self._advance(job_id, seen)
         await self._settle_with_executors(job_id)
         return job
 
@@ -310,24 +326,31 @@ class Broker:
             except Exception as exc:  # noqa: BLE001 — recorded on that job, retried by the next command
                 self.store.log_event(holder, "error", {"message": f"{type(exc).__name__}: {exc}"})
 
-    async def _advance(self, job_id: str) -> Job:
-        job = self.store.job(job_id)
+    async def _advance(self, job_id: str, seen: Job | None = None) -> Job:
+        """Advance the job; `seen`: its row as the caller just read it (an ended job is left there). Under
+        its lock the row is read again, and again only after a step that may have moved it (a watch that
+        wrote nothing did not)."""
+        job = seen or self.store.job(job_id)
         if job.state in states.JOB_ENDS:
             return job
-        async with _job_locked(self.store.path, job_id):
+        async with self._job_locked(job_id):
             job = self.store.job(job_id)
             if job.cancel_requested_at is not None and job.state not in states.JOB_ENDS:
                 await self._cancel_now(job)  # what a process that died while cancelling left
                 return self.store.job(job_id)
             if job.state == "submitted" or (job.state == "planned" and not job.plan_json):
                 await self._replan(job)  # recorded, but the process died before its plan was
-            job = self.store.job(job_id)
+                job = self.store.job(job_id)
             if job.state in ("planned", "queued"):
                 await self._dispatch(job)
+                job = self.store.job(job_id)
             for attempt in self.store.attempts(job_id):
                 if attempt.state not in states.ATTEMPT_ENDS | states.WAITING:
-                    await self._watch(self.store.job(job_id), attempt)
-        return self.store.job(job_id)
+                    written = self.store.transactions
+                    await self._watch(job, attempt)
+                    if self.store.transactions != written:  # else the job is as it was read under its lock
+                        job = self.store.job(job_id)
+        return job
 
     async def refresh(self) -> None:
         """Advance every unfinished job (what each CLI command does first).
@@ -384,7 +407,7 @@ class Broker:
         pending = self.settlement.pending(job_id)
         if not pending:
             return
-        async with _job_locked(self.store.path, job_id):
+        async with self._job_locked(job_id):
             job = self.store.job(job_id)
             for _, attempt_id in pending:
                 attempt = self.store.attempt(attempt_id)
@@ -589,8 +612,10 @@ class Broker:
         if attempt.state in ("returned", "verifying"):
             await self._settle(job, attempt)
             return
+        started = attempt.handle_json is None
         handle = await self._handle(job, attempt)
-        attempt = self.store.attempt(attempt.id)
+        if started:  # started here: what that recorded
+            attempt = self.store.attempt(attempt.id)
         if handle is None or attempt.state in states.ATTEMPT_ENDS:
             return  # it could not be started (again): ended, or waiting, as its failure's reaction says
         backend = self.backend(attempt.backend, self.policy(job))
@@ -603,7 +628,8 @@ class Broker:
         if st.phase is Phase.running:
             if attempt.state == "dispatched":
                 self.store.move_attempt(attempt.id, "running", job_target="running", started_at=st.started_at)
-            if cost_cap.reached(self.spec(job), self.store.attempts(job.id), time.time()):
+            spec = self.spec(job)  # its attempts are read only for a job with a cap
+            if spec.limits.max_usd is not None and cost_cap.reached(spec, self.store.attempts(job.id), time.time()):
                 await retried(backend.cancel, handle)
                 st = await retried(backend.status, handle)
                 await self._stopped_at_cap(job, self.store.attempt(attempt.id), st)
@@ -937,7 +963,7 @@ class Broker:
     async def verify_again(self, job_id: str) -> Job:
         """Run the checks again on the job's unverified attempt (after the user fixed what stopped them)."""
         job = self.store.find_job(job_id)
-        async with _job_locked(self.store.path, job.id):
+        async with self._job_locked(job.id):
             waiting = [a for a in self.store.attempts(job.id) if a.state in states.WAITING]
             if not waiting:
                 raise NothingToDo(f"{job.id} has no attempt waiting to be verified again (the job is {job.state})")
@@ -951,7 +977,7 @@ class Broker:
         an earlier attempt left (a trusted backend's; an untrusted executor always starts afresh), with its
         `max_hours` and `max_usd` raised when given (NothingToDo when a value does not raise them)."""
         job = self.store.find_job(job_id)
-        async with _job_locked(self.store.path, job.id):
+        async with self._job_locked(job.id):
             job = self.store.job(job.id)
             if job.state not in ("failed", "cancelled"):
                 raise NothingToDo(f"{job.id} is {job.state}; only a failed or cancelled job can be resumed")
@@ -980,7 +1006,7 @@ class Broker:
         request, which the next `advance` finishes. For any job, whatever its recorded state, the processes
         its ended attempts still run (what a crashed run left) are stopped, each stop a `stopped` event."""
         job = self.store.find_job(job_id)
-        async with _job_locked(self.store.path, job.id):
+        async with self._job_locked(job.id):
             job = self.store.job(job.id)
             attempts = self.store.attempts(job.id)
             stopped = {a.id for a in attempts if a.state in states.ACTIVE_ATTEMPT}
@@ -1188,16 +1214,6 @@ def _envs_dir(backend: Backend) -> Path:
 
 def _max_bundle(spec: JobSpec) -> int:
     return spec.limits.max_bundle_mb * 2**20
-
-
-def _job_locked(state: Path | str, job_id: str):
-    """The job's lock, so two brokers never dispatch or settle it at once: a file lock beside a SQLite state
-    file (one host), a session advisory lock of the database server when the state is on one (any host)."""
-    if statedb.is_server(state):
-        from trainmaster.storage.dialects import postgresql
-
-        return postgresql.session_lock(state, f"job:{job_id}")
-    return _locked(paths.job_dir(job_id) / ".lock")
 
 
 @asynccontextmanager

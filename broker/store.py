@@ -182,6 +182,9 @@ class Store:
     def __init__(self, path: Path | str):
         self.path = path
         """Where the state lives: a SQLite file's path, or a `postgresql://` URL (storage/statedb.py)."""
+        self.transactions = 0
+        """Write transactions opened through `tx` (every change of a job goes through one): a caller that sees
+        none opened since it read a row knows this store left the row as it was."""
         try:
             self.db = statedb.connect(path)
             with self.tx() as db:
@@ -199,6 +202,7 @@ class Store:
 
     def tx(self) -> AbstractContextManager[Any]:
         """One write transaction, taken up front (statedb.immediate) so check-then-write is atomic."""
+        self.transactions += 1
         return statedb.immediate(self.db)
 
     @property

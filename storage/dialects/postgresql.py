@@ -18,6 +18,7 @@ import functools
 import re
 import sqlite3
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -210,19 +211,61 @@ def _translated(exc: Exception) -> sqlite3.Error:
 
 
 SESSION_LOCKS = 2
-"""The advisory-lock namespace of `session_lock`."""
+"""The advisory-lock namespace of `SessionLocks`."""
 
 
-@asynccontextmanager
-async def session_lock(url: str, name: str, *, poll_s: float = 0.02) -> AsyncIterator[None]:
-    """Hold a lock on `name` across processes and hosts (and coroutines: each holder has a connection of
-    its own) until the block ends; a holder that dies releases it with its connection. Polled without
-    blocking, so an event loop keeps running while it waits."""
-    db = await asyncio.to_thread(Connection, url)
+class SessionLocks:
+    """Locks on names across processes and hosts, held on sessions of the server at `url` (one per holder
+    while it holds a lock, so coroutines take turns too); a holder that dies releases its lock with its
+    session. A released lock's session is kept, up to `kept`, for the next lock: opening one starts a
+    server process, the dearest step of advancing a job. `close()` ends the kept sessions."""
+
+    def __init__(self, url: str, *, kept: int = 4):
+        self.url, self.kept = url, kept
+        self._idle: list[Connection] = []
+        self._guard = threading.Lock()
+
+    @asynccontextmanager
+    async def hold(self, name: str, *, poll_s: float = 0.02) -> AsyncIterator[None]:
+        """Hold the lock on `name` until the block ends. Polled without blocking, so an event loop keeps
+        running while it waits. A session whose unlock did not complete is closed, which releases it."""
+        db = await asyncio.to_thread(self._session)
+        unlocked = False
+        try:
+            take = f"SELECT pg_try_advisory_lock({SESSION_LOCKS}, hashtext(?))"
+            while not (await asyncio.to_thread(lambda: db.execute(take, (name,)).fetchone()[0])):
+                await asyncio.sleep(poll_s)
+            try:
+                yield
+            finally:
+                unlocked = await asyncio.to_thread(_unlock, db, name)
+        finally:
+            if not (unlocked and self._keep(db)):
+                await asyncio.to_thread(db.close)  # ends the session: its lock goes with it
+
+    def close(self) -> None:
+        with self._guard:
+            idle, self._idle = self._idle, []
+        for db in idle:
+            db.close()
+
+    def _session(self) -> Connection:
+        with self._guard:
+            if self._idle:
+                return self._idle.pop()
+        return Connection(self.url)
+
+    def _keep(self, db: Connection) -> bool:
+        with self._guard:
+            if len(self._idle) >= self.kept:
+                return False
+            self._idle.append(db)
+            return True
+
+
+def _unlock(db: Connection, name: str) -> bool:
+    """Release a session lock; False when the session failed (it is then closed, not kept)."""
     try:
-        take = f"SELECT pg_try_advisory_lock({SESSION_LOCKS}, hashtext(?))"
-        while not (await asyncio.to_thread(lambda: db.execute(take, (name,)).fetchone()[0])):
-            await asyncio.sleep(poll_s)
-        yield
-    finally:
-        await asyncio.to_thread(db.close)  # ends the session: its lock goes with it
+        return bool(db.execute(f"SELECT pg_advisory_unlock({SESSION_LOCKS}, hashtext(?))", (name,)).fetchone()[0])
+    except sqlite3.Error:
+        return False
