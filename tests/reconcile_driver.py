@@ -30,7 +30,7 @@ class RecordingBroker(Broker):
 
 async def main(out: Path, start_at: float) -> None:
     reconciler = Reconciler([RecordingBroker(out), RecordingBroker(out)], Leases(paths.state_db()),
-                            f"test-{os.getpid()}")
+                            f"test-{os.getpid()}", loops=None)
     await asyncio.sleep(max(0.0, start_at - time.time()))
     result = await reconciler.run_pass()
     print(json.dumps({"advanced": result.advanced, "skipped": result.skipped}))

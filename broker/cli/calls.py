@@ -57,13 +57,14 @@ def _broker():
 
 
 def _reconciler(broker):
-    """One bounded reconcile pass, or one scoped to a job, under leases held as this command's process."""
+    """One bounded reconcile pass, or one scoped to a job, under leases held as this command's process; the broker
+    runs on the command's own loop (no worker loops: one broker, one job at a time)."""
     import os
 
     from trainmaster.broker.daemon.leases import Leases
     from trainmaster.broker.daemon.reconciler import Reconciler
 
-    return Reconciler([broker], Leases(broker.store.path), f"cli-{os.getpid()}")
+    return Reconciler([broker], Leases(broker.store.path), f"cli-{os.getpid()}", loops=None)
 
 
 def _run(main):

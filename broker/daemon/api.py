@@ -2,7 +2,9 @@
 fire one now) and health.
 
 Handlers answer from the state the reconciler keeps up to date; they never run a reconcile pass. The
-Broker they use is the API's own (its own database connection), apart from the reconciler's workers.
+Broker they use is the API's own (its own database connection), apart from the reconciler's workers; it runs
+on a loop of its own (`DaemonContext.on_api_broker`), so a slow database call holds up neither `/v1/health`
+nor the dashboard, nor anything else on the daemon's main loop.
 Errors come back as `{"error": message}` with a status the CLI maps to its exit codes: 400 the thing
 asked about is bad (exit 1), 404 no such job or file, 409 not applicable now, 503 an environment or
 backend problem (exit 2).
@@ -42,10 +44,10 @@ def _ctx(request: web.Request) -> DaemonContext:
     return request.app[CTX]
 
 
-def _job_json(ctx, job, *, events: bool = False) -> dict:
+def _job_json(broker, job, *, events: bool = False) -> dict:
     from trainmaster.broker.cli.render import job_json
 
-    return job_json(ctx.api_broker, job, events=events)
+    return job_json(broker, job, events=events)
 
 
 async def _body(request: web.Request, allowed: set[str]) -> dict:
@@ -74,8 +76,11 @@ async def submit(request: web.Request) -> web.Response:
     body = await _body(request, {"spec", "policy"})
     if not isinstance(body.get("spec"), str):
         raise web.HTTPBadRequest(text='{"error": "spec: a path is required"}', content_type="application/json")
-    job = await ctx.api_broker.submit(Path(body["spec"]), str(body.get("policy") or "default"))
-    return web.json_response(_job_json(ctx, job), status=201)
+
+    async def submitted(broker) -> dict:
+        return _job_json(broker, await broker.submit(Path(body["spec"]), str(body.get("policy") or "default")))
+
+    return web.json_response(await ctx.on_api_broker(submitted), status=201)
 
 
 @routes.get("/v1/jobs")
@@ -83,53 +88,66 @@ async def list_jobs(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     wanted = None if request.query.get("all") == "1" else set(states.JOB_TRANSITIONS) - states.JOB_ENDS
     limit = int(request.query.get("limit", "50")) or -1
-    jobs = ctx.api_broker.store.jobs(states_in=wanted, limit=limit)
-    return web.json_response([_job_json(ctx, job) for job in jobs])
+
+    async def listed(broker) -> list[dict]:
+        return [_job_json(broker, job) for job in broker.store.jobs(states_in=wanted, limit=limit)]
+
+    return web.json_response(await ctx.on_api_broker(listed))
 
 
 @routes.get("/v1/jobs/{ref}")
 async def status(request: web.Request) -> web.Response:
-    ctx = _ctx(request)
-    job = ctx.api_broker.store.find_job(request.match_info["ref"])
-    return web.json_response(_job_json(ctx, job, events=True))
+    ref = request.match_info["ref"]
+
+    async def found(broker) -> dict:
+        return _job_json(broker, broker.store.find_job(ref), events=True)
+
+    return web.json_response(await _ctx(request).on_api_broker(found))
 
 
 @routes.get("/v1/jobs/{ref}/logs")
 async def logs(request: web.Request) -> web.Response:
     """A chunk of the latest attempt's log from `offset`; `attempt` says whose, so a reader that sees it
     change starts again from 0."""
-    ctx = _ctx(request)
-    broker = ctx.api_broker
-    job = broker.store.find_job(request.match_info["ref"])
-    started = [a for a in broker.store.attempts(job.id) if a.handle_json]
-    if not started:
-        return web.json_response({"attempt": None, "text": "", "next_offset": 0, "complete": False,
-                                  "state": job.state})
-    last = started[-1]
-    offset = int(request.query.get("offset", "0")) if request.query.get("attempt") == last.id else 0
-    backend = broker.backend(last.backend, broker.policy(job))
-    chunk = await retried(backend.logs, Handle.model_validate_json(last.handle_json), offset)
-    return web.json_response({"attempt": last.id, "text": chunk.text, "next_offset": chunk.next_offset,
-                              "complete": chunk.complete, "state": broker.store.job(job.id).state})
+    ref, query = request.match_info["ref"], request.query
+
+    async def chunk_of(broker) -> dict:
+        job = broker.store.find_job(ref)
+        started = [a for a in broker.store.attempts(job.id) if a.handle_json]
+        if not started:
+            return {"attempt": None, "text": "", "next_offset": 0, "complete": False, "state": job.state}
+        last = started[-1]
+        offset = int(query.get("offset", "0")) if query.get("attempt") == last.id else 0
+        backend = broker.backend(last.backend, broker.policy(job))
+        chunk = await retried(backend.logs, Handle.model_validate_json(last.handle_json), offset)
+        return {"attempt": last.id, "text": chunk.text, "next_offset": chunk.next_offset,
+                "complete": chunk.complete, "state": broker.store.job(job.id).state}
+
+    return web.json_response(await _ctx(request).on_api_broker(chunk_of))
 
 
 @routes.post("/v1/jobs/{ref}/cancel")
 async def cancel(request: web.Request) -> web.Response:
-    ctx = _ctx(request)
-    job = ctx.api_broker.store.find_job(request.match_info["ref"])
-    return web.json_response(_job_json(ctx, await ctx.api_broker.cancel(job.id), events=True))
+    ref = request.match_info["ref"]
+
+    async def cancelled(broker) -> dict:
+        return _job_json(broker, await broker.cancel(broker.store.find_job(ref).id), events=True)
+
+    return web.json_response(await _ctx(request).on_api_broker(cancelled))
 
 
 @routes.post("/v1/jobs/{ref}/resume")
 async def resume(request: web.Request) -> web.Response:
-    ctx = _ctx(request)
     body = await _body(request, {"max_hours", "max_usd"})
-    broker = ctx.api_broker
-    job = broker.store.find_job(request.match_info["ref"])
-    point = await broker.resume_point(job)
-    job = await broker.resume(job.id, max_hours=body.get("max_hours"), max_usd=body.get("max_usd"))
-    return web.json_response({**_job_json(ctx, job), "resumes_from": point.to_json(),
-                              "resume_point": dataclasses.asdict(point)})
+    ref = request.match_info["ref"]
+
+    async def resumed(broker) -> dict:
+        job = broker.store.find_job(ref)
+        point = await broker.resume_point(job)
+        job = await broker.resume(job.id, max_hours=body.get("max_hours"), max_usd=body.get("max_usd"))
+        return {**_job_json(broker, job), "resumes_from": point.to_json(), "resume_point": dataclasses.asdict(point)}
+
+    return web.json_response(await _ctx(request).on_api_broker(resumed))
 
 
 @routes.get("/v1/triggers")

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiohttp import web
+
+from trainmaster.broker.daemon.worker_loop import WorkerLoop
+
+T = TypeVar("T")
 
 
 @dataclass
 class DaemonContext:
-    """What the handlers share: the token's sha256, the API's broker, the reconciler, and facts for /health."""
+    """What the handlers share: the token's sha256, the API's broker (and its loop), the reconciler, and facts for
+    /health."""
 
     token_digest: str
     api_broker: object
@@ -19,6 +26,12 @@ class DaemonContext:
     passes: int = 0
     triggers: object | None = None
     """The trigger engine (broker/daemon/triggers/), when `triggers.yaml` names any trigger."""
+    api_loop: WorkerLoop | None = None
+    """The loop the API's broker was made on and runs on (broker/daemon/worker_loop.py), off the main loop."""
+
+    def on_api_broker(self, work: Callable[[Any], Coroutine[Any, Any, T]]) -> Awaitable[T]:
+        """`work(api_broker)` run on the API broker's loop: its database calls never hold the main loop up."""
+        return self.api_loop.submit(work(self.api_broker))
 
     def budgets(self) -> list:
         """The budgets in force: the default policy's (for /metrics and the dashboard)."""

@@ -1,6 +1,8 @@
 """The daemon process (`python -m trainmaster.broker.daemon`): the API, the reconcile loop, the outbox tasks (budget
 alerts; job and verdict notifications), and the trigger engine when `triggers.yaml` names any trigger.
-Verifications run in its audit pool (broker/audit_pool.py), stopped with it.
+Verifications run in its audit pool (broker/audit_pool.py), stopped with it. Its brokers (the reconciler's
+workers and the API's) each run on a WorkerLoop of their own (broker/daemon/worker_loop.py), so their synchronous
+database calls never hold up the main loop that serves the API, the triggers and the dashboard.
 
 It listens on 127.0.0.1 (port 0: a free one) or a unix socket, writes its state file once it listens,
 and runs reconcile passes every `--interval` seconds. SIGTERM or SIGINT stops it gracefully: no new job
@@ -53,15 +55,19 @@ async def serve(*, port: int, socket_path: str | None, workers: int, interval: f
     from trainmaster.broker.daemon.notifications import Notifications
     from trainmaster.broker.daemon.leases import Leases
     from trainmaster.broker.daemon.reconciler import LEASE_S, Reconciler
+    from trainmaster.broker.daemon.worker_loop import WorkerLoop
     from trainmaster.broker.service import Broker
 
     secret = token.ensure_token()
-    brokers = [Broker() for _ in range(workers)]
+    loops = [WorkerLoop(f"reconciler-{i}") for i in range(workers)]
+    api_loop = WorkerLoop("api")
+    brokers = [await loop.call(Broker) for loop in loops]  # each made on, and always used on, its own loop
     leases = Leases(paths.state_db())
     notes = Notifications(paths.state_db())  # before any pass: the ends from now on are told of
-    reconciler = Reconciler(brokers, leases, f"daemon-{os.getpid()}-{secrets.token_hex(3)}", ttl_s=lease_s or LEASE_S)
-    ctx = DaemonContext(token.digest(secret), Broker(), reconciler, time.time())
-    ctx.triggers = _trigger_engine(ctx.api_broker)
+    reconciler = Reconciler(brokers, leases, f"daemon-{os.getpid()}-{secrets.token_hex(3)}", loops=loops,
+                            ttl_s=lease_s or LEASE_S)
+    ctx = DaemonContext(token.digest(secret), await api_loop.call(Broker), reconciler, time.time(), api_loop=api_loop)
+    ctx.triggers = _trigger_engine(ctx)
     runner = web.AppRunner(make_app(ctx), access_log=None)
     await runner.setup()
     site, ctx.address = _site(web, runner, port, socket_path)
@@ -80,17 +86,20 @@ async def serve(*, port: int, socket_path: str | None, workers: int, interval: f
         if ctx.triggers is not None:
             ctx.triggers.close()
         await runner.cleanup()
+        await asyncio.to_thread(audit_pool.shutdown)  # before the loops' threads end: its workers die with them
+        for loop in [*loops, api_loop]:
+            await asyncio.to_thread(loop.stop)
         for broker in [*brokers, ctx.api_broker]:
             broker.close()
-        await asyncio.to_thread(audit_pool.shutdown)
         leases.close()
         notes.close()
         state.remove(os.getpid())
         log.info("stopped")
 
 
-def _trigger_engine(broker):
-    """The engine over `triggers.yaml` (submitting through the API's broker), None when it names no trigger."""
+def _trigger_engine(ctx):
+    """The engine over `triggers.yaml` (submitting through the API's broker, on its loop), None when it names no
+    trigger."""
     from trainmaster.broker.daemon.triggers.engine import TriggerEngine
     from trainmaster.broker.daemon.triggers.model import load_triggers
     from trainmaster.broker.daemon.triggers.submitting import broker_gate, broker_submit
@@ -99,7 +108,15 @@ def _trigger_engine(broker):
     if not found:
         return None
     log.info("triggers: %s", ", ".join(t.name for t in found))
-    return TriggerEngine(paths.state_db(), found, broker_submit(broker), gate=broker_gate(broker))
+    submit, gate = broker_submit(ctx.api_broker), broker_gate(ctx.api_broker)
+
+    async def submitted(*args):
+        return await ctx.api_loop.submit(submit(*args))
+
+    async def gated(*args):
+        return await ctx.api_loop.submit(gate(*args))
+
+    return TriggerEngine(paths.state_db(), found, submitted, gate=gated)
 
 
 def _site(web, runner, port: int, socket_path: str | None):

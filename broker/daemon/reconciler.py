@@ -7,8 +7,13 @@ has is skipped. While the worker advances the job it renews the lease, and it re
 The lease calls run off the event loop (`asyncio.to_thread`). A pass is bounded: at most `limit`
 jobs, and no new job is started after `budget_s` seconds (steps under way finish).
 
-The daemon runs passes in a loop; without a daemon, each CLI command runs one bounded pass, or one
-scoped to the job it names (`scoped`), so `status X` never advances another job.
+Where the workers' steps run is the constructor's explicit choice (`loops`). The daemon gives each broker
+a WorkerLoop of its own (broker/daemon/worker_loop.py): the broker was made there and its steps
+(`advance`, `_settle_with_executors`, `promote_pending`) and store calls run there, so their synchronous
+database calls block that worker's thread only: the workers' database waits overlap, and the daemon's main
+loop (the API, the triggers, the dashboard) keeps answering. `loops=None` runs the brokers on the caller's
+loop: a CLI command without a daemon, which runs one bounded pass, or one scoped to the job it names
+(`scoped`), so `status X` never advances another job.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainmaster.broker import failures, states
 from trainmaster.broker.daemon.leases import Leases
+from trainmaster.broker.daemon.worker_loop import WorkerLoop
 
 log = logging.getLogger("trainmaster.daemon")
 
@@ -41,22 +48,44 @@ class PassResult:
     seconds: float = 0.0
 
 
-class Reconciler:
-    """Advances jobs with the given brokers (one job per broker at a time) as lease holder `holder`."""
+@dataclass(frozen=True)
+class Worker:
+    """A broker and the loop its steps run on (None: the caller's)."""
 
-    def __init__(self, brokers: Sequence, leases: Leases, holder: str, *, ttl_s: float = LEASE_S):
+    broker: Any
+    loop: WorkerLoop | None
+
+    def run(self, coro: Coroutine) -> Awaitable:
+        """The broker's coroutine `coro`, run on the worker's loop."""
+        return coro if self.loop is None else self.loop.submit(coro)
+
+    def call(self, fn: Callable, *args: Any) -> Awaitable:
+        """A synchronous call (the store's), off the caller's loop: on the worker's thread, or a thread of its own."""
+        return asyncio.to_thread(fn, *args) if self.loop is None else self.loop.call(fn, *args)
+
+
+class Reconciler:
+    """Advances jobs with the given brokers (one job per broker at a time) as lease holder `holder`.
+
+    `loops`: the WorkerLoop each broker was made on and runs on (`loops[i]` is `brokers[i]`'s: the daemon), or
+    None to run every broker on the caller's loop (a CLI command's one pass without a daemon)."""
+
+    def __init__(self, brokers: Sequence, leases: Leases, holder: str, *, loops: Sequence[WorkerLoop] | None,
+                 ttl_s: float = LEASE_S):
+        if loops is not None and len(loops) != len(brokers):
+            raise ValueError(f"{len(brokers)} brokers but {len(loops)} worker loops: one loop per broker")
         self.leases, self.holder, self.ttl_s = leases, holder, ttl_s
-        self._brokers = list(brokers)
+        self._workers = [Worker(b, loops[i] if loops is not None else None) for i, b in enumerate(brokers)]
         self._free: asyncio.Queue = asyncio.Queue()
-        for broker in self._brokers:
-            self._free.put_nowait(broker)
+        for worker in self._workers:
+            self._free.put_nowait(worker)
         self.in_flight: set[str] = set()
 
     async def run_pass(self, *, limit: int = PASS_LIMIT, budget_s: float = PASS_BUDGET_S,
                        stopping: asyncio.Event | None = None) -> PassResult:
         """Advance up to `limit` open jobs; none is started after `budget_s` seconds, or once `stopping` is set."""
         started, result = time.monotonic(), PassResult()
-        moving, queued, settling = await asyncio.to_thread(self._candidates, limit)
+        moving, queued, settling = await self._workers[0].call(self._candidates, limit)
 
         def more() -> bool:
             return time.monotonic() - started < budget_s and not (stopping and stopping.is_set())
@@ -72,27 +101,27 @@ class Reconciler:
 
     async def _promotions(self) -> None:
         """Carry on the promotions into the model registry left pending (a registry that was down)."""
-        broker = await self._free.get()
+        worker = await self._free.get()
         try:
-            await broker.promote_pending()
+            await worker.run(worker.broker.promote_pending())
         finally:
-            self._free.put_nowait(broker)
+            self._free.put_nowait(worker)
 
     async def scoped(self, job_id: str):
         """Advance only `job_id` (and, as `Broker.advance` does, the jobs holding the machine it queues for);
         its errors are raised, as a command that names the job shows them. Returns the job as it is then,
         unadvanced when another live holder has its lease."""
-        broker = await self._free.get()
+        worker = await self._free.get()
         try:
             if not await asyncio.to_thread(self.leases.claim, job_id, self.holder, self.ttl_s):
-                return broker.store.job(job_id)
+                return await worker.call(worker.broker.store.job, job_id)
             try:
                 async with self._renewed(job_id):
-                    return await broker.advance(job_id)
+                    return await worker.run(worker.broker.advance(job_id))
             finally:
                 await asyncio.to_thread(self.leases.release, job_id, self.holder)
         finally:
-            self._free.put_nowait(broker)
+            self._free.put_nowait(worker)
 
     async def scoped_pass(self, job_id: str) -> PassResult:
         """A pass over `job_id` alone: like `scoped`, but its errors are recorded on the job, as a pass does
@@ -103,8 +132,8 @@ class Reconciler:
 
     def _candidates(self, limit: int) -> tuple[list[str], list[str], list[str]]:
         """Running jobs, then the queue in order, then verdicts to settle. Read at the start of a pass, when
-        every worker is idle, through the first worker's connection."""
-        broker = self._brokers[0]
+        every worker is idle, through the first worker's connection (on its thread)."""
+        broker = self._workers[0].broker
         store = broker.store
         moving = set(states.JOB_TRANSITIONS) - states.JOB_ENDS - {"queued"}
         first = [job.id for job in store.jobs(states_in=moving, limit=limit)]
@@ -114,7 +143,7 @@ class Reconciler:
         return first, queued, settling[: max(0, limit - len(taken))]
 
     async def _one(self, job_id: str, result: PassResult, more, *, settle_only: bool = False) -> None:
-        broker = await self._free.get()
+        worker = await self._free.get()
         try:
             if not more():
                 return
@@ -123,11 +152,11 @@ class Reconciler:
                 return
             try:
                 async with self._renewed(job_id):
-                    await self._advance(broker, job_id, result, settle_only)
+                    await self._advance(worker, job_id, result, settle_only)
             finally:
                 await asyncio.to_thread(self.leases.release, job_id, self.holder)
         finally:
-            self._free.put_nowait(broker)
+            self._free.put_nowait(worker)
 
     @asynccontextmanager
     async def _renewed(self, job_id: str):
@@ -140,19 +169,19 @@ class Reconciler:
             renewing.cancel()
             self.in_flight.discard(job_id)
 
-    async def _advance(self, broker, job_id: str, result: PassResult, settle_only: bool) -> None:
+    async def _advance(self, worker: Worker, job_id: str, result: PassResult, settle_only: bool) -> None:
+        broker = worker.broker
         try:
             if settle_only:
-                await broker._settle_with_executors(job_id)
+                await worker.run(broker._settle_with_executors(job_id))
             else:
-                await broker.advance(job_id)
+                await worker.run(broker.advance(job_id))
             result.advanced.append(job_id)
         except failures.Waiting:
             result.advanced.append(job_id)  # recorded on the attempt, with what to fix
         except Exception as exc:  # noqa: BLE001 — recorded on the job, retried by the next pass
             result.errors.append(job_id)
-            await asyncio.to_thread(broker.store.log_event, job_id, "error",
-                                    {"message": f"{type(exc).__name__}: {exc}"})
+            await worker.call(broker.store.log_event, job_id, "error", {"message": f"{type(exc).__name__}: {exc}"})
 
     async def _renew(self, job_id: str) -> None:
         while True:

@@ -2,7 +2,8 @@
 
 The jobs run on a scripted backend (tests/scripted_backend.py) that reports each attempt running forever, so
 every pass looks at every job (a status call, the lease claimed, renewed and released) and none ever ends; the
-reconciler is the daemon's (`broker/daemon/reconciler.py`), with 4 workers, each pass unbounded (`limit` above
+reconciler is the daemon's (`broker/daemon/reconciler.py`), with 4 workers each on its own WorkerLoop
+(broker/daemon/worker_loop.py) as in the daemon, each pass unbounded (`limit` above
 the job count), over SQLite in a temp home, then over PostgreSQL (a throwaway server started by
 tests/postgres_server.py, TRAINMASTER_DATABASE_URL pointing at it). Prints, for each, the submit time, and the
 first (dispatching) pass and the median and worst of the following ones.
@@ -34,18 +35,21 @@ async def _measure(home: Path, jobs: int, passes: int) -> dict[str, float]:
     from trainmaster.broker import paths
     from trainmaster.broker.daemon.leases import Leases
     from trainmaster.broker.daemon.reconciler import Reconciler
+    from trainmaster.broker.daemon.worker_loop import WorkerLoop
     from trainmaster.broker.service import Broker
 
     script = Script(status=RUNNING)
-    brokers = [Broker(backends={"local": Scripted(name="local", script=script)}) for _ in range(WORKERS)]
+    loops = [WorkerLoop(f"bench-{i}") for i in range(WORKERS)]
+    brokers = [await loop.call(lambda: Broker(backends={"local": Scripted(name="local", script=script)}))
+               for loop in loops]
     leases = Leases(paths.state_db())
     try:
         spec = write_job(home.parent / "code", "print('never run')\n")
         began = time.perf_counter()
         for _ in range(jobs):
-            await brokers[0].submit(spec)
+            await loops[0].submit(brokers[0].submit(spec))
         submitted = time.perf_counter() - began
-        reconciler = Reconciler(brokers, leases, "bench")
+        reconciler = Reconciler(brokers, leases, "bench", loops=loops)
         seconds = []
         for _ in range(passes + 1):
             result = await reconciler.run_pass(limit=jobs + 1, budget_s=3600)
@@ -53,6 +57,8 @@ async def _measure(home: Path, jobs: int, passes: int) -> dict[str, float]:
             seconds.append(result.seconds)
         running = sum(1 for j in brokers[0].store.jobs(limit=jobs + 1) if j.state == "running")
     finally:
+        for loop in loops:
+            loop.stop()
         for broker in brokers:
             broker.close()
         leases.close()
