@@ -67,7 +67,7 @@ async def health(request: web.Request) -> web.Response:
     ctx = _ctx(request)
     return web.json_response({"pid": os.getpid(), "address": ctx.address,
                               "uptime_s": round(time.time() - ctx.started_at, 3),
-                              "in_flight": sorted(ctx.reconciler.in_flight), "passes": ctx.passes})
+                              "in_flight": ctx.reconciler.in_flight(), "passes": ctx.passes})
 
 
 @routes.post("/v1/jobs")

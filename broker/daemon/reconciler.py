@@ -4,8 +4,9 @@ One pass lists what may move (running jobs first, then the queue in order, then 
 settle with their executors), and hands each job to a free worker (a Broker of its own, with its own
 database connection). A worker first claims the job's lease (`leases.py`); a job another live holder
 has is skipped. While the worker advances the job it renews the lease, and it releases it at the end.
-The lease calls run off the event loop (`asyncio.to_thread`). A pass is bounded: at most `limit`
-jobs, and no new job is started after `budget_s` seconds (steps under way finish).
+The lease calls run off the caller's event loop: on the worker's thread (claim, step and release are
+one hop there) or in `asyncio.to_thread`. A pass is bounded: at most `limit` jobs, and no new job is
+started after `budget_s` seconds (steps under way finish).
 
 Where the workers' steps run is the constructor's explicit choice (`loops`). The daemon gives each broker
 a WorkerLoop of its own (broker/daemon/worker_loop.py): the broker was made there and its steps
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
@@ -63,6 +65,11 @@ class Worker:
         """A synchronous call (the store's), off the caller's loop: on the worker's thread, or a thread of its own."""
         return asyncio.to_thread(fn, *args) if self.loop is None else self.loop.call(fn, *args)
 
+    async def blocking(self, fn: Callable, *args: Any) -> Any:
+        """A synchronous call made from the coroutine `run` runs: on the worker's own thread as it is, else off the
+        caller's loop."""
+        return fn(*args) if self.loop is not None else await asyncio.to_thread(fn, *args)
+
 
 class Reconciler:
     """Advances jobs with the given brokers (one job per broker at a time) as lease holder `holder`.
@@ -79,7 +86,8 @@ class Reconciler:
         self._free: asyncio.Queue = asyncio.Queue()
         for worker in self._workers:
             self._free.put_nowait(worker)
-        self.in_flight: set[str] = set()
+        self._in_flight: set[str] = set()
+        self._in_flight_lock = threading.Lock()  # changed on the workers' threads, read on the main one
 
     async def run_pass(self, *, limit: int = PASS_LIMIT, budget_s: float = PASS_BUDGET_S,
                        stopping: asyncio.Event | None = None) -> PassResult:
@@ -142,46 +150,59 @@ class Reconciler:
         settling = [j for j in dict.fromkeys(j for j, _ in broker.settlement.pending()) if j not in taken]
         return first, queued, settling[: max(0, limit - len(taken))]
 
+    def in_flight(self) -> list[str]:
+        """The jobs being advanced now, in order."""
+        with self._in_flight_lock:
+            return sorted(self._in_flight)
+
     async def _one(self, job_id: str, result: PassResult, more, *, settle_only: bool = False) -> None:
         worker = await self._free.get()
         try:
-            if not more():
-                return
-            if not await asyncio.to_thread(self.leases.claim, job_id, self.holder, self.ttl_s):
-                result.skipped.append(job_id)
-                return
-            try:
-                async with self._renewed(job_id):
-                    await self._advance(worker, job_id, result, settle_only)
-            finally:
-                await asyncio.to_thread(self.leases.release, job_id, self.holder)
+            if more():
+                await worker.run(self._leased(worker, job_id, result, settle_only))
         finally:
             self._free.put_nowait(worker)
 
+    async def _leased(self, worker: Worker, job_id: str, result: PassResult, settle_only: bool) -> None:
+        """Claim the job's lease, advance it, release the lease: one coroutine on the worker's loop, so a job
+        costs one hop to the worker's thread."""
+        if not await worker.blocking(self.leases.claim, job_id, self.holder, self.ttl_s):
+            result.skipped.append(job_id)
+            return
+        try:
+            async with self._renewed(job_id):
+                await self._advance(worker, job_id, result, settle_only)
+        finally:
+            await worker.blocking(self.leases.release, job_id, self.holder)
+
     @asynccontextmanager
     async def _renewed(self, job_id: str):
-        """The job counted in flight, its lease renewed, while the body runs."""
-        self.in_flight.add(job_id)
+        """The job counted in flight, its lease renewed (on the running loop), while the body runs."""
+        with self._in_flight_lock:
+            self._in_flight.add(job_id)
         renewing = asyncio.create_task(self._renew(job_id))
         try:
             yield
         finally:
             renewing.cancel()
-            self.in_flight.discard(job_id)
+            with self._in_flight_lock:
+                self._in_flight.discard(job_id)
 
     async def _advance(self, worker: Worker, job_id: str, result: PassResult, settle_only: bool) -> None:
+        """The step, run on the worker's loop (`_leased`)."""
         broker = worker.broker
         try:
             if settle_only:
-                await worker.run(broker._settle_with_executors(job_id))
+                await broker._settle_with_executors(job_id)
             else:
-                await worker.run(broker.advance(job_id))
+                await broker.advance(job_id)
             result.advanced.append(job_id)
         except failures.Waiting:
             result.advanced.append(job_id)  # recorded on the attempt, with what to fix
         except Exception as exc:  # noqa: BLE001 — recorded on the job, retried by the next pass
             result.errors.append(job_id)
-            await worker.call(broker.store.log_event, job_id, "error", {"message": f"{type(exc).__name__}: {exc}"})
+            await worker.blocking(broker.store.log_event, job_id, "error",
+                                  {"message": f"{type(exc).__name__}: {exc}"})
 
     async def _renew(self, job_id: str) -> None:
         while True:
