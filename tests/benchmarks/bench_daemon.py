@@ -7,9 +7,10 @@ job on the local backend, so the reconciler advances them to `accepted` while mo
 few seconds, the latency percentiles, how many jobs ended accepted, the RSS at the start, after 30 s (half
 the run when shorter) and at the end, and the RSS growth per 100 jobs over the second half of the run (from the
 first sample past half time to the end, once every job has settled): the figure that says whether memory is
-bounded, since the first half also holds the one-time warm-up (imports, caches, the allocator's arenas). On PostgreSQL the state is on a throwaway server the benchmark starts
-(tests/postgres_server.py), with the shared storage a broker on a server needs (a temp folder); the smoke run
-is a few seconds on each. `bench_daemon_open_jobs.py` times reconcile passes over 1,000 open jobs.
+bounded, since the first half also holds the one-time warm-up (imports, caches, the allocator's arenas). On
+PostgreSQL the state is on a throwaway server the benchmark starts (tests/postgres_server.py), with the shared
+storage a broker on a server needs (a temp folder); the smoke run is a few seconds on each.
+`bench_daemon_open_jobs.py` times reconcile passes over 1,000 open jobs.
 Run: python tests/benchmarks/bench_daemon.py [--rate N] [--seconds S] [--database sqlite|postgresql|both]
 """
 
