@@ -4,10 +4,10 @@ glibc gives each new thread an arena of its own, up to eight per core. The daemo
 (the worker loops, the API's loop, their `asyncio.to_thread` executors); each fills its arena with short-lived C
 allocations (SQLite pages and rows, JSON, pydantic's buffers), and the freed chunks stay resident in it. Over a
 soak of tiny jobs (tests/benchmarks/bench_daemon.py, 600 jobs) the arenas held 45-50 MiB free of 65-73 MiB and
-grew with every new peak in any of them: the daemon's RSS rose 2.9 MiB per 100 jobs while its Python objects
-stayed flat (tracemalloc). With two arenas the same run held about 10 MiB free and rose 1.2 MiB per 100 jobs, at
-the same submit latency (docs/daemon.md, Memory). Nothing changes where the C library is not glibc (macOS, musl),
-nor when MALLOC_ARENA_MAX is set: the user's choice stands.
+grew with every new peak in any of them: the daemon's RSS rose 1.7 MiB per 100 jobs over the second half while
+its Python objects stayed flat (tracemalloc). With two arenas the same run held about 10 MiB free and rose 0.8 MiB
+per 100 jobs, at the same submit latency (docs/daemon.md, Memory). Nothing changes where the C library is not
+glibc (macOS, musl), nor when MALLOC_ARENA_MAX is set: the user's choice stands.
 """
 
 from __future__ import annotations
