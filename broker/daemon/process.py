@@ -23,7 +23,7 @@ import socket
 import time
 
 from trainmaster.broker import audit_pool, paths
-from trainmaster.broker.daemon import state, token
+from trainmaster.broker.daemon import allocator, state, token
 
 log = logging.getLogger("trainmaster.daemon")
 
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between reconcile passes")
     parser.add_argument("--lease-s", type=float, default=None, help="a job lease's time to live (seconds)")
     args = parser.parse_args(argv)
+    allocator.cap_arenas()  # before the first thread
     paths.make_private()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(serve(port=args.port, socket_path=args.socket, workers=args.workers, interval=args.interval,

@@ -4,10 +4,14 @@ and on PostgreSQL.
 
 A real daemon (`python -m trainmaster.broker.daemon`) on 127.0.0.1 in a temp home; each submission is a one-line
 job on the local backend, so the reconciler advances them to `accepted` while more arrive. Prints RSS every
-few seconds, the latency percentiles, how many jobs ended accepted, and the RSS at the start, after 30 s (half
-the run when shorter) and at the end. On PostgreSQL the state is on a throwaway server the benchmark starts
-(tests/postgres_server.py), with the shared storage a broker on a server needs (a temp folder); the smoke run
-is a few seconds on each. `bench_daemon_open_jobs.py` times reconcile passes over 1,000 open jobs.
+few seconds, the latency percentiles, how many jobs ended accepted, the RSS at the start, after 30 s (half
+the run when shorter) and at the end, and the RSS growth per 100 jobs over the second half of the submissions
+(from the first sample past half time to the last one): the figure that says whether memory is bounded, since the
+first half holds the one-time warm-up (imports, caches, the allocator's arenas) and the end the listings of every
+job the settling polls make. On PostgreSQL the state is on a throwaway server the benchmark starts
+(tests/postgres_server.py), with the shared storage a broker on a server needs (a temp folder); the smoke run is
+a few seconds on each.
+`bench_daemon_open_jobs.py` times reconcile passes over 1,000 open jobs.
 Run: python tests/benchmarks/bench_daemon.py [--rate N] [--seconds S] [--database sqlite|postgresql|both]
 """
 
@@ -106,8 +110,8 @@ def _soak(tmp: Path, database: dict[str, str], rate: float, seconds: float, sett
             sent = time.perf_counter()
             ids.append(_call(address, token, "POST", "/v1/jobs", {"spec": str(spec)})["id"])
             latencies.append(time.perf_counter() - sent)
+            rss.append((time.monotonic() - begin, _rss_mib(daemon.pid), n + 1))
             if n % max(1, int(rate * 5)) == 0:
-                rss.append((time.monotonic() - begin, _rss_mib(daemon.pid)))
                 print(f"  t={rss[-1][0]:5.1f} s  rss={rss[-1][1]:.1f} MiB  submitted={n + 1}")
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
@@ -115,7 +119,7 @@ def _soak(tmp: Path, database: dict[str, str], rate: float, seconds: float, sett
             if all(j["state"] in ("accepted", "failed", "cancelled") for j in jobs):
                 break
             time.sleep(0.5)
-        rss.append((time.monotonic() - begin, _rss_mib(daemon.pid)))
+        rss.append((time.monotonic() - begin, _rss_mib(daemon.pid), len(ids)))
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
@@ -128,10 +132,19 @@ def _soak(tmp: Path, database: dict[str, str], rate: float, seconds: float, sett
         "accepted": float(sum(j["state"] == "accepted" for j in jobs)),
         "failed": float(sum(j["state"] == "failed" for j in jobs)),
         "rss_start_mib": rss[0][1],
-        "rss_after_30s_mib": next(m for t, m in rss if t >= min(30.0, seconds / 2)),
+        "rss_after_30s_mib": next(m for t, m, _ in rss if t >= min(30.0, seconds / 2)),
         "rss_end_mib": rss[-1][1],
-        "rss_max_mib": max(m for _, m in rss),
+        "rss_max_mib": max(m for _, m, _ in rss),
+        "rss_growth_per_100_jobs_second_half_mib": _growth_per_100(rss, seconds),
     }
+
+
+def _growth_per_100(rss: list[tuple[float, float, int]], seconds: float) -> float:
+    """MiB of RSS per 100 jobs submitted, from the first sample past half the run to the last one taken while
+    submitting (one per submission; the end sample, after the settling polls, is left out)."""
+    during = rss[:-1]
+    start = next((s for s in during if s[0] >= seconds / 2), during[-1])
+    return (during[-1][1] - start[1]) / max(1, during[-1][2] - start[2]) * 100
 
 
 if __name__ == "__main__":
