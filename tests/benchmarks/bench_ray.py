@@ -91,9 +91,12 @@ def ddp_steps_per_s(cluster: RayCluster, root: Path, home: Path, policy: Path, w
     (code / "job.yaml").write_text(f"name: ddp\nentrypoint: python train.py\nlauncher: torchrun\n"
                                    f"env: {{STEPS: '{steps}'}}\nresources:\n  cpus: {workers}\n  processes: {workers}\n"
                                    f"  nodes: {nodes}\n")
-    job = cli({**os.environ, "TRAINMASTER_HOME": str(home)}, "submit", str(code / "job.yaml"), "--policy", str(policy),
-              "--wait", "--json")
-    assert job["state"] in ("accepted", "succeeded"), job
+    env = {**os.environ, "TRAINMASTER_HOME": str(home)}
+    job = cli(env, "submit", str(code / "job.yaml"), "--policy", str(policy), "--wait", "--json")
+    if job["state"] not in ("accepted", "succeeded"):  # the job's own log says why (a bare exit code does not)
+        log = subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", "logs", job["id"]], capture_output=True,
+                             text=True, env=env)
+        raise AssertionError(f"{job['id']} ended {job['state']}: {job['reason']}\n{log.stdout[-4000:]}{log.stderr}")
     return float((Path(job["outputs_dir"]) / "rate.txt").read_text())
 
 
