@@ -42,7 +42,7 @@ from trainmaster.backends.features import (
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import (
-    cost_cap, failures, paths, shared_bundles, shared_outputs, shared_storage, states, verifying,
+    budget_wait, cost_cap, failures, paths, shared_bundles, shared_outputs, shared_storage, states, verifying,
 )
 from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
@@ -189,6 +189,10 @@ class Broker:
             self._rate_providers[key] = provider_for(policy)
         return self._rate_providers[key]
 
+    def use_backend_configs(self, configs: dict) -> None:
+        """backends.yaml as the daemon last read and validated it (broker/daemon/config_watch.py), over the file."""
+        self._backend_configs = configs
+
     def _configs(self) -> dict:
         """backends.yaml from the user's config dir, read once per broker (FileError when invalid)."""
         if self._backend_configs is None:
@@ -212,7 +216,7 @@ class Broker:
         with Ledger(self.store.db, budgets=policy.budgets) as ledger:
             refused = ledger.refusal(backend=offer.backend, workload=spec.workload, project=spec.project,
                                      micro_usd=plan_.chosen.expected_micro_usd)
-        return f"refused by budget: {refused}" if refused else None
+        return budget_wait.reason(refused) if refused else None
 
     async def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset()) -> Plan:
         """Gather offers from every enabled backend (once) and choose by the policy; the offers of a banned
@@ -454,10 +458,14 @@ class Broker:
         stored = await self._requoted(job, stored)
         if stored is None:
             return  # nothing left to dispatch on: the job failed with the plan's reasons
+        ledger = self._ledger(job)
+        if self._budget_stands_in_the_way(job, ledger, ledger.refusal(
+                backend=stored.offer.backend, workload=job.workload, project=job.project,
+                micro_usd=stored.expected_micro_usd)):
+            return  # waits for its budget (queued), or failed by it: before a machine is claimed
         offer = self._claimed(job, spec, stored.offer, n)
         if offer is None:
             return  # queued
-        ledger = self._ledger(job)
         key = f"reserve:{job.id}.{n}.p{stored.seq}"
         self._release_orphans(job, ledger, keep=key)
         price = None if offer.trusted else agreed(offer, stored.hours)  # what an untrusted executor's work is paid
@@ -468,8 +476,10 @@ class Broker:
                            detail={"offer": offer.key, "hours": stored.hours,
                                    **({"agreed_micro_usd": price.micro_usd} if price else {})})
         except BudgetExceeded as exc:
-            self.store.move_job(job.id, "failed", reason=f"refused by budget: {exc}")
+            self._budget_stands_in_the_way(job, ledger, exc, attempt_id=f"{job.id}.{n}")
             return
+        if job.reason and job.reason.startswith(budget_wait.WAITING):
+            self.store.budget_wait_over(job.id, budget_wait.WAITING)
         seed, nonce = self.spec(job).seed, None
         if not offer.trusted:  # a fresh S_0 per attempt: another attempt's run never verifies as this one
             nonce = secrets.token_hex(16)
@@ -477,6 +487,18 @@ class Broker:
         attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json(),
                                             reserve_key=key, seed=seed, detail={"seed_nonce": nonce} if nonce else None)
         await self._start(job, attempt)
+
+    def _budget_stands_in_the_way(self, job: Job, ledger: Ledger, refused: BudgetExceeded | None, *,
+                                  attempt_id: str | None = None) -> bool:
+        """A budget refusing the job's reservation: it waits queued when reservations stand in the way, fails
+        when the spend does (broker/budget_wait.py); False when nothing refused it."""
+        if refused is None:
+            return False
+        if budget_wait.waits(refused):
+            self.store.wait_for_budget(job.id, budget_wait.reason(refused), attempt_id=attempt_id)
+        else:
+            self.store.move_job(job.id, "failed", reason=budget_wait.reason(refused))
+        return True
 
     async def _requoted(self, job: Job, stored: StoredPlan) -> StoredPlan | None:
         """The stored plan, with its offer quoted again when its price no longer holds: the same offer when

@@ -151,6 +151,12 @@ class BudgetExceeded(LedgerError):
             f"{display_usd(total)}, over the cap of {display_usd(budget.cap)}"
         )
 
+    @property
+    def by_spend(self) -> bool:
+        """Whether what is spent alone leaves no room for the request (no settlement can make room this period);
+        False when open reservations are what stand in the way (their settling may make room)."""
+        return self.usage.spent_micro_usd + self.request_micro_usd > self.budget.cap
+
 
 class IdempotencyConflict(LedgerError):
     """A key reused for a different movement: a bug in the caller, never a second payment."""

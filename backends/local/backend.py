@@ -52,6 +52,7 @@ from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
+from trainmaster.jobs.inherited import inherited
 from trainmaster.jobs.files import (
     HostileFile, open_regular, read_regular, tree_bytes, write_bytes_atomic, write_json_atomic,
 )
@@ -161,11 +162,13 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             return self.handle(ctx)
         await asyncio.to_thread(self._prepare, bundle, spec, offer, ctx, workdir)
         with open(workdir / "supervisor.err", "ab") as err:
-            subprocess.Popen(  # the keeper starts the supervisor below itself (keeper.py)
+            keeper_process = subprocess.Popen(  # the keeper starts the supervisor below itself (keeper.py)
                 [sys.executable, "-m", "trainmaster.backends.local.keeper", str(workdir)],
                 cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 start_new_session=True, close_fds=True,
+                env=inherited(os.environ, self.config.inherit_env),  # never the broker's secrets (jobs/inherited.py)
             )
+        reap(keeper_process)
         await self._wait_for_supervisor(workdir)
         return self.handle(ctx)
 
@@ -208,6 +211,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             if spec.environment.python == "requirements" else None,
             "envs_dir": self.config.envs_dir or str(workdir.parent / "envs"),
             "sandbox": self.config.sandbox.model_dump() if self.config.sandbox else None,
+            "inherit": list(self.config.inherit_env),
         }
 
     @staticmethod
@@ -569,3 +573,10 @@ def _mtime(path: Path, default: float) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:
         return default
+
+
+def reap(child: subprocess.Popen) -> None:
+    """Wait for the keeper in a thread of its own, so a long-lived parent (the daemon) never keeps it as a zombie."""
+    import threading
+
+    threading.Thread(target=child.wait, name=f"reap-{child.pid}", daemon=True).start()

@@ -14,8 +14,8 @@ outright there is no `exit.json`; the backend then stops what is left of the att
 the end itself (the last heartbeat, or when it stopped the last process).
 
 `launch.json` holds only what trainmaster decided (the entrypoint as written, the variables it
-sets, the spec's `env`); the inherited environment is merged here, at run time, and is never
-written to disk. The entrypoint is expanded in the job's final environment (`expand_command`).
+sets, the spec's `env`); the inherited environment (jobs/inherited.py: an allowlist, never the
+broker's secrets) is merged here, at run time, and is never written to disk. The entrypoint is expanded in the job's final environment (`expand_command`).
 
 Kept to the standard library, psutil and small `jobs` modules so it starts in milliseconds.
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 from trainmaster.backends.local import keeper, oom, processes, sandbox, venvs
 from trainmaster.jobs import launch_command
 from trainmaster.jobs.environment import OUTPUT_DIR, interpreter_environment
+from trainmaster.jobs.inherited import inherited
 from trainmaster.jobs.files import write_json_atomic
 
 LAUNCH = "launch.json"
@@ -89,7 +90,8 @@ def main(workdir: Path) -> int:
                 log.write(f"[trainmaster] {exc}\n".encode())
         if python is not None:
             log.write(f"[trainmaster] python: {python}\n".encode())
-            env = interpreter_environment(python, jail.environment(launch["env"]) if jail else {**os.environ, **launch["env"]})
+            env = interpreter_environment(python, jail.environment(launch["env"]) if jail
+                                          else {**inherited(os.environ, launch.get("inherit", ())), **launch["env"]})
             if jail:
                 jail.hand_over()
                 log.write(f"[trainmaster] confined: user {jail.uid}, network {'kept' if jail.settings.get('network') else 'none'}\n".encode())
