@@ -169,7 +169,7 @@ def policy_check(
     from trainmaster.broker.policy import load_policy
     from trainmaster.jobs.yamlfile import FileError
 
-    if not file.is_file():
+    if not file.exists():  # anything else that is there (a FIFO, a folder) is refused for what it is, unread
         fail(f"{file}: no such file", USAGE)
     try:
         checked = load_policy(file)

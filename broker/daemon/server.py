@@ -5,7 +5,8 @@
   byte at a time is closed too); a body must arrive within `api.BODY_TIMEOUT_S`.
 - **A connection limit below the file limit.** At start the soft `RLIMIT_NOFILE` is raised to the hard one where
   allowed (`raise_file_limit`); the daemon then takes at most that many connections less `RESERVED_FDS` (the
-  database, the logs, the jobs' files and pipes need descriptors too), and never more than `--max-connections`. At
+  database, the logs, the jobs' files and pipes need descriptors too) and room for the connections accepted in a
+  burst before the limit sees them (`connection_limit`), and never more than `--max-connections`. At
   the limit a new connection closes the idlest one (the oldest that has no request being answered), as web
   servers drop idle keep-alive connections; only when every connection is busy is the new one answered 503 and
   closed. So idle connections can neither exhaust the descriptors (no `EMFILE` storm) nor keep `/v1/health` out.
@@ -54,9 +55,16 @@ def raise_file_limit() -> int:
     return soft
 
 
+BACKLOG = 128
+"""The listening socket's backlog: asyncio accepts up to this many connections at a time, each a descriptor, before
+any of them reaches the limit's check."""
+
+
 def connection_limit(file_limit: int, wanted: int = MAX_CONNECTIONS) -> int:
-    """How many client connections to take under a file limit: `wanted`, less when the limit leaves less."""
-    return max(8, min(wanted, file_limit - RESERVED_FDS))
+    """How many client connections to take under a file limit: `wanted`, less when the limit leaves less. Room is
+    kept for `RESERVED_FDS` and for three accept bursts (`BACKLOG` each) beyond the limit: connections accepted
+    before the limit closes the idle ones they displace (under 1,024 files: 384 connections)."""
+    return max(8, min(wanted, file_limit - RESERVED_FDS - 3 * BACKLOG))
 
 
 def handler_args() -> dict:
@@ -133,7 +141,7 @@ class GuardedSite(web.SockSite):
     __slots__ = ("guard",)
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, guard: Guard):
-        super().__init__(runner, sock, backlog=512)
+        super().__init__(runner, sock, backlog=BACKLOG)
         self.guard = guard
 
     async def start(self) -> None:
