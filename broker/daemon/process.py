@@ -334,6 +334,8 @@ async def _reconcile(ctx, stop: asyncio.Event, interval: float) -> None:
                     result = await ctx.reconciler.run_pass(stopping=stop)
         except Exception:  # noqa: BLE001 — only while stopping: the pass is not tried again
             return
+        if ctx.database.problem is not None:
+            await asyncio.to_thread(ctx.database.check)  # a pass went through: say so once the probe agrees
         ctx.passes += 1
         if result.errors:
             log.warning("pass %d: a step failed on %s (recorded on each job)", ctx.passes, ", ".join(result.errors))

@@ -171,6 +171,23 @@ class IdleHolder(threading.Thread):
             s.close()
 
 
+def _accepted_times(where) -> list[float]:
+    """When each job was accepted (its `accepted` transition), read from the state database."""
+    from trainmaster.storage import statedb
+
+    db = statedb.connect(where)
+    try:
+        return [at for (at,) in db.execute("SELECT at FROM events WHERE kind = 'transition' AND to_state = 'accepted'")
+                .fetchall()]
+    finally:
+        db.close()
+
+
+def _per_minute(times: list[float], since: float, until: float) -> float:
+    """How many of `times` (wall clock) fall in [since, until), per minute of it."""
+    return sum(since <= t < until for t in times) / max(1e-6, (until - since) / 60)
+
+
 def _accepted_between(address: str, token: str, ids: list[str]) -> list[dict]:
     jobs = _call(address, token, "GET", "/v1/jobs?all=1&limit=0", timeout=120)
     wanted = set(ids)
@@ -197,12 +214,12 @@ def idle_phase(minutes: float, idle: int, rate: float) -> dict[str, float]:
             window = minutes * 60
             probe.start()
             feeder.start()
-            begin = time.monotonic()
+            begin, wall_begin = time.monotonic(), time.time()
             time.sleep(window / 3)
-            baseline_end, baseline_ids = time.monotonic(), len(feeder.ids)
+            baseline_end, wall_baseline_end = time.monotonic(), time.time()
             holder.start()
             time.sleep(window * 2 / 3)
-            end = time.monotonic()
+            end, wall_end = time.monotonic(), time.time()
             feeder.stopping.set()
             probe.stopping.set()
             holder.stopping.set()
@@ -214,11 +231,12 @@ def idle_phase(minutes: float, idle: int, rate: float) -> dict[str, float]:
             log_bytes = sum(p.stat().st_size for p in (home / "daemon").glob("daemon.log*"))
         finally:
             _stop(daemon)
+        accepted_at = _accepted_times(home / "state.db")
     accepted = [i for i in feeder.ids if jobs.get(i, {}).get("state") == "accepted"]
     return {
         "idle_connections": float(idle),
         "idle_held_median": float(sorted(holder.held)[len(holder.held) // 2]) if holder.held else 0.0,
-        "idle_reopened": float(holder.reopened),
+        "idle_opened": float(holder.reopened),
         "connection_limit": float(health["connections"]["limit"]),
         "closed_idle_by_daemon": float(health["connections"]["closed_idle"]),
         "health_p50_baseline_s": probe.percentile(0.5, begin, baseline_end),
@@ -230,10 +248,8 @@ def idle_phase(minutes: float, idle: int, rate: float) -> dict[str, float]:
         "health_failures": float(probe.failures),
         "submitted": float(len(feeder.ids)),
         "accepted_by_end": float(len(accepted)),
-        "reconciled_per_min_baseline": len([i for i in feeder.ids[:baseline_ids] if i in accepted])
-        / max(1e-6, (baseline_end - begin) / 60),
-        "reconciled_per_min_idle": len([i for i in feeder.ids[baseline_ids:] if i in accepted])
-        / max(1e-6, (end - baseline_end) / 60),
+        "reconciled_per_min_baseline": _per_minute(accepted_at, wall_begin, wall_baseline_end),
+        "reconciled_per_min_idle": _per_minute(accepted_at, wall_baseline_end, wall_end),
         "log_bytes": float(log_bytes),
     }
 
@@ -255,42 +271,43 @@ def restarts_phase(minutes: float, rate: float, restart_every_s: float) -> dict[
             try:
                 probe.start()
                 feeder.start()
-                begin = time.monotonic()
+                begin, wall_begin = time.monotonic(), time.time()
                 while time.monotonic() - begin < minutes * 60:
                     time.sleep(min(restart_every_s, max(0.0, minutes * 60 - (time.monotonic() - begin))))
                     if time.monotonic() - begin < minutes * 60:
                         server.restart()
                         restarts += 1
-                end = time.monotonic()
+                end, wall_end = time.monotonic(), time.time()
                 feeder.stopping.set()
                 probe.stopping.set()
                 feeder.join()
                 probe.join()
-                settle = time.monotonic() + 120
+                settle, listing_failures, jobs = time.monotonic() + 120, 0, []
                 while time.monotonic() < settle:  # let the last submissions end, for the lost/doubled count
                     try:
                         jobs = _accepted_between(address, token, feeder.ids)
-                    except OSError:
+                    except OSError as exc:
+                        listing_failures += 1
+                        print(f"  listing the jobs failed: {exc}")
                         time.sleep(1)
                         continue
                     if all(j["state"] in ("accepted", "failed", "cancelled") for j in jobs):
                         break
                     time.sleep(1)
                 alive = daemon.poll() is None
+                if listing_failures:
+                    print("  the daemon's log ends:\n" + (home / "daemon" / "daemon.log").read_text()[-4000:])
             finally:
                 _stop(daemon)
             db = statedb.connect(url)
             try:
                 charges = db.execute("SELECT job_id, count(*) FROM ledger_entries WHERE kind = 'charge'"
                                      " GROUP BY job_id").fetchall()
-                accepted_at = dict(db.execute("SELECT job_id, max(at) FROM events WHERE to_state = 'accepted'"
-                                              " GROUP BY job_id").fetchall())
             finally:
                 db.close()
+            accepted_at = _accepted_times(url)
         finally:
             server.stop()
-    wall_begin = time.time() - (time.monotonic() - begin)
-    in_window = [j for j in accepted_at.values() if wall_begin <= j <= wall_begin + (end - begin)]
     return {
         "restarts": float(restarts),
         "restart_every_s": restart_every_s,
@@ -300,10 +317,11 @@ def restarts_phase(minutes: float, rate: float, restart_every_s: float) -> dict[
         "health_failures": float(probe.failures),
         "submitted": float(len(feeder.ids)),
         "submits_refused_while_away": float(feeder.refused),
+        "listing_failures_after": float(listing_failures),
         "accepted": float(sum(j["state"] == "accepted" for j in jobs)),
         "failed": float(sum(j["state"] == "failed" for j in jobs)),
         "doubled_charges": float(sum(1 for _, n in charges if n > 1)),
-        "reconciled_per_min": len(in_window) / max(1e-6, (end - begin) / 60),
+        "reconciled_per_min": _per_minute(accepted_at, wall_begin, wall_end),
     }
 
 
@@ -347,7 +365,7 @@ def soak_phase(jobs: int, rate: float) -> dict[str, float]:
 def run(smoke: bool = False, minutes: float = 3.0, idle: int = 1000, rate: float = 2.0, restart_every_s: float = 60.0,
         soak_jobs: int = 2000, phases: tuple[str, ...] = PHASES) -> dict[str, float]:
     if smoke:
-        minutes, idle, rate, restart_every_s, soak_jobs = 0.2, 100, 1.0, 5.0, 8
+        minutes, idle, rate, restart_every_s, soak_jobs = 0.1, 50, 2.0, 3.0, 4
     figures: dict[str, float] = {}
     if "idle" in phases:
         measured = idle_phase(minutes, idle, rate)
