@@ -166,6 +166,11 @@ async def cancel(request: web.Request) -> web.Response:
 @routes.post("/v1/jobs/{ref}/resume")
 async def resume(request: web.Request) -> web.Response:
     body = await _body(request, {"max_hours", "max_usd"})
+    hours, usd = body.get("max_hours"), body.get("max_usd")
+    if hours is not None and (isinstance(hours, bool) or not isinstance(hours, (int, float)) or not hours > 0):
+        raise query.bad_request("max_hours: a number of hours above 0 is required")
+    if usd is not None and (isinstance(usd, bool) or not isinstance(usd, (str, int, float))):
+        raise query.bad_request('max_usd: an amount in dollars is required (as text, e.g. "12.50")')
     ref = request.match_info["ref"]
 
     async def resumed(broker) -> dict:
