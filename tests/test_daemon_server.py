@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 from cli_run import tm
-from daemon_support import call, daemon_processes, daemon_start, get, kill, start, token_of, wait_for
+from daemon_support import call, daemon_processes, daemon_start, kill, start, token_of
 
 TRAIN = "import os, pathlib\npathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 'out.txt').write_text('ok')\n"
 

@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import os
 import time
-from pathlib import Path
 
 from aiohttp import web
 

@@ -5,7 +5,7 @@
   prints, and its log); a database that never comes fails the start with that reason.
 - **While it runs** `Watch` knows whether the database answers: a probe on a connection of its own every
   `PROBE_S` seconds (every second while it is away), and every reconcile pass, report to it. While the database
-  is away `/v1/health` says `degraded` with the reason, and the passes back off (broker/daemon/process.py); every
+  is away `/v1/health` says `degraded` with the reason, and the passes back off (broker/daemon/tasks.py); every
   connection the daemon holds opens again on its next use once the server is back (storage/dialects/postgresql.py),
   and the next pass carries on from what the database recorded, so nothing is lost or done twice.
 """
