@@ -106,8 +106,7 @@ def test_restarts_and_ended_sessions_under_the_daemon_lose_and_double_nothing(se
         money = _money(env["TRAINMASTER_DATABASE_URL"])
         for job in jobs:  # one reservation and one charge each, one accepted attempt: nothing twice, nothing lost
             assert sorted(money[job["id"]]) == ["attempt:accepted", "charge", "reserve"], (job["id"], money[job["id"]])
-        log = (tm_home / "daemon" / "daemon.log").read_text()
-        assert "the database at postgresql://" in log and "is back after" in log
+        assert (_health(tm_home) or {}).get("status") == "ok"
     finally:
         kill(pid)
 
@@ -139,6 +138,8 @@ def test_health_says_degraded_while_the_server_is_down_and_ok_when_it_is_back(se
         finally:
             server.resume()
         assert wait_for(lambda: (_health(tm_home) or {}).get("status") == "ok", 60, "health to say ok")
+        log = (tm_home / "daemon" / "daemon.log").read_text()
+        assert "the database at postgresql://tm@127.0.0.1" in log and "is away" in log and "is back after" in log
         done = tm("submit", str(spec), "--wait", "--json", home=tm_home, extra_env=env, timeout=180)
         assert done.returncode == 0 and json.loads(done.stdout)["state"] == "accepted", done.stderr
     finally:
