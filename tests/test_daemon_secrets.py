@@ -85,3 +85,19 @@ def test_the_allowlist_keeps_what_a_job_needs_and_drops_what_looks_secret():
     assert inherited(environ, ["MY_*", "TRAINMASTER_DATABASE_URL", "WANDB_API_KEY"]) == {
         **inherited(environ), "MY_VAR": "v"}  # a configured name that looks secret is still never inherited
     assert os.environ.get("PATH")  # the test's own environment is untouched
+
+
+def test_the_daemon_makes_itself_non_dumpable_so_its_environment_is_not_readable_by_jobs():
+    import subprocess
+    import sys
+
+    probe = ("import ctypes; from trainmaster.broker.daemon.private import not_dumpable, PR_GET_DUMPABLE\n"
+             "before = ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)\n"
+             "print(before, not_dumpable(), ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1", "True", "0"]
+    child = subprocess.run([sys.executable, "-c", "import ctypes; from trainmaster.broker.daemon.private import "
+                            "not_dumpable, PR_GET_DUMPABLE; not_dumpable(); import subprocess, sys; print(subprocess."
+                            "run([sys.executable, '-c', 'import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))']"
+                            ", capture_output=True, text=True).stdout.strip())"], capture_output=True, text=True)
+    assert child.stdout.strip() == "1"  # what it starts (a job's keeper, an audit worker) is dumpable again

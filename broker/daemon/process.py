@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from trainmaster.broker import audit_pool, paths
-from trainmaster.broker.daemon import allocator, logs, runs, state, tasks, token
+from trainmaster.broker.daemon import allocator, logs, private, runs, state, tasks, token
 
 log = logging.getLogger("trainmaster.daemon")
 
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     started_at = time.time()
     allocator.cap_arenas()  # before the first thread
+    private.not_dumpable()  # its environment (the database's password) unreadable by jobs of the same user
     paths.make_private()
     os.environ[paths.HOME_ENV] = str(paths.home())  # absolute: the daemon runs in / (it never reads its own folder)
     logs.setup(Path(args.log_file) if args.log_file else None)
