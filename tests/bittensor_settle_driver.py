@@ -4,7 +4,7 @@ TRAINMASTER_HOME) in this process, and die (os._exit, what kill -9 leaves) at a 
     python tests/bittensor_settle_driver.py POINT SPEC POLICY STATE_DIR
 
 As tests/settle_driver.py, whose crash points it shares: the first run submits the job (its id kept in
-STATE_DIR/job_id) and waits for it; later runs bring it up to date with `Broker.refresh`. POINT is
+STATE_DIR/job_id) and waits for it; later runs bring it up to date with `Broker.advance`. POINT is
 `verdict`, `charge`, `transfer`, `conclude` (after the miner countersigned its conclusion) or `none`.
 Transfers go to STATE_DIR/transfers.jsonl (tests/payment_support.py).
 """
@@ -22,10 +22,11 @@ from settle_driver import _die_after
 def main(point: str, spec: str, policy: str, state: str) -> None:
     from trainmaster.backends.bittensor.backend import BittensorBackend
     from trainmaster.broker.service import Broker
+    from trainmaster.broker.stages import collect
     from trainmaster.wallet.ledger import Ledger
 
     if point == "verdict":
-        _die_after(Broker, "_verify")
+        _die_after(collect, "verify")
     elif point == "charge":
         _die_after(Ledger, "charge", when=lambda kwargs: kwargs.get("payment") is not None)
     elif point == "conclude":
@@ -38,7 +39,7 @@ def main(point: str, spec: str, policy: str, state: str) -> None:
         job_file.write_text(job.id)
         asyncio.run(broker.wait(job.id, timeout_s=240))
     else:
-        asyncio.run(broker.refresh())
+        asyncio.run(broker.advance(job_file.read_text()))
     broker.close()
 
 

@@ -28,3 +28,14 @@ def sync_broker(*args, **kwargs) -> SyncBroker:
     from trainmaster.broker.service import Broker
 
     return SyncBroker(Broker(*args, **kwargs))
+
+
+async def reconcile_pass(broker) -> None:
+    """One bounded reconcile pass over the home's jobs (broker/daemon/reconciler.py), as any command without a
+    daemon runs it first: what brings every unfinished job up to date."""
+    import os
+
+    from trainmaster.broker.daemon.leases import Leases
+    from trainmaster.broker.daemon.reconciler import Reconciler
+
+    await Reconciler([broker], Leases(broker.store.path), f"test-{os.getpid()}", loops=None).run_pass()

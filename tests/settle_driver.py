@@ -3,7 +3,7 @@
     python tests/settle_driver.py POINT SPEC POLICY STATE_DIR
 
 The first run submits the job (its id kept in STATE_DIR/job_id) and waits for it; later runs bring it up to
-date with `Broker.refresh`, as any CLI command would. POINT is where the process dies: right after the
+date with `Broker.advance`, as any CLI command would. POINT is where the process dies: right after the
 verdict is stored (`verdict`), after the charge and its payment are recorded (`charge`), after the transfer
 is made (`transfer`), after the executor acknowledged its conclusion (`conclude`), or nowhere (`none`).
 Transfers go to STATE_DIR/transfers.jsonl (tests/payment_support.py).
@@ -39,10 +39,11 @@ def _die_after(owner, name: str, *, when=lambda kwargs: True) -> None:
 
 def main(point: str, spec: str, policy: str, state: str) -> None:
     from trainmaster.broker.service import Broker
+    from trainmaster.broker.stages import collect
     from trainmaster.wallet.ledger import Ledger
 
     if point == "verdict":
-        _die_after(Broker, "_verify")
+        _die_after(collect, "verify")
     elif point == "charge":
         _die_after(Ledger, "charge", when=lambda kwargs: kwargs.get("payment") is not None)
     elif point == "conclude":
@@ -56,7 +57,7 @@ def main(point: str, spec: str, policy: str, state: str) -> None:
         job_file.write_text(job.id)
         asyncio.run(broker.wait(job.id, timeout_s=240))
     else:
-        asyncio.run(broker.refresh())
+        asyncio.run(broker.advance(job_file.read_text()))
     broker.close()
 
 

@@ -1,8 +1,8 @@
 """An honest Bittensor miner (a real `trainmaster miner serve` process) is paid exactly once and told its
 conclusion once, also when the broker is killed (os._exit, as kill -9) right after the verdict is stored,
 after the charge and its payment are recorded, after the transfer is made and after the miner countersigned
-its conclusion: each restart (tests/bittensor_settle_driver.py, `Broker.refresh` as any CLI command runs it)
-takes up where the last one died. One payment row, one transfer id, one verdict, one conclusion,
+its conclusion: each restart (tests/bittensor_settle_driver.py: `Broker.advance` of the job, as a command that
+names it runs it) takes up where the last one died. One payment row, one transfer id, one verdict, one conclusion,
 countersigned by the miner's hotkey and kept by the miner."""
 
 from __future__ import annotations

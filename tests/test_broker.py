@@ -13,6 +13,7 @@ import pytest
 from trainmaster.backends.base import Offer, OfferRequest
 from trainmaster.broker import paths
 from trainmaster.broker.service import Broker
+from trainmaster.broker.stages import ledger_moves
 from broker_support import sync_broker
 from trainmaster.jobs.bundle import BundleError
 from trainmaster.broker.policy import load_policy
@@ -186,7 +187,7 @@ def test_money_is_reserved_on_dispatch_and_charged_once_on_acceptance(broker, jo
     [charge] = [e for e in ledger.entries() if e.kind == "charge"]
     assert charge.micro_usd == attempt.cost_micro_usd
     # settling again (a resumed process) pays nothing twice
-    broker.inner._settle_money(job, attempt, "accepted")
+    ledger_moves.settle_money(broker.parts.of(job), attempt, "accepted")
     assert len([e for e in ledger.entries() if e.job_id == job.id]) == 2
     [row] = ledger.spend(by="job")
     assert row.micro_usd == attempt.cost_micro_usd
@@ -221,7 +222,7 @@ def test_a_pickle_among_trusted_outputs_is_kept_opaque_and_never_loaded(broker, 
 
 
 def test_the_planner_learns_runtimes_and_failure_rates_from_past_attempts(broker, job_factory):
-    from trainmaster.broker.service import learned
+    from trainmaster.broker.stages.offer_rounds import learned
 
     for _ in range(2):
         broker.wait(broker.submit(job_factory("import time\ntime.sleep(0.5)\n", "outputs:\n  optional: true\n")).id,

@@ -161,7 +161,7 @@ def test_6_a_job_command_advances_its_job_only_and_ls_brings_every_unfinished_jo
 def test_bans_match_hotkeys_and_string_coldkeys_and_survive_odd_quotes():
     """An offer's detail is the executor's quote: a coldkey that is a list or a number must not break planning."""
     from trainmaster.backends.base import Offer, OfferSet
-    from trainmaster.broker.service import banned_offers
+    from trainmaster.broker.stages.offer_rounds import banned_offers
 
     def offer(hotkey, coldkey):
         return Offer(backend="bittensor", instance=hotkey, region="subnet", price_per_hour_micro_usd=1, trusted=False,

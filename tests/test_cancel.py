@@ -9,6 +9,7 @@ settled exactly once. `trainmaster cancel` is tested for a returned and a verify
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from broker_support import SyncBroker, sync_broker
+from broker_support import SyncBroker, reconcile_pass, sync_broker
 from scripted_backend import RUNNING, Script, Scripted, ScriptedExecutor
 from trainmaster.backends.base import AttemptStatus, Cause, Phase, TransientBackendError
 from trainmaster.broker import paths
@@ -64,8 +65,8 @@ def _job_without_attempt(broker, spec, policy: str, state: str) -> str:
                      policy="c", policy_json=load_policy(policy).model_dump_json())
     if state != "submitted":
         store.set_plan(job_id, "{}", detail={})
-        broker._ledger(store.job(job_id)).reserve(f"reserve:{job_id}.1.p1", job_id=job_id, backend="local",
-                                                  workload=loaded.spec.workload, micro_usd=5_000)
+        broker.parts.of(store.job(job_id)).ledger.reserve(f"reserve:{job_id}.1.p1", job_id=job_id, backend="local",
+                                                       workload=loaded.spec.workload, micro_usd=5_000)
     if state == "queued":
         store.move_job(job_id, "queued")
     return job_id
@@ -216,22 +217,22 @@ def test_trainmaster_cancel_ends_a_returned_or_verifying_attempt_and_settles_its
     from trainmaster.backends.base import LocalEnvironmentError
     from trainmaster.backends.local import LocalBackend
     from trainmaster.broker.cli import app
-    from trainmaster.broker.service import Broker
+    from trainmaster.broker.stages import collect
 
     async def full_disk(self, handle, dest, progress=None):
         raise LocalEnvironmentError("no space left while writing the outputs")
 
-    async def crashing_checks(self, *args, **kwargs):
+    async def crashing_checks(*args, **kwargs):
         raise RuntimeError("the verifier crashed")
 
     if state == "returned":
         monkeypatch.setattr(LocalBackend, "fetch", full_disk)
     else:
-        monkeypatch.setattr(Broker, "_verify", crashing_checks)
+        monkeypatch.setattr(collect, "verify", crashing_checks)
     broker = sync_broker()
     job = broker.submit(job_factory("print('done')\n"))
     _exit_recorded(job.id)
-    broker.refresh()  # what any command does first: it gets as far as it can
+    asyncio.run(reconcile_pass(broker.inner))  # what any command does first: it gets as far as it can
     [attempt] = broker.store.attempts(job.id)
     assert (broker.store.job(job.id).state, attempt.state) == (state, state)
     result = CliRunner().invoke(app, ["cancel", job.id, "--json"])

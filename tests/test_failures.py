@@ -132,7 +132,7 @@ def test_each_failure_gets_its_one_reaction(tm_home, job_factory, tmp_path, fast
     hotkeys, coldkeys = broker.executors.banned()
     assert bool(hotkeys and coldkeys) == row.banned
     if row.attempts[-1][0] == "aws":  # fell back: the primary's offer is blocked for the job
-        assert attempts[0].offer_json and any(k.startswith(f"{primary.name}/") for k in broker._blocked(job))
+        assert attempts[0].offer_json and any(k.startswith(f"{primary.name}/") for k in broker.parts.of(job).blocked())
     for call, times in row.calls.items():
         assert row.script.calls.count(call) == times, row.script.calls
     broker.close()
@@ -189,7 +189,8 @@ def test_a_backend_that_failed_every_time_is_priced_as_nearly_sure_to_fail_and_p
         tm_home, job_factory, fast_retries):
     """Found by the cancel property test: five failed attempts of a backend made its failure rate 1.0,
     and every later plan raised ValueError."""
-    from trainmaster.broker.service import MAX_FAILURE_RATE, Broker, learned
+    from trainmaster.broker.service import Broker
+    from trainmaster.broker.stages.offer_rounds import MAX_FAILURE_RATE, learned
 
     broker = SyncBroker(Broker(backends={"local": Scripted(name="local", script=Script(status=ended(Cause.script_failed)))}))
     for _ in range(5):

@@ -267,7 +267,7 @@ def test_a_backend_that_cannot_release_segments_has_nothing_reclaimed(tm_home, j
 BROKER = Path(__file__).resolve().parents[1] / "broker"
 CREATES_THE_FOLDER = {
     ("paths.py", "attempt_dir"),  # its definition
-    ("service.py", "_context"),  # makes the attempt's work dir and hands it to the backend (AttemptContext.workdir)
+    ("stages/dispatch.py", "attempt_context"),  # makes the attempt's work dir and hands it to the backend (AttemptContext.workdir)
 }
 
 

@@ -17,7 +17,7 @@ from trainmaster.broker.store import Store
 
 
 async def _hold(broker: Broker, job_id: str, spans: list, seconds: float = 0.2) -> None:
-    async with broker._job_locked(job_id):
+    async with broker.parts.locks.held(job_id):
         start = time.monotonic()
         await asyncio.sleep(seconds)
         spans.append((job_id, start, time.monotonic()))
@@ -50,7 +50,7 @@ def test_a_released_lock_is_free_to_others_while_its_session_serves_the_next_loc
     async def lock_each(names: list[str], *, failing: str | None = None) -> None:
         for name in names:
             try:
-                async with broker._job_locked(name):
+                async with broker.parts.locks.held(name):
                     if name == failing:
                         raise RuntimeError("a step failed")
             except RuntimeError:

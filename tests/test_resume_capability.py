@@ -12,6 +12,7 @@ from trainmaster.backends.base import BackendError, Handle, Offer
 from trainmaster.backends.features import CheckpointRef, ResumesFromCheckpoints
 from trainmaster.backends.local import LocalBackend
 from trainmaster.broker.service import Broker
+from trainmaster.broker.stages import resuming
 from trainmaster.broker.store import Attempt
 
 
@@ -51,7 +52,8 @@ def _attempt(n: int, backend: str, state: str, *, trusted: bool = True) -> Attem
 def _resume_point(attempts: list[Attempt], backend) -> tuple[str | None, list]:
     store = _Store(attempts)
     broker = Broker(store=store, backends={})
-    return asyncio.run(broker._resume_point(SimpleNamespace(id="j"), attempts[-1], backend)), store.events
+    ctx = broker.parts.of(SimpleNamespace(id="j"))
+    return asyncio.run(resuming.resume_uri(ctx, attempts[-1], backend)), store.events
 
 
 def test_the_newest_resumable_attempt_on_the_same_backend_gives_its_reference_as_it_is():

@@ -84,7 +84,7 @@ def test_an_honest_untrusted_attempt_is_audited_accepted_and_paid_in_tao(tm_home
     assert charge.micro_usd <= reserve.micro_usd
     assert attempt.cost_rate_at == reserve.at  # the rate was fixed at dispatch
     # it ran from a seed the broker derived from a nonce of its own, not the spec's 3
-    from trainmaster.broker.service import attempt_seed
+    from trainmaster.broker.stages.dispatch import attempt_seed
 
     [nonce] = [e.detail["seed_nonce"] for e in broker.store.events(done.id) if e.detail and "seed_nonce" in e.detail]
     assert executor.seeds[attempt.id] == attempt.seed == attempt_seed(3, nonce) != 3

@@ -1,5 +1,5 @@
 """`trainmaster backends check | show`: whether each backend can run jobs here, and its settings as used
-(`broker.backend_config`: backends.yaml, then the policy's overrides), with where each came from.
+(`broker.backend_set`: backends.yaml, then the policy's overrides), with where each came from.
 
 Both read `backends.yaml` in the user config dir (`backends.config`); neither uses the network nor
 imports a cloud SDK. Module-level imports stay typer-only so `trainmaster --help` stays fast.
@@ -62,7 +62,7 @@ def show(as_json: bool = JSON_OPT,
     paths); each SDK finds them itself."""
     from trainmaster.backends.config import config_file
     from trainmaster.broker import paths
-    from trainmaster.broker.backend_config import configured
+    from trainmaster.broker.backend_set import configured
     from trainmaster.broker.policy import load_policy
 
     path = config_file(paths.config_dir())

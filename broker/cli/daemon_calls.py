@@ -89,7 +89,7 @@ def cancel(daemon: Daemon, job_ref: str):
 
 def resume(daemon: Daemon, job_ref: str, *, wait: bool, max_hours: float | None, max_usd: str | None,
            on_resumed: Callable, on_log: Callable[[str], None] | None):
-    from trainmaster.broker.resuming import ResumePoint
+    from trainmaster.broker.resume_point import ResumePoint
 
     answer = daemon.call("POST", f"/v1/jobs/{job_ref}/resume", {"max_hours": max_hours, "max_usd": max_usd})
     settled = _settled()

@@ -51,7 +51,7 @@ FAILURES = (
     ("trainmaster.broker.store", "NotFound", "", USAGE),
     ("trainmaster.broker.store", "StateUnavailable", "", USAGE),
     ("trainmaster.storage.statedb", "BadDatabaseUrl", "TRAINMASTER_DATABASE_URL: ", USAGE),
-    ("trainmaster.broker.service", "NothingToDo", "", USAGE),
+    ("trainmaster.broker.stages.job_context", "NothingToDo", "", USAGE),
     ("trainmaster.backends.base", "BackendError", "", USAGE),
     ("builtins", "OSError", "", USAGE),
 )

@@ -66,7 +66,7 @@ def submit(
 
     def submitted(job, left_out: list[str]) -> None:
         started.append(job)
-        from trainmaster.broker.service import left_out_warning
+        from trainmaster.broker.stages.submission import left_out_warning
 
         for warning in left_out_warning(left_out):
             console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)

@@ -31,7 +31,7 @@ ERRORS = (
     ("trainmaster.broker.planner", "PlanError", 400),
     ("trainmaster.jobs.bundle", "BundleError", 400),
     ("trainmaster.broker.store", "NotFound", 404),
-    ("trainmaster.broker.service", "NothingToDo", 409),
+    ("trainmaster.broker.stages.job_context", "NothingToDo", 409),
     ("trainmaster.broker.daemon.triggers.engine", "TriggerRefused", 409),
     ("trainmaster.broker.store", "StateUnavailable", 503),
     ("trainmaster.backends.base", "BackendError", 503),

@@ -10,7 +10,7 @@ started after `budget_s` seconds (steps under way finish).
 
 Where the workers' steps run is the constructor's explicit choice (`loops`). The daemon gives each broker
 a WorkerLoop of its own (broker/daemon/worker_loop.py): the broker was made there and its steps
-(`advance`, `_settle_with_executors`, `promote_pending`) and store calls run there, so their synchronous
+(`advance`, `settle_with_executors`, `promote_pending`) and store calls run there, so their synchronous
 database calls block that worker's thread only: the workers' database waits overlap, and the daemon's main
 loop (the API, the triggers, the dashboard) keeps answering. `loops=None` runs the brokers on the caller's
 loop: a CLI command without a daemon, which runs one bounded pass, or one scoped to the job it names
@@ -193,7 +193,7 @@ class Reconciler:
         broker = worker.broker
         try:
             if settle_only:
-                await broker._settle_with_executors(job_id)
+                await broker.settle_with_executors(job_id)
             else:
                 await broker.advance(job_id)
             result.advanced.append(job_id)
