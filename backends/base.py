@@ -6,7 +6,7 @@ each answer's quote (`Quoting`: who answered, when, until when, the rate) and st
 with it (`valid_until`, `quote`), and re-quotes an offer that expired before dispatch. A backend
 starts an attempt from a bundle, reports status and logs, cancels, fetches the outputs and says what
 the attempt cost. What it cannot do is declared as data (`backends.features`), so the broker can
-explain why a backend was left out (`broker.gating`).
+explain why a backend was left out (`broker.planning.gating`).
 """
 
 from __future__ import annotations
@@ -289,13 +289,13 @@ class Backend(abc.ABC):
 
     def lacks(self, request: OfferRequest) -> dict[str, str]:
         """Features this backend supports in general but not for `request` (feature -> why); the broker
-        adds them to what its mixins leave out (`broker.gating`)."""
+        adds them to what its mixins leave out (`broker.planning.gating`)."""
         return {}
 
     @abc.abstractmethod
     async def offers(self, request: OfferRequest) -> OfferSet:
         """The offers for `request`. Whether the spec needs a feature this backend lacks is the broker's
-        check (`broker.gating`), made before this is called."""
+        check (`broker.planning.gating`), made before this is called."""
 
     @abc.abstractmethod
     async def submit(self, bundle: Path, spec: JobSpec, offer: Offer, ctx: AttemptContext) -> Handle: ...

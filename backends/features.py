@@ -83,7 +83,7 @@ class HeldSegment(Frozen):
 
 class ReleasesSegments:
     """Gives back the disk an attempt's segments take, keeping those the broker names (retention,
-    broker/reclaim.py). The broker decides which indices to keep; the backend alone knows where they
+    broker/filekeeping/reclaim.py). The broker decides which indices to keep; the backend alone knows where they
     are, so the broker never opens the attempt's scratch folder itself."""
 
     async def segments_held(self, handle: Handle) -> list[HeldSegment]:
@@ -159,7 +159,7 @@ class RunsUntrusted(KeepsSegments):
     """Runs on compute we do not control. Its work is paid only after the replay audit accepts it, so
     the backend gives the broker what the audit needs: who ran it, the signed commitment, and, only
     after the commitment is stored, the segments the challenge names (docs/verification.md); after the
-    verdict it is told its conclusion and countersigns the receipt (broker/settlement.py)."""
+    verdict it is told its conclusion and countersigns the receipt (broker/money/settlement.py)."""
 
     async def executor(self, handle: Handle) -> ExecutorIdentity:
         raise NotImplementedError

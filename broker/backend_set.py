@@ -23,7 +23,7 @@ from trainmaster.backends.config import Effective, effective
 from trainmaster.broker import paths
 
 if TYPE_CHECKING:
-    from trainmaster.broker.policy import Policy
+    from trainmaster.broker.planning.policy import Policy
     from trainmaster.jobs.spec import JobSpec
     from trainmaster.wallet.rates import RateProvider
 
@@ -77,7 +77,7 @@ class BackendSet:
 
     def rates(self, policy: Policy) -> RateProvider | None:
         """The TAO/USD rate provider of the policy (one per rate setting, kept for the process)."""
-        from trainmaster.broker.offer_request import provider_for
+        from trainmaster.broker.planning.offer_request import provider_for
 
         key = policy.tao_rate.model_dump_json()
         if key not in self._rate_providers:

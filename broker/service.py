@@ -1,12 +1,12 @@
-"""The broker: submit → plan → dispatch → watch → collect (fetch, verify, share, promote) → settle, resumable from
-any state. A façade over the stages of a job's life (broker/stages/, one module each), which work on the parts it
+"""The broker: submit → plan → dispatch → watch → collect (fetch, verify, share, promote) → settle, resumable
+from any state. A façade over the stages of a job's life (broker/stages/, one module each), which work on the parts it
 holds (`stages.job_context.Parts`: the store, the backends as configured, policies, ledgers, executors, locks).
 
 Every step reads the state from the state database, does its work, and records the new state; `advance` walks a
 job as far as it can go right now. Any process (the CLI that submitted, the daemon's reconciler) can call it after a
 crash, so no job is lost: a dispatch that died before recording its handle finds its run again (`Backend.submit` is
 idempotent on the attempt id), and a settle that died half-way is redone without recording anything twice. After
-the verdict, an untrusted executor is paid and told its conclusion exactly once (broker/settlement.py).
+the verdict, an untrusted executor is paid and told its conclusion exactly once (broker/money/settlement.py).
 
 Everything here is a coroutine: the CLI calls `asyncio.run` once at its edge and the daemon runs the same calls on
 its own loop. Work that would block the loop (bundling, hashing) runs in worker threads; the verification pipeline
@@ -27,8 +27,8 @@ from pathlib import Path
 from trainmaster.backends.base import Backend, Offer, Progress
 from trainmaster.broker import paths, states
 from trainmaster.broker.backend_set import BackendSet
-from trainmaster.broker.planner import Plan
-from trainmaster.broker.policy import Policy
+from trainmaster.broker.planning.planner import Plan
+from trainmaster.broker.planning.policy import Policy
 from trainmaster.broker.resume_point import ResumePoint
 from trainmaster.broker.stages import (
     advancing, cancelling, collect, ledger_moves, log_following, offer_rounds, resuming, submission,
@@ -97,7 +97,7 @@ class Broker:
 
     @property
     def settlement(self):
-        """The settling stage after a verdict (broker/settlement.py)."""
+        """The settling stage after a verdict (broker/money/settlement.py)."""
         return self.parts.settlement
 
     @property

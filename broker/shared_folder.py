@@ -1,5 +1,5 @@
 """A folder every host mounts (NFS, a shared volume) as an ObjectStore: the shared storage when
-`TRAINMASTER_SHARED_STORAGE` is an absolute path (broker/shared_storage.py).
+`TRAINMASTER_SHARED_STORAGE` is an absolute path (broker/filekeeping/shared_storage.py).
 
 An object appears whole or not at all: it is written to a temporary sibling and renamed. Folders and files take
 the root's owner and group permissions (files without the execute bits), not this process's private umask, and the

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster.broker import several, states
+from trainmaster.broker import states
 from trainmaster.storage import statedb
 
 MIGRATIONS: list[list[str]] = [
@@ -102,6 +102,18 @@ MIGRATIONS: list[list[str]] = [
 ]
 
 
+SHOWN = 5
+"""At most this many ids of the jobs a reference matches are listed; one more is asked for, to know whether there
+are others."""
+
+
+def several_jobs(ref: str, ids: list[str]) -> str:
+    """How a job reference that matches several jobs is told: the ids found (fetched up to SHOWN + 1), with `…` only
+    when there are more."""
+    listed = ", ".join(ids[:SHOWN]) + (", …" if len(ids) > SHOWN else "")
+    return f"{ref!r} matches several jobs: {listed}; give more of the id"
+
+
 @dataclass(frozen=True)
 class Job:
     id: str
@@ -119,7 +131,7 @@ class Job:
     policy_json: str | None = None
     """The policy as it was at submit: the job is planned, dispatched and settled under it."""
     plan_json: str | None = None
-    """The current plan (`broker.plans.StoredPlan`): made at submit, remade only after a failed attempt."""
+    """The current plan (`broker.planning.stored_plan.StoredPlan`): made at submit, remade only after a failed attempt."""
     queued_at: float | None = None
     """When the job last started waiting `queued` (its place in the queue)."""
     cancel_requested_at: float | None = None
@@ -239,14 +251,14 @@ class Store:
             raise NotFound("empty job reference: give a job id or a unique prefix of one")
         rows = self.db.execute(
             "SELECT * FROM jobs WHERE id = ? OR substr(id, 1, ?) = ? ORDER BY id LIMIT ?",
-            (prefix, len(prefix), prefix, several.SHOWN + 1),
+            (prefix, len(prefix), prefix, SHOWN + 1),
         ).fetchall()
         exact = [r for r in rows if r["id"] == prefix]
         if exact or len(rows) == 1:
             return Job(**(exact or rows)[0])
         if not rows:
             raise NotFound(f"no job {prefix!r}")
-        raise NotFound(several.several_jobs(prefix, [r["id"] for r in rows]))
+        raise NotFound(several_jobs(prefix, [r["id"] for r in rows]))
 
     def jobs(self, *, states_in: set[str] | None = None, limit: int = 100) -> list[Job]:
         sql, args = "SELECT * FROM jobs", []
@@ -350,7 +362,7 @@ class Store:
 
     def queue_position(self, job_id: str) -> int | None:
         """1 for the next job to start; None when the job is not queued for the machine (a job waiting for its
-        budget, broker/budget_wait.py, has no place in that queue)."""
+        budget, broker/money/budget_wait.py, has no place in that queue)."""
         row = self.db.execute("SELECT state, queued_at FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None or row["state"] != "queued" or row["queued_at"] is None:
             return None
@@ -409,7 +421,7 @@ class Store:
         self._move_job(db, job_id, "queued", detail={"waiting": why, "position": ahead + 1})
 
     def wait_for_budget(self, job_id: str, why: str, *, attempt_id: str | None = None) -> None:
-        """The job waits `queued` for a budget whose room other jobs' reservations hold (broker/budget_wait.py),
+        """The job waits `queued` for a budget whose room other jobs' reservations hold (broker/money/budget_wait.py),
         with `why` as its reason: the claim made for `attempt_id` is given back, and the job holds no place in the
         machine's queue (`queued_at` is NULL) while it waits. One event, when it starts waiting."""
         with self.tx() as db:
@@ -491,7 +503,7 @@ class Store:
 
     def awaiting_conclusion(self) -> bool:
         """Whether an untrusted attempt with a final verdict has no acknowledged conclusion yet
-        (broker/settlement.py, which makes the `conclusions` table): a command must then run its refresh,
+        (broker/money/settlement.py, which makes the `conclusions` table): a command must then run its refresh,
         which settles it, even when every job has ended."""
         final = ("SELECT 1 FROM attempts a WHERE a.state IN ('accepted', 'rejected') AND a.executor_hotkey IS NOT NULL")
         if statedb.table_exists(self.db, "conclusions"):

@@ -14,7 +14,7 @@ from pathlib import Path
 from trainmaster.backends.base import Phase
 from trainmaster.backends.managed.backend import ManagedBackend
 from trainmaster.backends.managed.config import ManagedConfig
-from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
+from trainmaster.backends.managed.training_service import ServiceJob, ServiceState, TrainingService
 from trainmaster.backends.managed.store import ObjectStore, StoredObject
 
 

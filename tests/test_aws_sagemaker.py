@@ -13,7 +13,7 @@ from clouds.aws_server import ROLE, fail_next, set_training_status, training_job
 from trainmaster.backends.aws.config import AwsConfig
 from trainmaster.backends.aws.sagemaker import SageMakerService, phase_of
 from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
-from trainmaster.backends.managed.service import ServiceJob
+from trainmaster.backends.managed.training_service import ServiceJob
 
 pytest_plugins = ["clouds.conftest_aws"]
 

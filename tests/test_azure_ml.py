@@ -11,7 +11,7 @@ import pytest
 
 from trainmaster.backends.azure.azureml import AzureMLService
 from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
-from trainmaster.backends.managed.service import ServiceJob
+from trainmaster.backends.managed.training_service import ServiceJob
 
 pytest_plugins = ["clouds.conftest_azure"]
 

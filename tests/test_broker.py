@@ -16,7 +16,7 @@ from trainmaster.broker.service import Broker
 from trainmaster.broker.stages import ledger_moves
 from broker_support import sync_broker
 from trainmaster.jobs.bundle import BundleError
-from trainmaster.broker.policy import load_policy
+from trainmaster.broker.planning.policy import load_policy
 from trainmaster.jobs.spec import JobSpec
 from trainmaster.jobs.yamlfile import FileError
 

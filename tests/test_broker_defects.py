@@ -79,7 +79,7 @@ def _policy(tmp_path, name: str, usd_per_kwh_micro: int):
 
 
 def test_4_each_policy_prices_local_runs_with_its_own_power_model(broker, job_factory, tmp_path):
-    from trainmaster.broker.policy import load_policy
+    from trainmaster.broker.planning.policy import load_policy
 
     cheap, dear = load_policy(str(_policy(tmp_path, "cheap", 100_000))), load_policy(str(_policy(tmp_path, "dear", 400_000)))
     spec = job_factory(WRITE_OUTPUT)

@@ -55,7 +55,7 @@ def _policy(tmp_path, trusted: bool) -> str:
 def _job_without_attempt(broker, spec, policy: str, state: str) -> str:
     """A job recorded but not dispatched (a process died, or it waits in the queue), with a reservation
     a dispatch that died left behind."""
-    from trainmaster.broker.policy import load_policy
+    from trainmaster.broker.planning.policy import load_policy
     from trainmaster.jobs.spec import load_spec
 
     loaded, store = load_spec(spec), broker.store

@@ -73,7 +73,7 @@ CLOUDS = ("aws", "gcp", "azure")
 
 
 def test_offers_plans_the_clouds_from_their_catalog_prices_like_any_backend(cli, training_job):
-    from trainmaster.broker.planner import CHOSEN
+    from trainmaster.broker.planning.planner import CHOSEN
 
     result = cli("offers", str(training_job), "--policy", "cloud-only", "--json")
     assert result.exit_code == 0, result.stderr
@@ -113,7 +113,7 @@ def test_offers_table_marks_catalog_prices_and_bittensor_has_a_reason(cli, train
 
 
 def test_offers_prefers_the_users_override(cli, training_job, tm_home):
-    from trainmaster.broker.planner import CHOSEN
+    from trainmaster.broker.planning.planner import CHOSEN
 
     catalogs = tm_home / "config" / "catalogs"
     catalogs.mkdir(parents=True)

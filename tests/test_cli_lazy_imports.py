@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-HEAVY = ("trainmaster.broker.service", "trainmaster.broker.planner", "trainmaster.broker.policy",
+HEAVY = ("trainmaster.broker.service", "trainmaster.broker.planning.planner", "trainmaster.broker.planning.policy",
          "trainmaster.jobs.spec", "trainmaster.backends.base", "trainmaster.jobs.bundle", "trainmaster.wallet.ledger",
          "asyncio", "numpy", "torch", "psycopg")
 PROBE = """\

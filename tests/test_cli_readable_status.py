@@ -64,7 +64,7 @@ def test_an_ambiguous_prefix_lists_its_matches_without_a_dangling_ellipsis(tm_ho
 
 
 def test_more_matches_than_shown_are_marked():
-    from trainmaster.broker.several import SHOWN, several_jobs
+    from trainmaster.broker.store import SHOWN, several_jobs
 
     ids = [f"t-{i}" for i in range(SHOWN + 1)]
     assert several_jobs("t-", ids).endswith(f"t-{SHOWN - 1}, …; give more of the id")

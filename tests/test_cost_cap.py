@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from trainmaster.backends.local.backend import LocalBackend
-from trainmaster.broker import cost_cap
-from trainmaster.broker.estimate import PastRun, own_estimate
+from trainmaster.broker.money import cost_cap
+from trainmaster.broker.planning.estimate import PastRun, own_estimate
 from trainmaster.jobs.spec import JobSpec
 
 LONG = "import time\ntime.sleep(600)\n"

@@ -17,7 +17,7 @@ def _open_every_part(where) -> list:
     from trainmaster.broker.daemon.triggers.records import Records
     from trainmaster.broker.executors import Executors
     from trainmaster.broker.promotion.records import PromotionStore
-    from trainmaster.broker.settlement import Settlement
+    from trainmaster.broker.money.settlement import Settlement
     from trainmaster.broker.store import Store
     from trainmaster.verify.commitments import CommitmentStore
     from trainmaster.verify.records import SecretStore, VerdictStore

@@ -243,8 +243,8 @@ def test_a_backend_that_cannot_release_segments_has_nothing_reclaimed(tm_home, j
     from broker_support import SyncBroker
     from scripted_backend import Script, Scripted
     from trainmaster.backends.features import ReleasesSegments
-    from trainmaster.broker import reclaim
-    from trainmaster.broker.retention import Retention
+    from trainmaster.broker.filekeeping import reclaim
+    from trainmaster.broker.filekeeping.retention import Retention
     from trainmaster.broker.service import Broker
 
     assert not isinstance(Scripted(), ReleasesSegments)

@@ -10,7 +10,7 @@ import pytest
 from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
 from trainmaster.backends.gcp.config import GcpConfig
 from trainmaster.backends.gcp.vertex import VertexService
-from trainmaster.backends.managed.service import ServiceJob
+from trainmaster.backends.managed.training_service import ServiceJob
 
 pytest_plugins = ["clouds.conftest_gcp"]
 

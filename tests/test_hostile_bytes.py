@@ -20,7 +20,7 @@ import pytest
 
 import hostile_support as hostile
 from trainmaster.broker.cli.live import duration
-from trainmaster.broker.progress import last_step
+from trainmaster.broker.job_progress import last_step
 from trainmaster.jobs import output_tree
 from trainmaster.jobs.files import HostileFile, read_regular, read_tail, sha256_file
 from trainmaster.verify import output_kinds, zip_bounds

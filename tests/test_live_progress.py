@@ -1,4 +1,4 @@
-"""Progress while waiting: the status a terminal shows under a followed log (broker/progress.py computes
+"""Progress while waiting: the status a terminal shows under a followed log (broker/job_progress.py computes
 it, broker/cli/live.py draws it), and no status line when stdout is not a terminal or with --json."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from trainmaster.backends.base import Handle, Offer
 from trainmaster.backends.features import MetricsChunk
 from trainmaster.backends.local import LocalBackend
 from trainmaster.broker import paths
-from trainmaster.broker.progress import (
+from trainmaster.broker.job_progress import (
     ProgressWatch, StepSample, attempt_cost, last_step, progress_of, read_tail, total_steps,
 )
 from trainmaster.broker.store import Attempt, Job
@@ -221,7 +221,7 @@ def _bytes_read(io_stats: Path) -> int:
 
 def test_status_line_text():
     from trainmaster.broker.cli.live import render
-    from trainmaster.broker.progress import JobProgress
+    from trainmaster.broker.job_progress import JobProgress
 
     full = render(JobProgress("running", 1_200, 10_000, 41.5, 31.0, 412, 212.0)).plain
     assert full == "running · step 1,200/10,000 · 41.5 steps/s · elapsed 0:31 · cost $0.000412 · ETA 3:32"

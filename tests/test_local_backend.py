@@ -121,7 +121,7 @@ def test_time_limit_stops_the_job(broker, job_factory):
 
 
 def test_eight_gpus_fail_at_planning(broker, job_factory):
-    from trainmaster.broker.planner import PlanError
+    from trainmaster.broker.planning.planner import PlanError
 
     spec = job_factory("print(1)\n", "resources:\n  gpus: 8\n")
     with pytest.raises(PlanError) as info:
@@ -164,7 +164,7 @@ def test_status_of_a_handle_from_another_process_sees_reused_pids(broker, job_fa
     (workdir / "supervisor.json").write_text(json.dumps(record))
     import asyncio
 
-    from trainmaster.broker.policy import load_policy
+    from trainmaster.broker.planning.policy import load_policy
 
     local = broker.backend("local", load_policy())
     status = asyncio.run(local.status(Handle(backend="local", attempt_id=f"{job.id}.1", data={"workdir": str(workdir)})))

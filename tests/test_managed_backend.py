@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainmaster.backends.base import AttemptContext, BackendError, Cause, ExecutorFault, Offer, Phase
-from trainmaster.backends.managed.service import ServiceState
+from trainmaster.backends.managed.training_service import ServiceState
 from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.spec import JobSpec
 

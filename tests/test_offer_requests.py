@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from trainmaster.backends.base import Offer, OfferRequest, OfferSet
-from trainmaster.broker.gating import gate
-from trainmaster.broker.planner import Plan, plan
-from trainmaster.broker.plans import StoredPlan, requote
-from trainmaster.broker.policy import Policy
+from trainmaster.broker.planning.gating import gate
+from trainmaster.broker.planning.planner import Plan, plan
+from trainmaster.broker.planning.stored_plan import StoredPlan, requote
+from trainmaster.broker.planning.policy import Policy
 from trainmaster.jobs.spec import JobSpec
 
 ENV = {"COLUMNS": "200"}

@@ -1,5 +1,5 @@
 """Payments recorded with their charge, sent once and reconciled before a resend; the broker's key;
-the price agreed at dispatch (wallet/payments.py, wallet/keys.py, broker/agreed_price.py, broker/settlement.py)."""
+the price agreed at dispatch (wallet/payments.py, wallet/keys.py, broker/money/executor_price.py, broker/money/settlement.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 from trainmaster.backends.base import Offer
-from trainmaster.broker.agreed_price import agreed
-from trainmaster.broker.settlement import Settlement
+from trainmaster.broker.money.executor_price import agreed
+from trainmaster.broker.money.settlement import Settlement
 from trainmaster.wallet.keys import BrokerKeyError, broker_key, signed_by
 from trainmaster.wallet.ledger import Ledger
 from trainmaster.wallet.payments import ConclusionChannel, PaymentOrder, Payments

@@ -20,8 +20,8 @@ from rich.console import Console
 
 from trainmaster.backends.base import Backend, Offer, OfferRequest, OfferSet
 from trainmaster.broker.cli.plan_table import render_plan
-from trainmaster.broker.planner import PlanError, gather_offers, plan, reference_hours
-from trainmaster.broker.policy import Policy, tier_name
+from trainmaster.broker.planning.planner import PlanError, gather_offers, plan, reference_hours
+from trainmaster.broker.planning.policy import Policy, tier_name
 from trainmaster.jobs.spec import JobSpec
 
 BACKENDS = ["local", "bittensor", "aws", "gcp", "azure"]

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from trainmaster.broker.policy import Step, load_policy, parse_step, shipped, tier_name
+from trainmaster.broker.planning.policy import Step, load_policy, parse_step, shipped, tier_name
 from trainmaster.jobs.yamlfile import FileError
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from trainmaster.backends.base import BackendConfig
 from trainmaster.backends.registry import BACKENDS, REGISTRY, UnknownBackend, backend_class
-from trainmaster.broker.policy import parse_step
+from trainmaster.broker.planning.policy import parse_step
 
 
 def test_policy_names_are_the_registry_names():

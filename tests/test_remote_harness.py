@@ -213,7 +213,7 @@ def _complete_segment(checkpoints: Path) -> bool:
 
 
 def _steps_past(client, handle: Handle, step: int) -> bool:
-    from trainmaster.broker.progress import last_step, read_tail
+    from trainmaster.broker.job_progress import last_step, read_tail
 
     seen = last_step(asyncio.run(read_tail(client, handle)))
     return seen is not None and seen.step >= step

@@ -134,7 +134,7 @@ def test_payment_and_conclusion_happen_exactly_once_across_kill_9_at_every_step(
     its payment are recorded, one after the transfer is made, one after the executor acknowledged its
     conclusion, and a last one: one transfer, one charge, one verdict, the conclusion delivered and its
     countersignature stored; the executor checked the revealed secret against the digest published at dispatch."""
-    from trainmaster.broker.settlement import Settlement
+    from trainmaster.broker.money.settlement import Settlement
     from trainmaster.broker.store import Store
     from trainmaster.verify.records import VerdictStore
     from trainmaster.wallet.keys import signed_by

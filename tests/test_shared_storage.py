@@ -137,8 +137,8 @@ def test_a_setting_that_names_no_storage_is_refused(job_factory, tm_home, value)
 
 def test_the_promotion_on_another_host_gets_the_outputs_back_from_the_folder(job_factory, tm_home, shared):
     from trainmaster.broker import paths
-    from trainmaster.broker.shared_outputs import restore_home
-    from trainmaster.broker.shared_storage import SharedStorageError
+    from trainmaster.broker.filekeeping.shared_outputs import restore_home
+    from trainmaster.broker.filekeeping.shared_storage import SharedStorageError
     from trainmaster.broker.store import Store
 
     job = submitted(job_factory(TWO_OUTPUTS), tm_home, str(shared))

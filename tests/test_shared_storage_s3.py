@@ -61,8 +61,9 @@ def test_a_job_shared_on_s3_is_restored_on_another_host(aws, s3_home, job_factor
 
 
 def test_a_bundle_the_cache_lacks_is_fetched_from_s3_checked(aws, s3_home, monkeypatch, tmp_path):
-    from trainmaster.broker import paths, shared_bundles
-    from trainmaster.broker.shared_storage import SharedStorageError
+    from trainmaster.broker import paths
+    from trainmaster.broker.filekeeping import shared_bundles
+    from trainmaster.broker.filekeeping.shared_storage import SharedStorageError
 
     monkeypatch.setenv("TRAINMASTER_SHARED_STORAGE", STORAGE)
     data = b"a bundle's bytes" * 1000

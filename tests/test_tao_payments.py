@@ -10,7 +10,7 @@ import inspect
 import pytest
 
 from fake_chain import FakeSubstrate
-from trainmaster.broker.settlement import Settlement
+from trainmaster.broker.money.settlement import Settlement
 from trainmaster.wallet import tao_wallet
 from trainmaster.wallet.chain import ERA_PERIOD, Chain
 from trainmaster.wallet.ledger import Ledger
@@ -137,7 +137,7 @@ def test_an_amount_other_than_the_charge_is_never_sent(world):
 
 def test_the_broker_picks_the_tao_sender_from_backends_yaml(world):
     from trainmaster.backends.bittensor.config import BittensorConfig
-    from trainmaster.broker.payment_sender import configured_sender
+    from trainmaster.broker.money.payment_sender import configured_sender
     from trainmaster.wallet.payments import ConclusionChannel
 
     db = world[1].db

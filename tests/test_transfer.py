@@ -10,7 +10,7 @@ import pytest
 from trainmaster.backends import transfer
 from trainmaster.backends.base import BackendError, TransientBackendError
 from trainmaster.backends.retry import retried
-from trainmaster.broker.cli.progress import TransferBar
+from trainmaster.broker.cli.transfer_bar import TransferBar
 
 DATA = bytes(range(256)) * 4096  # 1 MiB
 SHA = hashlib.sha256(DATA).hexdigest()

@@ -1,7 +1,7 @@
 """The broker's own sr25519 key: made once under the home (mode 0600), it signs what the broker promises.
 
 The executor of an untrusted attempt gets a receipt of its settlement (verdict, amount, the revealed
-challenge secret) signed with this key, and countersigns it with its hotkey (broker/settlement.py).
+challenge secret) signed with this key, and countersigns it with its hotkey (broker/money/settlement.py).
 The key is a 32-byte seed in a file only its owner can read, written whole before it appears (a
 temporary file linked into place), so two processes that start at once end with the same key.
 bittensor's Keypair makes and checks the signatures; it is imported only when a key is used.

@@ -9,7 +9,7 @@ what makes a resend safe: it must answer `sent(key)` for every transfer it made.
 
 The table lives in the broker's SQLite file beside the ledger's, with its own schema version row.
 The default sender, `ConclusionChannel`, moves no money of its own: the amount reaches the executor in the
-signed receipt of its conclusion (broker/settlement.py), for whoever pays outside trainmaster.
+signed receipt of its conclusion (broker/money/settlement.py), for whoever pays outside trainmaster.
 `backends.yaml` `bittensor.payments: tao` picks `wallet/tao.py`'s `TaoSender`, a TAO transfer from the
 broker's coldkey reconciled by its extrinsic hash before any resend.
 """

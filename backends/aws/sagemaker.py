@@ -11,7 +11,7 @@ from __future__ import annotations
 from trainmaster.backends.aws import sdk
 from trainmaster.backends.aws.config import AwsConfig
 from trainmaster.backends.base import BackendError, Cause, Phase
-from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
+from trainmaster.backends.managed.training_service import ServiceJob, ServiceState, TrainingService
 
 CHECKPOINTS = "/opt/ml/checkpoints"
 STARTING = {"Starting", "Pending", "Downloading", "LaunchingMLInstances", "PreparingTrainingStack",

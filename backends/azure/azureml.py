@@ -17,7 +17,7 @@ import shlex
 from trainmaster.backends.azure import sdk
 from trainmaster.backends.azure.config import AzureConfig
 from trainmaster.backends.base import BackendError, Cause, Phase
-from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
+from trainmaster.backends.managed.training_service import ServiceJob, ServiceState, TrainingService
 
 EXPERIMENT = "trainmaster"
 PHASES = {

@@ -16,7 +16,7 @@ from trainmaster.backends.catalog.accelerators import vertex_accelerator
 from trainmaster.backends.catalog.gpus import canonical_gpu
 from trainmaster.backends.gcp import sdk
 from trainmaster.backends.gcp.config import GcpConfig
-from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
+from trainmaster.backends.managed.training_service import ServiceJob, ServiceState, TrainingService
 
 CHECKPOINTS, MODEL = "checkpoints/", "model/"
 """Where Vertex puts AIP_CHECKPOINT_DIR and AIP_MODEL_DIR under a job's base_output_directory."""

@@ -36,7 +36,7 @@ from trainmaster.backends.features import (
 )
 from trainmaster.backends.local.backend import max_seconds
 from trainmaster.backends.managed.config import ManagedConfig
-from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
+from trainmaster.backends.managed.training_service import ServiceJob, ServiceState, TrainingService
 from trainmaster.backends.managed.store import ObjectStore
 from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS

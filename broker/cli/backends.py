@@ -63,7 +63,7 @@ def show(as_json: bool = JSON_OPT,
     from trainmaster.backends.config import config_file
     from trainmaster.broker import paths
     from trainmaster.broker.backend_set import configured
-    from trainmaster.broker.policy import load_policy
+    from trainmaster.broker.planning.policy import load_policy
 
     path = config_file(paths.config_dir())
     chosen = load(lambda: load_policy(policy))

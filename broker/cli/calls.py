@@ -50,7 +50,7 @@ def _daemon():
 
 
 def _broker():
-    from trainmaster.broker.cli.progress import TransferBar
+    from trainmaster.broker.cli.transfer_bar import TransferBar
     from trainmaster.broker.service import Broker
 
     return Broker(progress=TransferBar(), upload_progress=TransferBar("uploading"))

@@ -166,7 +166,7 @@ def policy_check(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Check a policy file: exit 0 when valid, 1 with file:line: field errors when not."""
-    from trainmaster.broker.policy import load_policy
+    from trainmaster.broker.planning.policy import load_policy
     from trainmaster.jobs.yamlfile import FileError
 
     if not file.exists():  # anything else that is there (a FIFO, a folder) is refused for what it is, unread
@@ -191,7 +191,7 @@ def policy_show(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Show a policy: per class, the objective, the fallback chain and the constraints; budgets."""
-    from trainmaster.broker.policy import shipped
+    from trainmaster.broker.planning.policy import shipped
     from trainmaster.jobs.money import display_usd
 
     shown = _load_policy(name)
@@ -215,7 +215,7 @@ def policy_show(
 def _classes_table(policy):
     from rich.table import Table
 
-    from trainmaster.broker.policy import tier_name
+    from trainmaster.broker.planning.policy import tier_name
     from trainmaster.jobs.money import display_usd
 
     table = Table("class", "objective", "chain", "constraints", box=None)
@@ -250,6 +250,6 @@ def _budgets_table(policy):
 
 
 def _load_policy(name: str):
-    from trainmaster.broker.policy import load_policy
+    from trainmaster.broker.planning.policy import load_policy
 
     return load(lambda: load_policy(name))

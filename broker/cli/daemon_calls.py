@@ -32,7 +32,7 @@ def _ended(state: str) -> bool:
 
 def _policy(policy: str) -> str:
     """A policy file is named by its absolute path, resolved here, in the caller's folder (the daemon runs
-    elsewhere, and never looks in its own); a policy name as it is (broker/policy.py `names_a_file`)."""
+    elsewhere, and never looks in its own); a policy name as it is (broker/planning/policy.py `names_a_file`)."""
     from trainmaster.jobs.userfile import is_regular_file
 
     if "/" in policy or policy.endswith((".yaml", ".yml")) or is_regular_file(policy):

@@ -46,7 +46,7 @@ def load(fn, *, usage_on_error: bool = False):
 
 # Our exceptions and how each is told, in the order they are tried: (module, class, message prefix, exit code).
 FAILURES = (
-    ("trainmaster.broker.planner", "PlanError", "", BAD),
+    ("trainmaster.broker.planning.planner", "PlanError", "", BAD),
     ("trainmaster.jobs.bundle", "BundleError", "cannot bundle the code: ", BAD),
     ("trainmaster.broker.store", "NotFound", "", USAGE),
     ("trainmaster.broker.store", "StateUnavailable", "", USAGE),

@@ -1,5 +1,5 @@
 """`trainmaster gc [--dry-run] [--json]`: give disk back under the retention policy (`retention.yaml` in the
-config dir; broker/retention.py), saying what it frees, in bytes per kind (broker/reclaim.py).
+config dir; broker/filekeeping/retention.py), saying what it frees, in bytes per kind (broker/filekeeping/reclaim.py).
 
 Module-level imports stay typer-only so `trainmaster --help` stays fast.
 """
@@ -26,8 +26,8 @@ def gc(
     says. Prints what it frees per kind."""
     import asyncio
 
-    from trainmaster.broker import reclaim
-    from trainmaster.broker.retention import load_retention
+    from trainmaster.broker.filekeeping import reclaim
+    from trainmaster.broker.filekeeping.retention import load_retention
 
     retention = load(load_retention)
     envs = load(reclaim.envs_dir)
@@ -41,7 +41,7 @@ def gc(
 
 async def _reclaim(retention, envs, dry_run: bool) -> list:
     """What the policy lets go (each attempt's segments as its backend reports them), removed unless a dry run."""
-    from trainmaster.broker import reclaim
+    from trainmaster.broker.filekeeping import reclaim
     from trainmaster.broker.service import Broker
 
     broker = Broker()
@@ -53,7 +53,7 @@ async def _reclaim(retention, envs, dry_run: bool) -> list:
 
 
 def _print(freed: list, dry_run: bool) -> None:
-    from trainmaster.broker import reclaim
+    from trainmaster.broker.filekeeping import reclaim
 
     verb = "would free" if dry_run else "freed"
     out = console()

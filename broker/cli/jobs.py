@@ -223,7 +223,7 @@ def schema(kind: str = typer.Argument("job", help="job, policy or triggers")) ->
 
         print(json.dumps(job_schema(), indent=2))
     elif kind == "policy":
-        from trainmaster.broker.policy import Policy
+        from trainmaster.broker.planning.policy import Policy
 
         print(json.dumps(Policy.model_json_schema(), indent=2))
     elif kind == "triggers":

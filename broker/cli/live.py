@@ -1,5 +1,5 @@
 """The live status line under a followed log, on a terminal only: state, step/T, steps/s, elapsed
-time, cost so far and ETA (computed by broker/progress.py), redrawn every REDRAW_S.
+time, cost so far and ETA (computed by broker/job_progress.py), redrawn every REDRAW_S.
 
 Not a terminal, or `--json`: the commands stream the log plainly and draw nothing (jobs.py decides).
 """
@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.text import Text
 
 from trainmaster.broker.cli.render import STATE_STYLE
-from trainmaster.broker.progress import JobProgress, ProgressWatch
+from trainmaster.broker.job_progress import JobProgress, ProgressWatch
 from trainmaster.jobs.money import display_usd
 
 REDRAW_S = 0.5

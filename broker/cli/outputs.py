@@ -1,6 +1,6 @@
 """`trainmaster outputs JOB [--dest DIR] [--json]`: copy an accepted job's outputs into a folder, each file's size
 and sha256 checked against the database's record, from the shared storage they were put in
-(broker/shared_outputs.py), or from this host's home when they were not shared.
+(broker/filekeeping/shared_outputs.py), or from this host's home when they were not shared.
 
 Module-level imports stay typer-only so `trainmaster --help` stays fast.
 """
@@ -48,7 +48,7 @@ def outputs(
 
 def _accepted(store, job_ref: str):
     """(the job, its accepted attempt's recorded outputs or None when it was not accepted, the `shared` event's detail)."""
-    from trainmaster.broker.shared_outputs import recorded
+    from trainmaster.broker.filekeeping.shared_outputs import recorded
 
     job = store.find_job(job_ref)
     attempt = next((a for a in store.attempts(job.id) if a.state == "accepted"), None)
@@ -61,8 +61,8 @@ def _download(job_id: str, files, shared: dict | None, folder: Path) -> str:
     """Download every file (a bar per large file, on a terminal); returns where they were read from."""
     import asyncio
 
-    from trainmaster.broker import shared_outputs
-    from trainmaster.broker.cli.progress import TransferBar
+    from trainmaster.broker.filekeeping import shared_outputs
+    from trainmaster.broker.cli.transfer_bar import TransferBar
 
     store, where = shared_outputs.source(shared)
     asyncio.run(shared_outputs.download(store, job_id, files, folder, progress_for=TransferBar))

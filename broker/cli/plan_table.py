@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from trainmaster.broker.planner import CHOSEN, Considered, Plan
+from trainmaster.broker.planning.planner import CHOSEN, Considered, Plan
 from trainmaster.jobs.money import display_usd
 
 

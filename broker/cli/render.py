@@ -88,7 +88,7 @@ def _state(state: str, position: int | None = None) -> str:
 
 def _shared_outputs(store, job_id: str) -> str | None:
     """Where the job's outputs were put in the shared storage: the `shared` event's record
-    (broker/shared_outputs.py, not imported here: it imports the backends' transfer code)."""
+    (broker/filekeeping/shared_outputs.py, not imported here: it imports the backends' transfer code)."""
     return next((e.detail["outputs"] for e in reversed(store.events(job_id)) if e.kind == "shared"), None)
 
 

@@ -96,7 +96,7 @@ def _stored_verdict(job_ref: str):
         _fail(f"no verdicts yet: {db} does not exist")
     store = VerdictStore(db)
     try:
-        from trainmaster.broker.several import SHOWN, several_jobs
+        from trainmaster.broker.store import SHOWN, several_jobs
 
         ids = store.matching_jobs(job_ref, most=SHOWN + 1)
         if len(ids) > 1:  # as `trainmaster status` says it

@@ -28,7 +28,7 @@ from trainmaster.broker.daemon.context import CTX, DaemonContext
 # Our exceptions, by (module, class), and the HTTP status each is answered with.
 ERRORS = (
     ("trainmaster.jobs.yamlfile", "FileError", 400),
-    ("trainmaster.broker.planner", "PlanError", 400),
+    ("trainmaster.broker.planning.planner", "PlanError", 400),
     ("trainmaster.jobs.bundle", "BundleError", 400),
     ("trainmaster.broker.store", "NotFound", 404),
     ("trainmaster.broker.stages.job_context", "NothingToDo", 409),

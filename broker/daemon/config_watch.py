@@ -73,7 +73,7 @@ class Configuration:
         """Every file read and validated; `FileError` with every problem (each `file:line: field: why`)."""
         from trainmaster.backends.config import load_configs
         from trainmaster.broker.daemon.triggers.model import load_triggers
-        from trainmaster.broker.policy import Policy
+        from trainmaster.broker.planning.policy import Policy
         from trainmaster.broker.promotion.config import load_registry
         from trainmaster.jobs.yamlfile import FileError, load_model
 
@@ -138,6 +138,6 @@ class Configuration:
                 + "; ".join(self.problems)]
 
     def _use_policies(self) -> None:
-        from trainmaster.broker.policy import keep_in_force
+        from trainmaster.broker.planning.policy import keep_in_force
 
         keep_in_force(self.in_force.policies)

@@ -58,7 +58,7 @@ class DaemonContext:
 
     def budgets(self) -> list:
         """The budgets in force: the default policy's (for /metrics and the dashboard)."""
-        from trainmaster.broker.policy import load_policy
+        from trainmaster.broker.planning.policy import load_policy
 
         try:
             return list(load_policy("default").budgets)

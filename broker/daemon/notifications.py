@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from trainmaster.broker import states
-from trainmaster.broker.policy import Policy, load_policy
+from trainmaster.broker.planning.policy import Policy, load_policy
 from trainmaster.storage import statedb
 from trainmaster.wallet.alerts import redact_urls
 

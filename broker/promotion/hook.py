@@ -55,7 +55,7 @@ def _advance(store: Store, records: PromotionStore, promotion: Promotion, settin
     from trainmaster.backends.base import BackendError
     from trainmaster.broker.promotion.mlflow_registry import RegistryError
     from trainmaster.broker.promotion.registration import register_and_gate
-    from trainmaster.broker.shared_outputs import restore_home
+    from trainmaster.broker.filekeeping.shared_outputs import restore_home
 
     if settings is None:
         records.set_error(promotion.lineage.job_id, problem or "no registry is configured")

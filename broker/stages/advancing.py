@@ -21,7 +21,7 @@ from trainmaster.broker.store import Job
 async def advance(parts: Parts, job_id: str) -> Job:
     """Move a job as far as it can go now; safe to call from any process at any time. A queued job
     first has the jobs that hold the machine brought up to date, so a run that ended frees its place.
-    An untrusted attempt with a verdict is then settled with its executor (broker/settlement.py)."""
+    An untrusted attempt with a verdict is then settled with its executor (broker/money/settlement.py)."""
     seen = parts.store.job(job_id)
     if seen.state == "queued":
         await advance_holders(parts)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from trainmaster.backends.base import BackendError, Cause, Offer
 from trainmaster.backends.retry import retried
-from trainmaster.broker import failures, paths, shared_outputs, shared_storage, states
+from trainmaster.broker import failures, paths, states
+from trainmaster.broker.filekeeping import shared_outputs, shared_storage
 from trainmaster.broker.stages import dispatch
 from trainmaster.broker.stages.job_context import JobContext, NothingToDo, Parts
 from trainmaster.broker.stages.ledger_moves import end_attempt, record_cost
@@ -89,8 +90,8 @@ async def verify_again(parts: Parts, job_id: str) -> str:
 
 async def share_outputs(ctx: JobContext, attempt: Attempt, outputs: Path) -> None:
     """Put the accepted attempt's kept outputs in the shared storage (when set) before the job is accepted, and
-    record where (broker/shared_outputs.py): a failure leaves the attempt verifying, its verdict stored, and the
-    next pass puts them again."""
+    record where (broker/filekeeping/shared_outputs.py): a failure leaves the attempt verifying, its verdict
+    stored, and the next pass puts them again."""
     store = shared_storage.store()
     if store is None or any(e.kind == shared_outputs.SHARED_EVENT for e in ctx.store.events(ctx.id)):
         return
@@ -118,10 +119,10 @@ async def promote(store: Store, job_id: str | None = None) -> None:
 
 
 async def give_back_disk(ctx: JobContext) -> None:
-    """The retention policy once a job is accepted (broker/reclaim.py): what it frees is a `disk` event; a
+    """The retention policy once a job is accepted (broker/filekeeping/reclaim.py): what it frees is a `disk` event; a
     failure (an invalid retention.yaml, a disk error) is an `error` event, never the job's."""
-    from trainmaster.broker import reclaim
-    from trainmaster.broker.retention import load_retention
+    from trainmaster.broker.filekeeping import reclaim
+    from trainmaster.broker.filekeeping.retention import load_retention
     from trainmaster.jobs.yamlfile import FileError
 
     try:

@@ -16,7 +16,9 @@ import time
 from trainmaster.backends.base import AttemptContext, Backend, BackendError, Handle, LocalEnvironmentError, Offer
 from trainmaster.backends.features import AllocatesMachine, RunsUntrusted
 from trainmaster.backends.retry import retried
-from trainmaster.broker import budget_wait, cost_cap, paths, shared_bundles
+from trainmaster.broker import paths
+from trainmaster.broker.filekeeping import shared_bundles
+from trainmaster.broker.money import budget_wait, cost_cap
 from trainmaster.broker.stages import ledger_moves, reactions, resuming
 from trainmaster.broker.stages.job_context import JobContext
 from trainmaster.broker.stages.offer_rounds import requoted

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from trainmaster.backends.base import Backend, Offer, Progress
 from trainmaster.broker import paths
 from trainmaster.broker.backend_set import BackendSet
-from trainmaster.broker.plans import StoredPlan
-from trainmaster.broker.policy import Policy, load_policy
+from trainmaster.broker.planning.stored_plan import StoredPlan
+from trainmaster.broker.planning.policy import Policy, load_policy
 from trainmaster.broker.stages.job_lock import JobLocks
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs.spec import JobSpec
@@ -23,7 +23,7 @@ from trainmaster.wallet.ledger import Ledger
 
 if TYPE_CHECKING:
     from trainmaster.broker.executors import Executors
-    from trainmaster.broker.settlement import Settlement
+    from trainmaster.broker.money.settlement import Settlement
     from trainmaster.wallet.payments import PaymentSender
 
 
@@ -109,8 +109,8 @@ class Parts:
     def settlement(self) -> Settlement:
         """The settling stage after a verdict: payments sent and conclusions delivered, exactly once."""
         if self._settlement is None:
-            from trainmaster.broker.payment_sender import configured_sender
-            from trainmaster.broker.settlement import Settlement
+            from trainmaster.broker.money.payment_sender import configured_sender
+            from trainmaster.broker.money.settlement import Settlement
 
             sender = self._sender or configured_sender(self.backends.configs(), self.store.db)
             self._settlement = Settlement(self.store.db, self.store.path, key_path=paths.home() / "keys" / "broker.key",

@@ -1,11 +1,11 @@
 """The money stage: what an attempt costs and the ledger moves it makes, each idempotent on its key.
 
 The expected cost is reserved at dispatch (`reserve`), in the same transaction that checks every matching budget;
-a budget whose room other runs' reservations hold makes the job wait (broker/budget_wait.py). When an attempt ends
-(`end_attempt`) its cost is recorded once (`record_cost`: trusted compute's bill, or an untrusted executor's price
-agreed at dispatch, broker/agreed_price.py) and the reservation is charged or released (`settle_money`). After the
-verdict an untrusted executor is paid and told its conclusion exactly once (`settle_with_executors`,
-broker/settlement.py).
+a budget whose room other runs' reservations hold makes the job wait (broker/money/budget_wait.py). When an
+attempt ends (`end_attempt`) its cost is recorded once (`record_cost`: trusted compute's bill, or an untrusted
+executor's price agreed at dispatch, broker/money/executor_price.py) and the reservation is charged or released
+(`settle_money`). After the verdict an untrusted executor is paid and told its conclusion exactly once
+(`settle_with_executors`, broker/money/settlement.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from trainmaster.backends.base import BackendError, Cost, Handle, Offer
 from trainmaster.backends.features import RunsUntrusted
 from trainmaster.backends.retry import retried
-from trainmaster.broker import budget_wait
-from trainmaster.broker.agreed_price import agreed
-from trainmaster.broker.plans import StoredPlan
+from trainmaster.broker.money import budget_wait
+from trainmaster.broker.money.executor_price import agreed
+from trainmaster.broker.planning.stored_plan import StoredPlan
 from trainmaster.broker.stages.job_context import JobContext, Parts
 from trainmaster.broker.store import Attempt
 from trainmaster.wallet.ledger import BudgetExceeded
@@ -28,7 +28,7 @@ from trainmaster.wallet.rates import Rate
 def budget_stands_in_the_way(ctx: JobContext, refused: BudgetExceeded | None, *,
                              attempt_id: str | None = None) -> bool:
     """A budget refusing the job's reservation: it waits queued when reservations stand in the way, fails
-    when the spend does (broker/budget_wait.py); False when nothing refused it."""
+    when the spend does (broker/money/budget_wait.py); False when nothing refused it."""
     if refused is None:
         return False
     if budget_wait.waits(refused):
@@ -88,7 +88,7 @@ def settle_money(ctx: JobContext, attempt: Attempt, target: str) -> None:
     Compute we pay for by the hour whatever happens (our own power, a cloud's bill) is charged
     at its recorded cost on every end; an untrusted executor is paid only for accepted work, the
     price agreed at dispatch, and its payment is recorded with the charge (sent by the settling
-    stage, broker/settlement.py). A TAO cost is charged in rao with the exchange rate it was priced at.
+    stage, broker/money/settlement.py). A TAO cost is charged in rao with the exchange rate it was priced at.
     """
     offer = Offer.model_validate_json(attempt.offer_json)
     reservation = attempt.reserve_key or legacy_reserve_key(attempt)

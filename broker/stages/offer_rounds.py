@@ -1,9 +1,10 @@
-"""Rounds of offers, the planning stage: offers gathered from every enabled backend and one chosen by the policy,
-at submit, again after a failed attempt (`replan`), and for a planned offer whose quote expired before dispatch (`requoted`).
+"""Rounds of offers, the planning stage: offers gathered from every enabled backend and one chosen by the
+policy, at submit, again after a failed attempt (`replan`), and for a planned offer whose quote expired before
+dispatch (`requoted`).
 
-A plan is made once and stored with the job (broker/plans.py); what past attempts teach the planner (`learned`:
-runtimes, failure rates, executors' reputation) and the executors banned across jobs (`banned_offers`) are read
-from the state each time offers are gathered.
+A plan is made once and stored with the job (broker/planning/stored_plan.py); what past attempts teach the
+planner (`learned`: runtimes, failure rates, executors' reputation) and the executors banned across jobs
+(`banned_offers`) are read from the state each time offers are gathered.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import time
 
 from trainmaster.backends.base import Offer, OfferSet
 from trainmaster.backends.features import AllocatesMachine
-from trainmaster.broker import budget_wait
-from trainmaster.broker.estimate import own_estimate, past_run
-from trainmaster.broker.no_fallback import no_fallback_reason
-from trainmaster.broker.offer_request import current_rate, offer_request
-from trainmaster.broker.planner import Plan, gather_offers, plan as choose, reference_hours
-from trainmaster.broker.plans import StoredPlan, requote
-from trainmaster.broker.policy import Policy
+from trainmaster.broker.money import budget_wait
+from trainmaster.broker.planning.estimate import own_estimate, past_run
+from trainmaster.broker.planning.fallback_reason import no_fallback_reason
+from trainmaster.broker.planning.offer_request import current_rate, offer_request
+from trainmaster.broker.planning.planner import Plan, gather_offers, plan as choose, reference_hours
+from trainmaster.broker.planning.stored_plan import StoredPlan, requote
+from trainmaster.broker.planning.policy import Policy
 from trainmaster.broker.stages.job_context import JobContext, Parts
 from trainmaster.broker.store import Attempt
 from trainmaster.jobs.spec import JobSpec

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster.backends.retry import retried
-from trainmaster.broker import paths, shared_bundles, shared_storage
-from trainmaster.broker.planner import Plan, PlanError
-from trainmaster.broker.policy import Policy, load_policy
+from trainmaster.broker import paths
+from trainmaster.broker.filekeeping import shared_bundles, shared_storage
+from trainmaster.broker.planning.planner import Plan, PlanError
+from trainmaster.broker.planning.policy import Policy, load_policy
 from trainmaster.broker.stages.job_context import Parts
 from trainmaster.broker.stages.offer_rounds import budget_refusal, plan, record_plan, start_preview
 from trainmaster.broker.stages.verification import checks_for

@@ -17,8 +17,9 @@ from trainmaster.backends.base import (
 )
 from trainmaster.backends.features import KeepsSegments, RunsUntrusted
 from trainmaster.backends.retry import ATTEMPTS, retried
-from trainmaster.broker import paths, shared_bundles, verifying
-from trainmaster.broker.policy import Policy
+from trainmaster.broker import paths, verifying
+from trainmaster.broker.filekeeping import shared_bundles
+from trainmaster.broker.planning.policy import Policy
 from trainmaster.broker.stages.job_context import JobContext
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs.spec import JobSpec

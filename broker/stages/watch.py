@@ -12,7 +12,8 @@ import time
 
 from trainmaster.backends.base import BackendError, Phase
 from trainmaster.backends.retry import retried
-from trainmaster.broker import cost_cap, failures, states
+from trainmaster.broker import failures, states
+from trainmaster.broker.money import cost_cap
 from trainmaster.broker.stages import dispatch
 from trainmaster.broker.stages.collect import collect
 from trainmaster.broker.stages.job_context import JobContext

@@ -31,8 +31,8 @@ from bench_cli import TARGET_OVER_BARE_S, _timed, trainmaster_command  # noqa: E
 
 from trainmaster.backends.base import Offer, OfferConstraints, OfferRequest, OfferSet  # noqa: E402
 from trainmaster.backends.catalog import CLOUDS, catalog_offers  # noqa: E402
-from trainmaster.broker.planner import plan  # noqa: E402
-from trainmaster.broker.policy import Policy  # noqa: E402
+from trainmaster.broker.planning.planner import plan  # noqa: E402
+from trainmaster.broker.planning.policy import Policy  # noqa: E402
 from trainmaster.jobs.spec import JobSpec  # noqa: E402
 
 OFFERS = 10_000

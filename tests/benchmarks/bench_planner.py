@@ -8,7 +8,7 @@
    and the process's CPU time are both shown: on a shared machine the first includes waiting for a
    core. Each timed call includes freeing the plan it returns, as a broker process would.
    (It used to grow 26× for 10× the offers: with the cyclic GC on, each plan's 100,000 new rows set
-   off a full collection that walked the whole heap, offers included. broker/planner.py says more.)
+   off a full collection that walked the whole heap, offers included. broker/planning/planner.py says more.)
 
 2. A month of the hybrid policy (configs/hybrid.yaml):
      development       30 A100-hours on 1 GPU    → this machine (a synthetic RTX 4090 workstation,
@@ -52,8 +52,8 @@ from _common import median_seconds, print_figures  # noqa: E402
 from trainmaster.backends.base import Offer, OfferConstraints, OfferRequest, OfferSet  # noqa: E402
 from trainmaster.backends.power import PowerModel  # noqa: E402
 from trainmaster.backends.catalog import CLOUDS, catalog_offers, gpu_matches, load_catalog, throughput  # noqa: E402
-from trainmaster.broker.planner import plan  # noqa: E402
-from trainmaster.broker.policy import Policy, load_policy  # noqa: E402
+from trainmaster.broker.planning.planner import plan  # noqa: E402
+from trainmaster.broker.planning.policy import Policy, load_policy  # noqa: E402
 from trainmaster.jobs.money import MICRO_PER_USD, display_usd  # noqa: E402
 from trainmaster.jobs.spec import JobSpec  # noqa: E402
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from trainmaster.broker.planner import PlanError
+from trainmaster.broker.planning.planner import PlanError
 from trainmaster.broker.service import Broker
 from trainmaster.broker.store import Store
 from trainmaster.jobs.yamlfile import FileError

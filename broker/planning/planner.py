@@ -1,7 +1,7 @@
 """The planner: gathers offers from the backends a policy allows, filters them, and picks one.
 
 For each offer it estimates the runtime (reference A100-hours from the spec's `estimated_hours`,
-else the job's own history by name (broker/estimate.py: by its steps when known), else the history
+else the job's own history by name (broker/planning/estimate.py: by its steps when known), else the history
 of the workload class, else 1 hour, scaled by the offer's relative GPU
 throughput; with neither estimate nor history, the job's max_hours bounds it), then the expected
 cost, every part rounded up to the micro-dollar:
@@ -39,8 +39,8 @@ from typing import NamedTuple
 from trainmaster.backends.base import Backend, Offer, OfferRequest, OfferSet, Quoting
 from trainmaster.backends.catalog.gpus import REFERENCE, canonical_gpu, gpu_matches, throughput
 from trainmaster.backends.catalog.transfer import egress_micro_usd, source_cloud
-from trainmaster.broker.gating import gate
-from trainmaster.broker.policy import ClassPolicy, Policy, tier_name
+from trainmaster.broker.planning.gating import gate
+from trainmaster.broker.planning.policy import ClassPolicy, Policy, tier_name
 from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import JobSpec
 from trainmaster.jobs.yamlfile import FileError

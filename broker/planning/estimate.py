@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from trainmaster.backends.base import Offer
 from trainmaster.backends.catalog.gpus import REFERENCE
-from trainmaster.broker.planner import reference_hours
-from trainmaster.broker.progress import total_steps
+from trainmaster.broker.planning.planner import reference_hours
+from trainmaster.broker.job_progress import total_steps
 from trainmaster.broker.store import Attempt
 from trainmaster.jobs.spec import JobSpec
 

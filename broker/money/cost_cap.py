@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainmaster.broker.progress import attempt_cost
+from trainmaster.broker.job_progress import attempt_cost
 from trainmaster.broker.store import Attempt
 from trainmaster.jobs.money import format_usd
 from trainmaster.jobs.spec import JobSpec

@@ -32,7 +32,7 @@ from trainmaster.backends.features import HeldSegment, ReleasesSegments
 from trainmaster.backends.local import venvs
 from trainmaster.backends.retry import retried
 from trainmaster.broker import paths
-from trainmaster.broker.retention import Retention
+from trainmaster.broker.filekeeping.retention import Retention
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs.files import tree_bytes
 

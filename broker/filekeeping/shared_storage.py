@@ -5,7 +5,8 @@ The setting is an absolute folder every host mounts, or an object-store prefix: 
 `gs://bucket/prefix`, `az://container/prefix` (the managed backends' own stores, configured by backends.yaml's
 `aws:`, `gcp:` and `azure:` sections for credentials, region and endpoint). Unset, nothing is shared: bundles and
 outputs stay in `$TRAINMASTER_HOME` only, as before. Keys under it: `bundles/<sha256>.tar`,
-`jobs/<job id>/outputs/<path>` and `jobs/<job id>/manifest.json` (broker/shared_bundles.py, broker/shared_outputs.py).
+`jobs/<job id>/outputs/<path>` and `jobs/<job id>/manifest.json` (broker/filekeeping/shared_bundles.py,
+broker/filekeeping/shared_outputs.py).
 
 Each SDK is imported only when its store is made. Where a job's outputs went is recorded in the database (a
 `shared` event), so `trainmaster status` and `trainmaster outputs` find them without this setting.

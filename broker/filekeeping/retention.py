@@ -6,7 +6,7 @@ drop_accepted_segments: true   # after an accepted trusted run: its segments go,
 envs_max_gb: 20                # job environments beyond this (GiB), least recently used first, are removed
 ```
 
-Applied after every accepted job (`broker/reclaim.py`) and by `trainmaster gc`.
+Applied after every accepted job (`broker/filekeeping/reclaim.py`) and by `trainmaster gc`.
 """
 
 from __future__ import annotations

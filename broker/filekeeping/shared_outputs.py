@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 from trainmaster.backends import transfer
 from trainmaster.backends.base import ExecutorFault, Progress
 from trainmaster.backends.managed.store import ObjectStore
-from trainmaster.broker import paths, shared_storage
-from trainmaster.broker.shared_storage import SharedStorageError
+from trainmaster.broker import paths
+from trainmaster.broker.filekeeping import shared_storage
+from trainmaster.broker.filekeeping.shared_storage import SharedStorageError
 
 if TYPE_CHECKING:
     from trainmaster.broker.store import Store

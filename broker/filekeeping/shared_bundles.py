@@ -9,8 +9,9 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import ExecutorFault, Progress
-from trainmaster.broker import paths, shared_storage
-from trainmaster.broker.shared_storage import SharedStorageError
+from trainmaster.broker import paths
+from trainmaster.broker.filekeeping import shared_storage
+from trainmaster.broker.filekeeping.shared_storage import SharedStorageError
 
 
 def key(sha256: str) -> str:

@@ -12,8 +12,8 @@ import os
 
 from trainmaster.backends.base import CatalogSettings, OfferConstraints, OfferRequest
 from trainmaster.broker import paths
-from trainmaster.broker.policy import Policy
-from trainmaster.broker.progress import total_steps
+from trainmaster.broker.planning.policy import Policy
+from trainmaster.broker.job_progress import total_steps
 from trainmaster.jobs.spec import JobSpec
 from trainmaster.wallet.rates import Rate, RateError, RateProvider, rate_provider
 

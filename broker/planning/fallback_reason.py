@@ -4,7 +4,7 @@ own reason first (that is what to fix), then where it failed and why nothing els
 from __future__ import annotations
 
 BLOCKED = "blocked after a failed attempt"
-"""The planner's verdict on an offer an attempt of this job already failed on (broker/planner.py)."""
+"""The planner's verdict on an offer an attempt of this job already failed on (broker/planning/planner.py)."""
 
 
 def no_fallback_reason(failure: str, plan, policy_name: str) -> str:
