@@ -6,6 +6,7 @@ reason ("local: no spot instances: your own GPUs are never preempted") instead o
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field
@@ -120,6 +121,22 @@ class MetricsChunk(Frozen):
     @property
     def next_offset(self) -> int:
         return self.offset + len(self.data)
+
+    @classmethod
+    def from_file(cls, path: Path, offset: int, limit: int) -> MetricsChunk:
+        """At most `limit` bytes of the file `path` from `offset` on, with its size and modification time, for a
+        backend that holds the file on a filesystem (an empty chunk of size 0 while there is no file, or while it
+        is not a regular file: a FIFO the job made is never opened, a link never followed)."""
+        from trainmaster.jobs.files import HostileFile, open_regular
+
+        try:
+            fd, info = open_regular(path)
+        except (FileNotFoundError, HostileFile):
+            return cls(data=b"", offset=offset, size=0)
+        with os.fdopen(fd, "rb") as f:
+            f.seek(offset)
+            data = f.read(max(0, limit))
+        return cls(data=data, offset=offset, size=info.st_size, modified_at=info.st_mtime)
 
 
 class ResumesFromCheckpoints:

@@ -15,7 +15,7 @@ from trainmaster.backends.base import Phase
 from trainmaster.backends.managed.backend import ManagedBackend
 from trainmaster.backends.managed.config import ManagedConfig
 from trainmaster.backends.managed.training_service import ServiceJob, ServiceState, TrainingService
-from trainmaster.backends.managed.store import ObjectStore, StoredObject
+from trainmaster.backends.object_store import ObjectStore, StoredObject
 
 
 class FolderStore(ObjectStore):

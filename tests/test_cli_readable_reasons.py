@@ -57,7 +57,7 @@ def test_a_local_only_crash_says_where_it_failed_and_that_nothing_else_may_run_i
 
 
 def test_pips_last_error_line_is_quoted_and_cut():
-    from trainmaster.backends.local.venvs import pip_error
+    from trainmaster.backends.local.venv_cache import pip_error
 
     output = "Collecting x\nERROR: first\nsomething\nERROR: " + "y" * 1000 + "\n"
     assert pip_error(output).startswith("ERROR: yyy") and len(pip_error(output)) < 400

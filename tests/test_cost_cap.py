@@ -69,7 +69,7 @@ def test_the_brokers_watch_stops_a_running_attempt_at_the_cap(tm_home, job_facto
 
 def test_the_supervisors_time_limit_is_what_the_remaining_cap_buys():
     from trainmaster.backends.base import AttemptContext, Offer
-    from trainmaster.backends.local.backend import max_seconds
+    from trainmaster.backends.time_limit import max_seconds
 
     offer = Offer(backend="local", instance="h", region="local", gpu_count=0, cpus=1, memory_mb=1, trusted=True,
                   price_per_hour_micro_usd=18_000)

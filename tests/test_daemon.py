@@ -27,7 +27,10 @@ def test_cli_commands_go_through_the_daemon(daemon, tm_home, job_factory):
     assert out.returncode == 0, out.stderr
     assert "hello from the job" in out.stdout and "accepted" in out.stdout
     job_id = json.loads(tm("ls", "--all", "--json", home=tm_home).stdout)[0]["id"]
-    assert json.loads(tm("status", job_id, "--json", home=tm_home).stdout)["state"] == "accepted"
+    shown = json.loads(tm("status", job_id, "--json", home=tm_home).stdout)
+    assert shown["state"] == "accepted"
+    token = (tm_home / "daemon" / "token").read_text().strip()
+    assert get(daemon["address"], f"/v1/jobs/{job_id}", token=token) == (200, shown)  # one view: broker/job_view.py
     assert "hello from the job" in tm("logs", job_id, home=tm_home).stdout
     up = json.loads(tm("daemon", "status", "--json", home=tm_home).stdout)
     assert up["running"] and up["pid"] == daemon["pid"] and up["passes"] >= 1

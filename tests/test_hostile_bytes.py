@@ -335,9 +335,9 @@ def test_read_regular_refuses_without_opening_or_blocking(tmp_path):
 
 def _tail_step(path):
     """The step the status line takes from `path`, as the local backend reports its metrics."""
-    from trainmaster.backends.local.backend import read_chunk
+    from trainmaster.backends.features import MetricsChunk
 
-    return last_step(read_chunk(path, 0, 4096))
+    return last_step(MetricsChunk.from_file(path, 0, 4096))
 
 
 def test_last_step_of_a_fifo_is_unknown_without_blocking(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trainmaster.backends.local.venvs import conflict_reason, constraints, venv_key, held_versions, is_current
+from trainmaster.backends.local.venv_cache import conflict_reason, constraints, venv_key, held_versions, is_current
 from trainmaster.broker import paths
 from trainmaster.broker.cli import app
 

@@ -319,6 +319,51 @@ def test_no_import_cycles_even_through_function_local_imports(tree):
     assert not cycles, "import cycles closed by a function-local import:\n" + "\n".join(map(describe, cycles))
 
 
+# one home for each concept: who may borrow what (every kind of import counts)
+
+NOT_BORROWED = [  # (who, what it must not import, the package that may, why)
+    ("trainmaster.broker", ("trainmaster.backends.aws", "trainmaster.backends.gcp", "trainmaster.backends.azure"), None,
+     "the broker names no cloud: a store is the registry's (backends/registry.py store_for), a backend by name"),
+    ("trainmaster.broker.daemon", ("trainmaster.broker.cli",), None,
+     "the daemon borrows nothing of the CLI: a job's JSON view is broker/job_view.py"),
+    ("trainmaster.backends", ("trainmaster.backends.local.backend",), "trainmaster.backends.local",
+     "the local backend is no library: segments are backends/segments.py's, time limits backends/time_limit.py's"),
+]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def borrowings(edges: list[Edge]) -> list[str]:
+    """One line per import of a module another part must not borrow (file:line, what, why)."""
+    found = []
+    for e in edges:
+        for source, targets, home, why in NOT_BORROWED:
+            if not _within(e.source, source) or (home and _within(e.source, home)):
+                continue
+            if any(_within(e.target, t) for t in targets):
+                found.append(f"{e.where}: imports {e.target} ({e.kind}): {why}")
+    return sorted(found)
+
+
+def test_each_concept_has_one_home_that_others_do_not_bypass(tree):
+    edges, _ = tree
+    found = borrowings(edges)
+    assert not found, "borrowed past its home:\n" + "\n".join(found)
+
+
+def test_the_borrowing_check_sees_a_cloud_named_by_the_broker():
+    edges = [Edge("trainmaster.broker.filekeeping.shared_storage", "trainmaster.backends.aws.s3",
+                  "broker/filekeeping/shared_storage.py", 7, FUNCTION),
+             Edge("trainmaster.broker.daemon.api", "trainmaster.broker.cli.render", "broker/daemon/api.py", 3, FUNCTION),
+             Edge("trainmaster.backends.ray.backend", "trainmaster.backends.local.backend", "backends/ray/backend.py", 4,
+                  MODULE),
+             Edge("trainmaster.backends.registry", "trainmaster.backends.aws.s3", "backends/registry.py", 9, FUNCTION)]
+    assert [line.split(":")[0] for line in borrowings(edges)] == [
+        "backends/ray/backend.py", "broker/daemon/api.py", "broker/filekeeping/shared_storage.py"]
+
+
 # the checker itself, on a synthetic tree
 
 SYNTHETIC = {

@@ -207,7 +207,7 @@ def test_after_kill_9_of_the_executor_resume_continues_from_its_last_checkpoint(
 
 
 def _complete_segment(checkpoints: Path) -> bool:
-    from trainmaster.backends.local.backend import newest_segment
+    from trainmaster.backends.segments import newest_segment
 
     return checkpoints.is_dir() and newest_segment(checkpoints) is not None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from trainmaster.backends.aws import sdk
 from trainmaster.backends.aws.config import AwsConfig
 from trainmaster.backends.base import BackendError, Progress
-from trainmaster.backends.managed.store import ObjectStore, StoredObject
+from trainmaster.backends.object_store import ObjectStore, StoredObject
 
 CHUNK = 4 * 2**20
 COPY_IN_ONE = 5 * 2**30
@@ -31,6 +31,10 @@ class S3Store(ObjectStore):
             raise BackendError("aws.s3_bucket is not set in backends.yaml: the bucket where bundles and outputs are staged")
         self.config, self.bucket = config, config.s3_bucket
         self.prefix = config.s3_prefix.strip("/") + "/" if config.s3_prefix.strip("/") else ""
+
+    @classmethod
+    def at(cls, config: AwsConfig, bucket: str, prefix: str) -> S3Store:
+        return cls(config.model_copy(update={"s3_bucket": bucket, "s3_prefix": prefix}))
 
     @property
     def client(self):

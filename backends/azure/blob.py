@@ -15,7 +15,7 @@ from pathlib import Path
 from trainmaster.backends.azure import sdk
 from trainmaster.backends.azure.config import AzureConfig
 from trainmaster.backends.base import BackendError, Progress
-from trainmaster.backends.managed.store import ObjectStore, StoredObject
+from trainmaster.backends.object_store import ObjectStore, StoredObject
 
 CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
 COPY_POLL_S = 0.2
@@ -28,6 +28,10 @@ class BlobStore(ObjectStore):
         self.config = config
         self.prefix = config.prefix.strip("/") + "/" if config.prefix.strip("/") else ""
         self._container = None
+
+    @classmethod
+    def at(cls, config: AzureConfig, bucket: str, prefix: str) -> BlobStore:
+        return cls(config.model_copy(update={"container": bucket, "prefix": prefix}))
 
     @property
     def container(self):

@@ -13,7 +13,7 @@ from pathlib import Path
 from trainmaster.backends.base import BackendError, Progress
 from trainmaster.backends.gcp import sdk
 from trainmaster.backends.gcp.config import GcpConfig
-from trainmaster.backends.managed.store import ObjectStore, StoredObject
+from trainmaster.backends.object_store import ObjectStore, StoredObject
 
 STREAM_CHUNK = 8 * 2**20
 CHUNK_UNIT = 256 * 2**10
@@ -57,6 +57,10 @@ class GcsStore(ObjectStore):
         self.config = config
         self.bucket_name, self.prefix = split_bucket(config.staging_bucket)
         self._bucket = None
+
+    @classmethod
+    def at(cls, config: GcpConfig, bucket: str, prefix: str) -> GcsStore:
+        return cls(config.model_copy(update={"staging_bucket": f"gs://{bucket}/{prefix}"}))
 
     @property
     def bucket(self):

@@ -9,7 +9,9 @@ same attempt finds the first run instead of starting another. Cost is wall time 
 The broker reads none of the work dir itself: it asks `last_checkpoint` (the checkpoint folder, once
 it holds a segment) and `metrics` (bytes of `outputs/metrics.jsonl` from an offset), and under its
 retention policy it asks `segments_held` and `release_segments` (the segments of `checkpoints/segments/`
-it no longer needs, by index) rather than walking or deleting anything here.
+it no longer needs, by index) rather than walking or deleting anything here. What a runtime's segments look
+like on a filesystem is backends/segments.py's, shared with the Ray backend and the reference miner; the time
+limit its supervisor enforces is backends/time_limit.py's, shared with the managed backends.
 
 The machine is a resource (allocation.py): each attempt holds the GPUs it was given exclusively (it sees
 only those, through CUDA_VISIBLE_DEVICES), and its CPUs and memory by request; the broker queues a job
@@ -50,15 +52,16 @@ from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
 from trainmaster.backends.local import allocation, oom, processes, sandbox
 from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
+from trainmaster.backends.segments import copy_segments, held_segments, newest_segment, release_segments
+from trainmaster.backends.time_limit import max_seconds, time_limit
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
 from trainmaster.jobs.inherited import inherited
 from trainmaster.jobs.files import (
-    HostileFile, open_regular, read_regular, tree_bytes, write_bytes_atomic, write_json_atomic,
+    HostileFile, open_regular, read_regular, write_json_atomic,
 )
 from trainmaster.jobs.launch_command import DIRECT, resolve_launcher, single_process_env
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
-from trainmaster.jobs.money import display_usd
 from trainmaster.jobs.spec import PYTHON_NAMES, JobSpec
 
 CANCEL_GRACE_S = 10.0
@@ -282,7 +285,8 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
         return await asyncio.to_thread(release_segments, Path(handle.data["workdir"]), set(keep))
 
     async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
-        return await asyncio.to_thread(read_chunk, Path(handle.data["workdir"]) / "outputs" / METRICS_FILE, offset, limit)
+        path = Path(handle.data["workdir"]) / "outputs" / METRICS_FILE
+        return await asyncio.to_thread(MetricsChunk.from_file, path, offset, limit)
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """Copy the outputs to `dest` atomically, each file hashed as it is copied; idempotent."""
@@ -298,109 +302,6 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
                     basis=f"{seconds:.1f} s × {offer.price_per_hour_micro_usd} µUSD/h (power model)")
 
 
-def read_chunk(path: Path, offset: int, limit: int) -> MetricsChunk:
-    """At most `limit` bytes of `path` from `offset` on, with its size and modification time (an empty
-    chunk of size 0 while there is no file, or while it is not a regular file: a FIFO the job made is
-    never opened, a link never followed)."""
-    try:
-        fd, info = open_regular(path)
-    except (FileNotFoundError, HostileFile):
-        return MetricsChunk(data=b"", offset=offset, size=0)
-    with os.fdopen(fd, "rb") as f:
-        f.seek(offset)
-        data = f.read(max(0, limit))
-    return MetricsChunk(data=data, offset=offset, size=info.st_size, modified_at=info.st_mtime)
-
-
-async def copy_segments(checkpoints: Path, indices: list[int], dest: Path) -> Path:
-    """Every segment's manifest under the runtime's checkpoint directory `checkpoints`, and the whole of each
-    segment of `indices` and of the one after it, copied into `dest` laid out the same (hashed as they go);
-    returns `dest`."""
-    source = checkpoints / "segments"
-    wanted = set(indices) | {i + 1 for i in indices}
-    names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())
-                                    if source.is_dir() and not source.is_symlink() else [])
-    for name in names:
-        here, there = source / name, dest / "segments" / name
-        if int(name) in wanted:
-            await transfer.copy_tree(here, there)
-        else:
-            await asyncio.to_thread(_copy_manifest, here / "manifest.json", there / "manifest.json")
-    return dest
-
-
-def _copy_manifest(source: Path, target: Path) -> None:
-    """A segment manifest (a few hundred bytes; read bounded, never through a link), written atomically."""
-    try:
-        data = read_regular(source, 2**16)
-    except (FileNotFoundError, HostileFile):
-        return  # a segment half-written by a kill: the audit says what is missing
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(target, data)
-
-
-def newest_segment(checkpoints: Path) -> tuple[int, int] | None:
-    """(index, step) of the newest segment under `checkpoints` whose manifest reads (as JSON, bounded: never
-    `jobs.checkpoint`, which imports torch); None when there is none."""
-    base = Path(checkpoints) / "segments"
-    indices = sorted((int(p.name) for p in base.iterdir() if p.name.isdigit()), reverse=True) if base.is_dir() else []
-    for i in indices:
-        try:
-            step = json.loads(read_regular(base / f"{i:08d}" / "manifest.json", 2**16))["step"]
-        except (OSError, ValueError, KeyError, TypeError, HostileFile):
-            continue
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            return i, step
-    return None
-
-
-def segments_dir(workdir: Path) -> Path | None:
-    """The attempt's `checkpoints/segments/`; None when there is none, or when the job replaced a folder on
-    that path by a link (never followed: releasing must not delete what lies outside the work dir)."""
-    base = workdir
-    for part in ("checkpoints", "segments"):
-        base = base / part
-        if base.is_symlink() or not base.is_dir():
-            return None
-    return base
-
-
-def _segment_index(name: str) -> int | None:
-    """A segment directory's index (`00000012` → 12); None for anything else (a half-written segment)."""
-    return int(name) if name.isascii() and name.isdigit() else None
-
-
-def held_segments(workdir: Path) -> list[HeldSegment]:
-    base = segments_dir(workdir)
-    if base is None:
-        return []
-    return [HeldSegment(index=_segment_index(p.name), bytes=tree_bytes(p)) for p in sorted(base.iterdir())]
-
-
-def release_segments(workdir: Path, keep: set[int]) -> int:
-    """Remove each entry of the attempt's `checkpoints/segments/` whose index is not in `keep` (half-written
-    ones included); links are removed as links. Returns the bytes freed (what is left of an entry that could
-    not be removed is not counted), so a second call frees and returns nothing."""
-    base = segments_dir(workdir)
-    if base is None:
-        return 0
-    freed = 0
-    for entry in sorted(base.iterdir()):
-        index = _segment_index(entry.name)
-        if index is not None and index in keep:
-            continue
-        before = tree_bytes(entry)
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            try:
-                entry.unlink()
-            except FileNotFoundError:
-                pass
-        freed += before - tree_bytes(entry)
-    return freed
-
-
 def inventory(config: LocalConfig) -> Machine:
     """What the backend allocates: the detected machine, with what backends.yaml sets laid over it
     (a GPU list set there is used as it is, and NVML and torch are not asked)."""
@@ -411,27 +312,6 @@ def inventory(config: LocalConfig) -> Machine:
         Gpu(index=i, name=g.name, memory_mb=g.memory_gb * 1024) for i, g in enumerate(config.gpus))
     return Machine(cpus=config.cpus or found.cpus,
                    memory_mb=config.memory_gb * 1024 if config.memory_gb else found.memory_mb, gpus=gpus)
-
-
-def max_seconds(spec: JobSpec, offer: Offer, ctx: AttemptContext) -> float | None:
-    """The supervisor's time limit: `limits.max_hours`, or sooner the time the attempt's share of
-    `limits.max_usd` buys at the offer's price (whole seconds, rounded down), whichever comes first."""
-    limits = [spec.limits.max_hours * 3600] if spec.limits.max_hours else []
-    price = offer.price_per_hour_micro_usd
-    if ctx.max_micro_usd is not None and price > 0:
-        limits.append(max(1, ctx.max_micro_usd * 3600 // price))  # 0 would read as no limit
-    return min(limits) if limits else None
-
-
-def time_limit(spec: JobSpec, offer: Offer, ctx: AttemptContext) -> str | None:
-    """Which limit `max_seconds` is and its value, for the reason of a job stopped by it."""
-    seconds = max_seconds(spec, offer, ctx)
-    if seconds is None:
-        return None
-    if spec.limits.max_hours and seconds == spec.limits.max_hours * 3600:
-        return f"limits.max_hours = {spec.limits.max_hours:g} ({seconds:,.0f} s)"
-    return (f"the attempt's share of limits.max_usd, {display_usd(ctx.max_micro_usd)} at "
-            f"{display_usd(offer.price_per_hour_micro_usd)}/hour ({seconds:,.0f} s)")
 
 
 def _carry_metrics(resume_from: Path, outputs: Path) -> None:

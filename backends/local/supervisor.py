@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmaster.backends.local import keeper, oom, processes, sandbox, venvs
+from trainmaster.backends.local import keeper, oom, processes, sandbox, venv_cache
 from trainmaster.jobs import launch_command
 from trainmaster.jobs.environment import OUTPUT_DIR, interpreter_environment
 from trainmaster.jobs.inherited import inherited
@@ -199,12 +199,12 @@ class EnvironmentFailed(Exception):
 
 
 _IN_USE: list = []
-"""The lock file of the virtualenv this supervisor's job runs with, held shared for its life (venvs.py)."""
+"""The lock file of the virtualenv this supervisor's job runs with, held shared for its life (venv_cache.py)."""
 
 
 def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> str:
     """A virtualenv with the requirements installed on top of this environment, cached by their hash and
-    rebuilt when the versions it holds fixed change (venvs.HELD: the broker's torch and what the runtime imports).
+    rebuilt when the versions it holds fixed change (venv_cache.HELD: the broker's torch and what the runtime imports).
 
     The broker's own site-packages are linked in (a .pth file), the way a cloud image carries
     torch: requirements add to it rather than reinstalling multi-GB frameworks per job, and a pip
@@ -214,30 +214,30 @@ def prepare_venv(requirements: Path, envs_dir: Path, log, beat: Heartbeat) -> st
     (a console script names its interpreter by absolute path, so a virtualenv cannot be moved once
     built), then used under a shared one, held until this supervisor exits. Raises EnvironmentFailed.
     """
-    held = venvs.held_versions()
-    pins = venvs.constraints(held)
-    venv = envs_dir / venvs.venv_key(requirements.read_bytes())
+    held = venv_cache.held_versions()
+    pins = venv_cache.constraints(held)
+    venv = envs_dir / venv_cache.venv_key(requirements.read_bytes())
     envs_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(venvs.lock_path(venv), "a")
+    lock = open(venv_cache.lock_path(venv), "a")
     _IN_USE.append(lock)
     while True:
         _wait_for_lock(lock, fcntl.LOCK_SH, beat)
-        if venvs.is_current(venv, pins):
-            os.utime(venv / venvs.READY)  # its last use, which `trainmaster gc` keeps the newest by
+        if venv_cache.is_current(venv, pins):
+            os.utime(venv / venv_cache.READY)  # its last use, which `trainmaster gc` keeps the newest by
             return str(venv / "bin" / "python")
         _wait_for_lock(lock, fcntl.LOCK_EX, beat)  # another job may be building it, or gc removing it
-        if not venvs.is_current(venv, pins):
+        if not venv_cache.is_current(venv, pins):
             _build_venv(venv, requirements, pins, held, log, beat)
 
 
 def _wait_for_lock(lock, mode: int, beat: Heartbeat) -> None:
-    while not venvs.try_lock(lock, mode):
+    while not venv_cache.try_lock(lock, mode):
         beat()
         time.sleep(0.2)
 
 
 def _build_venv(venv: Path, requirements: Path, pins: str, held: dict[str, str], log, beat: Heartbeat) -> None:
-    (venv / venvs.READY).unlink(missing_ok=True)
+    (venv / venv_cache.READY).unlink(missing_ok=True)
     shutil.rmtree(venv, ignore_errors=True)  # a build that died half-way, or one made under other versions
     kept = ", ".join(f"{name} {version}" for name, version in sorted(held.items()))
     log.write(f"[trainmaster] preparing environment {venv} from {requirements.name}, keeping the broker's {kept}\n".encode())
@@ -248,16 +248,16 @@ def _build_venv(venv: Path, requirements: Path, pins: str, held: dict[str, str],
                                    text=True).strip()
     parent = [p for p in sys.path if p.endswith("site-packages")]
     Path(site, "_trainmaster_base.pth").write_text("\n".join(parent) + "\n")
-    (venv / venvs.CONSTRAINTS).write_text(pins)
+    (venv / venv_cache.CONSTRAINTS).write_text(pins)
     start = log.tell()
     install = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements),
-               "-c", str(venv / venvs.CONSTRAINTS)]
+               "-c", str(venv / venv_cache.CONSTRAINTS)]
     if call(install, log, beat) != 0:
         output = _read_from(Path(log.name), start)
-        conflict = venvs.conflict_reason(output, held)
-        raise EnvironmentFailed(f"installing the requirements failed: {conflict or venvs.pip_error(output)}")
-    venvs.link_console_scripts(python, venv / "bin")
-    (venv / venvs.READY).touch()
+        conflict = venv_cache.conflict_reason(output, held)
+        raise EnvironmentFailed(f"installing the requirements failed: {conflict or venv_cache.pip_error(output)}")
+    venv_cache.link_console_scripts(python, venv / "bin")
+    (venv / venv_cache.READY).touch()
 
 
 def _read_from(path: Path, offset: int, most: int = 2**16) -> str:

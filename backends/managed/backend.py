@@ -34,10 +34,10 @@ from trainmaster.backends.features import (
     CheckpointRef, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu, SupportsMultiNode,
     SupportsRemoteData, SupportsSpot,
 )
-from trainmaster.backends.local.backend import max_seconds
+from trainmaster.backends.time_limit import max_seconds
 from trainmaster.backends.managed.config import ManagedConfig
 from trainmaster.backends.managed.training_service import ServiceJob, ServiceState, TrainingService
-from trainmaster.backends.managed.store import ObjectStore
+from trainmaster.backends.object_store import ObjectStore
 from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE

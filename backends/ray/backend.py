@@ -40,7 +40,7 @@ from trainmaster.backends.features import (
     CheckpointRef, KeepsSegments, MetricsChunk, ReportsMetrics, ResumesFromCheckpoints, SupportsMultiGpu,
     SupportsMultiNode,
 )
-from trainmaster.backends.local.backend import copy_segments, newest_segment, read_chunk
+from trainmaster.backends.segments import copy_segments, newest_segment
 from trainmaster.backends.ray import check
 from trainmaster.backends.ray.cluster import Jobs, Node, RayJob, nodes
 from trainmaster.backends.ray.config import RayConfig
@@ -180,14 +180,14 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFrom
 
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
         done = (await self._job(handle)).status in ENDED  # before the log: nothing written after it is missed
-        chunk = await asyncio.to_thread(read_chunk, Path(handle.data["sync"]) / plan.SYNC_LOG, offset, LOG_CHUNK + 1)
+        chunk = await asyncio.to_thread(MetricsChunk.from_file, Path(handle.data["sync"]) / plan.SYNC_LOG, offset, LOG_CHUNK + 1)
         data = chunk.data[:LOG_CHUNK]
         return LogChunk(text=data.decode(errors="replace"), offset=offset, next_offset=offset + len(data),
                         complete=done and len(chunk.data) <= LOG_CHUNK)
 
     async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
         path = Path(handle.data["sync"]) / plan.SYNC_OUTPUTS / METRICS_FILE
-        return await asyncio.to_thread(read_chunk, path, offset, limit)
+        return await asyncio.to_thread(MetricsChunk.from_file, path, offset, limit)
 
     async def cancel(self, handle: Handle) -> int | None:
         """Ask Ray to stop the job and wait (bounded) until it has: Ray sends SIGTERM to the launcher, which

@@ -96,7 +96,6 @@ def _lines(values: dict, sources: dict[str, str]) -> list[str]:
 
 def _configs() -> dict:
     """Each backend's config; an invalid backends.yaml exits 1 with file:line: field errors."""
-    from trainmaster.backends.config import load_configs
-    from trainmaster.broker import paths
+    from trainmaster.broker.backend_set import read_configs
 
-    return load(lambda: load_configs(paths.config_dir()))
+    return load(read_configs)

@@ -129,10 +129,10 @@ def _clear(pid: int) -> None:
 
 def _daemons() -> list[int]:
     """Every daemon of this home: the run files of live processes, and the one in the state file."""
-    from trainmaster.broker.daemon import runs, state
+    from trainmaster.broker.daemon import runs, state_file
 
     pids = [run.pid for run in runs.live()]
-    found = state.read()
+    found = state_file.read()
     if found is not None and found.pid not in pids:
         pids.append(found.pid)
     return pids
@@ -141,7 +141,7 @@ def _daemons() -> list[int]:
 @daemon_app.command()
 def stop(timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait after SIGTERM before SIGKILL.")) -> None:
     """Stop every daemon of this home gracefully (SIGTERM), killing those left after --timeout seconds."""
-    from trainmaster.broker.daemon import runs, state
+    from trainmaster.broker.daemon import runs, state_file
 
     pids = _daemons()
     if not pids:
@@ -159,7 +159,7 @@ def stop(timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait 
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            state.remove(pid)
+            state_file.remove(pid)
             _clear(pid)
             console().print(f"daemon {pid} did not stop within {timeout:.0f} s; killed", highlight=False)
         else:

@@ -83,9 +83,9 @@ class Daemon:
 def running() -> Daemon | None:
     """The running daemon of this home, when its state file names a live process that answers; else None.
     A daemon that refuses our token is still the daemon: the command's request then says why."""
-    from trainmaster.broker.daemon import state, token
+    from trainmaster.broker.daemon import state_file, token
 
-    found = state.read()
+    found = state_file.read()
     if found is None:
         return None
     try:

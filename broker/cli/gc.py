@@ -26,11 +26,12 @@ def gc(
     says. Prints what it frees per kind."""
     import asyncio
 
+    from trainmaster.broker.backend_set import envs_dir
     from trainmaster.broker.filekeeping import reclaim
     from trainmaster.broker.filekeeping.retention import load_retention
 
     retention = load(load_retention)
-    envs = load(reclaim.envs_dir)
+    envs = load(envs_dir)
     freed = guarded(lambda: asyncio.run(_reclaim(retention, envs, dry_run)))
     if as_json:
         print(json.dumps({"dry_run": dry_run, "bytes": reclaim.by_kind(freed), "total_bytes": sum(i.bytes for i in freed),

@@ -51,6 +51,7 @@ def submit(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Submit a job: check the spec, pick an offer by the policy, and start it."""
+    from trainmaster.broker import job_view
     from trainmaster.broker.cli import render
 
     spec = _job_file(spec)
@@ -83,7 +84,7 @@ def submit(
     except KeyboardInterrupt:
         _interrupted(started[0].id if started else None)
     if as_json:
-        print(json.dumps(render.job_json(broker, job), indent=2))
+        print(json.dumps(job_view.job_json(broker.store, job), indent=2))
     elif wait:
         render.print_job(console(), broker, job)
     if wait:
@@ -119,11 +120,12 @@ def _interrupted(job_id: str | None) -> None:
 
 def status(job_id: str = typer.Argument(..., help="Job id or a unique prefix."), as_json: bool = JSON_OPT) -> None:
     """Show a job: its state, attempts, cost and where its outputs are."""
+    from trainmaster.broker import job_view
     from trainmaster.broker.cli import render
 
     broker, job = guarded(lambda: calls.status(job_id))
     if as_json:
-        print(json.dumps(render.job_json(broker, job, events=True), indent=2))
+        print(json.dumps(job_view.job_json(broker.store, job, events=True), indent=2))
     else:
         render.print_job(console(), broker, job, events=True)
     raise typer.Exit(BAD if job.state in ("failed", "cancelled") else OK)
@@ -135,13 +137,13 @@ def list_jobs(
     as_json: bool = JSON_OPT,
 ) -> None:
     """List jobs, newest first (unfinished ones unless --all)."""
-    from trainmaster.broker import states
+    from trainmaster.broker import job_view, states
     from trainmaster.broker.cli import render
 
     wanted = None if all_ else set(states.JOB_TRANSITIONS) - states.JOB_ENDS
     broker, jobs = guarded(lambda: calls.list_jobs(wanted, limit or -1))  # -1: no limit (Store.jobs)
     if as_json:
-        print(json.dumps([render.job_json(broker, j) for j in jobs], indent=2))
+        print(json.dumps([job_view.job_json(broker.store, j) for j in jobs], indent=2))
     else:
         render.print_jobs(console(), broker, jobs)
 
@@ -166,7 +168,7 @@ def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
     already ended, stop whatever of its attempts still runs, and say so."""
     import time
 
-    from trainmaster.broker.cli import render
+    from trainmaster.broker import job_view
 
     since = time.time()
     broker, job = guarded(lambda: calls.cancel(job_id))
@@ -176,7 +178,7 @@ def cancel(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
     nothing = (f"nothing was stopped: the job had already ended ({job.state}) and none of its processes was running"
                if ended_before and not stopped else None)
     if as_json:
-        print(json.dumps({**render.job_json(broker, job), "stopped": stopped, "already_ended": ended_before},
+        print(json.dumps({**job_view.job_json(broker.store, job), "stopped": stopped, "already_ended": ended_before},
                          indent=2))
     else:
         console().print(f"{escape(job.id)}: {job.state}", highlight=False)
@@ -194,6 +196,7 @@ def resume(
     """Start a failed or cancelled job again on its planned offer, from the last committed segment (a job
     that does not train with trainmaster's runtime restarts from scratch, and is told so).
     Exit 0 when started (with --wait: when accepted), 1 when it fails again."""
+    from trainmaster.broker import job_view
     from trainmaster.broker.cli import render
 
     points: list = []
@@ -210,7 +213,7 @@ def resume(
     broker, job = guarded(lambda: calls.resume(job_id, wait=wait, max_hours=max_hours, max_usd=max_usd,
                                                on_resumed=resumed, on_log=on_log, shown=shown))
     if as_json:
-        print(json.dumps({**render.job_json(broker, job), "resumes_from": points[0].to_json()}, indent=2))
+        print(json.dumps({**job_view.job_json(broker.store, job), "resumes_from": points[0].to_json()}, indent=2))
     elif wait:
         render.print_job(console(), broker, job)
     raise typer.Exit(wait_exit(job.state) if wait else BAD if job.state in ("failed", "cancelled") else OK)

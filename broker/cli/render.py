@@ -1,5 +1,6 @@
-"""How jobs and plans look to people (Rich) and to scripts (JSON). Imported inside commands only,
-so its module-level Rich import costs `trainmaster --help` nothing.
+"""How jobs and plans look to people (Rich), and plans to scripts (JSON; a job's JSON is broker/job_view.py's,
+which the daemon's API gives too). Imported inside commands only, so its module-level Rich import costs
+`trainmaster --help` nothing.
 
 Every string that came from outside (job names and ids, reasons, output paths, warnings) is printed
 through `safe` (broker/cli/safe_text.py): control characters made visible, Rich markup escaped."""
@@ -11,10 +12,9 @@ import datetime as dt
 from rich.console import Console
 from rich.table import Table
 
-from trainmaster.broker import paths
 from trainmaster.broker.cli.safe_text import markup as safe
 from trainmaster.broker.cli.safe_text import visible
-from trainmaster.jobs.money import display_usd, format_usd
+from trainmaster.jobs.money import display_usd
 
 STATE_STYLE = {"accepted": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
@@ -23,77 +23,16 @@ def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def _verdicts(job, attempts) -> dict:
-    """attempt id -> the stored verdict (its JSON) of each attempt that has one (accepted or rejected)."""
-    ended = [a for a in attempts if a.state in ("accepted", "rejected")]
-    if not ended:
-        return {}
-    from trainmaster.verify.records import VerdictStore
-
-    store = VerdictStore(paths.state_db())
-    try:
-        verdicts = {a.id: store.latest_evidence(job.id, a.id) for a in ended}
-    finally:
-        store.close()
-    return {attempt_id: v for attempt_id, v in verdicts.items() if v is not None}
-
-
-def _from_verdict(verdict) -> dict:
-    """What `status` shows of a verdict: the opaque outputs it lists (pickle-capable files kept, never loaded),
-    the files dropped as not bound to an untrusted executor's commitment, and the metrics of the broker's
-    own evaluation."""
-    if verdict is None:
-        return {"opaque": [], "dropped": [], "metrics": None}
-    evidence = verdict.get("evidence") or {}
-    return {"opaque": [{"path": o["path"], "kind": o["kind"], "what": o["what"]}
-                       for o in (evidence.get("safety") or {}).get("opaque", [])],
-            "dropped": list((evidence.get("integrity") or {}).get("dropped", [])),
-            "metrics": (evidence.get("outcome") or {}).get("metrics")}
-
-
-def job_json(broker, job, *, events: bool = False) -> dict:
-    attempts = broker.store.attempts(job.id)
-    verdicts = _verdicts(job, attempts)
-    out = {
-        "id": job.id, "name": job.name, "workload": job.workload, "project": job.project, "state": job.state,
-        "reason": job.reason, "policy": job.policy, "bundle_sha256": job.bundle_sha256, "spec_path": job.spec_path,
-        "created_at": job.created_at, "updated_at": job.updated_at,
-        "queue_position": broker.store.queue_position(job.id),
-        "cost_micro_usd": sum(a.cost_micro_usd or 0 for a in attempts),
-        "cost_usd": format_usd(sum(a.cost_micro_usd or 0 for a in attempts)),
-        "job_dir": str(paths.job_dir(job.id)),
-        "outputs_dir": str(paths.job_dir(job.id) / "outputs") if job.state == "accepted" else None,
-        "outputs_url": _shared_outputs(broker.store, job.id) if job.state == "accepted" else None,
-        "attempts": [
-            {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": a.started_at,
-             "ended_at": a.ended_at, "cost_micro_usd": a.cost_micro_usd, "billable_seconds": a.billable_seconds,
-             "outputs": [{"path": p, "size": s, "sha256": h} for p, s, h in broker.store.outputs(a.id)],
-             **_from_verdict(verdicts.get(a.id))}
-            for a in attempts
-        ],
-    }
-    if events:
-        out["events"] = [
-            {"at": e.at, "attempt": e.attempt_id, "kind": e.kind, "from": e.from_state, "to": e.to_state, "detail": e.detail}
-            for e in broker.store.events(job.id)
-        ]
-    return out
-
-
 def _state(state: str, position: int | None = None) -> str:
     style = STATE_STYLE.get(state)
     shown = f"{state} #{position}" if position else state  # a queued job's place: #1 starts next
     return f"[{style}]{shown}[/{style}]" if style else shown
 
 
-def _shared_outputs(store, job_id: str) -> str | None:
-    """Where the job's outputs were put in the shared storage: the `shared` event's record
-    (broker/filekeeping/shared_outputs.py, not imported here: it imports the backends' transfer code)."""
-    return next((e.detail["outputs"] for e in reversed(store.events(job_id)) if e.kind == "shared"), None)
-
-
 def print_job(console: Console, broker, job, *, events: bool = False) -> None:
-    data = job_json(broker, job, events=events)
+    from trainmaster.broker.job_view import job_json
+
+    data = job_json(broker.store, job, events=events)
     console.print(f"[bold]{safe(job.id)}[/bold]  {_state(job.state, data['queue_position'])}  ({safe(job.workload)}, "
                   f"policy {safe(job.policy)})", highlight=False, soft_wrap=True)
     if job.reason:

@@ -119,7 +119,6 @@ def _check_directory(outputs: Path, *, trusted: bool, spec_path: Path | None):
     self-reported result.json taken or not)."""
     import tempfile
 
-    from trainmaster.broker import paths
     from trainmaster.jobs.commitment import CommitmentError, read_commitment
     from trainmaster.verify.pipeline import COMMITMENT_FILE, Attempt, verify_attempt
 
@@ -138,7 +137,7 @@ def _check_directory(outputs: Path, *, trusted: bool, spec_path: Path | None):
             trusted=True,
             outputs_trusted=trusted,
             code_dir=_fresh_code(loaded, Path(scratch)) if loaded and loaded.spec.verification.evaluator else None,
-            envs_dir=paths.envs_dir(),
+            envs_dir=_envs_dir() if loaded else None,
         )
         checks = {"integrity", "safety"} | ({"outcome"} if loaded else set())
         verdict = verify_attempt(attempt, checks=checks, write_verdict=False)
@@ -146,6 +145,15 @@ def _check_directory(outputs: Path, *, trusted: bool, spec_path: Path | None):
 
     verdict = as_folder(verdict, outputs, trusted=trusted, spec_given=loaded is not None)
     return verdict if loaded else _outcome_not_checked(verdict)
+
+
+def _envs_dir() -> Path:
+    """Where the job environments the outcome check runs the evaluator with are built (backends.yaml's
+    `local.envs_dir`, else the home's: broker/backend_set.py); an invalid backends.yaml exits with its errors."""
+    from trainmaster.broker.backend_set import envs_dir
+    from trainmaster.broker.cli.exits import load
+
+    return load(envs_dir)
 
 
 def _outcome_not_checked(verdict):

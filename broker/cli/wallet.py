@@ -120,10 +120,9 @@ async def _free_rao(network: str, ss58: str) -> int:
 def _bittensor():
     """backends.yaml's bittensor section (its defaults when the file has none)."""
     from trainmaster.backends.bittensor.config import BittensorConfig
-    from trainmaster.backends.config import load_configs
-    from trainmaster.broker import paths
+    from trainmaster.broker.backend_set import read_configs
 
-    found = guarded(lambda: load_configs(paths.config_dir())).get("bittensor")
+    found = guarded(read_configs).get("bittensor")
     return found if found is not None else BittensorConfig()
 
 

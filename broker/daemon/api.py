@@ -52,9 +52,9 @@ def _ctx(request: web.Request) -> DaemonContext:
 
 
 def _job_json(broker, job, *, events: bool = False) -> dict:
-    from trainmaster.broker.cli.render import job_json
+    from trainmaster.broker.job_view import job_json
 
-    return job_json(broker, job, events=events)
+    return job_json(broker.store, job, events=events)
 
 
 async def _body(request: web.Request, allowed: set[str]) -> dict:

@@ -71,7 +71,7 @@ class Configuration:
 
     def load(self) -> Loaded:
         """Every file read and validated; `FileError` with every problem (each `file:line: field: why`)."""
-        from trainmaster.backends.config import load_configs
+        from trainmaster.broker.backend_set import read_configs
         from trainmaster.broker.daemon.triggers.model import load_triggers
         from trainmaster.broker.planning.policy import Policy
         from trainmaster.broker.promotion.config import load_registry
@@ -90,7 +90,7 @@ class Configuration:
             return None
 
         self._seen = self.fingerprint()
-        loaded.backends = attempt(lambda: load_configs(self.config_dir)) or {}
+        loaded.backends = attempt(lambda: read_configs(self.config_dir)) or {}
         loaded.triggers = attempt(load_triggers) or []
         loaded.registry = attempt(load_registry)
         for path in self.files()[3:]:

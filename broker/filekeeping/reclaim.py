@@ -9,7 +9,7 @@
   it never opens a backend's scratch folder itself. A backend without that capability has nothing
   reclaimed.
 - `environments`: cached job virtualenvs (`envs/`): unfinished or failed builds, and the least recently
-  used beyond `envs_max_gb`. One that a running job uses (its lock held, backends/local/venvs.py) is
+  used beyond `envs_max_gb`. One that a running job uses (its lock held, backends/local/venv_cache.py) is
   kept and counted first.
 
 `reclaimable` says what would go (`trainmaster gc --dry-run`), `remove` removes it; the broker applies
@@ -29,9 +29,8 @@ from pathlib import Path
 
 from trainmaster.backends.base import Backend, Handle, Offer
 from trainmaster.backends.features import HeldSegment, ReleasesSegments
-from trainmaster.backends.local import venvs
+from trainmaster.backends.local import venv_cache
 from trainmaster.backends.retry import retried
-from trainmaster.broker import paths
 from trainmaster.broker.filekeeping.retention import Retention
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs.files import tree_bytes
@@ -60,14 +59,6 @@ class Reclaimable:
         return {"kind": self.kind, "where": self.where, "count": self.count, "bytes": self.bytes, "why": self.why}
 
 
-def envs_dir() -> Path:
-    """Where the local backend caches job environments: backends.yaml's `local.envs_dir`, else `envs/` in the home."""
-    from trainmaster.backends.config import load_configs
-
-    configured = load_configs(paths.config_dir())["local"].envs_dir
-    return Path(configured) if configured else paths.home() / "envs"
-
-
 async def reclaimable(store: Store, retention: Retention, envs: Path, backend_of: BackendOf) -> list[Reclaimable]:
     """Everything the retention policy lets go now, over every accepted job and the environment cache."""
     found = []
@@ -77,10 +68,10 @@ async def reclaimable(store: Store, retention: Retention, envs: Path, backend_of
     return found + await asyncio.to_thread(environments, envs, retention.envs_max_bytes)
 
 
-async def give_back(segments: list[Reclaimable], envs_max_bytes: int) -> list[Reclaimable]:
-    """Once a job is accepted: remove its `segments` and the environments over the cap (walked in a worker
-    thread); returns what was removed."""
-    return await remove(segments + await asyncio.to_thread(environments, envs_dir(), envs_max_bytes))
+async def give_back(segments: list[Reclaimable], envs: Path, envs_max_bytes: int) -> list[Reclaimable]:
+    """Once a job is accepted: remove its `segments` and the environments in `envs` over the cap (walked in a
+    worker thread); returns what was removed."""
+    return await remove(segments + await asyncio.to_thread(environments, envs, envs_max_bytes))
 
 
 async def job_segments(store: Store, job_id: str, backend_of: BackendOf) -> list[Reclaimable]:
@@ -133,11 +124,11 @@ def environments(envs: Path, max_bytes: int) -> list[Reclaimable]:
     for venv in (p for p in _children(envs) if p.is_dir() and not p.name.startswith(".")):
         if _in_use(venv):
             max_bytes -= size_of(venv)
-        elif not (venv / venvs.READY).exists():
+        elif not (venv / venv_cache.READY).exists():
             found.append(Reclaimable("environments", str(venv), 1, size_of(venv), "an unfinished or failed build",
                                      path=venv))
         else:
-            ready.append((_mtime(venv / venvs.READY), venv, size_of(venv)))
+            ready.append((_mtime(venv / venv_cache.READY), venv, size_of(venv)))
     total = 0
     for last_use, venv, size in sorted(ready, reverse=True):  # newest use first
         total += size
@@ -154,7 +145,7 @@ async def remove(items: list[Reclaimable]) -> list[Reclaimable]:
     done = []
     for item in items:
         if item.kind == "environments":
-            if await asyncio.to_thread(venvs.remove_unused, item.path):
+            if await asyncio.to_thread(venv_cache.remove_unused, item.path):
                 done.append(item)
             continue
         freed = await retried(item.backend.release_segments, item.handle, set(item.keep))
@@ -173,8 +164,8 @@ def size_of(path: Path) -> int:
 
 def _in_use(venv: Path) -> bool:
     """Whether a job runs with `venv` or it is being built: its lock is held (probed, then released)."""
-    with open(venvs.lock_path(venv), "a") as lock:
-        if not venvs.try_lock(lock, fcntl.LOCK_EX):
+    with open(venv_cache.lock_path(venv), "a") as lock:
+        if not venv_cache.try_lock(lock, fcntl.LOCK_EX):
             return True
         fcntl.flock(lock, fcntl.LOCK_UN)
     return False

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import ExecutorFault, Progress
-from trainmaster.backends.managed.store import ObjectStore
+from trainmaster.backends.object_store import ObjectStore
+from trainmaster.broker.job_view import SHARED_EVENT
 from trainmaster.broker import paths
 from trainmaster.broker.filekeeping import shared_storage
 from trainmaster.broker.filekeeping.shared_storage import SharedStorageError
@@ -27,7 +28,6 @@ from trainmaster.broker.filekeeping.shared_storage import SharedStorageError
 if TYPE_CHECKING:
     from trainmaster.broker.store import Store
 
-SHARED_EVENT = "shared"
 Files = list[tuple[str, int, str]]
 """(path, size, sha256) of each kept output, as the store records them."""
 
@@ -92,9 +92,7 @@ def source(shared: dict | None) -> tuple[ObjectStore, str]:
     this host's home."""
     if shared is not None:
         return shared_storage.store_at(shared["storage"]), shared["storage"]
-    from trainmaster.broker.shared_folder import FolderStore
-
-    return FolderStore(paths.home()), str(paths.home())
+    return shared_storage.store_at(str(paths.home())), str(paths.home())
 
 
 async def download(store: ObjectStore, job_id: str, files: Files, dest: Path,

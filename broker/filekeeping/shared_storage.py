@@ -8,7 +8,8 @@ outputs stay in `$TRAINMASTER_HOME` only, as before. Keys under it: `bundles/<sh
 `jobs/<job id>/outputs/<path>` and `jobs/<job id>/manifest.json` (broker/filekeeping/shared_bundles.py,
 broker/filekeeping/shared_outputs.py).
 
-Each SDK is imported only when its store is made. Where a job's outputs went is recorded in the database (a
+The store is the backends' (`registry.store_for`, the one resolver from a URI to a store: the broker names no
+cloud), and its SDK is imported only when it is made. Where a job's outputs went is recorded in the database (a
 `shared` event), so `trainmaster status` and `trainmaster outputs` find them without this setting.
 """
 
@@ -21,11 +22,17 @@ from typing import TYPE_CHECKING
 from trainmaster.backends.base import LocalEnvironmentError
 
 if TYPE_CHECKING:
-    from trainmaster.backends.managed.store import ObjectStore
+    from trainmaster.backends.object_store import ObjectStore
 
 ENV = "TRAINMASTER_SHARED_STORAGE"
 DATABASE_ENV = "TRAINMASTER_DATABASE_URL"
-SCHEMES = ("s3://", "gs://", "az://")
+
+
+def schemes() -> tuple[str, ...]:
+    """The object-store prefixes the setting may name (`s3://`, `gs://`, `az://`: the backends' registry's)."""
+    from trainmaster.backends.registry import store_schemes
+
+    return store_schemes()
 
 
 class SharedStorageError(LocalEnvironmentError):
@@ -39,7 +46,7 @@ def setting() -> str | None:
     value = os.environ.get(ENV, "").strip()
     if not value:
         return None
-    if value.startswith(SCHEMES):
+    if value.startswith(schemes()):
         bucket = value.split("://", 1)[1].split("/", 1)[0]
         if not bucket:
             raise SharedStorageError(f"{ENV}={value}: no bucket or container after the scheme")
@@ -67,31 +74,13 @@ def store() -> ObjectStore | None:
 
 
 def store_at(root: str) -> ObjectStore:
-    """The object store over `root` (a setting's value, as recorded with what was put there)."""
-    if not root.startswith(SCHEMES):
-        from trainmaster.broker.shared_folder import FolderStore
+    """The object store over `root` (a setting's value, as recorded with what was put there): the backends'
+    resolver (`registry.store_for`), with backends.yaml's sections for the clouds' credentials, region and endpoint
+    (read only for a cloud's store)."""
+    from trainmaster.backends.registry import store_for
 
-        return FolderStore(Path(root))
-    return _cloud_store(root)
+    if not root.startswith(schemes()):
+        return store_for(root, {})
+    from trainmaster.broker.backend_set import read_configs
 
-
-def _cloud_store(root: str) -> ObjectStore:
-    """The cloud's own ObjectStore over `root`, with its section of backends.yaml (credentials, region, endpoint)."""
-    from trainmaster.backends.config import load_configs
-    from trainmaster.broker import paths
-
-    scheme, rest = root.split("://", 1)
-    bucket, _, prefix = rest.partition("/")
-    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-    configs = load_configs(paths.config_dir())
-    if scheme == "s3":
-        from trainmaster.backends.aws.s3 import S3Store
-
-        return S3Store(configs["aws"].model_copy(update={"s3_bucket": bucket, "s3_prefix": prefix}))
-    if scheme == "gs":
-        from trainmaster.backends.gcp.gcs import GcsStore
-
-        return GcsStore(configs["gcp"].model_copy(update={"staging_bucket": f"gs://{bucket}/{prefix}"}))
-    from trainmaster.backends.azure.blob import BlobStore
-
-    return BlobStore(configs["azure"].model_copy(update={"container": bucket, "prefix": prefix}))
+    return store_for(root, read_configs())

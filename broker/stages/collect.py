@@ -129,7 +129,7 @@ async def give_back_disk(ctx: JobContext) -> None:
         retention = load_retention()
         segments = (await reclaim.job_segments(ctx.store, ctx.id, ctx.parts.backend_of)
                     if retention.drop_accepted_segments else [])
-        freed = await reclaim.give_back(segments, retention.envs_max_bytes)
+        freed = await reclaim.give_back(segments, ctx.parts.backends.envs_dir(), retention.envs_max_bytes)
     except (FileError, OSError, BackendError) as exc:
         ctx.log("error", {"message": f"giving disk back: {exc}"})
         return

@@ -52,7 +52,7 @@ async def verify(ctx: JobContext, attempt: Attempt, outputs: Path, backend: Back
         job_id=ctx.id, attempt_id=attempt.id, outputs=outputs, bundle_sha256=ctx.job.bundle_sha256,
         spec=ctx.spec, trusted=offer.trusted, recorded_outputs=tuple(ctx.store.outputs(attempt.id)),
         bundle=await retried(shared_bundles.fetched, ctx.job.bundle_sha256, ctx.parts.progress), workspace=workspace,
-        envs_dir=_envs_dir(backend), exact_replay=offer.trusted and backend.exact_replay,
+        envs_dir=ctx.parts.backends.envs_dir(), exact_replay=offer.trusted and backend.exact_replay,
         hotkey=attempt.executor_hotkey, signature=signature,
         outputs_hashed=hashed_now, seed=attempt.seed, previous_metrics=previous_metrics(ctx.store, ctx.job),
         dropped=dropped,
@@ -107,12 +107,6 @@ def previous_metrics(store: Store, job: Job) -> dict[str, float] | None:
         verdicts.close()
     outcome = (verdict.evidence.get("outcome") or {}) if verdict is not None else {}
     return dict(outcome["metrics"]) if outcome.get("metrics") else None
-
-
-def _envs_dir(backend: Backend) -> Path:
-    """Where the backend that ran an attempt built job virtualenvs (the broker's default for the local one)."""
-    configured_dir = getattr(backend.config, "envs_dir", None)
-    return Path(configured_dir) if configured_dir else paths.envs_dir()
 
 
 class SegmentOpener:

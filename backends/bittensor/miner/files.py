@@ -23,7 +23,7 @@ from aiohttp import web
 from trainmaster.backends import transfer
 from trainmaster.backends.base import OutputFile
 from trainmaster.backends.bittensor import protocol
-from trainmaster.backends.local.backend import segments_dir
+from trainmaster.backends.segments import segments_dir
 from trainmaster.jobs.files import HostileFile, open_regular
 
 CHUNK = 4 << 20

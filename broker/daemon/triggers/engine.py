@@ -190,10 +190,9 @@ class TriggerEngine:
 
     def _backend_configs(self, trigger: Trigger) -> Mapping[str, Any]:
         if self._configs is None and trigger.data.prefix is not None:
-            from trainmaster.backends.config import load_configs
-            from trainmaster.broker import paths
+            from trainmaster.broker.backend_set import read_configs
 
-            self._configs = load_configs(paths.config_dir())
+            self._configs = read_configs()
         return self._configs or {}
 
     async def _allowed(self, trigger: Trigger) -> bool:

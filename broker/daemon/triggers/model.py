@@ -18,7 +18,6 @@ from trainmaster.broker import paths
 from trainmaster.jobs.yamlfile import load_model
 
 FILE_NAME = "triggers.yaml"
-PREFIX_SCHEMES = ("s3", "gs", "az")
 
 
 class _Strict(BaseModel):
@@ -40,8 +39,10 @@ class Data(_Strict):
     @field_validator("prefix")
     @classmethod
     def _uri(cls, value: str | None) -> str | None:
+        from trainmaster.backends.registry import store_schemes
+
         parsed = urlparse(value or "")
-        if value is not None and (parsed.scheme not in PREFIX_SCHEMES or not parsed.netloc):
+        if value is not None and (f"{parsed.scheme}://" not in store_schemes() or not parsed.netloc):
             raise ValueError("must be s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
         return value
 

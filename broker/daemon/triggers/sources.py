@@ -1,4 +1,4 @@
-"""Counting new data for a trigger: files under a local folder, objects under a cloud prefix, Redis stream entries.
+"""Counting new data for a trigger: files under a local folder, objects under a cloud prefix (the backends' object store that the URI names), Redis stream entries.
 
 `observe(data, baseline)` returns how much is new against the baseline cursor (that of the last accepted run;
 None before one, when everything present counts) and the cursor of what is there now, which the fire records.
@@ -54,7 +54,9 @@ def _folder_names(folder: Path) -> set[str]:
 async def _prefix_names(uri: str, configs: Mapping[str, Any]) -> set[str]:
     from trainmaster.backends.base import BackendError
 
-    store = object_store(uri, configs)
+    from trainmaster.backends.registry import store_for
+
+    store = store_for(uri, configs)
     try:
         names = {o.key for o in await store.list("")}
         if not names and not await store.root_exists():  # an empty listing of a container that is not there
@@ -62,24 +64,6 @@ async def _prefix_names(uri: str, configs: Mapping[str, Any]) -> set[str]:
     except BackendError as exc:
         raise SourceUnavailable(f"cannot list {uri}: {exc}") from exc
     return names
-
-
-def object_store(uri: str, configs: Mapping[str, Any]):
-    """The cloud's ObjectStore rooted at `uri`, with that cloud's settings (credentials, endpoint) from backends.yaml."""
-    parsed = urlparse(uri)
-    root, prefix = parsed.netloc, parsed.path.strip("/")
-    prefix = prefix + "/" if prefix else ""
-    if parsed.scheme == "s3":
-        from trainmaster.backends.aws.s3 import S3Store
-
-        return S3Store(configs["aws"].model_copy(update={"s3_bucket": root, "s3_prefix": prefix}))
-    if parsed.scheme == "gs":
-        from trainmaster.backends.gcp.gcs import GcsStore
-
-        return GcsStore(configs["gcp"].model_copy(update={"staging_bucket": f"gs://{root}/{prefix}"}))
-    from trainmaster.backends.azure.blob import BlobStore
-
-    return BlobStore(configs["azure"].model_copy(update={"container": root, "prefix": prefix}))
 
 
 async def _stream_since(data: Data, baseline: dict | None) -> Observation:

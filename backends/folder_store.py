@@ -1,5 +1,5 @@
-"""A folder every host mounts (NFS, a shared volume) as an ObjectStore: the shared storage when
-`TRAINMASTER_SHARED_STORAGE` is an absolute path (broker/filekeeping/shared_storage.py).
+"""A folder every host mounts (NFS, a shared volume) as an ObjectStore (backends/object_store.py): what
+`store_for` gives for an absolute path, such as the broker's shared storage when `TRAINMASTER_SHARED_STORAGE` is one.
 
 An object appears whole or not at all: it is written to a temporary sibling and renamed. Folders and files take
 the root's owner and group permissions (files without the execute bits), not this process's private umask, and the
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from trainmaster.backends.base import LocalEnvironmentError, Progress
-from trainmaster.backends.managed.store import ObjectStore, StoredObject
+from trainmaster.backends.object_store import ObjectStore, StoredObject
 
 CHUNK = 4 * 2**20
 FILE_BITS = 0o660

@@ -1,10 +1,16 @@
-"""An object store as the managed backends use it: a bucket (or container) and a key prefix in it.
+"""The one object-store interface.
 
-Each cloud implements it over its SDK (`backends/aws/s3.py`, `backends/gcp/gcs.py`, `backends/azure/blob.py`).
-Keys are relative to the store's root (its bucket and prefix); `uri` names one the way its service does.
-Every method is a coroutine that keeps the SDK's blocking calls off the event loop. An implementation
-raises the core's typed errors: throttling, 5xx and dropped connections as `TransientBackendError`, missing
-credentials or permissions as `BackendError` naming what is missing.
+An object store is a bucket (or container) and a key prefix in it; keys are relative to that root. Each cloud
+implements it over its SDK (`backends/aws/s3.py`, `backends/gcp/gcs.py`, `backends/azure/blob.py`) and a folder
+every host mounts implements it over the filesystem (`backends/folder_store.py`). The managed backends stage
+bundles and outputs in their cloud's store; the broker's shared storage and the triggers that count new objects
+name a store by URI and get it here. Every method is a coroutine that keeps blocking calls off the event loop. An
+implementation raises the core's typed errors: throttling, 5xx and dropped connections as `TransientBackendError`,
+missing credentials or permissions as `BackendError` naming what is missing.
+
+A store is named by a URI (an absolute folder, `s3://`, `gs://` or `az://bucket/prefix`) through the one resolver,
+`backends.registry.store_for`: which cloud serves a scheme is the registry's word, so nothing above the backends
+names a cloud, and each SDK is imported only when its store is made (`ObjectStore.at`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import ClassVar
 
-from trainmaster.backends.base import Frozen, Progress
+from trainmaster.backends.base import BackendConfig, Frozen, Progress
 
 
 class StoredObject(Frozen):
@@ -25,6 +31,13 @@ class StoredObject(Frozen):
 class ObjectStore(abc.ABC):
     scheme: ClassVar[str]
     """How `uri` starts: `s3`, `gs`, or `https` for Azure (the blob URL, the form Azure ML takes as a job's input)."""
+
+    @classmethod
+    def at(cls, config: BackendConfig, bucket: str, prefix: str) -> ObjectStore:
+        """The store over `bucket` (or container) and `prefix` (empty, or ending in "/"), with its cloud's settings
+        (`config`: the cloud's section of backends.yaml: credentials, region, endpoint). A store a URI cannot name
+        (a folder) has none."""
+        raise NotImplementedError(f"{cls.__name__} is not named by a URI")
 
     @abc.abstractmethod
     def uri(self, key: str = "") -> str:
@@ -59,3 +72,4 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def copy(self, source: str, target: str) -> None:
         """Copy one object inside the store, on the server's side."""
+

@@ -1,0 +1,110 @@
+"""A runtime job's committed segments where a backend keeps them on a filesystem: `<checkpoints>/segments/<index>/`
+(each with its `manifest.json`), as the local backend keeps them in an attempt's work dir, the Ray backend in its
+synced folder and the reference miner in its attempts' work dirs.
+
+What the broker asks of a backend that keeps segments (`KeepsSegments`, `ReleasesSegments`,
+`ResumesFromCheckpoints` in backends/features.py) is answered from here: the newest segment (its index and step,
+read from its manifest as bounded JSON, never through `jobs.checkpoint`, which imports torch), the challenged
+ones copied out for the audit, those held, and the release of those no longer needed. Links the job left are
+never followed: a linked `checkpoints/` or `segments/` holds nothing, a linked entry is removed as a link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+from trainmaster.backends import transfer
+from trainmaster.backends.features import HeldSegment
+from trainmaster.jobs.files import HostileFile, read_regular, tree_bytes, write_bytes_atomic
+
+
+async def copy_segments(checkpoints: Path, indices: list[int], dest: Path) -> Path:
+    """Every segment's manifest under the runtime's checkpoint directory `checkpoints`, and the whole of each
+    segment of `indices` and of the one after it, copied into `dest` laid out the same (hashed as they go);
+    returns `dest`."""
+    source = checkpoints / "segments"
+    wanted = set(indices) | {i + 1 for i in indices}
+    names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())
+                                    if source.is_dir() and not source.is_symlink() else [])
+    for name in names:
+        here, there = source / name, dest / "segments" / name
+        if int(name) in wanted:
+            await transfer.copy_tree(here, there)
+        else:
+            await asyncio.to_thread(_copy_manifest, here / "manifest.json", there / "manifest.json")
+    return dest
+
+
+def _copy_manifest(source: Path, target: Path) -> None:
+    """A segment manifest (a few hundred bytes; read bounded, never through a link), written atomically."""
+    try:
+        data = read_regular(source, 2**16)
+    except (FileNotFoundError, HostileFile):
+        return  # a segment half-written by a kill: the audit says what is missing
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(target, data)
+
+
+def newest_segment(checkpoints: Path) -> tuple[int, int] | None:
+    """(index, step) of the newest segment under `checkpoints` whose manifest reads (as JSON, bounded: never
+    `jobs.checkpoint`, which imports torch); None when there is none."""
+    base = Path(checkpoints) / "segments"
+    indices = sorted((int(p.name) for p in base.iterdir() if p.name.isdigit()), reverse=True) if base.is_dir() else []
+    for i in indices:
+        try:
+            step = json.loads(read_regular(base / f"{i:08d}" / "manifest.json", 2**16))["step"]
+        except (OSError, ValueError, KeyError, TypeError, HostileFile):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return i, step
+    return None
+
+
+def segments_dir(workdir: Path) -> Path | None:
+    """The attempt's `checkpoints/segments/`; None when there is none, or when the job replaced a folder on
+    that path by a link (never followed: releasing must not delete what lies outside the work dir)."""
+    base = workdir
+    for part in ("checkpoints", "segments"):
+        base = base / part
+        if base.is_symlink() or not base.is_dir():
+            return None
+    return base
+
+
+def _segment_index(name: str) -> int | None:
+    """A segment directory's index (`00000012` → 12); None for anything else (a half-written segment)."""
+    return int(name) if name.isascii() and name.isdigit() else None
+
+
+def held_segments(workdir: Path) -> list[HeldSegment]:
+    base = segments_dir(workdir)
+    if base is None:
+        return []
+    return [HeldSegment(index=_segment_index(p.name), bytes=tree_bytes(p)) for p in sorted(base.iterdir())]
+
+
+def release_segments(workdir: Path, keep: set[int]) -> int:
+    """Remove each entry of the attempt's `checkpoints/segments/` whose index is not in `keep` (half-written
+    ones included); links are removed as links. Returns the bytes freed (what is left of an entry that could
+    not be removed is not counted), so a second call frees and returns nothing."""
+    base = segments_dir(workdir)
+    if base is None:
+        return 0
+    freed = 0
+    for entry in sorted(base.iterdir()):
+        index = _segment_index(entry.name)
+        if index is not None and index in keep:
+            continue
+        before = tree_bytes(entry)
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            try:
+                entry.unlink()
+            except FileNotFoundError:
+                pass
+        freed += before - tree_bytes(entry)
+    return freed
