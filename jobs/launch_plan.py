@@ -19,6 +19,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 VARIABLE = "TRAINMASTER_LAUNCH"
+"""The plan as JSON in the environment (the Ray backend: the Jobs API's runtime env has no value limit)."""
+FILE_VARIABLE = "TRAINMASTER_LAUNCH_FILE"
+"""The path of the plan as a file (the managed services: `launch.json` of the job's input, named by the boot
+script, jobs/launcher_boot.py; SageMaker caps an Environment value at 512 characters)."""
 SERVICES = ("sagemaker", "vertex", "azureml", "ray")
 
 SYNC_OUTPUTS = "outputs"

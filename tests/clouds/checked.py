@@ -1,0 +1,62 @@
+"""The tally of every request the cloud fakes checked against their service's own published rules.
+
+Each fake (moto's SageMaker and S3, FakeVertex and the storage emulator's requests, FakeAzureML) checks every
+request it receives (`rules_aws.py`, `rules_vertex.py`, `rules_azureml.py`), answers a violation as its service
+would (a 400 with the rule broken), and records it here. The fixtures of the cloud tests fail a test that sent
+one (`assert_clean`), so a request the real service would refuse cannot pass. At the end of a session the counts
+per service are written to the file TM_REQUESTS_CHECKED names, if set (tests/benchmarks/bench_cloud_requests.py
+reads them).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+
+REPORT = "TM_REQUESTS_CHECKED"
+
+_lock = threading.Lock()
+counts: collections.Counter = collections.Counter()
+violations: list[str] = []
+
+
+def record(service: str, operation: str, problems: list[str]) -> None:
+    """One request of `service` checked; its problems (empty when it keeps every rule)."""
+    with _lock:
+        counts[service] += 1
+        violations.extend(f"{service} {operation}: {problem}" for problem in problems)
+
+
+def mark() -> int:
+    """Where the violations stand now (a test's start)."""
+    with _lock:
+        return len(violations)
+
+
+def since(start: int) -> list[str]:
+    with _lock:
+        return violations[start:]
+
+
+def assert_clean(start: int) -> None:
+    found = since(start)
+    assert not found, "requests the real service would refuse:\n" + "\n".join(found[:20])
+
+
+def write_report() -> None:
+    path = os.environ.get(REPORT)
+    if not path:
+        return
+    with _lock:
+        data = {"counts": dict(counts), "violations": list(violations)}
+    previous = {"counts": {}, "violations": []}
+    if os.path.exists(path):
+        with open(path) as handle:
+            previous = json.load(handle)
+    for service, count in data["counts"].items():
+        previous["counts"][service] = previous["counts"].get(service, 0) + count
+    previous["violations"] += data["violations"]
+    with open(path, "w") as handle:
+        json.dump(previous, handle)
