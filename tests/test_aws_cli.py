@@ -39,14 +39,14 @@ dist.destroy_process_group()
 
 
 @pytest.fixture
-def cloud(aws, tm_home, tmp_path):
-    """backends.yaml pointing at moto, the policy, and the runner playing SageMaker."""
+def cloud(aws, tm_home, tmp_path, test_image):
+    """backends.yaml pointing at moto (the default image and setup), the policy, and the runner playing SageMaker."""
     (tm_home / "config").mkdir(parents=True)
     (tm_home / "config" / "backends.yaml").write_text(
         f"aws:\n  endpoint_url: {aws.endpoint}\n  region: {REGION}\n  s3_bucket: {BUCKET}\n"
-        f"  sagemaker_role_arn: {ROLE}\n  setup: ''\n  poll_s: 0.1\n")
+        f"  sagemaker_role_arn: {ROLE}\n  poll_s: 0.1\n")
     (tmp_path / "policy.yaml").write_text(POLICY)
-    with SageMakerRunner(aws, tmp_path / "sagemaker") as runner:
+    with SageMakerRunner(aws, tmp_path / "sagemaker", test_image) as runner:
         yield runner
 
 

@@ -29,6 +29,20 @@ def record(service: str, operation: str, problems: list[str]) -> None:
         violations.extend(f"{service} {operation}: {problem}" for problem in problems)
 
 
+class expected:
+    """`with checked.expected() as refused:` — violations recorded inside are the test's point (it sends a request
+    the service refuses, to see the fake refuse it): kept in `refused`, not failing the test."""
+
+    def __enter__(self) -> list[str]:
+        self.start, self.refused = mark(), []
+        return self.refused
+
+    def __exit__(self, *_exc) -> None:
+        with _lock:
+            self.refused.extend(violations[self.start:])
+            del violations[self.start:]
+
+
 def mark() -> int:
     """Where the violations stand now (a test's start)."""
     with _lock:

@@ -19,6 +19,14 @@ def moto_aws():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def test_image():
+    """The image the runner starts containers from: torch and numpy, no trainmaster (clouds/container.py)."""
+    from clouds.container import shared
+
+    return shared()
+
+
 @pytest.fixture(autouse=True)
 def _requests_keep_the_rules():
     """Fails the test when a request broke SageMaker's or S3's rules (clouds/rules_aws.py)."""

@@ -92,3 +92,20 @@ def build(folder: Path) -> Container:
     if found.stdout.strip() != "[]":
         raise RuntimeError(f"the test image at {folder} sees {found.stdout.strip()}: it must have torch only")
     return Container(root=folder, python=python)
+
+
+_shared: Container | None = None
+
+
+def shared() -> Container:
+    """The session's image, built on first use (every cloud's tests run containers from the same one)."""
+    global _shared
+    if _shared is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="tm-image-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _shared = build(folder / "image")
+    return _shared

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 from urllib.parse import unquote, urlparse
+from xml.sax.saxutils import escape
 
 import regex
 
@@ -126,8 +127,6 @@ def s3_problems(bucket: str | None, key: str | None) -> list[str]:
 def install() -> None:
     """Check every SageMaker and S3 request moto receives (idempotent)."""
     from moto.core.exceptions import JsonRESTError
-    from moto.core.responses import ActionResult
-    from moto.s3.exceptions import S3ClientError
     from moto.s3.responses import S3Response
     from moto.sagemaker.responses import SageMakerResponse
 
@@ -144,10 +143,8 @@ def install() -> None:
         found = problems("sagemaker", operation, params) if isinstance(params, dict) else ["the body is not JSON"]
         checked.record("sagemaker", operation, found)
         if found:
-            error = JsonRESTError("ValidationException", f"{len(found)} validation error(s) detected: "
-                                  + "; ".join(found[:5]))
-            status, headers, body = self.serialized(ActionResult(error))
-            return status, headers, body
+            raise JsonRESTError("ValidationException", f"{len(found)} validation error(s) detected: "
+                                + "; ".join(found[:5]))
         return original_call(self)
 
     def wrap(original):
@@ -162,8 +159,10 @@ def install() -> None:
             checked.record("s3", request.method, found)
             if found:
                 code = "KeyTooLongError" if "key of" in found[0] else "InvalidBucketName"
-                error = S3ClientError(code, "; ".join(found))
-                return self.serialized(ActionResult(error))
+                message = escape("; ".join(found))
+                body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{message}'
+                        "</Message></Error>")
+                return 400, {"Content-Type": "application/xml"}, body.encode()
             return original(self, request, full_url, headers)
         return checked_response
 
