@@ -28,8 +28,8 @@ SEGMENT_STEPS = 25
 
 
 @pytest.fixture
-def runner(gcp, tmp_path):
-    played = VertexRunner(gcp, tmp_path / "vertex", dict(os.environ))
+def runner(gcp, tmp_path, test_image):
+    played = VertexRunner(gcp, tmp_path / "vertex", test_image)
     yield played
     played.stop()
 

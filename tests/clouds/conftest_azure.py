@@ -11,6 +11,24 @@ from clouds.azure_server import start_azure
 
 
 @pytest.fixture(scope="session")
+def test_image():
+    """The image the runner starts containers from: torch and numpy, no trainmaster (clouds/container.py)."""
+    from clouds.container import shared
+
+    return shared()
+
+
+@pytest.fixture(autouse=True)
+def _requests_keep_the_rules():
+    """Fails the test when a request broke the service's own rules (clouds/checked.py)."""
+    from clouds import checked
+
+    start = checked.mark()
+    yield
+    checked.assert_clean(start)
+
+
+@pytest.fixture(scope="session")
 def azure_servers():
     servers = start_azure()
     yield servers
