@@ -233,8 +233,8 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
         state, ended = await self._state(handle)
         if state.phase is Phase.failed and state.cause is None and ended is None:
             # the service says failed, and the launcher wrote no exit record: the container was stopped from outside
-            cause, why = ((Cause.preempted, "a spot instance was reclaimed") if handle.data.get("spot")
-                          else (Cause.lost, "the container was stopped"))
+            cause, why = ((Cause.preempted, "preempted: its spot capacity was reclaimed") if handle.data.get("spot")
+                          else (Cause.lost, "lost: the container was stopped"))
             state = state.model_copy(update={"cause": cause, "reason": f"{state.reason or 'failed'}: no exit record "
                                                                       f"in the synced folder ({why})"})
         status = AttemptStatus(phase=state.phase, cause=state.cause, reason=state.reason, exit_code=state.exit_code,
