@@ -40,9 +40,13 @@ def test_the_bundle_is_stored_once_and_a_resumed_attempt_starts_from_its_predece
     backend.store.upload = lambda path, key, progress=None: uploads.append(key) or upload(path, key, progress)
     first = asyncio.run(backend.submit(bundle, SPEC, OFFER, ctx("a1")))
     props = azure.fake.properties(first.data["name"])
-    assert props["inputs"]["bundle"]["uri"] == backend.store.uri(f"bundles/{SHA}.tar")
-    assert props["outputs"]["sync"]["uri"] == backend.store.uri("attempts/a1/sync/")
-    launch = plan.LaunchPlan.model_validate_json(props["environmentVariables"][plan.VARIABLE])
+    datastore = "azureml://datastores/trainmaster_store/paths/trainmaster/"
+    assert props["inputs"]["bundle"]["uri"] == datastore + f"bundles/{SHA}.tar"
+    assert props["inputs"]["trainmaster"]["uri"] == datastore + "attempts/a1/input/"
+    assert props["outputs"]["sync"]["uri"] == datastore + "attempts/a1/sync/"
+    assert props["command"] == "python3 ${{inputs.trainmaster}}/boot.py"
+    assert plan.VARIABLE not in (props.get("environmentVariables") or {})  # the plan is a file of the input
+    launch = plan.LaunchPlan.model_validate_json(asyncio.run(backend.store.read("attempts/a1/input/launch.json")))
     assert (launch.service, launch.bundle, launch.sync) == ("azureml", "", "")
     assert props["queueSettings"] == {"jobTier": "Spot"} and props["tags"]["trainmaster-attempt"] == "a1"
 

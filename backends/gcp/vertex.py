@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
+from trainmaster.backends.base import BackendError, Cause, ConfigurationError, Phase, TransientBackendError
 from trainmaster.backends.catalog.accelerators import vertex_accelerator
 from trainmaster.backends.catalog.gpus import canonical_gpu
 from trainmaster.backends.gcp import sdk
@@ -133,7 +133,8 @@ class VertexService(TrainingService):
             created = await sdk.call(f"creating Vertex AI job {job.name}", self._create, job)
         except TransientBackendError as exc:
             if self._quota(exc.__cause__):
-                raise CapacityError(f"gcp: Vertex AI refused {job.name} for capacity: {exc.__cause__}") from None
+                raise ConfigurationError(f"gcp: Vertex AI refused {job.name} for the project's quota: {exc.__cause__} "
+                                         "(request a higher quota for the region: docs/clouds.md)") from None
             raise
         self._names[job.name] = created.name
 
