@@ -72,10 +72,31 @@ def test_readiness_names_what_is_missing(monkeypatch, tmp_path):
         "azure.resource_group, azure.workspace)",
         "no storage account to stage bundles and outputs in (set azure.storage_account or "
         "AZURE_STORAGE_CONNECTION_STRING)",
+        "azure.datastore is not set: the Azure ML datastore registered for the container trainmaster (jobs read "
+        "and write it through the datastore)",
     ]
     ready = AzureConfig(subscription_id="s", resource_group="rg", workspace="ws", storage_account="acct",
-                        credential="clouds.azure_credential:fake")
+                        datastore="tm_store", credential="clouds.azure_credential:fake")
     assert check(ready) == [] and found(ready) == ["credentials: clouds.azure_credential:fake (configured)"]
+    cluster = ready.model_copy(update={"compute": "gpu-cluster"})
+    assert check(cluster) == ["azure.compute is set: name the cluster's VM size as azure.compute_vm_size, so the "
+                              "offer priced is the one that runs"]
+
+
+def test_a_managed_identity_is_not_checked_offline_rather_than_missing(monkeypatch, tmp_path):
+    """A managed identity answers only over the network: named as not checked offline, and no reason to leave Azure
+    out of planning (a refusal at dispatch ends the attempt once)."""
+    for name in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "IDENTITY_ENDPOINT", "MSI_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AZURE_CONFIG_DIR", str(tmp_path / "no-az"))
+    config = AzureConfig(subscription_id="s", resource_group="rg", workspace="ws", storage_account="acct",
+                         datastore="tm_store", credential="managed_identity")
+    assert check(config) == []
+    assert found(config) == ["credentials: not checked offline (the managed identity azure.credential names, asked "
+                             "at dispatch)"]
+    monkeypatch.setenv("IDENTITY_ENDPOINT", "http://169.254.169.254/msi")  # an App Service or Arc machine
+    default = config.model_copy(update={"credential": "default"})
+    assert check(default) == [] and "not checked offline" in found(default)[0]
 
 
 def test_an_unknown_credential_is_named(azure_config):
