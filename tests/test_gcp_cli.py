@@ -187,7 +187,8 @@ def test_a_job_failing_in_the_service_ends_with_its_reason_and_exit_code(tmp_pat
     assert runner.played[created.name] == [3]
 
 
-def test_cancel_stops_the_vertex_job_and_charges_what_ran(tmp_path, tm_home, gcp, runner):
+def test_logs_and_metrics_show_while_it_runs_and_cancel_stops_the_vertex_job_and_charges_what_ran(
+        tmp_path, tm_home, gcp, runner):
     spec, policy = setup(tmp_path, tm_home, gcp, steps=2000)
     waiting = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(spec), "--policy",
                                 str(policy), "--wait", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -199,6 +200,17 @@ def test_cancel_stops_the_vertex_job_and_charges_what_ran(tmp_path, tm_home, gcp
             time.sleep(0.2)
         [created] = gcp.vertex.jobs.values()
         job_id = created.labels["trainmaster-job"]
+        # on Cloud Storage FUSE a file reaches the bucket only once closed: the launcher's closed log parts and
+        # whole-file copies make the log and the metrics visible while the job runs
+        while "$ python -m trainmaster.jobs.recipes.tiny_lm" not in tm("logs", job_id).stdout:
+            assert time.time() < deadline and created.state.name == "JOB_STATE_RUNNING", "no log while running"
+            time.sleep(0.5)
+        base = created.job_spec.base_output_directory.output_uri_prefix.split("/", 3)[3]
+        bucket = gcp.storage_client().bucket("tm-staging")
+        while not bucket.blob(base + "checkpoints/outputs/metrics.jsonl").exists():
+            assert time.time() < deadline and created.state.name == "JOB_STATE_RUNNING", "no metrics while running"
+            time.sleep(0.5)
+        assert created.state.name == "JOB_STATE_RUNNING"
         cancelled = tm("cancel", job_id)
         assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
         out, err = waiting.communicate(timeout=120)
