@@ -60,17 +60,22 @@ def assert_clean(start: int) -> None:
 
 
 def write_report() -> None:
+    """Add this process's tally to the report file TM_REQUESTS_CHECKED names (several pytest workers may share it)."""
+    import fcntl
+
     path = os.environ.get(REPORT)
     if not path:
         return
     with _lock:
         data = {"counts": dict(counts), "violations": list(violations)}
-    previous = {"counts": {}, "violations": []}
-    if os.path.exists(path):
-        with open(path) as handle:
-            previous = json.load(handle)
-    for service, count in data["counts"].items():
-        previous["counts"][service] = previous["counts"].get(service, 0) + count
-    previous["violations"] += data["violations"]
-    with open(path, "w") as handle:
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        text = handle.read()
+        previous = json.loads(text) if text.strip() else {"counts": {}, "violations": []}
+        for service, count in data["counts"].items():
+            previous["counts"][service] = previous["counts"].get(service, 0) + count
+        previous["violations"] += data["violations"]
+        handle.seek(0)
+        handle.truncate()
         json.dump(previous, handle)
