@@ -107,3 +107,20 @@ def test_an_unknown_credential_is_named(azure_config):
         credential("nonsense")
     with pytest.raises(BackendError, match="cannot be loaded"):
         credential("clouds.azure_credential:missing")
+
+
+def test_on_a_compute_cluster_only_its_vm_size_and_tier_are_offered(azure_config):
+    """On a cluster the cluster's VM size and tier are what run: the offers priced are those, nothing else."""
+    from trainmaster.backends.base import OfferRequest
+
+    spec = JobSpec.model_validate({"name": "t", "entrypoint": "python train.py", "resources": {"gpus": 1}})
+    cluster = azure_config.model_copy(update={"compute": "gpu-cluster", "compute_vm_size": "Standard_NC4as_T4_v3",
+                                              "compute_tier": "low_priority", "region": "eastus"})
+    found = asyncio.run(AzureBackend(cluster).offers(OfferRequest(spec=spec)))
+    assert {(o.instance, o.spot) for o in found.offers} == {("Standard_NC4as_T4_v3", True)}
+    dedicated = cluster.model_copy(update={"compute_tier": "dedicated", "compute_vm_size": "Standard_NC99_none"})
+    none = asyncio.run(AzureBackend(dedicated).offers(OfferRequest(spec=spec)))
+    assert none.offers == [] and "runs Standard_NC99_none dedicated" in none.reasons[0]
+    serverless = asyncio.run(AzureBackend(azure_config.model_copy(update={"region": "eastus"})).offers(
+        OfferRequest(spec=spec)))
+    assert len({o.instance for o in serverless.offers}) > 1
