@@ -2,10 +2,12 @@
 
 Readiness is each backend's own offline check (`backends.registry.BackendEntry.readiness`: its extra, its
 credentials, the bucket, role or workspace it needs), the same answer `trainmaster backends check` gives. A
-backend that is not ready is never asked for offers: the plan lists it under `unavailable` with the reasons,
-which `trainmaster offers` and `submit --dry-run` show. A price catalog prices a cloud whether or not this
-account can run anything there, so without this gate a cloud with no bucket would be chosen, fail at
-dispatch, and be chosen again on its next offer.
+price catalog prices a cloud whether or not this account can run anything there, so without this gate a cloud
+with no bucket would be chosen, fail at dispatch, and be chosen again on its next offer. The gate applies to the
+backends whose offers come from a catalog (`BackendEntry.catalog`: aws, gcp, azure); the others' offers are
+live answers (this machine's GPUs, miners' signed quotes, a Ray cluster's resources) that already say why there
+are none. A cloud that is not ready is never asked for offers: the plan lists it under `unavailable` with the
+reasons, which `trainmaster offers` and `submit --dry-run` show.
 
 A backend whose set-up refused an attempt of the job at dispatch (`ConfigurationError`: a missing bucket, a role
 it cannot pass, a quota of zero; the attempt's cause `misconfigured`) is blocked as a whole for the rest of the
@@ -23,14 +25,14 @@ MISCONFIGURED = "misconfigured"
 
 
 def unready(names: Iterable[str], configs: Mapping[str, BackendConfig]) -> dict[str, list[str]]:
-    """Backend name -> why it cannot run jobs here, for those of `names` the registry lists and that are not
-    ready with their effective configuration (`configs`); a ready backend is left out."""
+    """Backend name -> why it cannot run jobs here, for those of `names` the registry prices from a catalog and that
+    are not ready with their effective configuration (`configs`); a ready backend is left out."""
     from trainmaster.backends.registry import REGISTRY
 
     found = {}
     for name in names:
         entry, config = REGISTRY.get(name), configs.get(name)
-        if entry is None or config is None:
+        if entry is None or config is None or not entry.catalog:
             continue
         reasons, _ = entry.readiness(config)
         if reasons:
