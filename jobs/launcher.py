@@ -1,19 +1,23 @@
-"""The container launcher: `python -m trainmaster.jobs.launcher`, what a managed backend starts in a cloud's image.
+"""The container launcher: `python -m trainmaster.jobs.launcher`, what a managed backend's container (through its
+boot script, jobs/launcher_boot.py) or a Ray job starts.
 
-It reads the plan from `TRAINMASTER_LAUNCH` (jobs/launch_plan.py; a bad plan exits 2, the reason on stderr),
+It reads the plan from the file TRAINMASTER_LAUNCH_FILE names (the managed services: `launch.json` of the job's
+input), else from `TRAINMASTER_LAUNCH` (Ray) (jobs/launch_plan.py; a bad plan exits 2, the reason on stderr),
 finds the bundle and the synced folder where the service put them (jobs/services.py), checks the bundle's
 sha256 and unpacks it into a fresh local folder (a mismatch exits 2 before anything runs), and runs the
 entrypoint as the local backend would (jobs/launch_command.py): one process, or torchrun across the service's
 machines, or (where the service started a launcher per process: Ray Train) the one process with the rank
-variables the service set, rank 0's launcher then standing for node 0's below. Node 0 gives the job the synced
-folder's `outputs/` and `checkpoints/` (resuming from the latter when it already holds a complete segment); the
-other nodes get local scratch folders. Node 0 also tees what the job prints into the synced `job.log`
-(appended, written as it comes) and its own stdout, and once the job ended writes the outputs' manifest and the
-exit record there (jobs/synced_folder.py) and copies the outputs into the service's model folder. SIGTERM or
-SIGINT to the launcher goes to the job's process group; the launcher exits with the job's exit code; killed
-outright, it takes the job's first process with it (Linux). Formats: docs/runtime.md, "The container launcher".
+variables the service set, rank 0's launcher then standing for node 0's below. On the managed services the
+synced folder is an object-store mount: node 0's job writes its outputs and checkpoints locally and the launcher
+publishes them there as closed files, the log as parts (jobs/launcher_publish.py); on Ray (a shared filesystem)
+the job writes into it directly and the log is `job.log`, appended as it comes. The other nodes get local scratch
+folders. Node 0 also tees what the job prints to its own stdout, and once the job ended writes the outputs'
+manifest and the exit record (jobs/synced_folder.py) and copies the outputs into the service's model folder.
+SIGTERM or SIGINT to the launcher goes to the job's process group; the launcher exits with the job's exit code;
+killed outright, it takes the job's first process with it (Linux). Formats: docs/runtime.md, "The container
+launcher".
 
-It imports only the standard library and small `jobs` modules: no torch, so it starts at once.
+It imports only the standard library, pydantic and small `jobs` modules: no torch, so it starts at once.
 """
 
 from __future__ import annotations

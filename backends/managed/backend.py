@@ -1,16 +1,21 @@
 """One backend over a managed training service and its object store (SageMaker + S3, Vertex AI + GCS, Azure ML
 + Blob): the clouds differ only in their `TrainingService` and `ObjectStore` (each in its own folder).
 
-An attempt lives under `attempts/<attempt id>/` in the store: the service syncs the container's synced folder
-there (jobs/launch_plan.py: the outputs, the checkpoints, the log and the exit record node 0 writes), so status,
-logs, metrics, the resume point and the outputs are read from the store, the same way on every cloud. The
-bundle is stored once under its sha256 (`bundles/<sha256>.tar`), so a bundle already there is not sent again.
+An attempt lives under `attempts/<attempt id>/` in the store. Its `input/` folder is what the container reads
+first: the boot script, the launch plan (`launch.json`) and the runtime pack (backends/managed/runtime_pack.py:
+trainmaster itself, shipped with the job since no image has it), with the backend's `setup` as `setup.sh` when
+there is one. The service carries the container's synced folder there (jobs/launch_plan.py: the outputs, the
+checkpoints, the log parts and the exit record node 0's launcher publishes), so status, logs, metrics, the
+resume point and the outputs are read from the store, the same way on every cloud, while the job runs. The bundle
+and the runtime pack are stored once under their sha256 (`bundles/<sha256>.tar`, `runtime/<sha256>.zip`), so
+one already there is not sent again. The job's name comes from the attempt id (backends/managed/names.py).
 
 Resuming: a re-submitted attempt gets the previous attempt's checkpoints (and its metrics) copied, on the
 store's side, into its own synced folder before its job starts; the launcher resumes from whatever complete
 segment it finds there, which is also how a service's own restart of a spot job (its checkpoints restored)
-resumes. Cost is the price recorded at dispatch × the billable seconds the service reports × instances,
-plus the estimated egress of fetching the outputs and the storage they took, each named in the basis.
+resumes. Cost is the price recorded at dispatch × the billable seconds the service reports (or what its job
+resource documents, named in the basis) × instances, plus the estimated egress of fetching the outputs and the
+storage they took, each named in the basis.
 """
 
 from __future__ import annotations
