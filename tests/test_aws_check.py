@@ -10,7 +10,10 @@ from trainmaster.backends.registry import REGISTRY
 ROLE = "arn:aws:iam::123456789012:role/trainmaster-sagemaker"
 
 
-def test_dispatch_needs_bucket_role_and_region(monkeypatch):
+def test_dispatch_needs_bucket_role_and_region(monkeypatch, tmp_path):
+    from trainmaster.backends import cloud_host
+
+    monkeypatch.setattr(cloud_host, "DMI_ROOT", tmp_path / "no-dmi")
     for key in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")

@@ -62,7 +62,11 @@ def test_the_bundle_is_stored_once_and_a_resumed_attempt_starts_from_its_predece
 
 
 def test_readiness_names_what_is_missing(monkeypatch, tmp_path):
-    for name in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_SUBSCRIPTION_ID", "AZURE_STORAGE_CONNECTION_STRING"):
+    from trainmaster.backends import cloud_host
+
+    monkeypatch.setattr(cloud_host, "DMI_ROOT", tmp_path / "no-dmi")  # not an Azure VM, wherever the test runs
+    for name in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_SUBSCRIPTION_ID", "AZURE_STORAGE_CONNECTION_STRING",
+                 "IDENTITY_ENDPOINT", "MSI_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AZURE_CONFIG_DIR", str(tmp_path / "no-az"))
     reasons = check(AzureConfig())
@@ -86,6 +90,9 @@ def test_readiness_names_what_is_missing(monkeypatch, tmp_path):
 def test_a_managed_identity_is_not_checked_offline_rather_than_missing(monkeypatch, tmp_path):
     """A managed identity answers only over the network: named as not checked offline, and no reason to leave Azure
     out of planning (a refusal at dispatch ends the attempt once)."""
+    from trainmaster.backends import cloud_host
+
+    monkeypatch.setattr(cloud_host, "DMI_ROOT", tmp_path / "no-dmi")
     for name in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "IDENTITY_ENDPOINT", "MSI_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AZURE_CONFIG_DIR", str(tmp_path / "no-az"))

@@ -12,7 +12,10 @@ from trainmaster.backends.gcp.config import GcpConfig
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch, tmp_path):
-    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+    from trainmaster.backends import cloud_host
+
+    monkeypatch.setattr(cloud_host, "DMI_ROOT", tmp_path / "no-dmi")  # not a GCE VM, wherever the test runs
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "GCE_METADATA_HOST"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
 
