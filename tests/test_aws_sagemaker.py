@@ -167,3 +167,27 @@ def test_what_the_backend_sends_keeps_every_rule(service):
     start = checked.mark()
     run(service.start(job()))
     assert checked.since(start) == [] and list(training_jobs()) == ["tm-att-1"]
+
+
+@pytest.mark.parametrize("code, message, status", [
+    ("ValidationException", "Could not assume role arn:aws:iam::123456789012:role/r. Please ensure that the role "
+                            "exists and allows principal 'sagemaker.amazonaws.com' to assume the role.", 400),
+    ("AccessDeniedException", "User: arn:aws:iam::123456789012:user/u is not authorized to perform: iam:PassRole", 400),
+    ("ResourceLimitExceeded", "The account-level service limit 'ml.g5.xlarge for spot training job usage' is 0 "
+                              "Instances, with current utilization of 0 Instances and a request delta of 1 Instances.", 400),
+    ("NoSuchBucket", "The specified bucket does not exist", 404),
+])
+def test_what_the_set_up_refuses_is_a_configuration_error(code, message, status):
+    """A role SageMaker cannot assume, a PassRole the credentials lack, a quota of 0, a bucket that is not there:
+    SageMaker's own words, typed so the broker drops aws for the job after this one attempt."""
+    from botocore.exceptions import ClientError
+
+    from trainmaster.backends.aws import sdk
+
+    error = ClientError({"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                        "CreateTrainingJob")
+    typed = sdk.typed_error("SageMaker CreateTrainingJob tm-x", error)
+    assert type(typed) is ConfigurationError and message in str(typed)
+    plain = ClientError({"Error": {"Code": "ValidationException", "Message": "1 validation error detected"},
+                         "ResponseMetadata": {"HTTPStatusCode": 400}}, "CreateTrainingJob")
+    assert type(sdk.typed_error("x", plain)) is BackendError
