@@ -195,20 +195,50 @@ def _suffixes(members: list[tuple[str, bytes]]) -> list[str]:
     return sorted(found)
 
 
-@functools.lru_cache(maxsize=8)
-def build(cache: Path, python: str | None = None, machine: str = "x86_64", wheels: Path | None = None) -> RuntimePack:
-    """The pack for an image whose Python is `python` (default: this interpreter's), written under `cache`."""
-    python = python or this_python()
-    members: list[tuple[str, bytes]] = [("site/" + name, path.read_bytes()) for name, path in _package_files()]
+def _sources(python: str, machine: str, wheels: Path | None, cache: Path) -> list[tuple[str, Path]]:
+    """(name in the pack, file) of everything the pack holds, without reading any of it."""
+    found = [("site/" + name, path) for name, path in _package_files()]
     for distribution in dependencies():
         if _normal(distribution) == BINARY and python != this_python():
             wheel = fetch_wheel(wheels or cache / "wheels", metadata.version(BINARY), python, machine)
-            members += [("deps/" + name, data) for name, data in _wheel_members(wheel)]
+            found.append(("wheel", wheel))
         else:
-            members += [("deps/" + name, path.read_bytes()) for name, path in _installed_files(distribution)]
+            found += [("deps/" + name, path) for name, path in _installed_files(distribution)]
     for distribution in FALLBACK:
-        members += [("fallback/" + name, path.read_bytes()) for name, path in _installed_files(distribution)
-                    if not re.search(r"\.(so|pyd)$", name)]  # PyYAML's pure-Python half runs on any Python
+        found += [("fallback/" + name, path) for name, path in _installed_files(distribution)
+                  if not re.search(r"\.(so|pyd)$", name)]  # PyYAML's pure-Python half runs on any Python
+    return found
+
+
+def _fingerprint(sources: list[tuple[str, Path]], python: str, machine: str) -> str:
+    """What the pack is made of, by name, size and modification time: the same fingerprint, the same pack."""
+    digest = hashlib.sha256(f"{python}\0{machine}".encode())
+    for name, path in sorted(sources, key=lambda item: item[0]):
+        stat = path.stat()
+        digest.update(f"{name}\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def build(cache: Path, python: str | None = None, machine: str = "x86_64", wheels: Path | None = None) -> RuntimePack:
+    """The pack for an image whose Python is `python` (default: this interpreter's), written under `cache`. A pack
+    built before from the same files (their names, sizes and times: `_fingerprint`) is reused without reading them."""
+    python = python or this_python()
+    sources = _sources(python, machine, wheels, cache)
+    known = cache / f"pack-{_fingerprint(sources, python, machine)}.json"
+    try:
+        found = json.loads(known.read_text())
+        path = Path(found["path"])
+        if path.is_file() and path.stat().st_size == found["size"]:
+            return RuntimePack(path=path, sha256=found["sha256"], size=found["size"], python=python)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    members: list[tuple[str, bytes]] = []
+    for name, path in sources:
+        if name == "wheel":
+            members += [("deps/" + member, data) for member, data in _wheel_members(path)]
+        else:
+            members.append((name, path.read_bytes()))
     members.sort()
     low, below = _pydantic_range()
     sha256 = _digest(members)
@@ -223,13 +253,19 @@ def build(cache: Path, python: str | None = None, machine: str = "x86_64", wheel
             entry.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(entry, data)
     data = buffer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
     cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"runtime-{hashlib.sha256(data).hexdigest()}.zip"
+    path = cache / f"runtime-{digest}.zip"
     if not path.is_file():
-        partial = path.with_name(path.name + f".{os.getpid()}.partial")
-        partial.write_bytes(data)
-        os.replace(partial, path)
-    return RuntimePack(path=path, sha256=hashlib.sha256(data).hexdigest(), size=len(data), python=python)
+        _write_atomic(path, data)
+    _write_atomic(known, json.dumps({"path": str(path), "sha256": digest, "size": len(data)}).encode())
+    return RuntimePack(path=path, sha256=digest, size=len(data), python=python)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    partial = path.with_name(path.name + f".{os.getpid()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
 
 
 def boot_script() -> bytes:
