@@ -11,7 +11,9 @@ entrypoint's first statement records the time (rank 0, into its outputs). Figure
   (image checks, unpacking the pack), the launcher and, across two nodes, torchrun's rendezvous;
 - `container_to_entrypoint_s`: the part from the container's start (what a real image pull and provisioning
   would replace), i.e. trainmaster's own start-up inside the container;
-- `runtime_bytes`: the bytes shipped for trainmaster itself (the runtime pack, once per content in the store).
+- `runtime_bytes`: the bytes shipped for trainmaster itself (the runtime pack, once per content in the store);
+  of which `trainmaster_package_bytes` are the `trainmaster.jobs` package (compressed) and the rest pydantic,
+  its compiled core (built for the image's Python) and PyYAML's pure-Python package.
 
 Run: python tests/benchmarks/bench_cloud_submit.py   (smoke: SageMaker, 1 node)
 """
@@ -138,6 +140,16 @@ def _azure(stack: ExitStack, work: Path, image):
     return setup, runner
 
 
+def _package_bytes() -> int:
+    """The compressed bytes of the pack's `trainmaster.jobs` files (what of the pack is trainmaster's own code)."""
+    import zipfile
+
+    from trainmaster.backends.managed import runtime_pack
+
+    with zipfile.ZipFile(runtime_pack.build(runtime_pack.cache_dir()).path) as archive:
+        return sum(i.compress_size for i in archive.infolist() if i.filename.startswith("site/"))
+
+
 def run(smoke: bool = False) -> dict:
     from clouds.container import shared
 
@@ -155,6 +167,7 @@ def run(smoke: bool = False) -> dict:
             env = setup(home)
             for name, value in _measure(cloud, nodes, home, env, runner, work).items():
                 figures[f"{cloud}_{nodes}node_{name}"] = value
+    figures["trainmaster_package_bytes"] = _package_bytes()
     print_figures("submit --wait to the entrypoint's first line, strict fakes, default set-up", figures)
     return figures
 
