@@ -68,8 +68,10 @@ def test_offers_are_the_catalogs_in_the_configured_region(gcp):
     from trainmaster.backends.base import OfferRequest
 
     request = OfferRequest(spec=JobSpec.model_validate({"name": "t", "entrypoint": "python t.py"}))
-    found = asyncio.run(GcpBackend(GcpConfig(location="europe-west4")).offers(request))
-    assert not found.offers and "europe-west4" in found.reasons[0]
+    found = asyncio.run(GcpBackend(GcpConfig(location="asia-northeast1")).offers(request))
+    assert not found.offers and "asia-northeast1" in found.reasons[0]  # no catalog row there (refresh --region adds)
+    europe = asyncio.run(GcpBackend(GcpConfig(location="europe-west4")).offers(request))
+    assert europe.offers and {o.region for o in europe.offers} == {"europe-west4"}
     here = asyncio.run(GcpBackend(GcpConfig()).offers(request))
     assert here.offers and {o.region for o in here.offers} == {"us-central1"}
 

@@ -34,12 +34,13 @@ def run(smoke: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-requests-") as folder:
         report = Path(folder) / "checked.json"
         files = [str(TESTS / name) for name in (SMOKE if smoke else CLOUD_TESTS)]
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *files],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--tb=short",
+                               "-rf", *files],
                               cwd=TESTS.parent, capture_output=True, text=True, timeout=3600,
                               env={**os.environ, "TM_REQUESTS_CHECKED": str(report)})
         found = json.loads(report.read_text()) if report.is_file() else {"counts": {}, "violations": []}
     if done.returncode != 0:
-        raise RuntimeError(f"the cloud tests failed:\n{done.stdout[-3000:]}")
+        raise RuntimeError(f"the cloud tests failed:\n{done.stdout[-20000:]}")
     figures: dict[str, float] = {f"{service}_requests_checked": count for service, count in sorted(found["counts"].items())}
     figures["requests_checked"] = sum(found["counts"].values())
     figures["violations"] = len(found["violations"])

@@ -41,7 +41,7 @@ from clouds.aws_server import REGION, MotoAws, set_training_status, training_job
 from clouds.namespace import in_instance
 
 SYNC_S = 0.2
-RESTART_PAUSE_S = 1.0
+RESTART_PAUSE_S = 2.0
 
 
 def split(uri: str) -> tuple[str, str]:
