@@ -42,7 +42,8 @@ from trainmaster.backends.features import (
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import (
-    budget_wait, cost_cap, failures, paths, shared_bundles, shared_outputs, shared_storage, states, verifying,
+    budget_wait, cost_cap, failures, paths, readiness, shared_bundles, shared_outputs, shared_storage, states,
+    verifying,
 )
 from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
@@ -201,6 +202,10 @@ class Broker:
             self._backend_configs = load_configs(paths.config_dir())
         return self._backend_configs
 
+    def _effective_configs(self, policy: Policy) -> dict:
+        """Each backend's configuration as jobs under `policy` use it (what `backend` builds them with)."""
+        return {name: configured(config, policy).config for name, config in self._configs().items()}
+
     def _enabled(self, spec: JobSpec, policy: Policy) -> dict[str, Backend]:
         from trainmaster.backends.registry import BACKENDS
 
@@ -224,9 +229,12 @@ class Broker:
         self.offer_rounds += 1
         rate, rate_problem = current_rate(self.rates(policy))
         request = offer_request(spec, policy, rate)
-        offer_sets: list[OfferSet] = await gather_offers(request, self._enabled(spec, policy),
+        enabled = self._enabled(spec, policy)
+        unready = readiness.unready([n for n in enabled if n not in self._given], self._effective_configs(policy))
+        offer_sets: list[OfferSet] = await gather_offers(request, {n: b for n, b in enabled.items() if n not in unready},
                                                          valid_s=policy.offers.valid_s,
                                                          rate_max_age_s=policy.tao_rate.max_age_s)
+        offer_sets += readiness.as_offer_sets(unready)
         hotkeys, coldkeys = self.executors.banned()
         banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
         history, failure_rates = learned(self.store.ended_attempts())
@@ -390,8 +398,10 @@ class Broker:
         return JobSpec.model_validate_json(job.spec_json)
 
     def _blocked(self, job: Job) -> frozenset[str]:
-        return frozenset(Offer.model_validate_json(a.offer_json).key for a in self.store.attempts(job.id)
-                         if a.state in ("failed", "rejected"))
+        attempts = self.store.attempts(job.id)
+        return frozenset(Offer.model_validate_json(a.offer_json).key for a in attempts
+                         if a.state in ("failed", "rejected")) | readiness.blocked_backends(attempts,
+                                                                                           self.store.events(job.id))
 
     @property
     def settlement(self) -> Settlement:

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from clouds.ready import ready_clouds  # noqa: F401 - the fixture
 from trainmaster.broker.cli.cost import register
 
 ENV = {"COLUMNS": "200"}
@@ -31,7 +32,8 @@ def cli(tm_home):
 
 
 @pytest.fixture
-def training_job(job_factory):
+def training_job(job_factory, ready_clouds):
+    """A training job, the three clouds set up enough to be planned (clouds/ready.py)."""
     return job_factory("print('train')\n", textwrap.dedent("""
         workload: initial_training
         estimated_hours: 50
