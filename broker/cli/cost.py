@@ -87,37 +87,61 @@ def spend(
     attempts included; an untrusted executor is charged (paid) for accepted work only."""
     if by is not None and by not in SPEND_GROUPS:
         fail(f"cannot group spend by {by!r}; choose one of {', '.join(SPEND_GROUPS)}", USAGE)
-    rows = guarded(lambda: _spend_rows(by))
+    rows, unsent, pending = guarded(lambda: _spend_rows(by))
     if as_json:
-        print(json.dumps([_spend_json(r) for r in rows], indent=2))
+        print(json.dumps([_spend_json(r, unsent.get(r.group, (0, 0))) for r in rows], indent=2))
     else:
         console().print(_spend_table(rows, by))
+        _print_pending(pending)
     if plot is not None:
         _plot(rows, by, plot)
         console(stderr=as_json).print(f"plot written to {escape(str(plot.resolve()))}", highlight=False, soft_wrap=True)
 
 
-def _spend_rows(by: str | None) -> list:
+def _spend_rows(by: str | None) -> tuple[list, dict, list]:
+    """The ledger's charges grouped `by`; per group, the (payments, rao) charged but not sent yet; and the
+    pending payments themselves."""
     from trainmaster.broker import paths
     from trainmaster.wallet.ledger import Ledger, SpendRow
 
     db = paths.state_db()
     if isinstance(db, Path) and not db.exists() and (not db.parent.exists() or db.parent.is_dir()):
-        return [] if by else [SpendRow("total", 0, 0, 0)]
+        return ([] if by else [SpendRow("total", 0, 0, 0)]), {}, []
+    from trainmaster.broker.payment_states import payment_states, unsent_by_group
     from trainmaster.broker.store import Store
 
     store = Store(db)  # an unusable home or database is one clear error (StateUnavailable), as for every command
     try:
-        return Ledger(store.db).spend(by)
+        return (Ledger(store.db).spend(by), unsent_by_group(store.db, by),
+                payment_states(store.db, pending_only=True))
     finally:
         store.close()
 
 
-def _spend_json(row) -> dict:
+def _spend_json(row, unsent: tuple[int, int]) -> dict:
     from trainmaster.jobs.money import format_usd
 
     return {"group": row.group, "usd": format_usd(row.micro_usd), "micro_usd": row.micro_usd, "rao": row.rao,
-            "charges": row.charges}
+            "charges": row.charges, "unsent_payments": unsent[0], "unsent_rao": unsent[1]}
+
+
+def _print_pending(pending: list) -> None:
+    """The payments charged but not sent yet (a chain that was unreachable): each with why and its next try."""
+    if not pending:
+        return
+    from rich.padding import Padding
+    from rich.text import Text
+
+    from trainmaster.broker.cli.render import _when
+    from trainmaster.broker.cli.safe_text import visible
+    from trainmaster.broker.payment_states import sentence
+
+    out = console()
+    out.print(f"[yellow]{len(pending)} payment(s) charged but not sent yet[/yellow] (the TAO column counts them):",
+              highlight=False)
+    for p in pending:
+        line = f"{p.job_id} #{p.attempt_id.rsplit('.', 1)[-1]}: {sentence(p, _when)}"
+        out.print(Padding(Text(visible(line), overflow="fold"), (0, 0, 0, 2)))
 
 
 def _spend_table(rows: list, by: str | None):

@@ -143,7 +143,8 @@ def jobs(db: sqlite3.Connection, limit: int) -> list[JobRow]:
     rows = db.execute(
         "SELECT j.id, j.name, j.state, j.reason, j.created_at, j.updated_at,"
         " (SELECT a.backend FROM attempts a WHERE a.job_id = j.id ORDER BY a.n DESC LIMIT 1) AS backend,"
-        " (SELECT COALESCE(SUM(a.cost_micro_usd), 0) FROM attempts a WHERE a.job_id = j.id) AS cost"
+        " (SELECT COALESCE(SUM(CASE WHEN a.executor_hotkey IS NOT NULL AND a.state <> 'accepted' THEN 0"
+        " ELSE a.cost_micro_usd END), 0) FROM attempts a WHERE a.job_id = j.id) AS cost"  # unpaid work costs nothing
         " FROM jobs j ORDER BY j.created_at DESC, j.id DESC LIMIT ?",
         (limit,),
     )
