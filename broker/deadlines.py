@@ -33,7 +33,7 @@ def limit_s(spec: JobSpec, offer: Offer) -> tuple[float, str] | None:
     quoted = offer.detail.get("hours")
     if isinstance(quoted, (int, float)) and quoted > 0:
         limits.append((float(quoted) * 3600, f"the {quoted:g} h it quoted"))
-    return min(limits) if limits else None
+    return min(limits, key=lambda found: found[0]) if limits else None  # the spec's own limit on a tie
 
 
 def overdue(spec: JobSpec, attempt: Attempt, now: float | None = None) -> str | None:

@@ -178,7 +178,8 @@ def _charged(tm_home) -> None:
 
 def test_spend_reports_charges(cli, tm_home, tmp_path):
     empty = json.loads(cli("spend", "--json").stdout)
-    assert empty == [{"group": "total", "usd": "0", "micro_usd": 0, "rao": 0, "charges": 0}]
+    assert empty == [{"group": "total", "usd": "0", "micro_usd": 0, "rao": 0, "charges": 0, "unsent_payments": 0,
+                      "unsent_rao": 0}]
     assert not (tm_home / "state.db").exists()  # reading creates nothing
     _charged(tm_home)
     by_backend = json.loads(cli("spend", "--by", "backend", "--json").stdout)

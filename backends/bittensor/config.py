@@ -37,6 +37,11 @@ def _ss58(value: str) -> str:
 Ss58 = Annotated[str, AfterValidator(_ss58)]
 
 
+def checked_ss58(value: str) -> str:
+    """`value` when it is a Bittensor ss58 address, checked as backends.yaml checks one (ValueError: why not)."""
+    return _ss58(value)
+
+
 class Wallet(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -48,7 +48,7 @@ from trainmaster.backends.features import (
     ResumesFromCheckpoints, SupportsMultiGpu,
 )
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
-from trainmaster.backends.local import allocation, launching, oom, processes, sandbox
+from trainmaster.backends.local import allocation, ddp_reason, launching, oom, processes, sandbox
 from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
@@ -531,12 +531,17 @@ def _exit_reason(workdir: Path, code: int, oom_killed: bool | None = False) -> s
     e.g. a traceback's last line; never a line the supervisor wrote, such as its stopping of leftovers)."""
     try:
         with _open_log(workdir) as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()
-                     if line.strip() and not line.startswith(sup.LEFTOVERS)]  # the job's last line, not ours
+            f.seek(max(0, f.seek(0, os.SEEK_END) - ddp_reason.TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
     except (OSError, HostileFile):
-        lines = []
-    return _how_it_exited(code, oom_killed) + (f": {lines[-1][-500:]}" if lines else "")
+        tail = ""
+    lines = [line.strip() for line in tail.splitlines()
+             if line.strip() and not line.startswith(sup.LEFTOVERS)]  # the job's last line, not ours
+    ranked = ddp_reason.failed_rank(workdir, tail)  # under torchrun: the failing rank's own last error line
+    if ranked:
+        return f"{ranked} (torchrun {_how_it_exited(code, oom_killed)})"
+    last = ddp_reason.last_meaningful(lines)  # never a banner of rule characters
+    return _how_it_exited(code, oom_killed) + (f": {last[-500:]}" if last else "")
 
 
 def _how_it_exited(code: int, oom_killed: bool | None) -> str:

@@ -51,6 +51,7 @@ def submit(
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to finish, streaming its logs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check, bundle and plan, then print the plan; submit nothing."),
     as_json: bool = JSON_OPT,
+    wide: bool = typer.Option(False, "--wide", help="With --dry-run: every column of the plan whole."),
 ) -> None:
     """Submit a job: check the spec, pick an offer by the policy, and start it."""
     from trainmaster.broker.cli import render
@@ -61,7 +62,7 @@ def submit(
         if as_json:
             print(json.dumps(render.prepared_json(prepared), indent=2))
         else:
-            render.print_prepared(console(), prepared)
+            render.print_prepared(console(), prepared, wide=wide)
         raise typer.Exit(BAD if prepared.budget else OK)
 
     started: list = []
@@ -138,6 +139,7 @@ def list_jobs(
     all_: bool = typer.Option(False, "--all", "-a", help="Include finished jobs."),
     limit: int = typer.Option(50, min=0, help="At most this many jobs (0: all of them)."),
     as_json: bool = JSON_OPT,
+    wide: bool = typer.Option(False, "--wide", help="Every column whole, however wide the lines."),
 ) -> None:
     """List jobs, newest first: unfinished ones and those that ended in the last 24 hours (every job with --all)."""
     import time
@@ -151,7 +153,7 @@ def list_jobs(
     if as_json:
         print(json.dumps([render.job_json(broker, j) for j in jobs], indent=2))
     else:
-        render.print_jobs(console(), broker, jobs, recent_only=not all_)
+        render.print_jobs(console(), broker, jobs, recent_only=not all_, wide=wide)
     for note in notes:
         console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
     if notes:

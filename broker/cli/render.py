@@ -226,19 +226,24 @@ def _print_dropped(console: Console, dropped: list[str]) -> None:
         console.print(f"    {path}", highlight=False, soft_wrap=True, markup=False)
 
 
-def print_jobs(console: Console, broker, jobs, *, recent_only: bool = False) -> None:
+def print_jobs(console: Console, broker, jobs, *, recent_only: bool = False, wide: bool = False) -> None:
     if not jobs:
         console.print("no jobs running, and none ended in the last 24 hours (--all lists every job)"
                       if recent_only else "no jobs")
         return
-    from trainmaster.broker import attempt_view
+    from rich.text import Text
 
-    table = Table("job", "workload", "state", "created", "cost", box=None)
+    from trainmaster.broker import attempt_view
+    from trainmaster.broker.cli.fitted import Column, Fitted
+
+    table = Fitted([Column("job", 0, least=12), Column("workload", 3, least=8), Column("state", 0),
+                    Column("created", 1), Column("cost", 1, right=True)])
     for job in jobs:
         cost = sum(map(attempt_view.cost, broker.store.attempts(job.id)))
-        table.add_row(safe(job.id), safe(job.workload), _state(job.state, broker.store.queue_position(job.id)),
+        table.add_row(visible(job.id), visible(job.workload),
+                      Text.from_markup(_state(job.state, broker.store.queue_position(job.id))),
                       _when(job.created_at), display_usd(cost))
-    console.print(table)
+    table.print(console, wide=wide)
 
 
 def prepared_json(prepared) -> dict:
@@ -261,22 +266,22 @@ def prepared_json(prepared) -> dict:
     }
 
 
-def print_prepared(console: Console, prepared) -> None:
+def print_prepared(console: Console, prepared, *, wide: bool = False) -> None:
     from trainmaster.broker.cli.plan_table import render_plan  # the planner: only what shows a plan imports it
 
     spec = prepared.loaded.spec
     console.print(f"[bold]{safe(spec.name)}[/bold] ({safe(spec.workload)}) — dry run, nothing submitted", highlight=False,
                   soft_wrap=True)
-    console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
-                  highlight=False)
-    console.print(render_plan(prepared.plan, width=console.width))
+    console.print(f"  bundle: {prepared.bundle.sha256[:16]}… ({prepared.bundle.files} files, {prepared.bundle.size:,} "
+                  "bytes)", highlight=False)
+    render_plan(prepared.plan).print(console, wide=wide)
     for backend, why in prepared.plan.reasons.items():
-        console.print(f"  {safe(backend)}: {safe('; '.join(why))}", highlight=False, soft_wrap=True)
-    console.print(f"  estimate: {safe(prepared.plan.basis)}", highlight=False, soft_wrap=True)
+        console.print(f"  {safe(backend)}: {safe('; '.join(why))}", highlight=False)
+    console.print(f"  estimate: {safe(prepared.plan.basis)}", highlight=False)
     if prepared.start:
-        console.print(f"  start: {safe(prepared.start)}", highlight=False, soft_wrap=True)
+        console.print(f"  start: {safe(prepared.start)}", highlight=False)
     for warning in prepared.warnings:
-        console.print(f"  [yellow]![/yellow] {safe(warning)}", highlight=False, soft_wrap=True)
+        console.print(f"  [yellow]![/yellow] {safe(warning)}", highlight=False)
     if prepared.budget:
         console.print(f"  [red]✘[/red] submit would fail the job: {safe(prepared.budget)}", highlight=False,
                       soft_wrap=True)
