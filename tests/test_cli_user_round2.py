@@ -41,8 +41,11 @@ def _fits(shown, width: int = 80, but=("job dir:", "outputs:")) -> None:
 
 
 def _alone_words(shown) -> list[str]:
-    """Lines holding a single word of letters (what a reason squeezed into a narrow column looks like)."""
-    return [line.strip() for line in shown.lines if line.strip().isalpha() and len(line.strip()) > 2]
+    """Runs of lines holding a single word each (what a reason squeezed into a narrow column looks like; the last
+    word of a wrapped sentence alone on its line is not one)."""
+    single = [bool(line.strip()) and " " not in line.strip() for line in shown.lines]
+    return [line.strip() for i, line in enumerate(shown.lines)
+            if single[i] and ((i and single[i - 1]) or (i + 1 < len(single) and single[i + 1]))]
 
 
 # §3
@@ -66,7 +69,13 @@ def test_a_ddp_failure_names_the_failing_rank_and_its_last_error_line(tm_home, j
 def test_the_cost_cap_stop_says_cost_cap_in_the_log(tm_home, job_factory):
     spec = job_factory("import time\ntime.sleep(600)\n",
                        "estimated_hours: 0.001\nlimits:\n  max_usd: 0.00008\noutputs:\n  optional: true\n")
-    job = json.loads(tm("submit", str(spec), "--wait", "--json", home=tm_home).stdout)
+    job = json.loads(tm("submit", str(spec), "--json", home=tm_home).stdout)  # no broker watching: the run's own
+    exit_json = tm_home / "jobs" / job["id"] / "attempts" / "1" / "exit.json"  # limit stops it at the cap
+    deadline = time.time() + 120
+    while not exit_json.exists() and time.time() < deadline:
+        time.sleep(0.5)
+    shown = json.loads(tm("status", job["id"], "--json", home=tm_home).stdout)
+    assert shown["state"] == "failed" and "cost cap" in shown["reason"], shown
     log = tm("logs", job["id"], home=tm_home).stdout
     assert "[trainmaster] cost cap reached: the attempt's share of limits.max_usd" in log, log
     assert "time limit reached" not in log

@@ -135,9 +135,10 @@ def _shorten(cell: Text, width: int) -> Text:
 
 
 def _folded(console: Console, text: str, indent: int, wide: bool, style: str | None) -> None:
-    from rich.padding import Padding
-
-    if wide:
-        console.print(" " * indent + text, style=style or "", soft_wrap=True, markup=False, highlight=False)
-        return
-    console.print(Padding(Text(text, style=style or "", overflow="fold"), (0, 0, 0, indent)))
+    """`text` below a row: indented, folded at word boundaries to the width (a word longer than a line is cut into
+    pieces, never lost), no trailing blanks."""
+    body = Text(text, style=style or "")
+    lines = [body] if wide else body.wrap(console, max(8, console.width - indent), overflow="fold")
+    for line in lines:
+        line.rstrip()
+        console.print(Text(" " * indent) + line, soft_wrap=True)
