@@ -126,6 +126,18 @@ def status(job_ref: str, on_note: Callable[[str], None] | None = None):
     """`status`: advance this job only (never another's fetch or audit), then show it. When it cannot be advanced
     for a reason on our side (a full disk, the state database unwritable), the job as last recorded, and
     `on_note(why)`: a read still answers."""
+    try:
+        return _status(job_ref)
+    except Exception as exc:
+        why = on_our_side(exc)
+        if why is None or on_note is None:
+            raise
+        on_note(why)
+        view = Settled(_readable_store())
+        return view, view.store.find_job(job_ref)
+
+
+def _status(job_ref: str):
     if settled := _settled():
         return settled, settled.store.find_job(job_ref)
     if daemon := _daemon():
@@ -138,15 +150,16 @@ def status(job_ref: str, on_note: Callable[[str], None] | None = None):
         job = broker.store.find_job(job_ref)
         return broker, await _reconciler(broker).scoped(job.id)
 
-    try:
-        return _run(main)
-    except Exception as exc:
-        why = on_our_side(exc)
-        if why is None or on_note is None:
-            raise
-        on_note(why)
-        view = Settled(_store())
-        return view, view.store.find_job(job_ref)
+    return _run(main)
+
+
+def _readable_store() -> Store:
+    """The store to show the state from after a failure on our side: as usual, or read-only when the disk is full."""
+    from trainmaster.broker import paths
+    from trainmaster.broker.cli.read_only import ReadOnlyStore, disk_full_under
+
+    where = paths.state_db()
+    return ReadOnlyStore(where) if disk_full_under(where) else _store()
 
 
 def on_our_side(exc: BaseException) -> str | None:
@@ -155,10 +168,15 @@ def on_our_side(exc: BaseException) -> str | None:
     import sqlite3
     import sys
 
-    failures = sys.modules.get("trainmaster.broker.failures")
+    failures, store = sys.modules.get("trainmaster.broker.failures"), sys.modules.get("trainmaster.broker.store")
     if failures is not None and isinstance(exc, failures.Waiting):
         return str(exc)
-    if disk_full(exc):
+    if store is not None and isinstance(exc, store.NotFound):
+        return None  # the user's reference, whatever the disk
+    from trainmaster.broker import paths
+    from trainmaster.broker.cli.read_only import disk_full_under
+
+    if disk_full(exc) or disk_full_under(paths.state_db()):
         return f"the disk is full ({exc}): showing the state as last recorded; free some space"
     if isinstance(exc, sqlite3.OperationalError):
         return f"the state database cannot be written now ({exc}): showing the state as last recorded"
@@ -179,6 +197,18 @@ def list_jobs(states: set[str] | None, limit: int, on_note: Callable[[str], None
     """`ls`: one bounded reconcile pass, then the jobs, newest first (as last recorded, with `on_note(why)`, when
     the pass cannot write for a reason on our side). With `ended_since`, the jobs not ended and those that ended
     since then (`states` is not used)."""
+    try:
+        return _list_jobs(states, limit, ended_since)
+    except Exception as exc:
+        why = on_our_side(exc)
+        if why is None or on_note is None:
+            raise
+        on_note(why)
+        view = Settled(_readable_store())
+        return view, _listed(view.store, states, limit, ended_since)
+
+
+def _list_jobs(states: set[str] | None, limit: int, ended_since: float | None):
     if settled := _settled():
         return settled, _listed(settled.store, states, limit, ended_since)
     if _daemon():  # it keeps the jobs up to date
@@ -190,15 +220,7 @@ def list_jobs(states: set[str] | None, limit: int, on_note: Callable[[str], None
         await _reconciler(broker).run_pass()
         return broker, _listed(broker.store, states, limit, ended_since)
 
-    try:
-        return _run(main)
-    except Exception as exc:
-        why = on_our_side(exc)
-        if why is None or on_note is None:
-            raise
-        on_note(why)
-        view = Settled(_store())
-        return view, _listed(view.store, states, limit, ended_since)
+    return _run(main)
 
 
 def _listed(store, states: set[str] | None, limit: int, ended_since: float | None) -> list:

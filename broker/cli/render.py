@@ -23,13 +23,15 @@ def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def _verdicts(job, attempts) -> dict:
+def _verdicts(job, attempts, broker_store=None) -> dict:
     """attempt id -> the stored verdict (its JSON) of each attempt that has one (accepted or rejected)."""
     ended = [a for a in attempts if a.state in ("accepted", "rejected")]
     if not ended:
         return {}
     from trainmaster.verify.records import VerdictStore
 
+    if getattr(broker_store, "read_only", False):
+        return {}  # the disk is full (broker/cli/read_only.py): the verdicts' details wait for space
     store = VerdictStore(paths.state_db())
     try:
         verdicts = {a.id: store.latest_evidence(job.id, a.id) for a in ended}
@@ -55,7 +57,7 @@ def job_json(broker, job, *, events: bool = False) -> dict:
     from trainmaster.broker import attempt_view
 
     attempts = broker.store.attempts(job.id)
-    verdicts = _verdicts(job, attempts)
+    verdicts = _verdicts(job, attempts, broker.store)
     logged = broker.store.events(job.id) if events or any(map(attempt_view.untrusted, attempts)) else []
     shown = {a.id: attempt_view.times(a, logged) for a in attempts}
     out = {
