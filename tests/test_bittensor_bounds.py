@@ -167,3 +167,24 @@ def test_a_miners_terminal_escapes_are_shown_as_text_and_its_claimed_start_is_no
     assert hundred_hours_ago not in text, text
     payments = state_rows(tm_home, "SELECT payee FROM payments")
     assert [p["payee"] for p in payments] == [_coldkey(painter)]  # honest work otherwise: paid
+
+
+def test_bittensor_offers_read_at_80_columns(tmp_path, tm_home, wallets, started):
+    from pty_run import in_terminal
+    from test_bittensor_cheaters import _honest
+
+    miners = [_honest(tmp_path, wallets, started), _cheater("cut", tmp_path, wallets, started)]
+    spec, policy = _setup(tmp_path, tm_home, miners)
+    screen = in_terminal("offers", str(spec), "--policy", str(policy), home=tm_home)
+    assert screen.code == 0, screen.text
+    assert all(len(line) <= 80 for line in screen.lines if not line.startswith("note:")), screen.text
+    header = next(line for line in screen.lines if "backend" in line and "instance" in line)
+    assert all(h in header for h in ("region", "GPUs", "$/hour", "time", "expected")), header
+    rows = [line for line in screen.lines if " bittensor " in line]
+    assert len(rows) == 2 and all("…" in row and "subnet" in row for row in rows), screen.text  # hotkeys shortened
+    for miner in miners:
+        assert any(row.split()[2].startswith(miner.hotkey[:5]) and row.split()[2].endswith(miner.hotkey[-4:])
+                   for row in rows), (miner.hotkey, rows)
+    assert " 0.0 " not in screen.text and "$0.…" not in screen.text
+    wide = in_terminal("offers", str(spec), "--policy", str(policy), "--wide", home=tm_home)
+    assert all(m.hotkey in wide.text for m in miners)

@@ -69,21 +69,32 @@ class Fitted:
             console.print(Text(line), overflow="fold")
 
     def _layout(self, width: int, wide: bool) -> tuple[list[int], list[int], list[str]]:
-        """(indices of the columns shown, in order; the width of each column; headers left out)."""
+        """(indices of the columns shown, in order; the width of each column; headers left out).
+
+        Columns are taken in priority order while they fit, a shortenable one counted at its `least`; then what
+        is left of the width goes back to the shortened ones, the most important first, up to their whole width.
+        A column empty in every row is left out (its header alone says nothing)."""
         natural = [max([cell_len(c.header)] + [r.cells[i].cell_len for r in self.rows if i < len(r.cells)])
                    for i, c in enumerate(self.columns)]
-        order = sorted(range(len(self.columns)), key=lambda i: (self.columns[i].priority, i))
         if wide:
             return list(range(len(self.columns))), natural, []
+        empty = {i for i in range(len(self.columns))
+                 if self.rows and all(i >= len(r.cells) or not r.cells[i].plain.strip() for r in self.rows)}
+        least = [min(natural[i], c.least) if c.least is not None else natural[i] for i, c in enumerate(self.columns)]
+        order = sorted((i for i in range(len(self.columns)) if i not in empty),
+                       key=lambda i: (self.columns[i].priority, i))
         chosen: list[int] = []
-        widths = list(natural)
         for i in order:
-            trial = sorted(chosen + [i])
-            fitted = _shrunk(trial, natural, self.columns, width, self.columns[i].priority)
-            if fitted is None:
-                continue
-            chosen, widths = trial, fitted
-        left_out = [self.columns[i].header for i in range(len(self.columns)) if i not in chosen]
+            if sum(least[j] for j in chosen) + least[i] + GAP * len(chosen) <= width:
+                chosen.append(i)
+        chosen.sort()
+        widths = list(least)
+        room = width - (sum(least[j] for j in chosen) + GAP * (len(chosen) - 1))
+        for i in sorted(chosen, key=lambda i: (self.columns[i].priority, i)):
+            grow = min(room, natural[i] - widths[i])
+            widths[i] += grow
+            room -= grow
+        left_out = [self.columns[i].header for i in range(len(self.columns)) if i not in chosen and i not in empty]
         return chosen, widths, left_out
 
     def _line(self, cells: list[Text], shown: list[int], widths: list[int], style: str | None = None) -> Text:
@@ -102,25 +113,6 @@ class Fitted:
                 if n < len(shown) - 1:
                     line.append(pad)
         return line
-
-
-def _shrunk(chosen: list[int], natural: list[int], columns: list[Column], width: int,
-            adding: int) -> list[int] | None:
-    """Widths that fit `chosen` in `width`, shrinking the shrinkable columns (widest first) to their least; None
-    when they cannot fit. A column of priority `adding` may shrink only columns no more important than itself:
-    a minor column is left out rather than a hotkey shortened for it."""
-    widths = list(natural)
-    total = sum(widths[i] for i in chosen) + GAP * (len(chosen) - 1)
-    shrinkable = sorted((i for i in chosen if columns[i].least is not None and widths[i] > columns[i].least
-                         and columns[i].priority >= adding),
-                        key=lambda i: widths[i] - columns[i].least, reverse=True)
-    for i in shrinkable:
-        if total <= width:
-            break
-        cut = min(total - width, widths[i] - columns[i].least)
-        widths[i] -= cut
-        total -= cut
-    return widths if total <= width else None
 
 
 def _shorten(cell: Text, width: int) -> Text:
