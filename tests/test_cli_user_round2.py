@@ -126,6 +126,16 @@ def test_stale_price_catalogs_are_one_clean_warning_line_per_command(tm_home, jo
         assert all(name in said[0] for name in ("aws.csv", "gcp.csv", "azure.csv"))
 
 
+def test_a_run_a_little_longer_than_its_estimate_is_no_news(tm_home, job_factory):
+    """Its charge is above the reservation (the estimate: 0.36 s; the run: seconds), by a fraction of a cent."""
+    spec = job_factory("import time\ntime.sleep(1)\n" + OUTPUT, "estimated_hours: 0.0001\n")
+    for _ in range(2):
+        out = tm("submit", str(spec), "--wait", "--json", home=tm_home)
+        job = json.loads(out.stdout)
+        assert job["state"] == "accepted" and job["cost_micro_usd"] > 0
+        assert "above its reservation" not in out.stderr, out.stderr
+
+
 def test_ls_lists_the_jobs_that_just_ended(tm_home, job_factory):
     job = json.loads(tm("submit", str(job_factory(OUTPUT)), "--wait", "--json", home=tm_home).stdout)
     listed = tm("ls", home=tm_home)
