@@ -50,7 +50,9 @@ def stale_summary(found: list[StaleCatalogWarning]) -> str:
     by_path = {w.path or str(w): w for w in found}
     if not all(w.path for w in by_path.values()):
         return "; ".join(dict.fromkeys(str(w) for w in found))
-    names = ", ".join(f"{Path(p).name} ({w.dated}, {w.age_days} days)" for p, w in sorted(by_path.items()))
+    short = [Path(p).name for p in by_path]
+    shown = {p: Path(p).name if short.count(Path(p).name) == 1 else p for p in by_path}  # a shared name: the path
+    names = ", ".join(f"{shown[p]} ({w.dated}, {w.age_days} days)" for p, w in sorted(by_path.items()))
     most = min(w.max_age_days for w in by_path.values())
     return (f"price catalogs older than {most} days, so their prices may be wrong: {names}; "
             "`trainmaster catalog refresh` or an override file puts current ones in place")
