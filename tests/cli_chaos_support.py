@@ -36,6 +36,8 @@ class Outcome:
     open_reservations: int
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    window: tuple[float, float] = (0.1, 4.0)
+    """The kill window used (seconds after the CLI started)."""
 
     @property
     def accepted(self) -> int:
@@ -59,10 +61,20 @@ def tm(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProc
 
 
 def run_chaos(home: Path, code: Path, *, kills: int, seed: int, low_s: float = 0.1, high_s: float = 4.0,
-              settle_s: float = 240.0) -> Outcome:
+              settle_s: float = 240.0, scaled: bool = False) -> Outcome:
     """Start `submit --wait` and kill -9 it after a seeded random 0.1–4 s, `kills` times (a CLI that ended first is
-    not killed); then run `ls` until every recorded job has ended, and read the outcome."""
+    not killed); then run `ls` until every recorded job has ended, and read the outcome.
+
+    `scaled`: on a machine slower than the one the window was set on (a whole `submit --wait` of the job takes
+    about 4 s there), the window is stretched by how much longer one whole run takes here, measured first (that
+    run's job is recorded and counted like the others), so the kills still fall across a submit's whole life."""
     spec, rng, began = scene(code), random.Random(seed), time.monotonic()
+    stretch = 1.0
+    if scaled:
+        whole = time.monotonic()
+        tm(home, "submit", str(spec), "--wait", "--json")
+        stretch = max(1.0, (time.monotonic() - whole) / high_s)
+        low_s, high_s = low_s * stretch, high_s * stretch
     for _ in range(kills):
         cli = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(spec), "--wait", "--json"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(home))
@@ -79,7 +91,7 @@ def run_chaos(home: Path, code: Path, *, kills: int, seed: int, low_s: float = 0
             break
         time.sleep(0.5)
     outcome = read_outcome(home / "state.db", kills)
-    outcome.seconds = time.monotonic() - began
+    outcome.seconds, outcome.window = time.monotonic() - began, (low_s, high_s)
     return outcome
 
 

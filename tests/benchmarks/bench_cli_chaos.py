@@ -3,7 +3,9 @@ the smoke run), one after another on one home (tests/cli_chaos_support.py); then
 its end. Prints the kills, the jobs recorded, accepted and failed, the duplicate charges and the reservations left
 open: every recorded job must end accepted (a launch our own killed process did not finish is redone, never
 blamed on the job).
-Run: python tests/benchmarks/bench_cli_chaos.py [--kills N] [--seed S]
+Run: python tests/benchmarks/bench_cli_chaos.py [--kills N] [--seed S] [--scaled]
+(--scaled: on a loaded machine, where a CLI takes longer than 4 s to record its job, the window is stretched by how
+much longer one whole `submit --wait` takes there, so the kills still fall across a submit's whole life)
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from _common import print_figures  # noqa: E402
 from cli_chaos_support import run_chaos  # noqa: E402
 
 
-def run(smoke: bool = False, kills: int = 100, seed: int = 33) -> dict[str, float]:
+def run(smoke: bool = False, kills: int = 100, seed: int = 33, scaled: bool = False) -> dict[str, float]:
     kills = 3 if smoke else kills
     with tempfile.TemporaryDirectory() as tmp:
-        outcome = run_chaos(Path(tmp) / "home", Path(tmp) / "code", kills=kills, seed=seed)
+        outcome = run_chaos(Path(tmp) / "home", Path(tmp) / "code", kills=kills, seed=seed, scaled=scaled)
     for problem in outcome.problems:
         print(f"  PROBLEM: {problem}")
     figures = {
@@ -32,6 +34,8 @@ def run(smoke: bool = False, kills: int = 100, seed: int = 33) -> dict[str, floa
         "failed": float(sum(s == "failed" for s in outcome.jobs.values())),
         "duplicate_charges": float(outcome.duplicate_charges),
         "open_reservations": float(outcome.open_reservations),
+        "window_low_s": outcome.window[0],
+        "window_high_s": outcome.window[1],
         "wall_s": outcome.seconds,
     }
     print_figures("submit --wait under kill -9", figures,
@@ -43,5 +47,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=33)
+    parser.add_argument("--scaled", action="store_true",
+                        help="stretch the 0.1-4 s window by how much longer a whole submit takes on this machine")
     args = parser.parse_args()
-    run(kills=args.kills, seed=args.seed)
+    run(kills=args.kills, seed=args.seed, scaled=args.scaled)
