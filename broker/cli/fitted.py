@@ -31,6 +31,9 @@ class Column:
     right: bool = False
     least: int | None = None
     """The narrowest this column may be shortened to (in its middle); None: it is never shortened."""
+    whole_first: bool = False
+    """Shown whole before any less important column is shown (a job id, a model name: read, not just told apart);
+    a hotkey is not (its ends tell it apart)."""
 
 
 @dataclass
@@ -71,8 +74,9 @@ class Fitted:
     def _layout(self, width: int, wide: bool) -> tuple[list[int], list[int], list[str]]:
         """(indices of the columns shown, in order; the width of each column; headers left out).
 
-        Columns are taken in priority order while they fit, a shortenable one counted at its `least`; then what
-        is left of the width goes back to the shortened ones, the most important first, up to their whole width.
+        Columns are taken in priority order while they fit, a shortenable one counted at its `least` (at its whole
+        width when it is `whole_first` and more important than the one being added); then what is left of the width
+        goes back to the shortened ones, the most important first, up to their whole width.
         A column empty in every row is left out (its header alone says nothing)."""
         natural = [max([cell_len(c.header)] + [r.cells[i].cell_len for r in self.rows if i < len(r.cells)])
                    for i, c in enumerate(self.columns)]
@@ -85,7 +89,9 @@ class Fitted:
                        key=lambda i: (self.columns[i].priority, i))
         chosen: list[int] = []
         for i in order:
-            if sum(least[j] for j in chosen) + least[i] + GAP * len(chosen) <= width:
+            need = [natural[j] if self.columns[j].whole_first and self.columns[j].priority < self.columns[i].priority
+                    else least[j] for j in chosen]
+            if sum(need) + least[i] + GAP * len(chosen) <= width:
                 chosen.append(i)
         chosen.sort()
         widths = list(least)

@@ -109,7 +109,8 @@ def _table(rows: list[dict], wide: bool = False) -> None:
     if not rows:
         out.print("no accepted job has been recorded yet")
         return
-    table = Fitted([Column("model", 0, least=10), Column("version", 0), Column("job", 1, least=12), Column("state", 1),
+    table = Fitted([Column("model", 0, least=10, whole_first=True), Column("version", 0),
+                    Column("job", 1, least=12, whole_first=True), Column("state", 1),
                     Column("gate", 2), Column("cost", 1, right=True), Column("metrics", 3, least=16)])
     for row in rows:
         version = (row["version"] or "-") + (" (production)" if row["production"] else "")

@@ -238,7 +238,7 @@ def print_jobs(console: Console, broker, jobs, *, recent_only: bool = False, wid
     from trainmaster.broker import attempt_view
     from trainmaster.broker.cli.fitted import Column, Fitted
 
-    table = Fitted([Column("job", 0, least=12), Column("workload", 3, least=8), Column("state", 0),
+    table = Fitted([Column("job", 0, least=12, whole_first=True), Column("workload", 3, least=8), Column("state", 0),
                     Column("created", 1), Column("cost", 1, right=True)])
     for job in jobs:
         cost = sum(map(attempt_view.cost, broker.store.attempts(job.id)))
