@@ -42,13 +42,14 @@ from trainmaster.backends.features import (
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import (
-    budget_wait, cost_cap, failures, paths, readiness, shared_bundles, shared_outputs, shared_storage, states,
-    verifying,
+    budget_wait, cost_cap, deadlines, failures, paths, readiness, shared_bundles, shared_outputs, shared_storage,
+    states, verifying,
 )
 from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
 from trainmaster.broker.backend_config import configured
 from trainmaster.broker.estimate import own_estimate, past_run
+from trainmaster.broker.executor_text import attempt_log
 from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.offer_request import current_rate, offer_request, provider_for
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
@@ -651,6 +652,9 @@ class Broker:
         if handle is None or attempt.state in states.ATTEMPT_ENDS:
             return  # it could not be started (again): ended, or waiting, as its failure's reaction says
         backend = self.backend(attempt.backend, self.policy(job))
+        if (why := deadlines.overdue(self.spec(job), attempt)) and (ended := await deadlines.judged(backend, handle, why)):
+            await self._react(job, attempt, *ended)  # an untrusted run past its time, on the broker's clock
+            return
         try:
             st = await retried(backend.status, handle)
         except BackendError as exc:
@@ -1102,8 +1106,8 @@ class Broker:
             backend = self.backend(last.backend, self.policy(job))
             chunk = await retried(backend.logs, Handle.model_validate_json(last.handle_json), offset)
             offset = chunk.next_offset
-            if chunk.text:
-                yield chunk.text
+            if chunk.text:  # an untrusted executor's log may paint over the terminal: its controls made visible
+                yield attempt_log(last.offer_json, chunk.text)
                 continue
             if not follow:
                 return
