@@ -31,6 +31,24 @@ if rank == 1:
 time.sleep(30)
 """
 VALID_HOTKEY = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
+READY_CLOUDS = ("aws:\n  region: us-east-1\n  s3_bucket: b\n  sagemaker_role_arn: arn:aws:iam::123456789012:role/r\n"
+                "gcp:\n  project: p\n  staging_bucket: gs://b\n"
+                "azure:\n  subscription_id: s\n  resource_group: rg\n  workspace: ws\n  storage_account: a\n"
+                "  datastore: d\n")
+
+
+@pytest.fixture
+def clouds_set_up(tm_home, tmp_path, monkeypatch):
+    """All three clouds ready as `backends check` sees them (a bucket, a role, a workspace, credentials in the
+    environment), so their offers are planned — nothing here reaches a cloud."""
+    (tm_home / "config").mkdir(parents=True, mode=0o700)  # as the CLI makes a home: private
+    tm_home.chmod(0o700)
+    (tm_home / "config" / "backends.yaml").write_text(READY_CLOUDS)
+    (tmp_path / "gcp-key.json").write_text("{}")
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_EC2_METADATA_DISABLED": "true", "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "gcp-key.json"),
+                        "AZURE_CLIENT_ID": "id", "AZURE_TENANT_ID": "tenant"}.items():
+        monkeypatch.setenv(name, value)
 
 
 def _fits(shown, width: int = 80, but=("job dir:", "outputs:")) -> None:
@@ -114,7 +132,7 @@ def test_a_job_id_wins_over_the_folder_of_its_name_and_dot_slash_marks_the_folde
 
 # §5
 
-def test_stale_price_catalogs_are_one_clean_warning_line_per_command(tm_home, job_factory, tmp_path):
+def test_stale_price_catalogs_are_one_clean_warning_line_per_command(tm_home, job_factory, tmp_path, clouds_set_up):
     (tmp_path / "clouds.yaml").write_text(CLOUDS)
     spec = job_factory(OUTPUT, "estimated_hours: 1\nresources:\n  gpus: 1\n")
     for args in (["submit", str(spec), "--dry-run", "--policy", str(tmp_path / "clouds.yaml")],
@@ -145,7 +163,8 @@ def test_ls_lists_the_jobs_that_just_ended(tm_home, job_factory):
 
 # §6
 
-def test_cloud_offers_read_at_80_columns_with_regions_and_reasons_below_rows(tm_home, job_factory, tmp_path):
+def test_cloud_offers_read_at_80_columns_with_regions_and_reasons_below_rows(tm_home, job_factory, tmp_path,
+                                                                            clouds_set_up):
     (tmp_path / "clouds.yaml").write_text(CLOUDS)
     spec = job_factory(OUTPUT, "estimated_hours: 2\nresources:\n  gpus: 1\n")
     screen = in_terminal("offers", str(spec), "--policy", str(tmp_path / "clouds.yaml"), home=tm_home)
