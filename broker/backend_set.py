@@ -75,6 +75,10 @@ class BackendSet:
     def envs_dir(self) -> Path:
         return envs_dir(self.configs())
 
+    def effective_configs(self, policy: Policy) -> dict[str, BackendConfig]:
+        """Each backend's configuration as jobs under `policy` use it (what `backend` builds them with)."""
+        return {name: configured(config, policy).config for name, config in self.configs().items()}
+
     def rates(self, policy: Policy) -> RateProvider | None:
         """The TAO/USD rate provider of the policy (one per rate setting, kept for the process)."""
         from trainmaster.broker.planning.offer_request import provider_for

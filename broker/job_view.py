@@ -16,31 +16,42 @@ SHARED_EVENT = "shared"
 
 
 def job_json(store: Store, job: Job, *, events: bool = False) -> dict:
-    """The job, its attempts (each with its outputs and what its verdict says) and, with `events`, its event log."""
+    """The job, its attempts (each with its outputs and what its verdict says), its payments and, with `events`,
+    its event log. An untrusted executor's attempt shows the times and cost the broker measured
+    (broker/attempt_view.py), what the executor claimed beside them."""
+    from trainmaster.broker import attempt_view
+
     attempts = store.attempts(job.id)
     verdicts = _verdicts(store, job, attempts)
+    logged = store.events(job.id) if events or any(map(attempt_view.untrusted, attempts)) else []
+    shown = {a.id: attempt_view.times(a, logged) for a in attempts}
     out = {
         "id": job.id, "name": job.name, "workload": job.workload, "project": job.project, "state": job.state,
         "reason": job.reason, "policy": job.policy, "bundle_sha256": job.bundle_sha256, "spec_path": job.spec_path,
         "created_at": job.created_at, "updated_at": job.updated_at,
         "queue_position": store.queue_position(job.id),
-        "cost_micro_usd": sum(a.cost_micro_usd or 0 for a in attempts),
-        "cost_usd": format_usd(sum(a.cost_micro_usd or 0 for a in attempts)),
+        "cost_micro_usd": sum(map(attempt_view.cost, attempts)),
+        "cost_usd": format_usd(sum(map(attempt_view.cost, attempts))),
         "job_dir": str(paths.job_dir(job.id)),
         "outputs_dir": str(paths.job_dir(job.id) / "outputs") if job.state == "accepted" else None,
         "outputs_url": shared_outputs_url(store, job.id) if job.state == "accepted" else None,
         "attempts": [
-            {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": a.started_at,
-             "ended_at": a.ended_at, "cost_micro_usd": a.cost_micro_usd, "billable_seconds": a.billable_seconds,
+            {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": shown[a.id][0],
+             "ended_at": shown[a.id][1], "cost_micro_usd": attempt_view.cost(a), "billable_seconds": a.billable_seconds,
+             **({"executor_claimed": {"started_at": a.started_at, "ended_at": a.ended_at},
+                 "recorded_micro_usd": a.cost_micro_usd} if attempt_view.untrusted(a) else {}),
              "outputs": [{"path": p, "size": s, "sha256": h} for p, s, h in store.outputs(a.id)],
              **_from_verdict(verdicts.get(a.id))}
             for a in attempts
         ],
     }
+    from trainmaster.broker.payment_states import payment_states
+
+    out["payments"] = [p.to_json() for p in payment_states(store.db, job_id=job.id)]
     if events:
         out["events"] = [
             {"at": e.at, "attempt": e.attempt_id, "kind": e.kind, "from": e.from_state, "to": e.to_state, "detail": e.detail}
-            for e in store.events(job.id)
+            for e in logged
         ]
     return out
 
@@ -57,6 +68,8 @@ def _verdicts(store: Store, job: Job, attempts: list[Attempt]) -> dict:
         return {}
     from trainmaster.verify.records import VerdictStore
 
+    if getattr(store, "read_only", False):
+        return {}  # the disk is full (broker/cli/read_only.py): the verdicts' details wait for space
     verdicts = VerdictStore(store.path)
     try:
         found = {a.id: verdicts.latest_evidence(job.id, a.id) for a in ended}

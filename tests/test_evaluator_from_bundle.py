@@ -38,7 +38,8 @@ CHEATS = {
     ),
     # rewrite the broker's stored bundle, hoping the evaluator is taken from it unchecked
     "bundle": (
-        "home = pathlib.Path(os.environ['TRAINMASTER_HOME'])\n"
+        # the job no longer inherits TRAINMASTER_HOME; it finds the home above its own working directory
+        "home = next(p for p in pathlib.Path.cwd().parents if (p / 'bundles').is_dir())\n"
         "tar = home / 'bundles' / (os.environ['TRAINMASTER_BUNDLE_SHA256'] + '.tar')\n"
         "tar.write_bytes(tar.read_bytes().replace(b'0.1', b'1.0'))\n"
     ),

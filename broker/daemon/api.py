@@ -146,7 +146,9 @@ async def logs(request: web.Request) -> web.Response:
         offset = wanted_offset if wanted_attempt == last.id else 0
         backend = broker.backend(last.backend, broker.policy(job))
         chunk = await retried(backend.logs, Handle.model_validate_json(last.handle_json), offset)
-        return {"attempt": last.id, "text": chunk.text, "next_offset": chunk.next_offset,
+        from trainmaster.broker.executor_text import attempt_log
+
+        return {"attempt": last.id, "text": attempt_log(last.offer_json, chunk.text), "next_offset": chunk.next_offset,
                 "complete": chunk.complete, "state": broker.store.job(job.id).state}
 
     return web.json_response(await _ctx(request).on_api_broker(chunk_of))

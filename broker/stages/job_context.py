@@ -175,6 +175,11 @@ class JobContext:
         self.store.log_event(self.job.id, kind, detail, attempt_id)
 
     def blocked(self) -> frozenset[str]:
-        """The offers an attempt of this job failed or was rejected on: never planned on again for it."""
-        return frozenset(Offer.model_validate_json(a.offer_json).key for a in self.attempts()
-                         if a.state in ("failed", "rejected"))
+        """The offers an attempt of this job failed or was rejected on, and every offer of a backend whose set-up
+        refused an attempt of it (broker/readiness.py): never planned on again for it."""
+        from trainmaster.broker import readiness
+
+        attempts = self.attempts()
+        return frozenset(Offer.model_validate_json(a.offer_json).key for a in attempts
+                         if a.state in ("failed", "rejected")) | readiness.blocked_backends(attempts,
+                                                                                           self.store.events(self.job.id))

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from trainmaster.backends.base import Handle
 from trainmaster.backends.retry import retried
 from trainmaster.broker import states
+from trainmaster.broker.executor_text import attempt_log
 from trainmaster.broker.stages.advancing import advance
 from trainmaster.broker.stages.job_context import Parts
 
@@ -36,8 +37,8 @@ async def logs(parts: Parts, job_id: str, *, follow: bool = False) -> AsyncItera
         backend = parts.backends.backend(last.backend, parts.policy(job))
         chunk = await retried(backend.logs, Handle.model_validate_json(last.handle_json), offset)
         offset = chunk.next_offset
-        if chunk.text:
-            yield chunk.text
+        if chunk.text:  # an untrusted executor's log may paint over the terminal: its controls made visible
+            yield attempt_log(last.offer_json, chunk.text)
             continue
         if not follow:
             return

@@ -12,7 +12,7 @@ import time
 
 from trainmaster.backends.base import BackendError, Phase
 from trainmaster.backends.retry import retried
-from trainmaster.broker import failures, states
+from trainmaster.broker import deadlines, failures, states
 from trainmaster.broker.money import cost_cap
 from trainmaster.broker.stages import dispatch
 from trainmaster.broker.stages.collect import collect
@@ -33,6 +33,9 @@ async def watch(ctx: JobContext, attempt: Attempt) -> None:
     if handle is None or attempt.state in states.ATTEMPT_ENDS:
         return  # it could not be started (again): ended, or waiting, as its failure's reaction says
     backend = ctx.backend(attempt.backend)
+    if (why := deadlines.overdue(ctx.spec, attempt)) and (ended := await deadlines.judged(backend, handle, why)):
+        await react(ctx, attempt, *ended)  # an untrusted run past its time, on the broker's clock
+        return
     try:
         st = await retried(backend.status, handle)
     except BackendError as exc:
