@@ -16,7 +16,6 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
-from trainmaster.broker import states
 from trainmaster.storage import statedb
 
 KINDS = ("hotkey", "coldkey")
@@ -115,16 +114,9 @@ class Executors:
 
     def records(self) -> list[Record]:
         """Every hotkey that ran an attempt, with how its ended attempts ended."""
-        ends = sorted(states.ATTEMPT_ENDS)
-        rows = self.db.execute(
-            "SELECT executor_hotkey AS hotkey, MAX(executor_coldkey) AS coldkey,"
-            " SUM(CASE WHEN state = 'accepted' THEN 1 ELSE 0 END) AS accepted,"
-            " SUM(CASE WHEN state = 'rejected' THEN 1 ELSE 0 END) AS rejected,"
-            " SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed, MAX(created_at) AS last_at FROM attempts"
-            f" WHERE executor_hotkey IS NOT NULL AND state IN ({','.join('?' * len(ends))})"
-            " GROUP BY executor_hotkey ORDER BY last_at DESC", ends,
-        ).fetchall()
-        return [Record(**r) for r in rows]
+        from trainmaster.broker.store import executor_records
+
+        return [Record(**r) for r in executor_records(self.db)]
 
 
 def ban_rejected(executors: Executors, *, hotkey: str | None, coldkey: str | None, reason: str, job_id: str,

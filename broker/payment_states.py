@@ -40,16 +40,9 @@ def payment_states(db, *, job_id: str | None = None, pending_only: bool = False)
     """Every payment (of `job_id` when given), oldest first; only the unsent ones with `pending_only`."""
     if not statedb.table_exists(db, "payments"):
         return []
-    sql, args = "SELECT * FROM payments", []
-    where = []
-    if job_id is not None:
-        where.append("job_id = ?")
-        args.append(job_id)
-    if pending_only:
-        where.append("sent_at IS NULL")
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    rows = db.execute(sql + " ORDER BY created_at", args).fetchall()
+    from trainmaster.wallet.payments import payment_rows
+
+    rows = payment_rows(db, job_id=job_id, pending_only=pending_only)
     tries = read_tries(db, [row["key"] for row in rows if row["sent_at"] is None])
     out = []
     for row in rows:
@@ -84,10 +77,14 @@ def unsent_by_group(db, by: str | None) -> dict[str, tuple[int, int]]:
     """group -> (payments, rao) charged but not sent yet, grouped as `Ledger.spend(by)` groups its charges."""
     if not statedb.table_exists(db, "payments"):
         return {}
-    from trainmaster.wallet.ledger import COLUMNS_GROUPED
+    from trainmaster.wallet.ledger import charge_groups
+    from trainmaster.wallet.payments import unsent
 
-    group = "'total'" if by is None else ("e." + COLUMNS_GROUPED[by] if by in COLUMNS_GROUPED
-                                          else statedb.dialect(db).month("e.at"))
-    rows = db.execute(f"SELECT {group} AS g, COUNT(*), SUM(p.rao) FROM payments p JOIN ledger_entries e"
-                      " ON e.key = p.charge_key WHERE p.sent_at IS NULL GROUP BY g").fetchall()
-    return {row[0]: (row[1], row[2] or 0) for row in rows}
+    waiting = unsent(db)
+    groups = charge_groups(db, [key for key, _ in waiting], by)
+    out: dict[str, tuple[int, int]] = {}
+    for key, rao in waiting:
+        if key in groups:  # a payment is written with its charge: every one has its ledger entry
+            count, total = out.get(groups[key], (0, 0))
+            out[groups[key]] = (count + 1, total + (rao or 0))
+    return out

@@ -503,13 +503,12 @@ class Store:
 
     def awaiting_conclusion(self) -> bool:
         """Whether an untrusted attempt with a final verdict has no acknowledged conclusion yet
-        (broker/money/settlement.py, which makes the `conclusions` table): a command must then run its refresh,
+        (broker/money/conclusions.py): a command must then run its refresh,
         which settles it, even when every job has ended."""
-        final = ("SELECT 1 FROM attempts a WHERE a.state IN ('accepted', 'rejected') AND a.executor_hotkey IS NOT NULL")
-        if statedb.table_exists(self.db, "conclusions"):
-            final += (" AND NOT EXISTS (SELECT 1 FROM conclusions c WHERE c.attempt_id = a.id"
-                      " AND c.countersignature IS NOT NULL)")
-        return self.db.execute(final + " LIMIT 1").fetchone() is not None
+        from trainmaster.broker.money import conclusions
+
+        judged = [attempt_id for _, attempt_id in judged_untrusted(self.db)]
+        return len(conclusions.acknowledged(self.db, judged)) < len(judged)
 
     def next_attempt_number(self, job_id: str) -> int:
         return self.db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)).fetchone()[0]
@@ -637,12 +636,9 @@ def _violations(db, job_id: str) -> list[str]:
 
 def _unsettled(db, keys: list[str]) -> set[str]:
     """Those of the reservations `keys` neither charged nor released (the ledger shares the state database)."""
-    if not keys or not statedb.table_exists(db, "ledger_entries"):
-        return set()
-    rows = db.execute(
-        f"SELECT key FROM ledger_entries r WHERE key IN ({','.join('?' * len(keys))}) AND kind = 'reserve'"
-        " AND NOT EXISTS (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key)", keys).fetchall()
-    return {r["key"] for r in rows}
+    from trainmaster.wallet.ledger import unsettled
+
+    return unsettled(db, keys)
 
 
 def _refuse_violations(db, job_id: str) -> None:
@@ -654,3 +650,103 @@ def _with_reason(detail: dict | None, reason: str | None) -> dict | None:
     if reason is None:
         return detail
     return {**(detail or {}), "reason": reason}
+
+
+# What others read of the store's tables (the daemon's views and notifications, the executors' records, settlement,
+# triggers), each on a connection the caller holds: the one place outside `Store` these tables are named in SQL
+# (tests/test_sql_owners.py).
+
+def job_counts(db) -> dict[str, int]:
+    """Jobs per state that holds any."""
+    return {r[0]: r[1] for r in db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")}
+
+
+def queue_latencies(db) -> list[float]:
+    """Seconds from each job's submission to its first dispatch (jobs never dispatched are left out)."""
+    rows = db.execute(
+        "SELECT MIN(e.at) - j.created_at FROM jobs j JOIN events e ON e.job_id = j.id"
+        " WHERE e.kind = 'transition' AND e.to_state = 'dispatched' GROUP BY j.id"
+    )
+    return [max(0.0, r[0]) for r in rows]
+
+
+def newest_jobs(db, limit: int, offset: int = 0) -> list:
+    """Rows (id, name, state, reason, created_at, updated_at, backend, cost) of the newest jobs from the `offset`-th
+    on: the backend of the latest attempt that started, and what they cost (an untrusted executor's work that was
+    not accepted costs nothing)."""
+    return db.execute(
+        "SELECT j.id, j.name, j.state, j.reason, j.created_at, j.updated_at,"
+        " (SELECT a.backend FROM attempts a WHERE a.job_id = j.id AND a.handle_json IS NOT NULL"
+        " ORDER BY a.n DESC LIMIT 1) AS backend,"
+        " (SELECT COALESCE(SUM(CASE WHEN a.executor_hotkey IS NOT NULL AND a.state <> 'accepted' THEN 0"
+        " ELSE a.cost_micro_usd END), 0) FROM attempts a WHERE a.job_id = j.id) AS cost"  # unpaid work costs nothing
+        " FROM jobs j ORDER BY j.created_at DESC, j.id DESC LIMIT ? OFFSET ?",
+        (limit, offset),
+    ).fetchall()
+
+
+def job_total(db) -> int:
+    return db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+
+
+def failed_since(db, since: float) -> int:
+    """Jobs that ended failed at or after `since`."""
+    return db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'failed' AND updated_at >= ?", (since,)).fetchone()[0]
+
+
+def job_exists(db, job_id: str) -> bool:
+    return db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is not None
+
+
+def job_ends_after(db, after: int) -> list:
+    """Rows (id, job_id, at, to_state, detail) of the transitions into an end after the event `after`, in order."""
+    ends = sorted(states.JOB_ENDS)
+    return db.execute(
+        f"SELECT e.id, e.job_id, e.at, e.to_state, e.detail FROM events e WHERE e.id > ? AND e.kind = 'transition'"
+        f" AND e.to_state IN ({','.join('?' * len(ends))}) ORDER BY e.id", (after, *ends)).fetchall()
+
+
+def newest_event_id(db) -> int | None:
+    return db.execute("SELECT MAX(id) FROM events").fetchone()[0]
+
+
+def budget_scope(db, job_id: str) -> tuple[Any, set[str]] | None:
+    """(the job's row: workload, project, policy, policy_json; the backends its attempts ran on), or None."""
+    job = db.execute("SELECT workload, project, policy, policy_json FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    if job is None:
+        return None
+    return job, {b for (b,) in db.execute("SELECT backend FROM attempts WHERE job_id = ?", (job_id,))}
+
+
+def job_submitted_with(db, origin_field: str, key: str) -> str | None:
+    """The job whose submission recorded `key` in its origin's `origin_field`, if any."""
+    field = statedb.dialect(db).json_text("detail", "origin", origin_field)
+    row = db.execute(
+        "SELECT job_id FROM events WHERE kind = 'transition' AND to_state = 'submitted'"
+        f" AND {field} = ? LIMIT 1", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def executor_records(db) -> list:
+    """Rows (hotkey, coldkey, accepted, rejected, failed, last_at) of every hotkey that ran an attempt, with how its
+    ended attempts ended, the most recent first."""
+    ends = sorted(states.ATTEMPT_ENDS)
+    return db.execute(
+        "SELECT executor_hotkey AS hotkey, MAX(executor_coldkey) AS coldkey,"
+        " SUM(CASE WHEN state = 'accepted' THEN 1 ELSE 0 END) AS accepted,"
+        " SUM(CASE WHEN state = 'rejected' THEN 1 ELSE 0 END) AS rejected,"
+        " SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) AS failed, MAX(created_at) AS last_at FROM attempts"
+        f" WHERE executor_hotkey IS NOT NULL AND state IN ({','.join('?' * len(ends))})"
+        " GROUP BY executor_hotkey ORDER BY last_at DESC", ends,
+    ).fetchall()
+
+
+def judged_untrusted(db, job_id: str | None = None) -> list[tuple[str, str]]:
+    """(job id, attempt id) of each attempt of an untrusted executor with a final verdict (accepted or rejected),
+    oldest first (of `job_id` when given)."""
+    sql = ("SELECT a.job_id, a.id FROM attempts a WHERE a.state IN ('accepted', 'rejected')"
+           " AND a.executor_hotkey IS NOT NULL")
+    args: tuple = ()
+    if job_id is not None:
+        sql, args = sql + " AND a.job_id = ?", (job_id,)
+    return [(row[0], row[1]) for row in db.execute(sql + " ORDER BY a.created_at", args).fetchall()]

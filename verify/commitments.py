@@ -9,14 +9,13 @@ equivocation.
 
 from __future__ import annotations
 
-import time
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from trainmaster.jobs.commitment import Commitment
 
 from .errors import VerificationError
-from .records import Database
+from .records import Database, commitment_row, insert_commitment, other_commitments
 from .signing import check_fields, check_signature
 
 _TOKEN = object()
@@ -75,10 +74,7 @@ class CommitmentStore:
         """Each untrusted attempt trains from its own S_0 (its seed comes from a nonce the broker chose),
         so a root or a final model another attempt of the job already committed is a reused run —
         typically a rejected one re-signed by a new hotkey, hoping for a luckier challenge."""
-        rows = self.database.db.execute(
-            "SELECT attempt_id, commitment_json FROM commitments WHERE job_id = ? AND attempt_id != ?",
-            (commitment.job_id, attempt_id),
-        ).fetchall()
+        rows = other_commitments(self.database.db, commitment.job_id, attempt_id)
         for row in rows:
             earlier = Commitment.from_json(row["commitment_json"].encode("ascii"))
             same = "root" if earlier.root == commitment.root else "final model" if (
@@ -108,9 +104,7 @@ class CommitmentStore:
 
     def get(self, job_id: str, attempt_id: str) -> StoredCommitment | None:
         """A stored commitment, its signature checked again (the database is not trusted blindly)."""
-        row = self.database.db.execute(
-            "SELECT * FROM commitments WHERE job_id = ? AND attempt_id = ?", (job_id, attempt_id)
-        ).fetchone()
+        row = commitment_row(self.database.db, job_id, attempt_id)
         if row is None:
             return None
         commitment = Commitment.from_json(row["commitment_json"].encode("ascii"))
@@ -121,18 +115,10 @@ class CommitmentStore:
     def _insert(self, commitment: Commitment, attempt_id: str, signature: str | None, hotkey: str | None) -> StoredCommitment:
         text = commitment.canonical_json().decode("ascii")
         with self.database.write() as db:
-            row = db.execute(
-                "SELECT * FROM commitments WHERE job_id = ? AND attempt_id = ?", (commitment.job_id, attempt_id)
-            ).fetchone()
+            row = commitment_row(db, commitment.job_id, attempt_id)
             if row is None:
-                db.execute(
-                    "INSERT INTO commitments (job_id, attempt_id, commitment_json, signature, hotkey, stored_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (commitment.job_id, attempt_id, text, signature, hotkey, time.time()),
-                )
-                row = db.execute(
-                    "SELECT * FROM commitments WHERE job_id = ? AND attempt_id = ?", (commitment.job_id, attempt_id)
-                ).fetchone()
+                insert_commitment(db, commitment.job_id, attempt_id, text, signature, hotkey)
+                row = commitment_row(db, commitment.job_id, attempt_id)
             elif row["commitment_json"] != text or row["hotkey"] != hotkey:
                 raise VerificationError(
                     f"attempt {attempt_id} already committed to root {_root_of(row['commitment_json'])[:12]}…; "

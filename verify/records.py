@@ -204,3 +204,49 @@ class SecretStore:
                 (time.time(), job_id, attempt_id),
             )
             return bytes.fromhex(row["secret_hex"])
+
+
+# What others read of the verdicts (the daemon's metrics, dashboard and notifications), each on a connection the
+# caller holds: the one place outside the stores above the table is named in SQL (tests/test_sql_owners.py).
+
+def verdict_counts(db) -> dict[str, int]:
+    """Verdicts recorded per outcome that has any (a re-verification counts again)."""
+    return {r[0]: r[1] for r in db.execute("SELECT outcome, COUNT(*) FROM verdicts GROUP BY outcome")}
+
+
+def newest_verdicts(db, limit: int) -> list:
+    """Rows (job_id, attempt_id, outcome, verdict_json, created_at) of the newest verdicts, newest first."""
+    return db.execute("SELECT job_id, attempt_id, outcome, verdict_json, created_at FROM verdicts"
+                      " ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+
+
+def verdicts_after(db, after: int) -> list:
+    """Rows (id, job_id, attempt_id, outcome, verdict_json, created_at) of the verdicts recorded after `after`."""
+    return db.execute("SELECT id, job_id, attempt_id, outcome, verdict_json, created_at FROM verdicts"
+                      " WHERE id > ? ORDER BY id", (after,)).fetchall()
+
+
+def newest_verdict_id(db) -> int | None:
+    return db.execute("SELECT MAX(id) FROM verdicts").fetchone()[0]
+
+
+# The commitments' rows, for verify/commitments.py (which checks what is stored and read): the one place the table
+# is named in SQL (tests/test_sql_owners.py).
+
+def other_commitments(db, job_id: str, attempt_id: str) -> list:
+    """Rows (attempt_id, commitment_json) of the job's commitments by its other attempts."""
+    return db.execute("SELECT attempt_id, commitment_json FROM commitments WHERE job_id = ? AND attempt_id != ?",
+                      (job_id, attempt_id)).fetchall()
+
+
+def commitment_row(db, job_id: str, attempt_id: str):
+    """The attempt's stored commitment row, or None."""
+    return db.execute("SELECT * FROM commitments WHERE job_id = ? AND attempt_id = ?", (job_id, attempt_id)).fetchone()
+
+
+def insert_commitment(db, job_id: str, attempt_id: str, text: str, signature: str | None, hotkey: str | None) -> None:
+    db.execute(
+        "INSERT INTO commitments (job_id, attempt_id, commitment_json, signature, hotkey, stored_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (job_id, attempt_id, text, signature, hotkey, time.time()),
+    )

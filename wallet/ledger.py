@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from trainmaster.storage import statedb
 from trainmaster.jobs.money import display_usd
-from trainmaster.wallet import outbox, payments
+from trainmaster.wallet import alert_records, outbox, payments
 from trainmaster.wallet.alerts import Alert, Overrun, log_alert
 from trainmaster.wallet.budget import Budget
 
@@ -61,21 +61,9 @@ MIGRATIONS: list[list[str]] = [
            BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
         """CREATE TRIGGER ledger_no_delete BEFORE DELETE ON ledger_entries
            BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END""",
-        """CREATE TABLE ledger_alerts (
-            budget TEXT NOT NULL,
-            period_start REAL NOT NULL,
-            percent INTEGER NOT NULL,
-            used_micro_usd INTEGER NOT NULL,
-            at REAL NOT NULL,
-            PRIMARY KEY (budget, period_start, percent)
-        )""",
+        alert_records.CREATE,  # the budget alerts (wallet/alert_records.py)
     ],
-    [  # 2: webhook delivery, at least once (wallet/outbox.py); earlier alerts had no record of it
-        "ALTER TABLE ledger_alerts ADD COLUMN webhook TEXT",
-        "ALTER TABLE ledger_alerts ADD COLUMN payload TEXT",
-        "ALTER TABLE ledger_alerts ADD COLUMN delivered_at REAL",
-        "ALTER TABLE ledger_alerts ADD COLUMN tries INTEGER NOT NULL DEFAULT 0",
-    ],
+    alert_records.DELIVERY,  # 2: webhook delivery, at least once (wallet/outbox.py)
     [  # 3: one row per budget scope, locked by each reservation that counts against it
         "CREATE TABLE ledger_scopes (budget TEXT PRIMARY KEY)",
     ],
@@ -481,11 +469,72 @@ def _record_alerts(db, budgets: list[Budget], now: float) -> list[Alert]:
                 break
             alert = Alert(budget=budget.label, percent=percent, period=budget.period, period_start=start,
                           cap_micro_usd=budget.cap, used_micro_usd=used, webhook=budget.webhook)
-            inserted = db.execute(
-                "INSERT INTO ledger_alerts (budget, period_start, percent, used_micro_usd, at, webhook, payload)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (budget.label, start, percent, used, now, alert.webhook, json.dumps(alert.payload(), sort_keys=True)),
-            ).rowcount
-            if inserted:
+            if alert_records.record(db, budget=budget.label, period_start=start, percent=percent, used_micro_usd=used,
+                                    at=now, webhook=alert.webhook, payload=json.dumps(alert.payload(), sort_keys=True)):
                 fired.append(alert)
     return fired
+
+
+# What others read of the ledger's entries (the broker's invariants, the daemon's metrics and dashboard, a TAO
+# payment's check of its charge), each on a connection the caller holds: the one place outside `Ledger` the table is
+# named in SQL (tests/test_sql_owners.py). Each reads as empty while the ledger has made no table yet.
+
+def usage(db, budget: Budget, now: float) -> Usage:
+    """What `budget` counts now: charged in its period, and held (reserved, neither charged nor released)."""
+    if not statedb.table_exists(db, "ledger_entries"):
+        return Usage(0, 0)
+    return _usage(db, budget, now)
+
+
+def unsettled(db, keys: list[str]) -> set[str]:
+    """Those of the reservations `keys` neither charged nor released."""
+    if not keys or not statedb.table_exists(db, "ledger_entries"):
+        return set()
+    rows = db.execute(
+        f"SELECT key FROM ledger_entries r WHERE key IN ({','.join('?' * len(keys))}) AND kind = 'reserve'"
+        " AND NOT EXISTS (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key)", keys).fetchall()
+    return {r[0] for r in rows}
+
+
+def charged_by_backend(db) -> list[tuple[str, int, int]]:
+    """(backend, micro-USD, rao) charged on each backend, ever."""
+    return _rows(db, "SELECT backend, SUM(micro_usd), SUM(rao) FROM ledger_entries WHERE kind = 'charge'"
+                     " GROUP BY backend ORDER BY backend")
+
+
+def reserved_by_backend(db) -> list[tuple[str, int, int]]:
+    """(backend, micro-USD, rao) held now on each backend: reservations not yet charged or released."""
+    return _rows(db, "SELECT backend, SUM(micro_usd), SUM(rao) FROM ledger_entries r WHERE kind = 'reserve'"
+                     " AND NOT EXISTS (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key)"
+                     " GROUP BY backend ORDER BY backend")
+
+
+def charges_since(db, since: float) -> list[tuple[float, str, int]]:
+    """Each charge made since `since`: (when, backend, micro-USD), oldest first."""
+    return _rows(db, "SELECT at, backend, micro_usd FROM ledger_entries WHERE kind = 'charge' AND at >= ?"
+                     " ORDER BY at, seq", (since,))
+
+
+def charged_rao(db, key: str) -> int | None:
+    """The rao the charge `key` recorded (None when there is no such charge)."""
+    row = db.execute("SELECT rao FROM ledger_entries WHERE key = ? AND kind = 'charge'", (key,)).fetchone()
+    return None if row is None else row[0]
+
+
+def _rows(db, sql: str, args: tuple = ()) -> list[tuple]:
+    if not statedb.table_exists(db, "ledger_entries"):
+        return []
+    return [tuple(r) for r in db.execute(sql, args)]
+
+
+def charge_groups(db, keys: list[str], by: str | None) -> dict[str, str]:
+    """charge key -> its group as `Ledger.spend(by)` groups its charges ('total' when `by` is None), for those of
+    `keys` the ledger holds."""
+    group = "'total'" if by is None else (COLUMNS_GROUPED[by] if by in COLUMNS_GROUPED
+                                          else statedb.dialect(db).month("at"))
+    found: dict[str, str] = {}
+    for i in range(0, len(keys), 500):  # within any database's limit on parameters
+        chunk = keys[i:i + 500]
+        found.update({row[0]: row[1] for row in db.execute(
+            f"SELECT key, {group} FROM ledger_entries WHERE key IN ({','.join('?' * len(chunk))})", chunk)})
+    return found

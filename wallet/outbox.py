@@ -22,6 +22,7 @@ from pathlib import Path
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from trainmaster.storage import statedb
+from trainmaster.wallet import alert_records
 from trainmaster.wallet.alerts import redact_urls
 
 log = logging.getLogger("trainmaster.wallet.alerts")
@@ -42,13 +43,11 @@ class WebhookRefused(Exception):
         self.status = status
 
 
-_WHERE_PENDING = "WHERE webhook IS NOT NULL AND delivered_at IS NULL AND tries < ?"
-_PENDING = f"SELECT budget, period_start, percent, webhook, payload FROM ledger_alerts {_WHERE_PENDING} ORDER BY at"
 
 
 def has_pending(db: sqlite3.Connection) -> bool:
     """Whether the ledger on ``db`` holds alerts still to deliver."""
-    return db.execute(f"SELECT 1 FROM ledger_alerts {_WHERE_PENDING} LIMIT 1", (MAX_FLUSHES,)).fetchone() is not None
+    return alert_records.has_pending(db, MAX_FLUSHES)
 
 
 def flush(path: Path | str) -> int:
@@ -57,13 +56,9 @@ def flush(path: Path | str) -> int:
         db = statedb.connect(path)
         try:
             delivered = 0
-            for budget, period_start, percent, url, payload in db.execute(_PENDING, (MAX_FLUSHES,)).fetchall():
+            for budget, period_start, percent, url, payload in alert_records.pending(db, MAX_FLUSHES):
                 ok = _post_with_retries(url, json.loads(payload))
-                db.execute(
-                    "UPDATE ledger_alerts SET tries = tries + 1, delivered_at = ?"
-                    " WHERE budget = ? AND period_start = ? AND percent = ?",
-                    (time.time() if ok else None, budget, period_start, percent),
-                )
+                alert_records.tried(db, budget, period_start, percent, time.time() if ok else None)
                 delivered += ok
             return delivered
         finally:

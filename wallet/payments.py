@@ -128,3 +128,29 @@ class Payments:
             elif row["transfer"] != transfer:
                 raise RuntimeError(f"payment {key!r} was already sent as {row['transfer']!r}, not {transfer!r}")
         return Payment(**dict(self.db.execute("SELECT * FROM payments WHERE key = ?", (key,)).fetchone()))
+
+
+# What others read of the payments (`trainmaster status` and `spend`, the daemon's metrics), on a connection the
+# caller holds: the one place outside `Payments` the table is named in SQL (tests/test_sql_owners.py).
+
+def payment_rows(db, *, job_id: str | None = None, pending_only: bool = False) -> list:
+    """Every payment's row (of `job_id` when given), oldest first; only the unsent ones with `pending_only`."""
+    sql, args = "SELECT * FROM payments", []
+    where = []
+    if job_id is not None:
+        where.append("job_id = ?")
+        args.append(job_id)
+    if pending_only:
+        where.append("sent_at IS NULL")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return db.execute(sql + " ORDER BY created_at", args).fetchall()
+
+
+def unsent(db) -> list[tuple[str, int]]:
+    """(charge key, rao) of each payment charged but not sent yet."""
+    return [(row[0], row[1]) for row in db.execute("SELECT charge_key, rao FROM payments WHERE sent_at IS NULL")]
+
+
+def unsent_count(db) -> int:
+    return db.execute("SELECT COUNT(*) FROM payments WHERE sent_at IS NULL").fetchone()[0]

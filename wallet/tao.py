@@ -121,11 +121,12 @@ class TaoSender:
         """The payment's rao is a positive integer and exactly what its ledger charge recorded."""
         if not isinstance(payment.rao, int) or payment.rao <= 0:
             raise ValueError(f"payment {payment.key} has no positive whole rao to send ({payment.rao!r})")
-        charge = self.db.execute("SELECT rao FROM ledger_entries WHERE key = ? AND kind = 'charge'",
-                                 (payment.charge_key,)).fetchone()
-        if charge is None or charge[0] != payment.rao:
+        from trainmaster.wallet.ledger import charged_rao
+
+        charge = charged_rao(self.db, payment.charge_key)
+        if charge is None or charge != payment.rao:
             raise ValueError(f"payment {payment.key} of {payment.rao} rao does not match its charge "
-                             f"({charge[0] if charge else 'none'} rao); nothing is sent")
+                             f"({charge if charge is not None else 'none'} rao); nothing is sent")
 
     def _open(self, key: str) -> sqlite3.Row | None:
         return self.db.execute("SELECT * FROM tao_transfers WHERE payment_key = ? AND state IN ('signed', 'included')",

@@ -22,9 +22,10 @@ import sqlite3
 import time
 from pathlib import Path
 
-from trainmaster.broker import states
+from trainmaster.broker import store
 from trainmaster.broker.planning.policy import Policy, load_policy
 from trainmaster.storage import statedb
+from trainmaster.verify import records
 from trainmaster.wallet.alerts import redact_urls
 
 log = logging.getLogger("trainmaster.daemon")
@@ -43,7 +44,6 @@ MIGRATIONS: list[list[str]] = [
         "CREATE TABLE notify_cursors (source TEXT PRIMARY KEY, last_id INTEGER NOT NULL)",
     ],
 ]
-_ENDS = sorted(states.JOB_ENDS)
 _SOURCES = ("events", "verdicts")
 """The tables read, each with its cursor named after it."""
 
@@ -81,31 +81,28 @@ class Notifications:
 
     def _job_ends(self, db: sqlite3.Connection) -> int:
         after = _cursor(db, "events")
-        rows = db.execute(
-            f"SELECT e.id, e.job_id, e.at, e.to_state, e.detail FROM events e WHERE e.id > ? AND e.kind = 'transition'"
-            f" AND e.to_state IN ({','.join('?' * len(_ENDS))}) ORDER BY e.id", (after, *_ENDS)).fetchall()
+        rows = store.job_ends_after(db, after)
         made = 0
         for row in rows:
             detail = json.loads(row["detail"]) if row["detail"] else {}
             payload = {"id": f"job-end:{row['id']}", "kind": "job_ended", "job": row["job_id"],
                        "state": row["to_state"], "reason": detail.get("reason"), "at": row["at"]}
             made += _enqueue(db, row["job_id"], payload)
-        _advance(db, "events", "SELECT MAX(id) FROM events", after)
+        _advance(db, "events", store.newest_event_id(db), after)
         return made
 
     def _verdicts(self, db: sqlite3.Connection) -> int:
         if not _exists(db, "verdicts"):
             return 0
         after = _cursor(db, "verdicts")
-        rows = db.execute("SELECT id, job_id, attempt_id, outcome, verdict_json, created_at FROM verdicts"
-                          " WHERE id > ? ORDER BY id", (after,)).fetchall()
+        rows = records.verdicts_after(db, after)
         made = 0
         for row in rows:
             payload = {"id": f"verdict:{row['id']}", "kind": "verdict", "job": row["job_id"],
                        "attempt": row["attempt_id"], "outcome": row["outcome"],
                        "reasons": json.loads(row["verdict_json"]).get("reasons", []), "at": row["created_at"]}
             made += _enqueue(db, row["job_id"], payload)
-        _advance(db, "verdicts", "SELECT MAX(id) FROM verdicts", after)
+        _advance(db, "verdicts", records.newest_verdict_id(db), after)
         return made
 
 
@@ -131,11 +128,11 @@ async def deliver(notes: Notifications) -> int:
 
 def webhooks(db: sqlite3.Connection, job_id: str) -> list[str]:
     """The webhooks of the budgets that cover the job, in the policy it was submitted under."""
-    job = db.execute("SELECT workload, project, policy, policy_json FROM jobs WHERE id = ?", (job_id,)).fetchone()
-    if job is None:
+    found = store.budget_scope(db, job_id)
+    if found is None:
         return []
+    job, backends = found
     policy = Policy.model_validate_json(job["policy_json"]) if job["policy_json"] else load_policy(job["policy"])
-    backends = {b for (b,) in db.execute("SELECT backend FROM attempts WHERE job_id = ?", (job_id,))}
     return list(dict.fromkeys(
         b.webhook for b in policy.budgets
         if b.webhook and (b.workload is None or b.workload == job["workload"])
@@ -156,8 +153,8 @@ def _cursor(db: sqlite3.Connection, source: str) -> int:
     return db.execute("SELECT last_id FROM notify_cursors WHERE source = ?", (source,)).fetchone()[0]
 
 
-def _advance(db: sqlite3.Connection, source: str, newest_sql: str, after: int) -> None:
-    newest = db.execute(newest_sql).fetchone()[0] or 0
+def _advance(db: sqlite3.Connection, source: str, newest: int | None, after: int) -> None:
+    newest = newest or 0
     db.execute("UPDATE notify_cursors SET last_id = ? WHERE source = ?", (max(after, newest), source))
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from trainmaster.backends.base import ExecutorFault, Handle
 from trainmaster.backends.features import Conclusion, RunsUntrusted
 from trainmaster.backends.retry import retried
-from trainmaster.broker.store import Attempt, Job
-from trainmaster.storage import statedb
+from trainmaster.broker.money import conclusions
+from trainmaster.broker.store import Attempt, Job, judged_untrusted
 from trainmaster.wallet.keys import BrokerKey, broker_key, signed_by
 from trainmaster.wallet.payment_retries import PaymentTries
 from trainmaster.wallet.payments import Payment, Payments, PaymentSender
@@ -41,21 +41,6 @@ SEND_TIMEOUT_S = 60.0
 """At most this long for one try of a payment (a chain that hangs is a try that failed, tried again later)."""
 RECEIPT_FORMAT = 1
 RECEIPT_KIND = "trainmaster-settlement-receipt"
-MIGRATIONS: list[list[str]] = [
-    [  # 1
-        """CREATE TABLE conclusions (
-            attempt_id TEXT PRIMARY KEY,
-            job_id TEXT NOT NULL,
-            receipt TEXT NOT NULL,
-            signature TEXT NOT NULL,
-            countersignature TEXT,
-            created_at REAL NOT NULL,
-            acknowledged_at REAL
-        )""",
-    ],
-]
-
-
 @dataclass(frozen=True)
 class Receipt:
     """A stored receipt: its canonical JSON text, the broker's signature, and the executor's once acknowledged."""
@@ -76,8 +61,7 @@ class Settlement:
         self.db, self.db_path, self.key_path, self.sender = db, db_path, Path(key_path), sender
         self.payments = Payments(db)
         self._key: BrokerKey | None = None
-        with statedb.immediate(db) as tx:
-            statedb.migrate(tx, version_table="settlement_schema", migrations=MIGRATIONS, what="the settlements")
+        conclusions.migrate(db)
 
     @property
     def key(self) -> BrokerKey:
@@ -89,16 +73,12 @@ class Settlement:
     def pending(self, job_id: str | None = None) -> list[tuple[str, str]]:
         """(job id, attempt id) of each untrusted attempt with a final verdict whose executor has not yet
         acknowledged its conclusion."""
-        sql = ("SELECT a.job_id, a.id FROM attempts a WHERE a.state IN ('accepted', 'rejected')"
-               " AND a.executor_hotkey IS NOT NULL AND NOT EXISTS (SELECT 1 FROM conclusions c"
-               " WHERE c.attempt_id = a.id AND c.countersignature IS NOT NULL)")
-        args: tuple = ()
-        if job_id is not None:
-            sql, args = sql + " AND a.job_id = ?", (job_id,)
-        return [(row[0], row[1]) for row in self.db.execute(sql + " ORDER BY a.created_at", args).fetchall()]
+        judged = judged_untrusted(self.db, job_id)
+        done = conclusions.acknowledged(self.db, [attempt_id for _, attempt_id in judged])
+        return [(job, attempt_id) for job, attempt_id in judged if attempt_id not in done]
 
     def receipt(self, attempt_id: str) -> Receipt | None:
-        row = self.db.execute("SELECT * FROM conclusions WHERE attempt_id = ?", (attempt_id,)).fetchone()
+        row = conclusions.stored(self.db, attempt_id)
         return Receipt(**dict(row)) if row else None
 
     async def conclude(self, job: Job, attempt: Attempt, backend: RunsUntrusted, handle: Handle, *,
@@ -119,9 +99,7 @@ class Settlement:
         if not signed_by(receipt.receipt.encode(), ack.countersignature, attempt.executor_hotkey):
             raise ExecutorFault(f"the executor's countersignature of its receipt is not valid for its hotkey "
                                 f"{attempt.executor_hotkey}")
-        with statedb.immediate(self.db) as db:
-            db.execute("UPDATE conclusions SET countersignature = ?, acknowledged_at = ? WHERE attempt_id = ?"
-                       " AND countersignature IS NULL", (ack.countersignature, time.time(), attempt.id))
+        conclusions.countersigned(self.db, attempt.id, ack.countersignature)
         return self.receipt(attempt.id)
 
     async def _try_to_send(self, payment: Payment) -> bool:
@@ -155,9 +133,7 @@ class Settlement:
             "challenge_digest": self._digest(job, attempt), "issued_at": int(time.time()),
         }
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-        with statedb.immediate(self.db) as db:
-            db.execute("INSERT INTO conclusions (attempt_id, job_id, receipt, signature, created_at)"
-                       " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", (attempt.id, job.id, text, self.key.sign(text.encode()), time.time()))
+        conclusions.issue(self.db, attempt.id, job.id, text, self.key.sign(text.encode()))
         return self.receipt(attempt.id)
 
     def _digest(self, job: Job, attempt: Attempt) -> str:

@@ -15,7 +15,6 @@ from trainmaster.broker.planning.planner import PlanError
 from trainmaster.broker.service import Broker
 from trainmaster.broker.store import Store
 from trainmaster.jobs.yamlfile import FileError
-from trainmaster.storage import statedb
 
 from .engine import Gate, Submit
 
@@ -44,8 +43,6 @@ def broker_gate(broker: Broker) -> Gate:
 
 def job_for_key(store: Store, key: str) -> str | None:
     """The job a submit with this idempotency key made, if any."""
-    field = statedb.dialect(store.db).json_text("detail", "origin", "trigger_key")
-    row = store.db.execute(
-        "SELECT job_id FROM events WHERE kind = 'transition' AND to_state = 'submitted'"
-        f" AND {field} = ? LIMIT 1", (key,)).fetchone()
-    return row[0] if row else None
+    from trainmaster.broker.store import job_submitted_with
+
+    return job_submitted_with(store.db, "trigger_key", key)
