@@ -364,6 +364,28 @@ def test_the_borrowing_check_sees_a_cloud_named_by_the_broker():
         "backends/ray/backend.py", "broker/daemon/api.py", "broker/filekeeping/shared_storage.py"]
 
 
+BROKER_FOLDERS = {  # the broker's map (docs/architecture.md, "Layout"): each folder and what it holds
+    "broker": "the façade (service.py), the state store, the backends as the broker uses them, the job's JSON view",
+    "broker/stages": "one module per stage of a job's life, as functions over a shared context",
+    "broker/planning": "cost policies, the planner, estimates, gating, the stored plan",
+    "broker/money": "budget waits, the cost cap, agreed prices, settlement and conclusions, payment sending",
+    "broker/filekeeping": "shared storage, shared bundles and outputs, reclaiming disk, retention",
+    "broker/cli": "all typer/Rich code",
+    "broker/daemon": "the scheduler daemon", "broker/daemon/triggers": "the daemon's triggers",
+    "broker/daemon/web": "/metrics and the dashboard", "broker/promotion": "accepted models into MLflow",
+}
+
+
+def test_the_broker_has_the_folders_its_map_names_and_no_others():
+    root = Path(__file__).resolve().parents[1]
+    found = {p.parent.relative_to(root).as_posix() for p in (root / "broker").rglob("__init__.py")}
+    assert found == set(BROKER_FOLDERS), f"broker/ folders not on the map (or gone from it): {found ^ set(BROKER_FOLDERS)}"
+    page = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for folder in BROKER_FOLDERS:
+        if folder.count("/") == 1 and folder != "broker/daemon":
+            assert f"{folder.split('/')[1]}/" in page, f"docs/architecture.md does not name {folder}/"
+
+
 # the checker itself, on a synthetic tree
 
 SYNTHETIC = {
