@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import print_figures  # noqa: E402
-from bench_cli import _copy, _timed, trainmaster_command  # noqa: E402
+from bench_cli import _copy, _timed, trainmaster_command
+from bench_cli import _job as tiny_job  # noqa: E402
 
 FINISHED = 1000
 RUNNING = 3
@@ -57,7 +58,7 @@ def running_home(home: Path, root: Path, n: int) -> list[str]:
 
 
 def finished_home(home: Path, root: Path, n: int) -> str:
-    _tm(home, "submit", str(_job(root / "tiny", "print('done')\n")), "--wait")
+    _tm(home, "submit", str(tiny_job(root / "tiny")), "--wait")
     from trainmaster.broker.store import Store
 
     store = Store(home.absolute() / "state.db")
