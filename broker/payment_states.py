@@ -84,7 +84,7 @@ def unsent_by_group(db, by: str | None) -> dict[str, tuple[int, int]]:
     """group -> (payments, rao) charged but not sent yet, grouped as `Ledger.spend(by)` groups its charges."""
     if not statedb.table_exists(db, "payments"):
         return {}
-    from trainmaster.wallet.ledger import COLUMNS_GROUPED
+    from trainmaster.wallet.spend import COLUMNS_GROUPED
 
     group = "'total'" if by is None else ("e." + COLUMNS_GROUPED[by] if by in COLUMNS_GROUPED
                                           else statedb.dialect(db).month("e.at"))

@@ -34,6 +34,7 @@ from trainmaster.jobs.money import display_usd
 from trainmaster.wallet import outbox, payments
 from trainmaster.wallet.alerts import Alert, Overrun, log_alert
 from trainmaster.wallet.budget import Budget
+from trainmaster.wallet.spend import COLUMNS_GROUPED, GROUPS, SpendRow, spend_rows  # noqa: F401 — GROUPS, SpendRow: what callers import from here
 
 log = logging.getLogger("trainmaster.wallet.ledger")
 
@@ -82,16 +83,6 @@ MIGRATIONS: list[list[str]] = [
 ]
 
 Kind = Literal["reserve", "charge", "release"]
-COLUMNS_GROUPED = {
-    "backend": "backend",
-    "class": "workload",
-    "job": "job_id",
-    "project": "COALESCE(project, '-')",
-}
-GROUPS = (*COLUMNS_GROUPED, "month")
-"""What spend is grouped by; `month` is the UTC month of `at`, in each database's own words."""
-
-
 @dataclass(frozen=True)
 class Entry:
     """One row of the ledger."""
@@ -117,14 +108,6 @@ class Entry:
 
 Reservation = Entry
 """What `reserve` returns: the reserve row (its `key` is what `charge` and `release` name)."""
-
-
-@dataclass(frozen=True)
-class SpendRow:
-    group: str
-    micro_usd: int
-    rao: int
-    charges: int
 
 
 @dataclass(frozen=True)
@@ -331,25 +314,7 @@ class Ledger:
 
     def spend(self, by: str | None = None, *, since: float | None = None, until: float | None = None) -> list[SpendRow]:
         """Actual spend (charges only), grouped by backend, class, job, project or month."""
-        if by is not None and by not in GROUPS:
-            raise ValueError(f"cannot group spend by {by!r}; choose one of {', '.join(GROUPS)}")
-        group = "'total'" if by is None else COLUMNS_GROUPED.get(by) or statedb.dialect(self.db).month("at")
-        where, args = ["kind = 'charge'"], []
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("at < ?")
-            args.append(until)
-        order = "g" if by == "month" else "SUM(micro_usd) DESC, g"
-        rows = self.db.execute(
-            f"SELECT {group} AS g, SUM(micro_usd), SUM(rao), COUNT(*) FROM ledger_entries"
-            f" WHERE {' AND '.join(where)} GROUP BY g ORDER BY {order}",
-            args,
-        ).fetchall()
-        if by is None and not rows:
-            return [SpendRow("total", 0, 0, 0)]
-        return [SpendRow(*row) for row in rows]
+        return spend_rows(self.db, by, since=since, until=until)
 
     def entries(self, *, job_id: str | None = None) -> list[Entry]:
         sql, args = "SELECT * FROM ledger_entries", ()

@@ -203,7 +203,7 @@ def _spend(by: str | None, as_json: bool):
 
     from trainmaster.broker import paths
     from trainmaster.jobs.money import RAO_PER_TAO, display_usd, format_usd
-    from trainmaster.wallet.ledger import Ledger, SpendRow
+    from trainmaster.wallet.spend import SpendRow, spend_rows
 
     db = paths.state_db()
     if isinstance(db, Path) and not db.exists() and (not db.parent.exists() or db.parent.is_dir()):
@@ -214,7 +214,7 @@ def _spend(by: str | None, as_json: bool):
 
         store = Store(db)
         try:
-            rows, unsent, pending = (Ledger(store.db).spend(by), unsent_by_group(store.db, by),
+            rows, unsent, pending = (spend_rows(store.db, by), unsent_by_group(store.db, by),
                                      payment_states(store.db, pending_only=True))
         finally:
             store.close()
