@@ -88,8 +88,10 @@ def registry_down(home: Path, root: Path) -> str:
 
 def _measure(figures: dict, label: str, home: Path, job_id: str, repeat: int) -> None:
     env = {**os.environ, "TRAINMASTER_HOME": str(home), "COLUMNS": "120"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled once (the warm-up run), not at every start
     bare = [sys.executable, "-c", "pass"]
     for name, args in {"ls": ["ls"], "status ID": ["status", job_id], "spend": ["spend"]}.items():
+        _timed([*trainmaster_command(), *args], env)  # warm-up
         runs = [(_timed([*trainmaster_command(), *args], env), _timed(bare, env)) for _ in range(repeat)]
         for i, what in enumerate(("wall", "cpu")):
             command_s = statistics.median(c[i] for c, _ in runs)
