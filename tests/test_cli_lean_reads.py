@@ -59,14 +59,14 @@ def test_a_read_does_not_advance_a_job_and_the_background_pass_it_starts_ends_it
 
 
 def test_at_most_one_background_pass_runs_per_home(tm_home):
-    from trainmaster.broker.cli import background
+    from trainmaster.broker.cli import background_start as background
 
     tm_home.mkdir(parents=True)
-    held = background._try_lock(tm_home)
+    held = background.try_lock(tm_home)
     try:
         assert held is not None and background.running(tm_home)
         assert background.start(tm_home) is False  # one runs: no second is spawned
-        assert background._try_lock(tm_home) is None
+        assert background.try_lock(tm_home) is None
     finally:
         os.close(held)
     assert not background.running(tm_home)

@@ -1,7 +1,7 @@
 """The bounded background pass a read starts, so jobs advance without a daemon and no read waits for them.
 
 `ls`, `status` and `logs` only read the state. When the home has unfinished work (broker/cli/reads.py
-`unfinished`) and no daemon runs, such a read calls `start`, which spawns this module as a detached process
+`unfinished`) and no daemon runs, such a read calls `background_start.start`, which spawns this module as a detached process
 (its own session, stdin and stdout away from the caller) and returns at once. The process holds an exclusive
 lock on `<home>/background.lock` for its whole life, so at most one runs per home (the lock goes with the
 process, `kill -9` included); it runs reconcile passes (broker/daemon/reconciler.py: each job under its lease in
@@ -12,7 +12,8 @@ waits on something else (a verdict to settle with an executor, a promotion into 
 `verify --again`) gets one pass, whose own retry delays keep a server that is down from being asked again
 at once. What it logs goes to `<home>/background.log`.
 
-`start` itself imports only `os` and `fcntl` (it runs inside `ls`); `main` imports the broker.
+broker/cli/background_start.py starts it (imports only `os` and `fcntl`: it runs inside `ls`); `main` imports
+the broker.
 """
 
 from __future__ import annotations
@@ -25,57 +26,6 @@ BOUND_ENV = "TRAINMASTER_BACKGROUND_S"
 BOUND_S = 1800.0
 """The longest a background pass runs; a later read starts another."""
 POLL_S = 1.0
-LOCK_NAME = "background.lock"
-LOG_NAME = "background.log"
-
-
-def _lock_path(home) -> str:
-    return os.path.join(str(home), LOCK_NAME)
-
-
-def _try_lock(home) -> int | None:
-    """An open descriptor holding the home's background lock, or None when another process holds it."""
-    import fcntl
-
-    try:
-        fd = os.open(_lock_path(home), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def running(home) -> bool:
-    """Whether a background pass holds this home's lock now (or the lock cannot be taken at all)."""
-    fd = _try_lock(home)
-    if fd is None:
-        return True
-    os.close(fd)
-    return False
-
-
-def start(home) -> bool:
-    """Start a background pass on `home` unless one runs; never waits for it. True when one was spawned."""
-    if not os.path.isdir(str(home)) or running(home):
-        return False
-    log = os.open(os.path.join(str(home), LOG_NAME), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                   (os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
-        # through a shell that leaves it in the background and exits at once: the pass is nobody's child to wait
-        # for (no zombie under a long command), and this command waits only for the shell (a few milliseconds)
-        shell = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", 'exec "$0" -m trainmaster.broker.cli.background &',
-                                           sys.executable], dict(os.environ), file_actions=actions, setsid=True)
-        os.waitpid(shell, 0)
-    except OSError:
-        return False
-    finally:
-        os.close(log)
-    return True
 
 
 def bound_s() -> float:
@@ -88,8 +38,10 @@ def bound_s() -> float:
 def main() -> int:
     from trainmaster.broker import paths
 
+    from trainmaster.broker.cli.background_start import try_lock
+
     home = paths.home()
-    fd = _try_lock(home)
+    fd = try_lock(home)
     if fd is None:
         return 0  # another background pass has this home
     try:

@@ -56,8 +56,8 @@ def advance_in_background(store: Store) -> bool:
         if not any(unfinished(store)) or daemon_runs():
             return False
         from trainmaster.broker import paths
-        from trainmaster.broker.cli import background
+        from trainmaster.broker.cli import background_start
 
-        return background.start(paths.home())
+        return background_start.start(paths.home())
     except Exception:  # noqa: BLE001 — the read answers whatever happens to the pass it would start
         return False
