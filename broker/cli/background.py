@@ -7,7 +7,8 @@ lock on `<home>/background.lock` for its whole life, so at most one runs per hom
 process, `kill -9` included); it runs reconcile passes (broker/daemon/reconciler.py: each job under its lease in
 the database, so it never races a daemon, a `submit --wait` or another machine) every POLL_S seconds while a job
 is moving, and exits when nothing is left to move, when a daemon starts (it advances the jobs then), when its
-home is gone, or after BOUND_S seconds (`TRAINMASTER_BACKGROUND_S`); a later read starts another. Work that
+home is gone, after FAILING_PASSES passes in a row that failed on every job they took, or after BOUND_S
+seconds (`TRAINMASTER_BACKGROUND_S`); a later read starts another. Work that
 waits on something else (a verdict to settle with an executor, a promotion into a registry, a job waiting for
 `verify --again`) gets one pass, whose own retry delays keep a server that is down from being asked again
 at once. What it logs goes to `<home>/background.log`.
@@ -26,6 +27,8 @@ BOUND_ENV = "TRAINMASTER_BACKGROUND_S"
 BOUND_S = 1800.0
 """The longest a background pass runs; a later read starts another."""
 POLL_S = 1.0
+FAILING_PASSES = 5
+"""A pass that fails on every job it takes, this many times in a row, stops (a later read starts another)."""
 
 
 def bound_s() -> float:
@@ -63,7 +66,7 @@ def _passes(home) -> int:
     deadline = time.monotonic() + bound_s()
 
     async def run() -> None:
-        reconciler = None
+        reconciler, failing = None, 0
         while time.monotonic() < deadline and os.path.isdir(str(home)) and state.read() is None:
             moving, waiting = unfinished()
             if not (moving or waiting):
@@ -74,6 +77,10 @@ def _passes(home) -> int:
                 log.info("pass: advanced %s, errors %s (%.1f s)", result.advanced, result.errors, result.seconds)
             if not moving:
                 return  # what waits on others has had its pass; a later read starts another
+            failing = failing + 1 if result.errors and not set(result.advanced) - set(result.errors) else 0
+            if failing >= FAILING_PASSES:
+                log.info("stopping: the last %d passes failed on every job they took (%s)", failing, result.errors)
+                return  # recorded on the jobs; a later read tries again
             await asyncio.sleep(POLL_S)
 
     try:
