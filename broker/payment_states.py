@@ -77,7 +77,7 @@ def unsent_by_group(db, by: str | None) -> dict[str, tuple[int, int]]:
     """group -> (payments, rao) charged but not sent yet, grouped as `Ledger.spend(by)` groups its charges."""
     if not statedb.table_exists(db, "payments"):
         return {}
-    from trainmaster.wallet.ledger import charge_groups
+    from trainmaster.wallet.spend import charge_groups
     from trainmaster.wallet.payments import unsent
 
     waiting = unsent(db)

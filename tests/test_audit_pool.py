@@ -44,11 +44,10 @@ SPEC = "verification:\n  evaluator: python evaluate.py\n  thresholds:\n    score
 def evaluated_job(job_factory, tmp_path, monkeypatch):
     """Submits a job whose evaluator kills its worker `kills` times; the CLI's result and the evaluator's notes."""
     notes = tmp_path / "notes.jsonl"
-    monkeypatch.setenv("TM_TEST_NOTES", str(notes))  # the worker judges with the broker's environment
 
     def run(kills: int):
-        monkeypatch.setenv("TM_TEST_KILLS", str(kills))
-        spec = job_factory(MAKE_MODEL, SPEC)
+        # through the spec's env: the evaluator is the job's code and inherits nothing else of the broker's
+        spec = job_factory(MAKE_MODEL, SPEC + f"env:\n  TM_TEST_NOTES: {notes}\n  TM_TEST_KILLS: '{kills}'\n")
         (spec.parent / "evaluate.py").write_text(EVALUATE)
         result = CliRunner().invoke(app, ["submit", str(spec), "--wait"])
         return result, [json.loads(line) for line in notes.read_text().splitlines()]

@@ -101,3 +101,34 @@ def test_the_daemon_makes_itself_non_dumpable_so_its_environment_is_not_readable
                             "run([sys.executable, '-c', 'import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))']"
                             ", capture_output=True, text=True).stdout.strip())"], capture_output=True, text=True)
     assert child.stdout.strip() == "1"  # what it starts (a job's keeper, an audit worker) is dumpable again
+
+
+# a model file by hand (safetensors: 8-byte header length, JSON header, data), so the job needs no torch
+MAKE_MODEL = """\
+import json, os, pathlib, struct
+header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "model.safetensors").write_bytes(
+    struct.pack("<Q", len(header)) + header + struct.pack("<f", 1.0))
+"""
+EVALUATOR = """\
+import json, os, pathlib
+pathlib.Path(os.environ['SEEN_AT']).write_text(json.dumps(dict(os.environ)))
+print(json.dumps({'score': 1.0}))
+"""
+
+
+def test_the_evaluator_is_the_jobs_code_and_sees_no_secret_of_the_broker(tm_home, tmp_path, job_factory):
+    """The broker runs the job's evaluator (and replays its recipe) in the audit pool, whose environment is the
+    broker's: the evaluator gets what a job inherits, never the broker's secrets."""
+    seen = tmp_path / "evaluator-env.json"
+    spec = job_factory(MAKE_MODEL,
+                       f"env:\n  SEEN_AT: {seen}\nverification:\n  evaluator: python evaluate.py\n"
+                       "  thresholds:\n    score: 0.5\n")
+    (spec.parent / "evaluate.py").write_text(EVALUATOR)
+    done = tm("submit", str(spec), "--wait", "--json", home=tm_home, extra_env=SECRETS, timeout=300)
+    assert json.loads(done.stdout)["state"] == "accepted", done.stdout + done.stderr
+    env = json.loads(seen.read_text())
+    leaked = {name for name, value in SECRETS.items() if name in env or value in json.dumps(env)}
+    assert leaked == set(), leaked
+    assert not any(name.startswith("TRAINMASTER_") and name != "TRAINMASTER_EVAL_CHECKPOINT" for name in env), env
+    assert env["SEEN_AT"] == str(seen) and "PATH" in env

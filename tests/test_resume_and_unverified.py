@@ -100,8 +100,8 @@ def test_an_attempt_that_cannot_be_verified_waits_unpaid_then_verify_again_accep
     from trainmaster.wallet.ledger import Ledger
 
     ready = tmp_path / "ready"
-    monkeypatch.setenv("METRICS_READY", str(ready))
-    spec = job_factory(TRAIN, "verification:\n  evaluator: python eval.py\n  thresholds:\n    score: 0.5\n")
+    spec = job_factory(TRAIN, "verification:\n  evaluator: python eval.py\n  thresholds:\n    score: 0.5\n"
+                              f"env:\n  METRICS_READY: {ready}\n")  # the evaluator inherits only the spec's env
     (spec.parent / "eval.py").write_text(EVALUATOR)
     job = broker.wait(broker.submit(spec).id, timeout_s=60)
     assert job.state == "unverified", job.reason

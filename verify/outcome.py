@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.jobs.environment import expand_command, interpreter_environment
+from trainmaster.jobs.inherited import inherited
 from trainmaster.jobs.files import HostileFile, read_regular
 from trainmaster.jobs.spec import PYTHON_NAMES
 
@@ -98,7 +99,9 @@ def run_evaluator(command: str, checkpoint: Path, *, cwd: Path | None, timeout_s
                   env: Mapping[str, str] | None = None) -> tuple[dict[str, float], str]:
     """Run the evaluator command in the job's environment; return its metrics and the tail of its output."""
     python = python or sys.executable
-    env = interpreter_environment(python, {**os.environ, **(env or {}), CHECKPOINT_ENV: str(Path(checkpoint).absolute())})
+    # the evaluator is the job's code: it gets what a job inherits (jobs/inherited.py), never the broker's secrets
+    env = interpreter_environment(python, {**inherited(os.environ), **(env or {}),
+                                           CHECKPOINT_ENV: str(Path(checkpoint).absolute())})
     argv = expand_command(command, env)
     if argv and argv[0] in PYTHON_NAMES:
         argv[0] = python

@@ -108,6 +108,7 @@ def audit_user_recipe(
     """Audit ``segments`` with the job's own recipe in a child process; raise :class:`VerificationError`
     (``rejected`` or ``cannot_verify``, see the module docstring) when it gives no report."""
     from trainmaster.jobs.environment import interpreter_environment
+    from trainmaster.jobs.inherited import inherited as inherited_environment
     from trainmaster.jobs.selfcheck import IMPORT_ONLY
 
     code_dir = Path(code_dir).resolve()
@@ -119,8 +120,10 @@ def audit_user_recipe(
     )
     python = python or sys.executable
     inherited = os.environ.get("PYTHONPATH")
+    # the replay runs the job's own code: it gets what a job inherits (jobs/inherited.py), never the broker's
+    # secrets (its database URL, tokens, credentials)
     child_env = interpreter_environment(python, {
-        **os.environ, **(env or {}), IMPORT_ONLY: "1",
+        **inherited_environment(os.environ), **(env or {}), IMPORT_ONLY: "1",
         "PYTHONPATH": os.pathsep.join([str(code_dir), *([inherited] if inherited else [])]),
     })
     with tempfile.TemporaryDirectory(prefix="trainmaster-recipe-audit-") as tmp:

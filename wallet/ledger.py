@@ -34,6 +34,7 @@ from trainmaster.jobs.money import display_usd
 from trainmaster.wallet import alert_records, outbox, payments
 from trainmaster.wallet.alerts import Alert, Overrun, log_alert
 from trainmaster.wallet.budget import Budget
+from trainmaster.wallet.spend import COLUMNS_GROUPED, GROUPS, SpendRow, charge_groups, spend_rows  # noqa: F401 — GROUPS, SpendRow, charge_groups: what callers import from here
 
 log = logging.getLogger("trainmaster.wallet.ledger")
 
@@ -70,16 +71,6 @@ MIGRATIONS: list[list[str]] = [
 ]
 
 Kind = Literal["reserve", "charge", "release"]
-COLUMNS_GROUPED = {
-    "backend": "backend",
-    "class": "workload",
-    "job": "job_id",
-    "project": "COALESCE(project, '-')",
-}
-GROUPS = (*COLUMNS_GROUPED, "month")
-"""What spend is grouped by; `month` is the UTC month of `at`, in each database's own words."""
-
-
 @dataclass(frozen=True)
 class Entry:
     """One row of the ledger."""
@@ -105,14 +96,6 @@ class Entry:
 
 Reservation = Entry
 """What `reserve` returns: the reserve row (its `key` is what `charge` and `release` name)."""
-
-
-@dataclass(frozen=True)
-class SpendRow:
-    group: str
-    micro_usd: int
-    rao: int
-    charges: int
 
 
 @dataclass(frozen=True)
@@ -319,25 +302,7 @@ class Ledger:
 
     def spend(self, by: str | None = None, *, since: float | None = None, until: float | None = None) -> list[SpendRow]:
         """Actual spend (charges only), grouped by backend, class, job, project or month."""
-        if by is not None and by not in GROUPS:
-            raise ValueError(f"cannot group spend by {by!r}; choose one of {', '.join(GROUPS)}")
-        group = "'total'" if by is None else COLUMNS_GROUPED.get(by) or statedb.dialect(self.db).month("at")
-        where, args = ["kind = 'charge'"], []
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("at < ?")
-            args.append(until)
-        order = "g" if by == "month" else "SUM(micro_usd) DESC, g"
-        rows = self.db.execute(
-            f"SELECT {group} AS g, SUM(micro_usd), SUM(rao), COUNT(*) FROM ledger_entries"
-            f" WHERE {' AND '.join(where)} GROUP BY g ORDER BY {order}",
-            args,
-        ).fetchall()
-        if by is None and not rows:
-            return [SpendRow("total", 0, 0, 0)]
-        return [SpendRow(*row) for row in rows]
+        return spend_rows(self.db, by, since=since, until=until)
 
     def entries(self, *, job_id: str | None = None) -> list[Entry]:
         sql, args = "SELECT * FROM ledger_entries", ()
@@ -525,16 +490,3 @@ def _rows(db, sql: str, args: tuple = ()) -> list[tuple]:
     if not statedb.table_exists(db, "ledger_entries"):
         return []
     return [tuple(r) for r in db.execute(sql, args)]
-
-
-def charge_groups(db, keys: list[str], by: str | None) -> dict[str, str]:
-    """charge key -> its group as `Ledger.spend(by)` groups its charges ('total' when `by` is None), for those of
-    `keys` the ledger holds."""
-    group = "'total'" if by is None else (COLUMNS_GROUPED[by] if by in COLUMNS_GROUPED
-                                          else statedb.dialect(db).month("at"))
-    found: dict[str, str] = {}
-    for i in range(0, len(keys), 500):  # within any database's limit on parameters
-        chunk = keys[i:i + 500]
-        found.update({row[0]: row[1] for row in db.execute(
-            f"SELECT key, {group} FROM ledger_entries WHERE key IN ({','.join('?' * len(chunk))})", chunk)})
-    return found
