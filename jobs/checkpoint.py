@@ -91,6 +91,9 @@ class SegmentManifest(BaseModel):
     weights_sha256: str
     rest_sha256: str
     leaf: str
+    device: Literal["cuda"] | None = None
+    """``cuda`` when S_i was trained on a GPU (absent: the CPU). Not hashed: the commitment carries the
+    run's device kind (``jobs/devices.py``); a resumed run reads it back from here."""
 
 
 @dataclass
@@ -209,6 +212,7 @@ def write_segment_bytes(
     recipe: str,
     step: int,
     k: int,
+    device: str = "cpu",
 ) -> SegmentManifest:
     """Write segment ``index`` from the canonical bytes of its three files, and publish it atomically.
 
@@ -237,9 +241,10 @@ def write_segment_bytes(
         job_id=job_id, recipe=recipe, segment=index, step=step, k=k,
         files={name: FileEntry(sha256=shas[name], bytes=sizes[name]) for name in parts},
         weights_sha256=weights_sha, rest_sha256=rest_sha, leaf=leaf_of(weights_sha, rest_sha),
+        device=None if device == "cpu" else device,
     )
     try:
-        text = json.dumps(manifest.model_dump(), sort_keys=True, indent=2) + "\n"
+        text = json.dumps(manifest.model_dump(exclude_none=True), sort_keys=True, indent=2) + "\n"
         _write_views(tmp / MANIFEST, [text.encode("utf-8")])
         _fsync_all([tmp / name for name in (*parts, MANIFEST)])
         _fsync(tmp)

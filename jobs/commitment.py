@@ -2,10 +2,11 @@
 
 ``commitment.json`` holds exactly the canonical JSON bytes (what the hotkey signs)::
 
-    json.dumps({"bundle_sha256", "final_sha256", "format", "job_id", "k", "n", "root"},
+    json.dumps({"bundle_sha256", "final_sha256", "format", "job_id", "k", "n", "root"[, "device"]},
                sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
-with lowercase hex digests and ``n``/``k`` as integers. ``n`` is the number of segments, so there
+with lowercase hex digests and ``n``/``k`` as integers; ``"device": "cuda"`` is there only for a run
+trained on a GPU (a CPU run's bytes are exactly those of format 1 before the field existed). ``n`` is the number of segments, so there
 are ``n + 1`` leaves ``h_0..h_n``; ``final_sha256 = sha256(weights_n)``. ``format`` (1) is part of the
 signed bytes, so a later format can never be read as this one; a format this version does not know is
 refused.
@@ -45,10 +46,21 @@ class Commitment(BaseModel):
     final_sha256: Hex64
     n: Annotated[StrictInt, Field(ge=0)]
     k: Annotated[StrictInt, Field(ge=1)]
+    device: Literal["cuda"] | None = None
+    """The kind of device the executor trained on when it is not the CPU (absent: the CPU). Signed with
+    the rest, so the (executor, verifier) pair whose calibration the audit applies is fixed before the
+    challenge is drawn (docs/protocol.md §2)."""
+
+    @property
+    def device_kind(self) -> str:
+        """``cpu`` or ``cuda``."""
+        return self.device or "cpu"
 
     def canonical_json(self) -> bytes:
-        """The exact bytes that are written and signed."""
-        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+        """The exact bytes that are written and signed (``device`` only when it is set)."""
+        return json.dumps(
+            self.model_dump(exclude_none=True), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        ).encode("ascii")
 
     @classmethod
     def from_json(cls, data: bytes) -> Commitment:
@@ -87,10 +99,14 @@ def segment_leaves(checkpoint_dir: Path, n: int) -> list[bytes]:
 
 
 def build_commitment(checkpoint_dir: Path, *, job_id: str, bundle_sha256: str, n: int, k: int) -> Commitment:
-    """The commitment over the segments 0..n on disk."""
-    final = read_manifest(segment_dir(checkpoint_dir, n)).weights_sha256
-    root = merkle_root(segment_leaves(checkpoint_dir, n)).hex()
-    return Commitment(job_id=job_id, bundle_sha256=bundle_sha256, root=root, final_sha256=final, n=n, k=k)
+    """The commitment over the segments 0..n on disk; ``device`` is ``cuda`` when any of them was trained on a GPU."""
+    manifests = [read_manifest(segment_dir(checkpoint_dir, i)) for i in range(n + 1)]
+    root = merkle_root([bytes.fromhex(m.leaf) for m in manifests]).hex()
+    device = "cuda" if any(m.device == "cuda" for m in manifests) else None
+    return Commitment(
+        job_id=job_id, bundle_sha256=bundle_sha256, root=root, final_sha256=manifests[n].weights_sha256, n=n, k=k,
+        device=device,
+    )
 
 
 def segment_proof(checkpoint_dir: Path, n: int, index: int) -> list[str]:

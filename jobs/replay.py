@@ -110,7 +110,11 @@ def replay_state(
     config: Mapping[str, Any] | None = None,
 ) -> ReplayResult:
     """:func:`replay_segment` from a state already in memory (the verifier holds S_i once its opening
-    is checked, and a write-and-read round trip would cost a third of its per-segment time)."""
+    is checked, and a write-and-read round trip would cost a third of its per-segment time).
+
+    The trainer computes on the device its recipe resolves (``jobs/devices.py``: the verifier's, inside
+    ``replaying_on``); S_i is loaded into it from the host, and the result's state is a host copy, so
+    whatever compares it never mixes devices."""
     info = state_info(state)
     resolved = _resolve_recipe(recipe, info.recipe)
     if config is not None and dict(config) != info.config:
@@ -123,13 +127,13 @@ def replay_state(
         raise StateError(f"cannot replay {k} steps from step {info.step} of a {cfg.steps}-step run")
     trainer = build_trainer(resolved, cfg, info.seed)
     restore(trainer, state)
-    _check_loaded_unchanged(state, full_state(trainer, resolved, cfg, info.seed, info.step))
+    _check_loaded_unchanged(state.on_host(), full_state(trainer, resolved, cfg, info.seed, info.step).on_host())
     decisions = DecisionLog(forced=forced_decisions)
     with recording_step_rates() as rates:
         for step in range(info.step, info.step + k):
             run_step(trainer, info.seed, step, decisions)
     decisions.check_complete()
-    end = full_state(trainer, resolved, cfg, info.seed, info.step + k)
+    end = full_state(trainer, resolved, cfg, info.seed, info.step + k).on_host()  # a GPU trainer's, copied to the host
     return ReplayResult(info.step, info.step + k, end, decisions.trace, decisions.report(), rates.peak)
 
 
