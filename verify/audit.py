@@ -3,7 +3,8 @@
 API::
 
     run_audit(*, commitment, openings, segments, recipe, config, seed,
-              tau=None, calibration=None, trusted_exact=False, margin_tol=None) -> AuditReport
+              tau=None, calibration=None, trusted_exact=False, margin_tol=None,
+              device=None, calibration_note=None) -> AuditReport
 
 * ``commitment`` — the executor's :class:`~trainmaster.jobs.commitment.Commitment` (its signature and
   n, k against the spec are checked before, by :mod:`trainmaster.verify.signing`).
@@ -16,6 +17,11 @@ API::
   decision-margin tolerance and the update-norm floor. With neither, :class:`UncalibratedError`.
 * ``trusted_exact`` — the executor is one of our own deterministic backends: require r = 0
   (bitwise identical weights) and no decision disagreement at all.
+* ``device`` — the verifier's device kind (``cpu`` or ``cuda``, :mod:`trainmaster.verify.verifier_device`):
+  every recipe built here resolves its ``device`` option to it (``jobs.devices.replaying_on``), so a
+  state committed on a GPU is re-executed on this machine's CPU by the same recipe code. None: the
+  recipe's own choice. The report says which device replayed, the executor's (from the signed
+  commitment) and the pair of the calibration used (``calibration_note`` when it stands in for another).
 
 Per challenged segment i (docs/protocol.md §4, §6; docs/audit.md):
 
@@ -53,6 +59,7 @@ import torch
 from trainmaster.jobs.canonical import state_sha256
 from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.decisions import DecisionTraceError
+from trainmaster.jobs.devices import cuda_available, replaying_on
 from trainmaster.jobs.execution import StateError, build_trainer, full_state, state_info
 from trainmaster.jobs.recipe import FieldRule, Recipe, RecipeConfig
 from trainmaster.jobs.replay import ReplayResult, replay_state
@@ -148,6 +155,8 @@ def run_audit(
     calibration: Calibration | None = None,
     trusted_exact: bool = False,
     margin_tol: float | None = None,
+    device: str | None = None,
+    calibration_note: str | None = None,
 ) -> AuditReport:
     """Audit the challenged ``segments`` of a committed run (see the module docstring)."""
     indices = sorted(set(segments))
@@ -155,11 +164,15 @@ def run_audit(
         raise ValueError("no segments to audit")
     if indices[0] < 0 or indices[-1] >= commitment.n:
         raise ValueError(f"challenged segments {indices} are outside 0..{commitment.n - 1}")
-    with _torch_threads_kept():
+    with _torch_threads_kept(), replaying_on(device):
         job = _job(recipe, config, seed, commitment.k)
         limits = _thresholds(job, tau=tau, calibration=calibration, trusted_exact=trusted_exact, margin_tol=margin_tol)
         evidence = [_audit_segment(i, job, commitment, openings, limits) for i in indices]
     return AuditReport(
+        device=device or ("cuda" if cuda_available() else "cpu"),
+        executor_device=commitment.device_kind,
+        calibration_pair=calibration.pair if calibration is not None and limits.source == "calibration" else None,
+        calibration_note=calibration_note,
         passed=all(e.passed for e in evidence),
         reasons=[f"segment {e.index}: {reason}" for e in evidence for reason in e.reasons],
         recipe=job.recipe.name,

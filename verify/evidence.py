@@ -81,3 +81,7 @@ class AuditReport(BaseModel):
     update_floor: float | None
     segments: list[SegmentEvidence]
     replay_seconds: float = Field(description="wall time of the re-executions")
+    device: str = Field("cpu", description="the device kind the segments were re-executed on (recipe: its own choice)")
+    executor_device: str = Field("cpu", description="the device kind the executor trained on (its signed commitment)")
+    calibration_pair: str | None = Field(None, description="executor→verifier pair of the calibration that set τ")
+    calibration_note: str | None = Field(None, description="why that pair's calibration applies to another pair")

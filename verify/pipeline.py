@@ -513,6 +513,7 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
         raise VerificationError("the replay audit needs a verified, stored commitment", kind="cannot_verify")
     own = _user_recipe(attempt)
     job = _recipe_run(attempt) if own is None else None
+    choice = _verifier(run, settings, job) if job is not None else None  # a job's own recipe: chosen in its child
     challenge = Challenge.for_commitment(run.stored, _secret(run), q=attempt.spec.verification.challenge_segments)
     if own is not None:
         report = _audit_own_recipe(run, own, challenge.segments, settings)
@@ -525,8 +526,10 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
             config=job.config,
             seed=job.seed,
             tau=settings.tau,
-            calibration=None if attempt.exact_replay else _calibration(settings, job),
+            calibration=choice.calibration,
             trusted_exact=attempt.exact_replay,
+            device=choice.device,
+            calibration_note=choice.note,
         )
     run.evidence["replay"] = {"challenge": challenge.message(), **report.model_dump(mode="json")}
     if not report.passed:
@@ -547,10 +550,12 @@ def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSe
             kind="cannot_verify",
         )
     code = _job_code(run, "its own recipe's audit")
+    from .verifier_device import wanted_device
+
     return audit_user_recipe(
         own, commitment=run.stored.commitment, openings_dir=openings.checkpoint_dir, segments=segments,
         code_dir=code, tau=settings.tau, calibration_dir=settings.calibration_dir, trusted_exact=attempt.exact_replay,
-        python=_interpreter(attempt, code), env=attempt.spec.env,
+        python=_interpreter(attempt, code), env=attempt.spec.env, device=wanted_device(),
     )
 
 
@@ -630,12 +635,14 @@ def _local_openings(attempt: Attempt) -> Openings:
     return LocalOpenings(directory)
 
 
-def _calibration(settings: AuditSettings, job: RecipeRun):
-    from .calibration import load_calibration
+def _verifier(run: _Run, settings: AuditSettings, job: RecipeRun):
+    """Where the challenged segments are re-executed and with which calibration (verify/verifier_device.py):
+    the executor's device kind is the one its signed commitment states."""
+    from .verifier_device import choose
 
-    if settings.tau is not None or settings.calibration_dir is None:
-        return None  # an explicit τ, or none at all (run_audit then says the job class is uncalibrated)
-    return load_calibration(settings.calibration_dir, job.job_class)
+    executor = run.stored.commitment.device_kind
+    return choose(executor, job.job_class, calibration_dir=settings.calibration_dir, tau=settings.tau,
+                  exact=run.attempt.exact_replay)
 
 
 def _run_audit() -> Audit:
