@@ -50,6 +50,11 @@ from .update_norm import update_per_lr
 from .variants import MILDEST_CHEAT, Variant, execute, honest_variants
 
 DEFAULT_KS = (10, 25, 50, 100)
+
+
+def default_ks(spec_k: int, steps: int) -> list[int]:
+    """10, 25, 50, 100 and the spec's k, those that leave at least half the run to spread base states over."""
+    return sorted(k for k in {*DEFAULT_KS, spec_k} if k <= steps // 2)
 DEFAULT_BASES = 4
 """Base states per seed: where learning starts, and three more spread over the rest of the run."""
 Progress = Callable[[str], None]
