@@ -46,6 +46,7 @@ from trainmaster.broker import (
 )
 from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
+from trainmaster.broker.auditability import job_fault, makes_commitment, untrusted_checks
 from trainmaster.broker.backend_config import configured
 from trainmaster.broker.estimate import own_estimate, past_run
 from trainmaster.broker.executors import Executors, ban_rejected
@@ -259,10 +260,12 @@ class Broker:
         if result.chosen is None:
             raise PlanError(result)
         if "replay" in checks_for(policy, loaded.spec, result.chosen.offer):
-            from trainmaster.verify.recipe_run import processes_refusal
+            from trainmaster.verify.recipe_run import precision_refusal, processes_refusal
 
             if refusal := processes_refusal(loaded.spec):  # never dispatch a run its audit could not replay
                 raise FileError(loaded.path, [f"{loaded.path}: resources.processes: {refusal}"])
+            if refusal := precision_refusal(loaded.spec):
+                raise FileError(loaded.path, [f"{loaded.path}: precision: {refusal}"])
         return loaded, policy, result
 
     async def prepare(self, spec_path: Path, policy_name: str = "default") -> Prepared:
@@ -763,6 +766,8 @@ class Broker:
                                     detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
             await self._promote(job.id)
             await self._give_back_disk(job)
+        elif verdict.outcome == "cannot_verify" and (fault := job_fault(verdict.evidence)):
+            await self._react(job, attempt, Cause.script_failed, fault)  # the job's own shape: nobody is banned
         elif verdict.outcome == "cannot_verify":
             # the checks could not run (a missing package, a full disk): nothing is paid or blocked; the
             # attempt waits for `trainmaster verify JOB --again`
@@ -840,7 +845,7 @@ class Broker:
         offer = Offer.model_validate_json(attempt.offer_json)
         checks = self._checks(job, offer)
         signature, open_segments = None, None
-        if not offer.trusted and isinstance(backend, RunsUntrusted):
+        if not offer.trusted and isinstance(backend, RunsUntrusted) and makes_commitment(self.spec(job)):
             try:
                 signature = (await retried(backend.signed_commitment, handle)).signature
             except BackendError as exc:  # the executor sent none: the pipeline rejects an unsigned commitment
@@ -1132,9 +1137,10 @@ class _SegmentOpener:
 def checks_for(policy: Policy, spec: JobSpec, offer: Offer) -> list[str]:
     """The checks an attempt gets: the policy's for its kind of compute, with the replay audit added
     for a trusted run when the spec says `replay_audit: always`, or dropped when it says `never`
-    (an untrusted executor is always audited: its work is paid for only through the audit)."""
+    (an untrusted executor is always audited: its work is paid for only through the audit, unless the job opts
+    into outcome-only trust, broker/auditability.py)."""
     settings = policy.verification
-    checks = list(settings.trusted if offer.trusted else settings.untrusted)
+    checks = list(settings.trusted if offer.trusted else untrusted_checks(spec, settings.untrusted))
     wanted = spec.verification.replay_audit
     if offer.trusted and wanted == "always" and "replay" not in checks:
         checks.append("replay")  # the pipeline runs its checks in its own order

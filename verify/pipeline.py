@@ -163,6 +163,10 @@ def verify_attempt(
     if unknown := wanted - set(CHECKS):
         raise ValueError(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
     run = _Run(attempt, db_path or None)
+    if not attempt.trusted and "replay" not in wanted:  # judged by its outcome alone: the verdict says what that risks
+        from .trust import outcome_only_evidence
+
+        run.evidence["trust"] = outcome_only_evidence()
     stages = {
         "integrity": lambda: _integrity(run, "replay" in wanted),
         "safety": lambda: _safety(run),
@@ -242,6 +246,11 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     _check_not_empty(outputs, run.attempt.spec)
     path = outputs / COMMITMENT_FILE
     if not os.path.lexists(path):  # a link or a FIFO of that name is refused by the read, never followed
+        if replay and run.attempt.spec is not None and not _makes_commitment(run.attempt.spec):
+            from .trust import JOB_FAULT, NO_COMMITMENT
+
+            run.evidence[JOB_FAULT] = NO_COMMITMENT  # the job's shape, not the executor: nobody is banned
+            raise VerificationError(NO_COMMITMENT, kind="cannot_verify")
         if replay:
             raise VerificationError(
                 f"no {COMMITMENT_FILE} in the outputs: the run did not commit to its states, so it cannot be audited",
@@ -261,6 +270,12 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     check_final(run.commitment, final, sha256=recorded.get(MODEL_FILE))  # checked above: not hashed twice
     evidence["final_sha256"] = run.commitment.final_sha256
     return evidence
+
+
+def _makes_commitment(spec: JobSpec) -> bool:
+    from .recipe_run import runs_runtime_recipe
+
+    return runs_runtime_recipe(spec)
 
 
 def _check_not_empty(outputs: Path, spec: JobSpec | None) -> None:
