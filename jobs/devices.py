@@ -34,6 +34,8 @@ from typing import Literal
 
 import torch
 
+from .settings import SettingsError
+
 DeviceOption = Literal["auto", "cpu", "cuda"]
 """A recipe config's ``device`` field."""
 DeviceKind = Literal["cpu", "cuda"]
@@ -44,7 +46,7 @@ CUBLAS_DETERMINISTIC = ":4096:8"
 _replay_kind: str | None = None
 
 
-class DeviceError(ValueError):
+class DeviceError(SettingsError):
     """A device option that cannot be honoured here (``cuda`` on a machine without one)."""
 
 

@@ -68,8 +68,8 @@ class PinnedBuffers:
                 self._idle.remove(chosen)
             elif self._idle:
                 self._idle.remove(max(self._idle, key=torch.Tensor.numel))
-        if chosen is None:
-            chosen = torch.empty(max(size + size // 4, 1), dtype=torch.uint8, pin_memory=True)
+        if chosen is None:  # pinned where a GPU can copy into it asynchronously; plain memory without one
+            chosen = torch.empty(max(size + size // 4, 1), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         array = chosen.numpy()
         view = memoryview(array)[:size]
         with self._lock:
