@@ -32,20 +32,25 @@ _MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D)
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit avalanche over int64 values in [0, 2³²)."""
-    x = x ^ (x >> 16)
-    x = (x * _MULTIPLIERS[0]) & _M
-    x = x ^ (x >> 15)
-    x = (x * _MULTIPLIERS[1]) & _M
-    return x ^ (x >> 16)
+    """A 32-bit avalanche over int64 values in [0, 2³²), in place (each product stays below 2⁶³)."""
+    x ^= x >> 16
+    x *= _MULTIPLIERS[0]
+    x &= _M
+    x ^= x >> 15
+    x *= _MULTIPLIERS[1]
+    x &= _M
+    x ^= x >> 16
+    return x
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, key: int, device: torch.device | str) -> torch.Tensor:
     """The boolean mask of the elements kept by dropout ``p`` under ``key`` (a pure function of its arguments)."""
-    count = math.prod(shape)
-    index = torch.arange(count, dtype=torch.int64, device=device)
-    x = _mix((index + (key & _M)) & _M)
-    x = _mix(x ^ ((key >> 32) & _M))
+    x = torch.arange(math.prod(shape), dtype=torch.int64, device=device)
+    x += key & _M
+    x &= _M
+    _mix(x)
+    x ^= (key >> 32) & _M
+    _mix(x)
     return (x >= int(p * 2**32)).reshape(shape)
 
 

@@ -1,9 +1,10 @@
 """A GPT-style language model on the runtime: the job's own recipe of the GPU check (and of CPU tests, small).
 
 Pre-LN transformer blocks (LayerNorm, causal self-attention, an MLP with bias and GELU), learned
-position embeddings, an untied head; AdamW with linear warm-up then a constant rate; dropout on the
-attention weights and both residual branches by ``HashDropout`` (the same masks on every device, so
-a run trained on a GPU is re-executed on a CPU verifier). Data: the tiny-lm recipe's seeded Markov
+position embeddings, an untied head; AdamW with linear warm-up then a constant rate; dropout on both
+residual branches by ``HashDropout`` (the same masks on every device, so a run trained on a GPU is
+re-executed on a CPU verifier). Attention is written out (matmul, causal mask, softmax): deterministic
+kernels on a GPU, and the same arithmetic on a CPU. Data: the tiny-lm recipe's seeded Markov
 chain over ``vocab`` tokens, the batch of step s a pure function of ``(seed, s)``, drawn on the CPU.
 
 At d 768, 12 layers, 12 heads, vocab 512, seq 256 it has 86M parameters (the GPU check's size);
@@ -60,18 +61,17 @@ class GPTConfig(RecipeConfig):
 
 
 class Attention(nn.Module):
-    def __init__(self, d: int, heads: int, dropout: float, keys: DropoutKeys):
+    def __init__(self, d: int, heads: int):
         super().__init__()
         self.heads = heads
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.dropout = HashDropout(dropout, keys)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        weights = self.dropout(F.softmax(scores.masked_fill(causal, float("-inf")), dim=-1))
+        weights = F.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
         return self.proj((weights @ v).transpose(1, 2).reshape(b, t, d))
 
 
@@ -79,7 +79,7 @@ class Block(nn.Module):
     def __init__(self, d: int, heads: int, dropout: float, keys: DropoutKeys):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = Attention(d, heads, dropout, keys)
+        self.attn = Attention(d, heads)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
         self.drop1, self.drop2 = HashDropout(dropout, keys), HashDropout(dropout, keys)
 
