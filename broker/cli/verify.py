@@ -193,11 +193,29 @@ def _print(verdict) -> None:
 
     for reason in verdict.reasons:
         typer.echo(f"  - {visible(with_hint(reason, CONVERT))}")
+    for line in _replay_and_trust(verdict.evidence):
+        typer.echo(visible(line))
     opaque = (verdict.evidence.get("safety") or {}).get("opaque") or []
     if opaque:
         typer.echo("opaque (kept, never loaded by trainmaster; load them only if you trust where they came from):")
         for item in opaque:
             typer.echo(f"  - {visible(item['path'])}: {visible(item['what'])}")
+
+
+def _replay_and_trust(evidence: dict) -> list[str]:
+    """Where the replay audit re-executed (its device, the executor's, the calibration's pair), and the risk of
+    outcome-only trust, when the verdict holds them."""
+    lines = []
+    replay = evidence.get("replay") or {}
+    if replay.get("device"):
+        pair = replay.get("calibration_pair")
+        line = (f"replayed on {replay['device']} (executor trained on {replay.get('executor_device', 'cpu')}; "
+                f"τ from {'the ' + pair + ' calibration' if pair else replay.get('tau_source', '?')})")
+        lines.append(line + (f"; {replay['calibration_note']}" if replay.get("calibration_note") else ""))
+    trust = evidence.get("trust") or {}
+    if trust.get("risk"):
+        lines.append(f"warning: {trust['risk']}")
+    return lines
 
 
 def _fail(message: str) -> None:
