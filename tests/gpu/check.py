@@ -89,6 +89,7 @@ class Check:
     summary: dict = field(default_factory=lambda: {"stages": {}, "figures": {}})
     found: dict = field(default_factory=dict)
     """What one stage leaves for another (a run's checkpoints, its final weights' sha256)."""
+    recipes: dict = field(default_factory=lambda: dict(RECIPES))
 
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
@@ -205,74 +206,17 @@ def gpt_submit(check: Check) -> dict:
 
 
 def gpt_benchmark(check: Check) -> dict:
-    """A bare loop and ``runtime.run`` (self-check off) over the same model, seed and steps; the time the
-    loop spends in the checkpoint calls (capture, hand-over, the final wait for the writer)."""
-    import torch
+    """tests/benchmarks/bench_gpt_blocked.py at this check's size: a bare loop against ``runtime.run``
+    (self-check off), and the fraction of step time the loop is blocked by checkpoints."""
+    sys.path.insert(0, str(HERE.parent / "benchmarks"))
+    from bench_gpt_blocked import measure
 
-    sys.path.insert(0, str(gpt_code(check)))
-    from gpt import RECIPE
-
-    from trainmaster.jobs import writer as writer_module
-    from trainmaster.jobs.decisions import DecisionLog
-    from trainmaster.jobs.devices import synchronize
-    from trainmaster.jobs.execution import build_trainer, run_step
-    from trainmaster.jobs.recipes.options import parse_options
-    from trainmaster.jobs.runtime import RuntimeSettings, run
-
-    steps = check.sizes.gpt_steps
-    config = parse_options(RECIPE, gpt_options(check.sizes, steps))
-    seed, device = 5, check.sizes.device
-    warm = build_trainer(RECIPE, config, seed)  # cuBLAS handles, kernels, the allocator's pools
-    for step in range(3):
-        run_step(warm, seed, step, DecisionLog())
-    synchronize(device)
-    del warm
-    began = time.perf_counter()
-    trainer = build_trainer(RECIPE, config, seed)
-    for step in range(steps):
-        run_step(trainer, seed, step, DecisionLog())
-    synchronize(device)
-    bare = time.perf_counter() - began
-    del trainer
-    blocked = {"capture": 0.0, "write": 0.0, "close": 0.0}
-    originals = {name: getattr(writer_module.SegmentWriter, name) for name in blocked}
-
-    def timed(name):
-        def call(self, *args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return originals[name](self, *args, **kwargs)
-            finally:
-                blocked[name] += time.perf_counter() - t
-        return call
-
-    for name in blocked:
-        setattr(writer_module.SegmentWriter, name, timed(name))
-    out = check.work / "bench"
-    shutil.rmtree(out, ignore_errors=True)
-    try:
-        began = time.perf_counter()
-        result = run(RECIPE, config, RuntimeSettings(output_dir=out, checkpoint_dir=out / "checkpoints", segment_steps=K,
-                                                     seed=seed, selfcheck=False))
-        synchronize(device)
-        runtime = time.perf_counter() - began
-    finally:
-        for name, original in originals.items():
-            setattr(writer_module.SegmentWriter, name, original)
-    check.found["gpt_final_sha256"] = result.commitment.final_sha256
-    state_bytes = sum(p.stat().st_size for p in (out / "checkpoints" / "segments" / "00000001").iterdir())
-    figures = {
-        "gpt_parameters": result.result.get("parameters"),
-        "gpt_bare_s": round(bare, 2), "gpt_runtime_s": round(runtime, 2),
-        "gpt_runtime_overhead": round(runtime / bare - 1, 4),
-        "gpt_blocked_s": {k: round(v, 3) for k, v in blocked.items()},
-        "gpt_blocked_fraction": round(sum(blocked.values()) / runtime, 4),
-        "gpt_step_s": round(bare / steps, 4), "gpt_state_bytes": state_bytes,
-        "gpt_commitment_device": result.commitment.device,
-    }
-    check.summary["figures"].update(figures)
-    shutil.rmtree(out / "checkpoints" / "segments" / "00000000", ignore_errors=True)  # disk: keep S_1.. for nothing else
-    return figures
+    found: dict = {}
+    figures = measure(check.sizes.gpt, check.sizes.gpt_steps, check.work, seed=5, found=found)
+    check.found["gpt_final_sha256"] = found["final_sha256"]
+    check.summary["figures"]["gpt_benchmark"] = figures
+    check.summary["figures"]["gpt_step_s"] = figures["bare loop (s)"] / check.sizes.gpt_steps
+    return {**figures, "commitment_device": found["device"]}
 
 
 def gpt_resume(check: Check) -> dict:
@@ -309,7 +253,7 @@ def gpt_resume(check: Check) -> dict:
 
 def shipped_submits(check: Check) -> dict:
     found = {}
-    for module, name in RECIPES.items():
+    for module, name in check.recipes.items():
         if check.left() < 60:
             found[name] = {"status": "skipped (time)"}
             continue
@@ -334,7 +278,7 @@ def cpu_audits(check: Check) -> dict:
     from trainmaster.verify.recipe_run import recipe_run
 
     found = {}
-    for name in RECIPES.values():
+    for name in check.recipes.values():
         ran = check.found.get(f"run:{name}")
         if not ran or not ran[1].get("checkpoints") or not ran[1].get("commitment"):
             found[name] = {"status": "no run to audit"}
@@ -387,7 +331,7 @@ def calibrations(check: Check) -> dict:
     target.mkdir(parents=True, exist_ok=True)
     executor = check.sizes.device
     found = {}
-    for module, name in RECIPES.items():
+    for module, name in check.recipes.items():
         recipe = get_recipe(name)
         config = recipe.config({"steps": check.sizes.calibration_steps[module]})
         for verifier in ("cpu", executor) if executor != "cpu" else ("cpu",):
@@ -461,12 +405,26 @@ def gpt_cpu_audit(check: Check) -> dict:
     return found
 
 
+STAGES = {  # in order; each with the seconds it needs at least
+    "environment": (0, environment),
+    "gpt_submit": (60, gpt_submit),
+    "gpt_benchmark": (60, gpt_benchmark),
+    "gpt_resume": (50, gpt_resume),
+    "shipped_submits": (60, shipped_submits),
+    "cpu_audits": (40, cpu_audits),
+    "calibrations": (45, calibrations),
+    "gpt_cpu_audit": (30, gpt_cpu_audit),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-check-out"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/trainmaster-gpu-check"))
     parser.add_argument("--budget", type=float, default=510.0, help="seconds for everything (stages skip past it)")
     parser.add_argument("--rehearse", action="store_true", help="the same stages on the CPU, small (no GPU needed)")
+    parser.add_argument("--stages", nargs="*", choices=STAGES, help="run only these (default: all, in order)")
+    parser.add_argument("--recipes", nargs="*", choices=sorted(RECIPES.values()), help="shipped recipes (default: all)")
     args = parser.parse_args(argv)
     import torch
 
@@ -479,14 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True)
     check = Check(args.out, args.work, REHEARSAL if args.rehearse else GPU, args.budget)
     check.summary["mode"] = "rehearsal (cpu)" if args.rehearse else "gpu"
-    check.stage("environment", 0, lambda: environment(check))
-    check.stage("gpt_submit", 60, lambda: gpt_submit(check))
-    check.stage("gpt_benchmark", 60, lambda: gpt_benchmark(check))
-    check.stage("gpt_resume", 50, lambda: gpt_resume(check))
-    check.stage("shipped_submits", 60, lambda: shipped_submits(check))
-    check.stage("cpu_audits", 40, lambda: cpu_audits(check))
-    check.stage("calibrations", 45, lambda: calibrations(check))
-    check.stage("gpt_cpu_audit", 30, lambda: gpt_cpu_audit(check))
+    if args.recipes:
+        check.recipes = {module: name for module, name in RECIPES.items() if name in args.recipes}
+    for name in args.stages or STAGES:
+        need, stage = STAGES[name]
+        check.stage(name, need, lambda stage=stage: stage(check))
     failed = [name for name, s in check.summary["stages"].items() if s["status"] == "failed"]
     check.summary["failed"] = failed
     check.save()
