@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -75,8 +75,10 @@ def calibrate_user_recipe(
     python: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float = TIMEOUT_S,
+    progress: Callable[[str], None] | None = None,
 ) -> Calibration:
-    """Measure the job's own recipe's calibration in a child process (see the module docstring)."""
+    """Measure the job's own recipe's calibration in a child process (see the module docstring); its output
+    lines go to ``progress`` (the last ones also end an error's reason)."""
     from trainmaster.jobs.environment import interpreter_environment
     from trainmaster.jobs.selfcheck import IMPORT_ONLY
 
@@ -95,11 +97,8 @@ def calibrate_user_recipe(
         root = Path(tmp)
         (root / "request.json").write_text(request.model_dump_json())
         try:
-            done = subprocess.run(
-                [python, "-m", MODULE, str(root / "request.json"), str(root / "result.json")],
-                cwd=code_dir, env=child_env, stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=sys.stderr,
-                timeout=timeout_s, check=False,
-            )
+            returncode = _relayed([python, "-m", MODULE, str(root / "request.json"), str(root / "result.json")],
+                                  cwd=code_dir, env=child_env, timeout_s=timeout_s, progress=progress)
         except subprocess.TimeoutExpired:
             raise RecipeCalibrationError(f"the calibration of {run.target} did not finish within {timeout_s:.0f} s") from None
         except OSError as exc:
@@ -107,13 +106,39 @@ def calibrate_user_recipe(
         try:
             result = CalibrateResult.model_validate_json(read_regular(root / "result.json", MAX_RESULT_BYTES))
         except FileNotFoundError:
-            how = f"was killed by signal {-done.returncode}" if done.returncode < 0 else f"exited with code {done.returncode}"
+            how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
             raise RecipeCalibrationError(f"the calibration process of {run.target} {how} without a result") from None
         except (HostileFile, ValidationError, OSError) as exc:
             raise RecipeCalibrationError(f"the calibration process of {run.target} left an unreadable result: {exc}") from None
     if result.error or result.calibration is None:
         raise RecipeCalibrationError(result.error or f"the calibration of {run.target} gave no result")
     return result.calibration
+
+
+def _relayed(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float,
+             progress: Callable[[str], None] | None) -> int:
+    """Run the child, handing each line it prints to ``progress``; its exit code."""
+    import threading
+
+    process = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+
+    def relay() -> None:
+        for raw in process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            if progress is not None and line:
+                progress(line[-500:])
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    try:
+        code = process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    reader.join(5)
+    return code
 
 
 # the child

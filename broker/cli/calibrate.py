@@ -119,6 +119,7 @@ def _own_recipe(loaded, own, *, seeds, ks, bases, warmup, executor, verifier, pr
             return calibrate_user_recipe(
                 own, code, seeds=[own.seed + j for j in range(seeds)], ks=ks, bases=bases, warmup=warmup,
                 executor=executor, verifier=verifier, python=python, env=loaded.spec.env,
+                progress=progress or (lambda line: None),
             )
         except RecipeCalibrationError as exc:
             _fail(f"cannot calibrate {loaded.path}: {exc}")
