@@ -7,8 +7,9 @@ trainmaster.jobs.recipes.<name>``: the shipped ``configs/examples/demo``, any pl
 nothing, so its audit cannot run. Sent to a miner it would come back without a ``commitment.json``
 and the honest miner would be rejected and banned for the job's own shape. So planning knows first:
 
-* :func:`untrusted_refusal` — such a job is not offered to untrusted backends; the plan (``submit
-  --dry-run``, ``offers``) says why for each of them;
+* :func:`untrusted_refusal` — such a job is not offered to untrusted backends (``Broker.plan`` asks
+  only :func:`auditable_backends`); the plan (``submit --dry-run``, ``offers``) says why for each of
+  them. A policy whose untrusted checks leave the replay audit out has chosen otherwise, for every job;
 * unless its spec opts into **outcome-only trust** (:func:`outcome_only`): an evaluator with
   thresholds (``verification: {evaluator: …, thresholds: {…}}``) and not ``replay_audit: always``.
   Then the executor's work is judged by the held-out evaluation alone: what it ran is never
@@ -45,11 +46,29 @@ def outcome_only(spec: JobSpec) -> bool:
             and settings.replay_audit != "always")
 
 
-def untrusted_refusal(spec: JobSpec, backend_trusted: bool) -> list[str]:
-    """Why ``spec`` must not be offered by an untrusted backend (empty: it may)."""
-    if backend_trusted or makes_commitment(spec) or outcome_only(spec):
+def untrusted_refusal(spec: JobSpec, backend_trusted: bool, *, audits_untrusted: bool = True) -> list[str]:
+    """Why ``spec`` must not be offered by an untrusted backend (empty: it may). ``audits_untrusted``: the
+    policy replay-audits untrusted work (a policy whose untrusted checks leave the audit out has chosen to
+    judge such work without it, and says so in every verdict)."""
+    if backend_trusted or not audits_untrusted or makes_commitment(spec) or outcome_only(spec):
         return []
     return [UNTRUSTED_REASON]
+
+
+def auditable_backends(spec: JobSpec, policy, backends: dict) -> tuple[dict, list]:
+    """The backends to ask for offers, and an answer with the reason for each untrusted one this job must not
+    reach (asked of no one: a miner is not even sent a quote request)."""
+    from trainmaster.backends.base import OfferSet
+    from trainmaster.backends.registry import trusted
+
+    audits = "replay" in policy.verification.untrusted
+    kept, refused = {}, []
+    for name, backend in backends.items():
+        if reasons := untrusted_refusal(spec, trusted(name), audits_untrusted=audits):
+            refused.append(OfferSet(backend=name, reasons=reasons))
+        else:
+            kept[name] = backend
+    return kept, refused
 
 
 def untrusted_checks(spec: JobSpec, checks: list[str]) -> list[str]:

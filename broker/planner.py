@@ -39,7 +39,6 @@ from typing import NamedTuple
 from trainmaster.backends.base import Backend, Offer, OfferRequest, OfferSet, Quoting
 from trainmaster.backends.catalog.gpus import REFERENCE, canonical_gpu, gpu_matches, throughput
 from trainmaster.backends.catalog.transfer import egress_micro_usd, source_cloud
-from trainmaster.broker.auditability import untrusted_refusal
 from trainmaster.broker.gating import gate
 from trainmaster.broker.policy import ClassPolicy, Policy, tier_name
 from trainmaster.jobs.money import display_usd
@@ -125,17 +124,14 @@ async def gather_offers(
     timeout_s: float = OFFER_TIMEOUT_S,
 ) -> list[OfferSet]:
     """Ask every backend at once; one that is slow or broken, or lacks a feature the job needs
-    (`broker.gating`, checked before it is asked), or is untrusted while the job cannot be audited
-    (`broker.auditability`), gives reasons instead of offers.
+    (`broker.gating`, checked before it is asked), gives reasons instead of offers.
 
     Each offer is stamped with the backend that was asked, that backend's trust from the registry, how
     long its price holds and the evidence of the quote: what a backend (or an executor behind it) writes
     into those fields is never believed beyond what `stamped` keeps."""
 
-    from trainmaster.backends.registry import trusted
-
     async def one(name: str, backend: Backend) -> OfferSet:
-        reasons = gate(backend, request) or untrusted_refusal(request.spec, trusted(name))
+        reasons = gate(backend, request)
         if reasons:
             return OfferSet(backend=name, reasons=reasons)
         try:

@@ -46,7 +46,7 @@ from trainmaster.broker import (
 )
 from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
-from trainmaster.broker.auditability import job_fault, makes_commitment, untrusted_checks
+from trainmaster.broker.auditability import auditable_backends, job_fault, makes_commitment, untrusted_checks
 from trainmaster.broker.backend_config import configured
 from trainmaster.broker.estimate import own_estimate, past_run
 from trainmaster.broker.executors import Executors, ban_rejected
@@ -221,9 +221,9 @@ class Broker:
         self.offer_rounds += 1
         rate, rate_problem = current_rate(self.rates(policy))
         request = offer_request(spec, policy, rate)
-        offer_sets: list[OfferSet] = await gather_offers(request, self._enabled(spec, policy),
-                                                         valid_s=policy.offers.valid_s,
-                                                         rate_max_age_s=policy.tao_rate.max_age_s)
+        backends, refused = auditable_backends(spec, policy, self._enabled(spec, policy))
+        offer_sets: list[OfferSet] = [*await gather_offers(request, backends, valid_s=policy.offers.valid_s,
+                                                           rate_max_age_s=policy.tao_rate.max_age_s), *refused]
         hotkeys, coldkeys = self.executors.banned()
         banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
         history, failure_rates = learned(self.store.ended_attempts())

@@ -469,8 +469,7 @@ Slow.__abstractmethods__ = frozenset()
 
 
 def test_gather_offers_times_out_and_survives_broken_backends():
-    auditable = JobSpec(name="t", entrypoint="python -m trainmaster.jobs.recipes.dqn")  # unregistered names are untrusted
-    found = asyncio.run(gather_offers(OfferRequest(spec=auditable), {"slow": Slow(), "broken": Broken(), "quick": Quick()},
+    found = asyncio.run(gather_offers(OfferRequest(spec=spec()), {"slow": Slow(), "broken": Broken(), "quick": Quick()},
                                      valid_s=60, rate_max_age_s=60, timeout_s=0.2))
     by = {s.backend: s for s in found}
     assert by["slow"].reasons == ["no answer within 0.2 s"]

@@ -80,6 +80,8 @@ def test_a_recipe_job_and_an_outcome_only_job_are_offered_to_untrusted_backends(
     assert untrusted_refusal(half, backend_trusted=False) == [UNTRUSTED_REASON]  # an evaluator without thresholds
     assert untrusted_refusal(always, backend_trusted=False) == [UNTRUSTED_REASON]  # it asks for an audit it cannot get
     assert untrusted_refusal(plain, backend_trusted=True) == []  # our own compute runs anything
+    # a policy that judges untrusted work without the audit has chosen so for every job (its verdicts say the risk)
+    assert untrusted_refusal(plain, backend_trusted=False, audits_untrusted=False) == []
     assert outcome_only(opted) and not outcome_only(recipe)
 
 
@@ -120,14 +122,14 @@ def test_a_run_whose_job_makes_no_commitment_is_the_jobs_failure_and_bans_no_one
     # through the broker: an executor handed such a job is not banned, and the job fails as its script would
     executor = UntrustedExecutor()
     broker = SyncBroker(Broker(backends={"bittensor": executor}))
-    from trainmaster.broker import planner
+    from trainmaster.broker import auditability
 
-    original = planner.untrusted_refusal
+    original = auditability.untrusted_refusal
     try:
-        planner.untrusted_refusal = lambda spec, trusted: []  # as a broker before this rule planned it
+        auditability.untrusted_refusal = lambda *args, **kwargs: []  # as a broker before this rule planned it
         done = broker.wait(broker.submit(spec, str(demo.parent / "untrusted.yaml")).id, timeout_s=240)
     finally:
-        planner.untrusted_refusal = original
+        auditability.untrusted_refusal = original
     assert done.state == "failed", done.reason
     assert NO_COMMITMENT in done.reason
     [ran] = broker.store.attempts(done.id)
