@@ -109,11 +109,15 @@ def _own_recipe(loaded, own, *, seeds, ks, bases, warmup, executor, verifier, pr
     import tempfile
 
     from trainmaster.broker import paths
-    from trainmaster.broker.cli.verify import _fresh_code
+    from trainmaster.broker.cli.fresh_code import fresh_code
+    from trainmaster.jobs.bundle import BundleError
     from trainmaster.verify.recipe_calibrate import RecipeCalibrationError, calibrate_user_recipe
 
     with tempfile.TemporaryDirectory(prefix="trainmaster-calibrate-") as scratch:
-        code = _fresh_code(loaded, Path(scratch))
+        try:
+            code = fresh_code(loaded, Path(scratch))
+        except BundleError as exc:
+            _fail(f"{loaded.path}: code: {exc}")
         python = _interpreter(loaded, code, paths.envs_dir())
         try:
             return calibrate_user_recipe(

@@ -165,15 +165,13 @@ def _load_spec(spec_path: Path):
 
 def _fresh_code(loaded, scratch: Path) -> Path:
     """The spec's code, bundled as `submit` would and extracted afresh under ``scratch`` (its sha256 checked)."""
-    from trainmaster.jobs.bundle import BundleError, build_bundle, extract_bundle
+    from trainmaster.broker.cli.fresh_code import fresh_code
+    from trainmaster.jobs.bundle import BundleError
 
     try:
-        info = build_bundle(loaded.code_dir, loaded.spec.canonical_json(), scratch,
-                            max_bytes=loaded.spec.limits.max_bundle_mb * 2**20)
-        extract_bundle(info.path, scratch / "code", expected_sha256=info.sha256)
+        return fresh_code(loaded, scratch)
     except BundleError as exc:
         _fail(f"{loaded.path}: code: {exc}")
-    return scratch / "code"
 
 
 def _print(verdict) -> None:
