@@ -102,6 +102,12 @@ def prepare_determinism() -> None:
         return
     os.environ.setdefault(CUBLAS_WORKSPACE, CUBLAS_DETERMINISTIC)  # read when cuBLAS makes its first handle
     torch.use_deterministic_algorithms(True)
+    try:  # filling every new tensor with NaN costs time, and a valid step reads no uninitialised memory
+        import torch.utils.deterministic as deterministic
+
+        deterministic.fill_uninitialized_memory = False
+    except ImportError:
+        pass
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False

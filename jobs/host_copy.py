@@ -7,8 +7,10 @@ device-to-host transfer (a 1 GB state of an 86M-parameter model with Adam: tens 
 speed, more into pageable memory). Instead, per device:
 
 1. on the training stream, right after the step that reached the boundary, each tensor's bytes are
-   copied into one flat device snapshot (device-to-device, a few hundred GB/s: under a millisecond
-   for 1 GB on an H200), so the next steps may change the live tensors at once;
+   copied into one flat device snapshot (device-to-device, a few TB/s: well under a millisecond
+   for 1 GB on an H200), so the next steps may change the live tensors at once; the snapshot is
+   reused at the next boundary, once the GPU has finished copying out of it (the training stream
+   waits for that event, long past by then: one state's worth of device memory in all);
 2. a side stream waits for that copy, then moves the snapshot into a **pinned** host buffer (the
    canonical file: header, then every tensor's bytes in sorted name order) with asynchronous
    copies, overlapping the next steps' compute; an event marks the end;
@@ -97,11 +99,16 @@ def has_device_tensors(tensors: Mapping[str, object]) -> bool:
 
 
 class DeviceCopier:
-    """Makes :class:`HostCopy` objects of states with CUDA tensors (one side stream per device)."""
+    """Makes :class:`HostCopy` objects of states with CUDA tensors: one side stream and one reused device
+    snapshot per device (overwritten only once the previous copy out of it is done, a wait the GPU makes,
+    not the Python thread)."""
 
     def __init__(self, buffers: PinnedBuffers | None = None):
         self.buffers = buffers or PinnedBuffers()
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._snapshots: dict[torch.device, torch.Tensor] = {}
+        self._read: dict[torch.device, torch.cuda.Event] = {}
+        """The event after which the side stream has read a device's snapshot."""
 
     def copy(self, tensors: Mapping[str, object]) -> HostCopy:
         """Start copying the canonical bytes of ``tensors`` into a pinned buffer (see the module docstring)."""
@@ -136,37 +143,47 @@ class DeviceCopier:
         self.buffers.give_back(view)
         return True
 
+    def _snapshot(self, device: torch.device, size: int, training: torch.cuda.Stream) -> torch.Tensor | None:
+        """The device's snapshot buffer, at least ``size`` bytes, free to overwrite on the training stream."""
+        read = self._read.get(device)
+        if read is not None:
+            training.wait_event(read)  # the side stream's last copy out of it comes first
+        snapshot = self._snapshots.get(device)
+        if snapshot is None or snapshot.numel() < size:
+            self._snapshots.pop(device, None)  # (the old one is read by then: the wait above orders its reuse)
+            try:
+                snapshot = torch.empty(size, dtype=torch.uint8, device=device)
+            except torch.cuda.OutOfMemoryError:
+                return None
+            self._snapshots[device] = snapshot
+        return snapshot
+
     def _start(self, device: torch.device, parts: list[tuple[torch.Tensor, int, int]], pinned: torch.Tensor, copy: HostCopy) -> None:
         side = self._streams.get(device)
         if side is None:
             side = self._streams[device] = torch.cuda.Stream(device)
         training = torch.cuda.current_stream(device)
-        total = sum(size for _, _, size in parts)
-        try:
-            snapshot = torch.empty(total, dtype=torch.uint8, device=device)
-        except torch.cuda.OutOfMemoryError:
-            snapshot = None
+        snapshot = self._snapshot(device, sum(size for _, _, size in parts), training)
         if snapshot is not None:  # 1. device-to-device on the training stream, in its order
-            at = 0
-            for tensor, _, size in parts:
-                snapshot[at : at + size].copy_(_raw(tensor))
-                at += size
             sources, at = [], 0
-            for _, _, size in parts:
-                sources.append(snapshot[at : at + size])
+            for tensor, _, size in parts:
+                target = snapshot[at : at + size]
+                target.copy_(_raw(tensor))
+                sources.append(target)
                 at += size
-            copy.keep.append(snapshot)
-        else:
+        else:  # no memory for a snapshot: the side stream reads the live tensors
             sources = [_raw(tensor) for tensor, _, _ in parts]
+            copy.keep.extend(sources)
         side.wait_stream(training)
         with torch.cuda.stream(side):  # 2. device-to-host into the pinned file, overlapping the next steps
             for source, (_, offset, size) in zip(sources, parts, strict=True):
                 pinned[offset : offset + size].copy_(source, non_blocking=True)
             done = torch.cuda.Event()
             done.record(side)
-        if snapshot is None:  # the live tensors were read: the next steps wait for the transfer on the GPU
+        if snapshot is None:  # the next steps may change the live tensors only once they are read
             training.wait_stream(side)
-            copy.keep.extend(sources)
+        else:
+            self._read[device] = done
         copy.events.append(done)
 
 
