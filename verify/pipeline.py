@@ -246,7 +246,7 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     _check_not_empty(outputs, run.attempt.spec)
     path = outputs / COMMITMENT_FILE
     if not os.path.lexists(path):  # a link or a FIFO of that name is refused by the read, never followed
-        if replay and run.attempt.spec is not None and not _makes_commitment(run.attempt.spec):
+        if replay and run.attempt.spec is not None and not _makes_commitment(run.attempt):
             from .trust import JOB_FAULT, NO_COMMITMENT
 
             run.evidence[JOB_FAULT] = NO_COMMITMENT  # the job's shape, not the executor: nobody is banned
@@ -272,10 +272,11 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     return evidence
 
 
-def _makes_commitment(spec: JobSpec) -> bool:
+def _makes_commitment(attempt: Attempt) -> bool:
+    """Whether the attempt's job trains through the runtime (its spec's recipe, or the recipe run the caller gives)."""
     from .recipe_run import runs_runtime_recipe
 
-    return runs_runtime_recipe(spec)
+    return attempt.recipe_run is not None or runs_runtime_recipe(attempt.spec)
 
 
 def _check_not_empty(outputs: Path, spec: JobSpec | None) -> None:
