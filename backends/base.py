@@ -254,6 +254,13 @@ class CapacityError(BackendError):
     job and the policy falls back to the next one."""
 
 
+class ConfigurationError(BackendError):
+    """The backend's own set-up refuses the run, and nothing about this job or offer will change that: a
+    missing bucket or container, an execution role it cannot assume or pass, a permission, a quota of zero,
+    no credentials. The attempt ends once with the reason, and the backend is not planned again for the job
+    (another offer of it would meet the same refusal)."""
+
+
 class LocalEnvironmentError(BackendError):
     """Our own side failed (a full disk, a folder we cannot write): nobody else is blamed or paid; the
     attempt waits, and the message says what to fix."""

@@ -27,6 +27,7 @@ from trainmaster.jobs.output_tree import FILE, FOLDER, SPECIAL, Entry, entries
 
 CHUNK = 4 * 2**20
 PARTIAL = ".partial"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 async def copy_tree(source: Path, dest: Path, progress: Progress | None = None, *, link: bool = True) -> list[OutputFile]:
@@ -162,6 +163,7 @@ async def download(
     Bytes already in `dest`'s partial file are kept and the stream resumes after them (their hash
     is recomputed, not trusted). More bytes than announced, or a different sha256 at the end, and
     the partial file is deleted and the transfer refused: the sender is at fault, not the network.
+    A disk that fills deletes the partial file too (LocalEnvironmentError: our side, nothing kept).
     """
     if dest.is_file() and dest.stat().st_size == size and await asyncio.to_thread(_sha256, dest) == sha256:
         return OutputFile(path=dest.name, size=size, sha256=sha256)
@@ -180,6 +182,8 @@ async def download(
                 progress(have, size)
         await sink.finish()
     except OSError as exc:
+        if exc.errno in DISK_FULL:
+            part.unlink(missing_ok=True)  # a full disk keeps nothing: what is freed lets the state database write
         raise _disk_error(exc, dest, size) from None
     finally:
         await sink.close()
@@ -271,7 +275,7 @@ def _sha256(path: Path) -> str:
 
 def _disk_error(exc: OSError, dest: Path, need: int) -> LocalEnvironmentError:
     """Writing on our side failed: our environment's fault, never the sender's."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if exc.errno in DISK_FULL:
         return LocalEnvironmentError(
             f"no space left while writing to {dest.parent} (needs {need / 1e6:.1f} MB); "
             "free some space and run `trainmaster status` to fetch again"

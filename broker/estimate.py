@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trainmaster.backends.base import Offer
-from trainmaster.backends.catalog.gpus import REFERENCE
-from trainmaster.broker.planner import reference_hours
+from trainmaster.broker.planner import hours_unit, reference_hours
 from trainmaster.broker.progress import total_steps
 from trainmaster.broker.store import Attempt
 from trainmaster.jobs.spec import JobSpec
@@ -50,6 +49,6 @@ def own_estimate(spec: JobSpec, runs: Sequence[PastRun]) -> tuple[float, str] | 
     if steps and stepped:
         per_step = statistics.median(r.hours / r.steps for r in stepped)
         return (steps * per_step, f"{steps:,} steps (--steps) × {per_step * 3600:.3g} s/step from {len(stepped)} "
-                                  f"earlier run(s) of {spec.name!r} ({REFERENCE}-hours)")
+                                  f"earlier run(s) of {spec.name!r} ({hours_unit(spec)})")
     hours = statistics.median(r.hours for r in runs)
-    return hours, f"history of {spec.name!r}: median of {len(runs)} earlier run(s), {hours:.3g} {REFERENCE}-hours"
+    return hours, f"history of {spec.name!r}: median of {len(runs)} earlier run(s), {hours:.3g} {hours_unit(spec)}"

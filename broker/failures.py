@@ -15,6 +15,7 @@ The table (docs/architecture.md §2):
 | cause script_failed            | failed         | failed (no fallback helps)               |     |
 | cause preempted, lost          | failed         | same offer while `retries` allow, resumed; then the next offer |  |
 | cause capacity, CapacityError  | failed         | the next offer (this one blocked)        |     |
+| ConfigurationError             | failed         | the next offer of another backend (this backend blocked for the job: its set-up refuses every offer) | |
 | cause cancelled                | cancelled      | cancelled                                |     |
 | cause cancelled (untrusted)    | failed         | the next offer (it abandoned the work; it never ends the job) | |
 | ExecutorFault (untrusted)      | rejected       | the next offer                           | yes |
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainmaster.backends.base import (
-    BackendError, CapacityError, Cause, ExecutorFault, LocalEnvironmentError, TransientBackendError,
+    BackendError, CapacityError, Cause, ConfigurationError, ExecutorFault, LocalEnvironmentError,
+    TransientBackendError,
 )
 
 JobNext = Literal["failed", "fallback", "same_offer", "cancelled", "waits"]
@@ -68,6 +70,9 @@ SCRIPT_FAILED = Reaction("script_failed", "failed", "failed")
 PREEMPTED = Reaction("preempted", "failed", "same_offer")
 LOST = Reaction("lost", "failed", "same_offer")
 CAPACITY = Reaction("capacity", "failed", "fallback")
+MISCONFIGURED = Reaction("misconfigured", "failed", "fallback")
+"""The backend's set-up refuses the run (a missing bucket, role or quota): `broker.readiness.blocked_backends`
+keeps the whole backend out of the job's later plans, so no other offer of it is tried in a loop."""
 CANCELLED = Reaction("cancelled", "cancelled", "cancelled")
 ABANDONED = Reaction("abandoned", "failed", "fallback")
 """An untrusted executor that reports its attempt cancelled (we did not ask): it gave the work up, unpaid."""
@@ -99,6 +104,8 @@ def reaction(failure: Failure, *, trusted: bool) -> Reaction:
         return CORRUPTED if trusted else EXECUTOR_FAULT
     if issubclass(kind, CapacityError):
         return CAPACITY
+    if issubclass(kind, ConfigurationError):
+        return MISCONFIGURED
     if issubclass(kind, LocalEnvironmentError):
         return OUR_ENVIRONMENT
     if issubclass(kind, TransientBackendError):

@@ -161,6 +161,12 @@ def stamped(name: str, found: OfferSet, quoting: Quoting) -> OfferSet:
     return OfferSet(backend=name, offers=offers, reasons=found.reasons, quoting=quoting)
 
 
+def hours_unit(spec: JobSpec) -> str:
+    """What a runtime estimate is counted in: reference GPU-hours (they scale with each GPU's throughput) for a job
+    on GPUs; plain hours for a CPU job, which no GPU's speed changes."""
+    return f"{REFERENCE}-hours" if spec.resources.gpus else "hours"
+
+
 def reference_hours(hours: float, gpu_type: str | None) -> float:
     """A runtime measured on `gpu_type`, in reference (A100) hours: what `history` holds."""
     return hours * (throughput(gpu_type) or 1.0)
@@ -308,15 +314,15 @@ class _Context:
         """
         spec = self.spec
         if spec.estimated_hours is not None:
-            return spec.estimated_hours, f"estimated_hours {spec.estimated_hours:g} ({REFERENCE}-hours)", True
+            return spec.estimated_hours, f"estimated_hours {spec.estimated_hours:g} ({hours_unit(spec)})", True
         if own is not None:
             return own[0], own[1], True
         if spec.workload in history:
             hours = history[spec.workload]
-            return hours, f"history of {spec.workload}: {hours:g} {REFERENCE}-hours", True
+            return hours, f"history of {spec.workload}: {hours:g} {hours_unit(spec)}", True
         if spec.limits.max_hours is not None:
             return spec.limits.max_hours, f"no estimate: the job's max_hours {spec.limits.max_hours:g} (upper bound)", False
-        return DEFAULT_HOURS, f"no estimate: {DEFAULT_HOURS:g} {REFERENCE}-hour assumed", True
+        return DEFAULT_HOURS, f"no estimate: {DEFAULT_HOURS:g} {hours_unit(spec).removesuffix('s')} assumed", True
 
     def _audit_fraction(self, total_steps: int | None) -> tuple[int, int]:
         """(q+2)·k/T as a fraction, at most 1 (an audit never re-runs more than the whole job)."""

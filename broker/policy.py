@@ -13,6 +13,7 @@ tier before it has nothing left (no offers, all filtered, or all blocked after f
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from importlib import resources
@@ -25,6 +26,7 @@ from trainmaster.backends.power import PowerModel
 from trainmaster.backends.registry import NAMES as KNOWN_BACKENDS
 from trainmaster.broker import paths
 from trainmaster.jobs.spec import Usd, Workload
+from trainmaster.jobs.userfile import is_regular_file
 from trainmaster.jobs.yamlfile import FileError, load_model
 from trainmaster.wallet.budget import Budget
 
@@ -258,13 +260,35 @@ def shipped() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("trainmaster.configs").iterdir() if p.name.endswith(".yaml"))
 
 
+def names_a_file(name_or_path: str | Path) -> bool:
+    """Whether a policy argument is a file's path rather than a policy's name: a Path, anything with a folder
+    separator or a `.yaml`/`.yml` suffix, or a bare word naming a regular file in the working directory (a folder
+    or a FIFO of that name is no policy file: the name is looked up instead)."""
+    text = str(name_or_path)
+    return (isinstance(name_or_path, Path) or os.sep in text or "/" in text or text.endswith((".yaml", ".yml"))
+            or is_regular_file(text))
+
+
+_in_force: dict[str, Policy] = {}
+"""The user's policies by name as a daemon last validated them (broker/daemon/config_watch.py): while their files
+do not validate, these stay in force. Empty outside a daemon (each command reads the files)."""
+
+
+def keep_in_force(policies: dict[str, Policy]) -> None:
+    """Use these user policies by name, over their files (the daemon's last valid set)."""
+    global _in_force
+    _in_force = dict(policies)
+
+
 def load_policy(name_or_path: str | Path = "default") -> Policy:
-    """A policy by file path, or by name from the user config dir, then the shipped ones."""
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
-        return load_model(candidate, Policy)
+    """A policy by file path (`names_a_file`), or by name from the user config dir, then the shipped ones.
+    Files are read bounded (jobs/userfile.py): a FIFO or a device is refused, never read."""
+    if names_a_file(name_or_path):
+        return load_model(Path(name_or_path), Policy)
+    if (kept := _in_force.get(str(name_or_path))) is not None:
+        return kept
     user = paths.config_dir() / "policies" / f"{name_or_path}.yaml"
-    if user.exists():
+    if user.exists() or user.is_symlink():
         return load_model(user, Policy)
     shipped_file = resources.files("trainmaster.configs") / f"{name_or_path}.yaml"
     if not shipped_file.is_file():

@@ -42,13 +42,15 @@ from trainmaster.backends.features import (
 )
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import (
-    cost_cap, failures, paths, shared_bundles, shared_outputs, shared_storage, states, verifying,
+    budget_wait, cost_cap, deadlines, failures, paths, readiness, shared_bundles, shared_outputs, shared_storage,
+    states, verifying,
 )
 from trainmaster.broker.no_fallback import no_fallback_reason
 from trainmaster.broker.agreed_price import agreed
 from trainmaster.broker.auditability import auditable_backends, job_fault, makes_commitment, untrusted_checks
 from trainmaster.broker.backend_config import configured
 from trainmaster.broker.estimate import own_estimate, past_run
+from trainmaster.broker.executor_text import attempt_log
 from trainmaster.broker.executors import Executors, ban_rejected
 from trainmaster.broker.offer_request import current_rate, offer_request, provider_for
 from trainmaster.broker.planner import Plan, PlanError, gather_offers, plan, reference_hours
@@ -190,6 +192,10 @@ class Broker:
             self._rate_providers[key] = provider_for(policy)
         return self._rate_providers[key]
 
+    def use_backend_configs(self, configs: dict) -> None:
+        """backends.yaml as the daemon last read and validated it (broker/daemon/config_watch.py), over the file."""
+        self._backend_configs = configs
+
     def _configs(self) -> dict:
         """backends.yaml from the user's config dir, read once per broker (FileError when invalid)."""
         if self._backend_configs is None:
@@ -197,6 +203,10 @@ class Broker:
 
             self._backend_configs = load_configs(paths.config_dir())
         return self._backend_configs
+
+    def _effective_configs(self, policy: Policy) -> dict:
+        """Each backend's configuration as jobs under `policy` use it (what `backend` builds them with)."""
+        return {name: configured(config, policy).config for name, config in self._configs().items()}
 
     def _enabled(self, spec: JobSpec, policy: Policy) -> dict[str, Backend]:
         from trainmaster.backends.registry import BACKENDS
@@ -213,7 +223,7 @@ class Broker:
         with Ledger(self.store.db, budgets=policy.budgets) as ledger:
             refused = ledger.refusal(backend=offer.backend, workload=spec.workload, project=spec.project,
                                      micro_usd=plan_.chosen.expected_micro_usd)
-        return f"refused by budget: {refused}" if refused else None
+        return budget_wait.reason(refused) if refused else None
 
     async def plan(self, spec: JobSpec, policy: Policy, blocked: frozenset[str] = frozenset()) -> Plan:
         """Gather offers from every enabled backend (once) and choose by the policy; the offers of a banned
@@ -221,9 +231,12 @@ class Broker:
         self.offer_rounds += 1
         rate, rate_problem = current_rate(self.rates(policy))
         request = offer_request(spec, policy, rate)
-        backends, refused = auditable_backends(spec, policy, self._enabled(spec, policy))
-        offer_sets: list[OfferSet] = [*await gather_offers(request, backends, valid_s=policy.offers.valid_s,
-                                                           rate_max_age_s=policy.tao_rate.max_age_s), *refused]
+        enabled, refused = auditable_backends(spec, policy, self._enabled(spec, policy))  # refused: never asked
+        unready = readiness.unready([n for n in enabled if n not in self._given], self._effective_configs(policy))
+        offer_sets: list[OfferSet] = await gather_offers(request, {n: b for n, b in enabled.items() if n not in unready},
+                                                         valid_s=policy.offers.valid_s,
+                                                         rate_max_age_s=policy.tao_rate.max_age_s)
+        offer_sets += [*readiness.as_offer_sets(unready), *refused]
         hotkeys, coldkeys = self.executors.banned()
         banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
         history, failure_rates = learned(self.store.ended_attempts())
@@ -389,8 +402,10 @@ class Broker:
         return JobSpec.model_validate_json(job.spec_json)
 
     def _blocked(self, job: Job) -> frozenset[str]:
-        return frozenset(Offer.model_validate_json(a.offer_json).key for a in self.store.attempts(job.id)
-                         if a.state in ("failed", "rejected"))
+        attempts = self.store.attempts(job.id)
+        return frozenset(Offer.model_validate_json(a.offer_json).key for a in attempts
+                         if a.state in ("failed", "rejected")) | readiness.blocked_backends(attempts,
+                                                                                           self.store.events(job.id))
 
     @property
     def settlement(self) -> Settlement:
@@ -457,10 +472,14 @@ class Broker:
         stored = await self._requoted(job, stored)
         if stored is None:
             return  # nothing left to dispatch on: the job failed with the plan's reasons
+        ledger = self._ledger(job)
+        if self._budget_stands_in_the_way(job, ledger, ledger.refusal(
+                backend=stored.offer.backend, workload=job.workload, project=job.project,
+                micro_usd=stored.expected_micro_usd)):
+            return  # waits for its budget (queued), or failed by it: before a machine is claimed
         offer = self._claimed(job, spec, stored.offer, n)
         if offer is None:
             return  # queued
-        ledger = self._ledger(job)
         key = f"reserve:{job.id}.{n}.p{stored.seq}"
         self._release_orphans(job, ledger, keep=key)
         price = None if offer.trusted else agreed(offer, stored.hours)  # what an untrusted executor's work is paid
@@ -471,8 +490,10 @@ class Broker:
                            detail={"offer": offer.key, "hours": stored.hours,
                                    **({"agreed_micro_usd": price.micro_usd} if price else {})})
         except BudgetExceeded as exc:
-            self.store.move_job(job.id, "failed", reason=f"refused by budget: {exc}")
+            self._budget_stands_in_the_way(job, ledger, exc, attempt_id=f"{job.id}.{n}")
             return
+        if job.reason and job.reason.startswith(budget_wait.WAITING):
+            self.store.budget_wait_over(job.id, budget_wait.WAITING)
         seed, nonce = self.spec(job).seed, None
         if not offer.trusted:  # a fresh S_0 per attempt: another attempt's run never verifies as this one
             nonce = secrets.token_hex(16)
@@ -480,6 +501,18 @@ class Broker:
         attempt = self.store.create_attempt(job.id, backend=offer.backend, offer_json=offer.model_dump_json(),
                                             reserve_key=key, seed=seed, detail={"seed_nonce": nonce} if nonce else None)
         await self._start(job, attempt)
+
+    def _budget_stands_in_the_way(self, job: Job, ledger: Ledger, refused: BudgetExceeded | None, *,
+                                  attempt_id: str | None = None) -> bool:
+        """A budget refusing the job's reservation: it waits queued when reservations stand in the way, fails
+        when the spend does (broker/budget_wait.py); False when nothing refused it."""
+        if refused is None:
+            return False
+        if budget_wait.waits(refused):
+            self.store.wait_for_budget(job.id, budget_wait.reason(refused), attempt_id=attempt_id)
+        else:
+            self.store.move_job(job.id, "failed", reason=budget_wait.reason(refused))
+        return True
 
     async def _requoted(self, job: Job, stored: StoredPlan) -> StoredPlan | None:
         """The stored plan, with its offer quoted again when its price no longer holds: the same offer when
@@ -622,6 +655,9 @@ class Broker:
         if handle is None or attempt.state in states.ATTEMPT_ENDS:
             return  # it could not be started (again): ended, or waiting, as its failure's reaction says
         backend = self.backend(attempt.backend, self.policy(job))
+        if (why := deadlines.overdue(self.spec(job), attempt)) and (ended := await deadlines.judged(backend, handle, why)):
+            await self._react(job, attempt, *ended)  # an untrusted run past its time, on the broker's clock
+            return
         try:
             st = await retried(backend.status, handle)
         except BackendError as exc:
@@ -1075,8 +1111,8 @@ class Broker:
             backend = self.backend(last.backend, self.policy(job))
             chunk = await retried(backend.logs, Handle.model_validate_json(last.handle_json), offset)
             offset = chunk.next_offset
-            if chunk.text:
-                yield chunk.text
+            if chunk.text:  # an untrusted executor's log may paint over the terminal: its controls made visible
+                yield attempt_log(last.offer_json, chunk.text)
                 continue
             if not follow:
                 return

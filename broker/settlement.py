@@ -7,7 +7,10 @@ The steps, each recorded before the next, each safe to run again after the proce
 2. the charge and its payment are written in one transaction (wallet/ledger.py, wallet/payments.py);
    a rejected attempt's reservation is released and nothing is paid;
 3. the payment is sent: the `PaymentSender` is first asked whether the payment with its key already
-   went out, and only if not is it sent; then the transfer is recorded;
+   went out, and only if not is it sent; then the transfer is recorded. A payment that cannot be sent now
+   (the chain unreachable, the coldkey locked, a transfer not in a block yet) is **pending**: the try is
+   recorded with its reason and the time of the next one (wallet/payment_retries.py), nothing else is done
+   for the attempt until then, and no command fails on it;
 4. the receipt (verdict, amount, payment, the challenge digest published at dispatch) is made and
    signed with the broker's key once and stored, so every resend carries the same bytes; the
    challenge secret is revealed, and the executor's idempotent `conclude` is called until its
@@ -18,6 +21,7 @@ The conclusions live in the broker's SQLite file in their own table, with their 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -30,8 +34,11 @@ from trainmaster.backends.retry import retried
 from trainmaster.broker.store import Attempt, Job
 from trainmaster.storage import statedb
 from trainmaster.wallet.keys import BrokerKey, broker_key, signed_by
+from trainmaster.wallet.payment_retries import PaymentTries
 from trainmaster.wallet.payments import Payment, Payments, PaymentSender
 
+SEND_TIMEOUT_S = 60.0
+"""At most this long for one try of a payment (a chain that hangs is a try that failed, tried again later)."""
 RECEIPT_FORMAT = 1
 RECEIPT_KIND = "trainmaster-settlement-receipt"
 MIGRATIONS: list[list[str]] = [
@@ -95,10 +102,14 @@ class Settlement:
         return Receipt(**dict(row)) if row else None
 
     async def conclude(self, job: Job, attempt: Attempt, backend: RunsUntrusted, handle: Handle, *,
-                       amount_rao: int) -> Receipt:
+                       amount_rao: int) -> Receipt | None:
         """Send the attempt's payment (if it has one and it did not go out), then deliver its conclusion and
-        store the executor's countersignature. `amount_rao`: what its charge paid (0 when rejected)."""
-        payment = await self._sent(self.payments.for_attempt(attempt.id))
+        store the executor's countersignature. `amount_rao`: what its charge paid (0 when rejected).
+        None while the payment is pending (not sent now: its try recorded, tried again when due)."""
+        payment = self.payments.for_attempt(attempt.id)
+        if payment is not None and payment.sent_at is None and not await self._try_to_send(payment):
+            return None
+        payment = self.payments.for_attempt(attempt.id)
         receipt = self.receipt(attempt.id) or self._issue(job, attempt, payment, amount_rao)
         if receipt.countersignature is not None:
             return receipt
@@ -112,6 +123,20 @@ class Settlement:
             db.execute("UPDATE conclusions SET countersignature = ?, acknowledged_at = ? WHERE attempt_id = ?"
                        " AND countersignature IS NULL", (ack.countersignature, time.time(), attempt.id))
         return self.receipt(attempt.id)
+
+    async def _try_to_send(self, payment: Payment) -> bool:
+        """Send `payment` if its retry time has come; whether it is sent. A failure of the sender is a pending
+        payment (its reason and next try recorded), never an error of the command that happened to try."""
+        tries = PaymentTries(self.db)
+        if not tries.due(payment.key):
+            return False
+        try:
+            await asyncio.wait_for(self._sent(payment), SEND_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 — whatever stops a send now is told and tried again later
+            reason = str(exc) if not isinstance(exc, TimeoutError) else f"no answer within {SEND_TIMEOUT_S:.0f} s"
+            tries.failed(payment.key, reason or type(exc).__name__)
+            return False
+        return True
 
     async def _sent(self, payment: Payment | None) -> Payment | None:
         """The payment sent exactly once: reconciled with the sender before any (re)send."""

@@ -2,8 +2,10 @@
 `TRAINMASTER_SHARED_STORAGE` is an absolute path (broker/shared_storage.py).
 
 An object appears whole or not at all: it is written to a temporary sibling and renamed. Folders and files take
-the root's own permissions (files without the execute bits), not this process's private umask, so the other
-users the root is shared with can read what one of them put there. Keys never leave the root.
+the root's owner and group permissions (files without the execute bits), not this process's private umask, and the
+root's group, so the team the root is shared with (its group) can read what one of them put there; other users
+never can, whatever the root's mode (a job's outputs and bundles are the team's, not the machine's). Keys never
+leave the root.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from trainmaster.backends.base import LocalEnvironmentError, Progress
 from trainmaster.backends.managed.store import ObjectStore, StoredObject
 
 CHUNK = 4 * 2**20
-NO_EXECUTE = 0o666
+FILE_BITS = 0o660
+"""A file's permissions: the root's, for its owner and group only, never execute."""
+FOLDER_BITS = 0o770
+"""A folder's permissions: the root's, for its owner and group only."""
 
 
 class FolderStore(ObjectStore):
@@ -60,7 +65,8 @@ class FolderStore(ObjectStore):
                         progress(done, total)
                 writer.flush()
                 os.fsync(writer.fileno())
-            temporary.chmod(mode & NO_EXECUTE)
+            temporary.chmod(mode & FILE_BITS)
+            self._group(temporary)
             os.replace(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)
@@ -70,7 +76,16 @@ class FolderStore(ObjectStore):
     def _root_mode(self) -> int:
         if not self.root.is_dir():
             raise LocalEnvironmentError(f"the shared storage {self.root} is not a folder on this host (is it mounted?)")
-        return self.root.stat().st_mode & 0o777
+        return self.root.stat().st_mode & FOLDER_BITS
+
+    def _group(self, path: Path) -> None:
+        """Give `path` the root's group (a setgid root does it already; a group we are not in is left as it is)."""
+        gid = self.root.stat().st_gid
+        if path.stat().st_gid != gid:
+            try:
+                os.chown(path, -1, gid)
+            except PermissionError:
+                pass
 
     def _folders(self, folder: Path, mode: int) -> None:
         """`folder` and the missing ones above it, each given the root's permissions."""
@@ -78,6 +93,7 @@ class FolderStore(ObjectStore):
         for path in reversed(missing):
             path.mkdir(exist_ok=True)
             path.chmod(mode)
+            self._group(path)
 
     async def read(self, key: str, offset: int = 0, limit: int | None = None) -> bytes | None:
         return await asyncio.to_thread(self._read, self._path(key), offset, limit)

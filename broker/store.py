@@ -349,13 +349,17 @@ class Store:
         return "would start now" if claim is not None else f"would wait in the queue: {why}"
 
     def queue_position(self, job_id: str) -> int | None:
-        """1 for the next job to start; None when the job is not queued."""
-        row = self.db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return self._ahead(self.db, job_id) + 1 if row is not None and row["state"] == "queued" else None
+        """1 for the next job to start; None when the job is not queued for the machine (a job waiting for its
+        budget, broker/budget_wait.py, has no place in that queue)."""
+        row = self.db.execute("SELECT state, queued_at FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None or row["state"] != "queued" or row["queued_at"] is None:
+            return None
+        return self._ahead(self.db, job_id) + 1
 
     def queued_jobs(self) -> list[Job]:
         """The queue, first to start first."""
-        rows = self.db.execute("SELECT * FROM jobs WHERE state = 'queued' ORDER BY queued_at, id").fetchall()
+        rows = self.db.execute("SELECT * FROM jobs WHERE state = 'queued'"
+                               " ORDER BY queued_at IS NULL, queued_at, created_at, id").fetchall()
         return [Job(**r) for r in rows]
 
     def holders(self) -> list[str]:
@@ -385,8 +389,8 @@ class Store:
     def _ahead(db, job_id: str | None) -> int:
         """Queued jobs that start before `job_id` (all of them when it is not queued)."""
         row = db.execute("SELECT state, queued_at FROM jobs WHERE id = ?", (job_id,)).fetchone() if job_id else None
-        if row is None or row["state"] != "queued":
-            return db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND id != ?",
+        if row is None or row["state"] != "queued" or row["queued_at"] is None:  # a budget's waiters hold no place
+            return db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND queued_at IS NOT NULL AND id != ?",
                               (job_id or "",)).fetchone()[0]
         return db.execute(
             "SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND (queued_at < ? OR (queued_at = ? AND id < ?))",
@@ -395,11 +399,36 @@ class Store:
 
     def _enqueue(self, db, job_id: str, why: str, ahead: int) -> None:
         """The job waits `queued` (its place taken now); one event, not one per look at the queue."""
-        row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row["state"] == "queued":
+        row = db.execute("SELECT state, queued_at FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row["state"] == "queued" and row["queued_at"] is not None:
             return
         db.execute("UPDATE jobs SET queued_at = ? WHERE id = ?", (time.time(), job_id))
+        if row["state"] == "queued":  # it waited for its budget; now for the machine
+            self._event(db, job_id, None, "waiting", None, None, {"waiting": why, "position": ahead + 1})
+            return
         self._move_job(db, job_id, "queued", detail={"waiting": why, "position": ahead + 1})
+
+    def wait_for_budget(self, job_id: str, why: str, *, attempt_id: str | None = None) -> None:
+        """The job waits `queued` for a budget whose room other jobs' reservations hold (broker/budget_wait.py),
+        with `why` as its reason: the claim made for `attempt_id` is given back, and the job holds no place in the
+        machine's queue (`queued_at` is NULL) while it waits. One event, when it starts waiting."""
+        with self.tx() as db:
+            if attempt_id is not None:
+                db.execute("DELETE FROM claims WHERE attempt_id = ?", (attempt_id,))
+            row = db.execute("SELECT state, queued_at, reason FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no job {job_id!r}")
+            db.execute("UPDATE jobs SET queued_at = NULL, reason = ?, updated_at = ? WHERE id = ?",
+                       (why, time.time(), job_id))
+            if row["state"] != "queued":
+                self._move_job(db, job_id, "queued", detail={"waiting": why})
+            elif row["queued_at"] is not None or not (row["reason"] or "").startswith(why.split(":")[0]):
+                self._event(db, job_id, None, "waiting", None, None, {"waiting": why})
+
+    def budget_wait_over(self, job_id: str, prefix: str) -> None:
+        """The job's reservation was made: the reason it waited with (starting `prefix`) no longer holds."""
+        with self.tx() as db:
+            db.execute("UPDATE jobs SET reason = NULL WHERE id = ? AND reason LIKE ?", (job_id, prefix + "%"))
 
 
     def set_spec(self, job_id: str, spec_json: str, *, reason: str) -> None:

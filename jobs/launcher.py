@@ -1,19 +1,23 @@
-"""The container launcher: `python -m trainmaster.jobs.launcher`, what a managed backend starts in a cloud's image.
+"""The container launcher: `python -m trainmaster.jobs.launcher`, what a managed backend's container (through its
+boot script, jobs/launcher_boot.py) or a Ray job starts.
 
-It reads the plan from `TRAINMASTER_LAUNCH` (jobs/launch_plan.py; a bad plan exits 2, the reason on stderr),
+It reads the plan from the file TRAINMASTER_LAUNCH_FILE names (the managed services: `launch.json` of the job's
+input), else from `TRAINMASTER_LAUNCH` (Ray) (jobs/launch_plan.py; a bad plan exits 2, the reason on stderr),
 finds the bundle and the synced folder where the service put them (jobs/services.py), checks the bundle's
 sha256 and unpacks it into a fresh local folder (a mismatch exits 2 before anything runs), and runs the
 entrypoint as the local backend would (jobs/launch_command.py): one process, or torchrun across the service's
 machines, or (where the service started a launcher per process: Ray Train) the one process with the rank
-variables the service set, rank 0's launcher then standing for node 0's below. Node 0 gives the job the synced
-folder's `outputs/` and `checkpoints/` (resuming from the latter when it already holds a complete segment); the
-other nodes get local scratch folders. Node 0 also tees what the job prints into the synced `job.log`
-(appended, written as it comes) and its own stdout, and once the job ended writes the outputs' manifest and the
-exit record there (jobs/synced_folder.py) and copies the outputs into the service's model folder. SIGTERM or
-SIGINT to the launcher goes to the job's process group; the launcher exits with the job's exit code; killed
-outright, it takes the job's first process with it (Linux). Formats: docs/runtime.md, "The container launcher".
+variables the service set, rank 0's launcher then standing for node 0's below. On the managed services the
+synced folder is an object-store mount: node 0's job writes its outputs and checkpoints locally and the launcher
+publishes them there as closed files, the log as parts (jobs/launcher_publish.py); on Ray (a shared filesystem)
+the job writes into it directly and the log is `job.log`, appended as it comes. The other nodes get local scratch
+folders. Node 0 also tees what the job prints to its own stdout, and once the job ended writes the outputs'
+manifest and the exit record (jobs/synced_folder.py) and copies the outputs into the service's model folder.
+SIGTERM or SIGINT to the launcher goes to the job's process group; the launcher exits with the job's exit code;
+killed outright, it takes the job's first process with it (Linux). Formats: docs/runtime.md, "The container
+launcher".
 
-It imports only the standard library and small `jobs` modules: no torch, so it starts at once.
+It imports only the standard library, pydantic and small `jobs` modules: no torch, so it starts at once.
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from trainmaster.jobs import launch_command, synced_folder
+from trainmaster.jobs import launch_command, launcher_publish, synced_folder
 from trainmaster.jobs.bundle import BundleError, extract_bundle
 from trainmaster.jobs.environment import CHECKPOINT_DIR, OUTPUT_DIR, RESUME_FROM, interpreter_environment
-from trainmaster.jobs.launch_plan import SYNC_CHECKPOINTS, SYNC_LOG, SYNC_OUTPUTS, VARIABLE, LaunchPlan
+from trainmaster.jobs.launch_plan import FILE_VARIABLE, SYNC_CHECKPOINTS, SYNC_LOG, SYNC_OUTPUTS, VARIABLE, LaunchPlan
 from trainmaster.jobs.services import Placement, PlacementError, place
 from trainmaster.jobs.spec import PYTHON_NAMES
 
@@ -43,6 +47,8 @@ READ_CHUNK = 2**16
 TAIL_BYTES = 4096
 PREFIX = "[trainmaster]"
 PR_SET_PDEATHSIG = 1
+PUBLISHED = ("sagemaker", "vertex", "azureml")
+"""Services whose synced folder is an object-store mount: node 0's job writes locally, the launcher publishes."""
 
 
 class Refused(Exception):
@@ -52,7 +58,7 @@ class Refused(Exception):
 def main() -> int:
     started = time.time()
     try:
-        plan = read_plan(os.environ.get(VARIABLE))
+        plan = read_plan(*plan_text(os.environ))
         where = place(plan, os.environ)
         launcher = (launch_command.DIRECT if where.ranks  # the service started this one process of many
                     else launch_command.resolve_launcher(plan.launcher, plan.nproc, where.nnodes))
@@ -68,22 +74,40 @@ def main() -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def read_plan(text: str | None) -> LaunchPlan:
+def plan_text(environ) -> tuple[str | None, str]:
+    """The launch plan's JSON and where it came from: the file TRAINMASTER_LAUNCH_FILE names (the managed
+    services: a file of the job's input, jobs/launcher_boot.py), else the TRAINMASTER_LAUNCH variable (Ray)."""
+    path = environ.get(FILE_VARIABLE)
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8"), path
+        except (OSError, UnicodeDecodeError) as exc:
+            raise Refused(f"the launch plan {path} cannot be read: {exc}") from exc
+    return environ.get(VARIABLE), VARIABLE
+
+
+def read_plan(text: str | None, source: str = VARIABLE) -> LaunchPlan:
     if not text:
-        raise Refused(f"{VARIABLE} is not set: it holds the launch plan as JSON")
+        raise Refused(f"neither {FILE_VARIABLE} nor {VARIABLE} is set: one names or holds the launch plan")
     try:
         return LaunchPlan.model_validate_json(text)
     except ValidationError as exc:
-        raise Refused(f"{VARIABLE} is not a launch plan: {exc}") from exc
+        raise Refused(f"{source} is not a launch plan: {exc}") from exc
 
 
 def run(plan: LaunchPlan, where: Placement, launcher: str, scratch: Path, started: float) -> int:
     """Unpack, run and record the job on this node; its exit code."""
     lead = where.lead
-    folders = where.sync if lead else scratch
+    published = lead and plan.service in PUBLISHED
+    folders = (scratch / "work" if published else where.sync) if lead else scratch
+    if published:  # the job writes locally; the launcher publishes closed files (jobs/launcher_publish.py)
+        launcher_publish.restore(where.sync, folders, (SYNC_OUTPUTS, SYNC_CHECKPOINTS))
     for sub in (SYNC_OUTPUTS, SYNC_CHECKPOINTS):
         (folders / sub).mkdir(parents=True, exist_ok=True)
-    with Tee(where.sync / SYNC_LOG if lead else None) as tee:
+    publisher = (launcher_publish.Publisher(folders, where.sync, (SYNC_OUTPUTS, SYNC_CHECKPOINTS)).start()
+                 if published else None)
+    log = where.sync / SYNC_LOG if lead and not published else None
+    with Tee(log, publisher.log if publisher else None) as tee:
         process = f", process {where.ranks['RANK']} of {where.ranks['WORLD_SIZE']}" if where.ranks else ""
         tee.say(f"node {where.node_rank} of {where.nnodes}{process}; bundle {where.bundle}; synced folder {where.sync}")
         try:
@@ -92,11 +116,14 @@ def run(plan: LaunchPlan, where: Placement, launcher: str, scratch: Path, starte
             code, reason = REFUSED, f"the bundle is refused: {exc}"
             tee.say(reason)
         else:
-            env = job_env(plan, where, folders, launcher)
+            resume = folders / SYNC_CHECKPOINTS if published else where.sync / SYNC_CHECKPOINTS
+            env = job_env(plan, where, folders, launcher, resume)
             argv, shown = command(plan, where, launcher, env)
             tee.say(f"$ {shown}")
             code, how = supervise(argv, env, scratch / "code", tee)
             reason = how + (f": {tee.last_line()}" if tee.last_line() else "")
+        if publisher is not None:
+            publisher.finish()
         if lead:
             manifest = synced_folder.record_end(where.sync, folders / SYNC_OUTPUTS, exit_code=code, reason=reason,
                                                 started_at=started, ended_at=time.time())
@@ -105,12 +132,13 @@ def run(plan: LaunchPlan, where: Placement, launcher: str, scratch: Path, starte
     return code
 
 
-def job_env(plan: LaunchPlan, where: Placement, folders: Path, launcher: str) -> dict[str, str]:
+def job_env(plan: LaunchPlan, where: Placement, folders: Path, launcher: str, resume: Path | None = None) -> dict[str, str]:
     """The job's environment: this container's, the plan's `env`, the folders, and one process's rank variables
     when it runs directly (the service's when it started one launcher per process). Every node resumes from the
-    synced checkpoints when they hold a segment (the others' own checkpoints are scratch: only rank 0 writes)."""
-    synced = where.sync / SYNC_CHECKPOINTS
-    env = {k: v for k, v in os.environ.items() if k != VARIABLE}
+    checkpoints `resume` names (node 0's own copy of the synced ones on an object-store mount, else the synced
+    folder's) when they hold a segment (the others' own checkpoints are scratch: only rank 0 writes)."""
+    synced = resume if resume is not None else where.sync / SYNC_CHECKPOINTS
+    env = {k: v for k, v in os.environ.items() if k not in (VARIABLE, FILE_VARIABLE)}
     env.update(plan.env)
     env.update({OUTPUT_DIR: str(folders / SYNC_OUTPUTS), CHECKPOINT_DIR: str(folders / SYNC_CHECKPOINTS),
                 RESUME_FROM: str(synced) if synced_folder.holds_segment(synced) else "", "PYTHONUNBUFFERED": "1"})
@@ -186,11 +214,12 @@ def pump(child: subprocess.Popen, tee: Tee) -> None:
 
 
 class Tee:
-    """The job's output and the launcher's lines, to stdout and (node 0) the synced log, each written as it comes;
-    keeps the end of the job's own output for its last line."""
+    """The job's output and the launcher's lines, to stdout and (node 0) the synced log: appended to `job.log` as it
+    comes on a shared filesystem (Ray), or handed to the publisher's log parts on an object-store mount; keeps
+    the end of the job's own output for its last line."""
 
-    def __init__(self, log: Path | None):
-        self.path, self.file, self.tail = log, None, b""
+    def __init__(self, log: Path | None, parts=None):
+        self.path, self.parts, self.file, self.tail = log, parts, None, b""
 
     def __enter__(self) -> Tee:
         if self.path is not None:
@@ -211,6 +240,8 @@ class Tee:
     def write(self, data: bytes) -> None:
         if self.file is not None:
             self.file.write(data)
+        if self.parts is not None:
+            self.parts.write(data)
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
 

@@ -4,9 +4,11 @@ The container launcher (jobs/launcher.py) asks `place(plan, environ)` for a :cla
 file, the synced folder, the service's model folder, and this machine's place among the job's machines
 (node rank, how many, where node 0 listens). What each service sets:
 
-* SageMaker: the bundle is the one file of the `bundle` channel (`SM_CHANNEL_BUNDLE`); the synced folder is
-  the checkpoint LocalPath (`TRAINMASTER_OPT_ML`/checkpoints, `/opt/ml` unless a test moves it); the hosts
-  are `SM_HOSTS` (JSON) and this one `SM_CURRENT_HOST`; node 0 is the first host.
+* SageMaker (its training container contract, with a ContainerEntrypoint: no SM_* variables, which come from
+  the sagemaker-training toolkit an entrypoint bypasses): the bundle is the one file of the `bundle` channel
+  (/opt/ml/input/data/bundle); the synced folder is the checkpoint LocalPath (/opt/ml/checkpoints); the model
+  folder /opt/ml/model; the hosts and this one are `hosts` and `current_host` of
+  /opt/ml/input/config/resourceconfig.json; node 0 is the first host (algo-1), where torchrun meets.
 * Vertex AI: buckets are read through the Cloud Storage FUSE mount (`TRAINMASTER_GCS_MOUNT`, `/gcs`): a
   `gs://B/K` is `/gcs/B/K`. The synced folder is `AIP_CHECKPOINT_DIR`, the model folder `AIP_MODEL_DIR`; the
   machines are `CLUSTER_SPEC` (workerpool0 is node 0, workerpool1's index i is node 1 + i).
@@ -27,13 +29,14 @@ plan only: the launcher starts in a fraction of a second.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmaster.jobs.launch_plan import LaunchPlan
 
-OPT_ML = "TRAINMASTER_OPT_ML"
+OPT_ML_ROOT = Path("/opt/ml")
 GCS_MOUNT = "TRAINMASTER_GCS_MOUNT"
 RAY_TRAIN_WORKER = "TRAINMASTER_RAY_TRAIN_WORKER"
 """Set (to 1) by a Ray Train worker in the launcher it starts: one process of the job, its ranks in RANKS."""
@@ -77,18 +80,33 @@ def place(plan: LaunchPlan, environ: Mapping[str, str]) -> Placement:
 
 
 def _sagemaker(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
-    opt_ml = Path(environ.get(OPT_ML, "/opt/ml"))
-    channel = environ.get("SM_CHANNEL_BUNDLE", str(opt_ml / "input" / "data" / "bundle"))
-    hosts = _json(environ, "SM_HOSTS", '["localhost"]')
-    if not isinstance(hosts, list) or not hosts:
-        raise PlacementError(f"SM_HOSTS is not a list of hosts: {hosts!r}")
-    current = environ.get("SM_CURRENT_HOST", hosts[0])
+    opt_ml = OPT_ML_ROOT
+    config = _json_file(opt_ml / "input" / "config" / "resourceconfig.json")
+    hosts, current = config.get("hosts"), config.get("current_host")
+    if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) and h for h in hosts):
+        raise PlacementError(f"resourceconfig.json: hosts is not a list of host names: {hosts!r}")
     if current not in hosts:
-        raise PlacementError(f"SM_CURRENT_HOST {current!r} is not one of SM_HOSTS {hosts!r}")
-    model = environ.get("SM_MODEL_DIR")
-    return {"bundle": Path(plan.bundle) if plan.bundle else _only_file(Path(channel), "SM_CHANNEL_BUNDLE"),
-            "sync": Path(plan.sync) if plan.sync else opt_ml / "checkpoints", "model_dir": Path(model) if model else None,
-            "nnodes": len(hosts), "node_rank": hosts.index(current), "master_addr": hosts[0]}
+        raise PlacementError(f"resourceconfig.json: current_host {current!r} is not one of its hosts {hosts!r}")
+    ordered = sorted(hosts, key=_host_order)  # algo-1, algo-2, …, algo-10: node 0 is algo-1 on every host
+    channel = opt_ml / "input" / "data" / "bundle"
+    return {"bundle": Path(plan.bundle) if plan.bundle else _only_file(channel, "the bundle channel"),
+            "sync": Path(plan.sync) if plan.sync else opt_ml / "checkpoints", "model_dir": opt_ml / "model",
+            "nnodes": len(ordered), "node_rank": ordered.index(current), "master_addr": ordered[0]}
+
+
+def _host_order(host: str) -> tuple:
+    """SageMaker's hosts in their natural order (algo-2 before algo-10)."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", host))
+
+
+def _json_file(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PlacementError(f"{path} cannot be read: {exc}") from exc
+    if not isinstance(found, dict):
+        raise PlacementError(f"{path} is not a JSON object")
+    return found
 
 
 def _vertex(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:

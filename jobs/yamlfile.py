@@ -7,6 +7,9 @@ each pydantic error location is walked back through the node tree to a line numb
 A user file is not trusted to be small in memory: aliases (`*name`) are refused, so a kilobyte of
 nested aliases cannot expand into billions of nodes, and nesting deeper than `MAX_DEPTH` is refused
 before the (recursive) composer could overflow the stack. Both are `file:line` errors like any other.
+
+Nor is it trusted to be a file: it is read through `jobs/userfile.py` (regular files only, never blocking on a
+FIFO, at most `MAX_USER_FILE_BYTES`), and what that refuses is a `FileError` naming the file and the reason.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+
+from trainmaster.jobs.userfile import UnreadableFile, read_user_text
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -40,9 +45,11 @@ def load_model(path: Path | str, model: type[M], *, text: str | None = None, con
     path = Path(path)
     if text is None:
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_user_text(path)
         except FileNotFoundError:
             raise FileError(path, [f"{path}: no such file"]) from None
+        except UnreadableFile as exc:
+            raise FileError(path, [f"{path}: {exc.reason}"]) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise FileError(path, [f"{path}: cannot read: {exc}"]) from None
     root = _compose(path, text)

@@ -8,6 +8,15 @@ from pathlib import Path
 import pytest
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The cloud fakes' tally of requests checked against the services' rules, for bench_cloud_requests.py."""
+    import sys
+
+    checked = sys.modules.get("clouds.checked")
+    if checked is not None:
+        checked.write_report()
+
+
 @pytest.fixture
 def tm_home(tmp_path_factory, monkeypatch) -> Path:
     """Beside the test's tmp_path, not in it: a code dir holding the home is refused (it would bundle state.db)."""

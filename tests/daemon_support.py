@@ -54,3 +54,54 @@ def wait_for(predicate, timeout: float = 60, what: str = "the condition"):
             return found
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def token_of(home: Path) -> str:
+    return (home / "daemon" / "token").read_text().strip()
+
+
+def call(address: str, method: str, path: str, token: str, body: dict | None = None, *,
+         headers: dict | None = None, timeout: float = 10) -> tuple[int, dict]:
+    """(status, JSON) of a request to the daemon's API with the token (`Bearer`)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(address + path, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", **({"Content-Type": "application/json"} if data else {}),
+        **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def daemon_start(home: Path, *extra: str, extra_env: dict | None = None, cwd=None, nofile: int | None = None,
+                 timeout: float = 120):
+    """`trainmaster daemon start ARGS` as a user runs it (not asserting success); `nofile`: the open-file limit
+    (soft and hard) the command, and so the daemon it detaches, runs under."""
+    import subprocess
+    import sys
+
+    def limited() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    env = {**os.environ, "TRAINMASTER_HOME": str(home), "COLUMNS": "200", **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", "daemon", "start", "--lease-s", "3", *extra],
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd,
+                          preexec_fn=limited if nofile else None)
+
+
+def daemon_processes(home: Path) -> list[int]:
+    """The pids of every daemon process running on `home` (found by their command line and environment)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "trainmaster.broker.daemon" in (proc.info["cmdline"] or []) and \
+                    proc.environ().get("TRAINMASTER_HOME") == str(home) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found

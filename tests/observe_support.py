@@ -43,8 +43,17 @@ class Filler:
         key = f"reserve:{job_id}.1"
         self.ledger.reserve(key, job_id=job_id, backend=backend, workload="development", micro_usd=reserve_usd)
         attempt = self.store.create_attempt(job_id, backend=backend, offer_json="{}", reserve_key=key, seed=1)
+        self.store.set_handle(attempt.id, json.dumps({"backend": backend, "attempt_id": attempt.id, "data": {}}))
         self.store.move_attempt(attempt.id, "running", job_target="running")
         return attempt.id
+
+    def cancel_before_it_ran(self, job_id: str, backend: str) -> None:
+        """Planned on `backend`, its attempt made, and cancelled before the backend started anything (no handle)."""
+        key = f"reserve:{job_id}.1"
+        self.ledger.reserve(key, job_id=job_id, backend=backend, workload="development", micro_usd=1_000)
+        attempt = self.store.create_attempt(job_id, backend=backend, offer_json="{}", reserve_key=key, seed=1)
+        self.ledger.release(f"release:{key}", reservation_key=key)
+        self.store.move_attempt(attempt.id, "cancelled", job_target="cancelled", reason="cancelled by the user")
 
     def accept(self, job_id: str, attempt_id: str, micro_usd: int, rao: int = 0) -> None:
         """Returned, verified, accepted and charged `micro_usd` (and `rao`)."""

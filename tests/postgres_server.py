@@ -45,18 +45,46 @@ class PostgresServer:
         self._names = itertools.count(1)
 
     def start(self) -> PostgresServer:
-        as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if as_user:
+        if self._as_user():
             shutil.chown(self.folder, "postgres")
-        data = self.folder / "data"
-        subprocess.run([*as_user, str(self.bin / "initdb"), "-D", str(data), "-A", "trust", "-U", USER, "-E", "UTF8",
-                        "--no-sync"], check=True, capture_output=True)
+        subprocess.run([*self._as_user(), str(self.bin / "initdb"), "-D", str(self.folder / "data"), "-A", "trust",
+                        "-U", USER, "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
+        self.resume()
+        return self
+
+    @staticmethod
+    def _as_user() -> list[str]:
+        return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _pg_ctl(self, *args: str) -> None:
         options = (f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
                    " -c synchronous_commit=off -c full_page_writes=off -c max_connections=300")
-        subprocess.run([*as_user, str(self.bin / "pg_ctl"), "-D", str(data), "-o", options, "-l",
-                        str(self.folder / "log"), "-w", "-t", "60", "start"], check=True, capture_output=True)
-        self.pid = int((data / "postmaster.pid").read_text().split()[0])
-        return self
+        subprocess.run([*self._as_user(), str(self.bin / "pg_ctl"), "-D", str(self.folder / "data"), "-o", options,
+                        "-l", str(self.folder / "log"), "-w", "-t", "60", *args], check=True, capture_output=True)
+
+    def halt(self) -> None:
+        """Stop the server as an administrator would (`pg_ctl stop -m fast`: every session is ended), keeping its
+        data for `resume`."""
+        self._pg_ctl("-m", "fast", "stop")
+        self.pid = None
+
+    def resume(self) -> None:
+        """Start the server again on its data and port."""
+        self._pg_ctl("start")
+        self.pid = int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
+
+    def restart(self) -> None:
+        """`pg_ctl restart -m fast`: every session ended, the server back on the same port."""
+        self._pg_ctl("-m", "fast", "restart")
+        self.pid = int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
+
+    def terminate_sessions(self, database: str) -> int:
+        """`pg_terminate_backend` on every session of `database` but this one's; how many were ended."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as admin:
+            return len(admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s"
+                                     " AND pid <> pg_backend_pid()", (database,)).fetchall())
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"

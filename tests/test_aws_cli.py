@@ -39,14 +39,14 @@ dist.destroy_process_group()
 
 
 @pytest.fixture
-def cloud(aws, tm_home, tmp_path):
-    """backends.yaml pointing at moto, the policy, and the runner playing SageMaker."""
+def cloud(aws, tm_home, tmp_path, test_image):
+    """backends.yaml pointing at moto (the default image and setup), the policy, and the runner playing SageMaker."""
     (tm_home / "config").mkdir(parents=True)
     (tm_home / "config" / "backends.yaml").write_text(
         f"aws:\n  endpoint_url: {aws.endpoint}\n  region: {REGION}\n  s3_bucket: {BUCKET}\n"
-        f"  sagemaker_role_arn: {ROLE}\n  setup: ''\n  poll_s: 0.1\n")
+        f"  sagemaker_role_arn: {ROLE}\n  poll_s: 0.1\n")
     (tmp_path / "policy.yaml").write_text(POLICY)
-    with SageMakerRunner(aws, tmp_path / "sagemaker") as runner:
+    with SageMakerRunner(aws, tmp_path / "sagemaker", test_image) as runner:
         yield runner
 
 
@@ -178,3 +178,21 @@ def test_cancel_stops_the_training_job(cloud, tm_home, tmp_path):
         time.sleep(0.2)
     final = shown(tm("status", job["id"], "--json"))
     assert final["state"] == "cancelled" and [a["state"] for a in final["attempts"]] == ["cancelled"], final
+
+
+def test_a_missing_bucket_ends_aws_once_and_falls_back_without_a_loop(cloud, aws, tm_home, tmp_path):
+    """A configuration failure at dispatch (the bucket backends.yaml names does not exist) ends the aws attempt once
+    with S3's reason; aws is not planned again for the job (no other aws offer is tried), and the policy's fallback
+    runs it."""
+    config = tm_home / "config" / "backends.yaml"
+    config.write_text(config.read_text().replace(f"s3_bucket: {BUCKET}", "s3_bucket: tm-no-such-bucket"))
+    policy = tmp_path / "any-aws.yaml"
+    policy.write_text("name: any-aws\ndefault:\n  primary: aws\n  fallbacks: [local]\n")  # every aws offer allowed
+    job = submit(lm_job(tmp_path / "j", steps=25), policy)
+    assert job["state"] == "accepted", job
+    assert [a["backend"] for a in job["attempts"]] == ["aws", "local"], json.dumps(job["attempts"], indent=1)
+    assert "NoSuchBucket" in job["attempts"][0]["reason"], job["attempts"][0]
+    [ended] = state_rows(tm_home, "SELECT detail FROM events WHERE attempt_id = ? AND kind = 'attempt' AND "
+                                  "to_state = 'failed'", job["attempts"][0]["id"])
+    assert json.loads(ended["detail"])["cause"] == "misconfigured"
+    assert training_jobs() == {}

@@ -10,10 +10,11 @@ import os
 
 import pytest
 
+from clouds import checked
 from clouds.aws_server import BUCKET
 from trainmaster.backends.aws.config import AwsConfig
 from trainmaster.backends.aws.s3 import S3Store
-from trainmaster.backends.base import BackendError
+from trainmaster.backends.base import BackendError, ConfigurationError
 
 pytest_plugins = ["clouds.conftest_aws"]
 
@@ -116,10 +117,21 @@ def test_uri_names_bucket_and_prefix(aws_config):
         S3Store(AwsConfig())
 
 
-def test_a_missing_bucket_is_a_backend_error_naming_it(aws_config, tmp_path):
+def test_a_missing_bucket_is_a_configuration_error_naming_it(aws_config, tmp_path):
+    """The set-up's fault, not the job's: the broker blocks the backend for the job (never a loop over its offers)."""
     store = S3Store(aws_config.model_copy(update={"s3_bucket": "no-such-bucket"}))
-    with pytest.raises(BackendError, match="NoSuchBucket"):
+    with pytest.raises(ConfigurationError, match="NoSuchBucket"):
         run(store.list(""))
+
+
+def test_the_fake_refuses_a_key_s3_refuses(store, tmp_path):
+    """moto checks every S3 request's bucket and key against S3's rules: a 1,025-byte key is refused as S3 does."""
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    with checked.expected() as refused:
+        with pytest.raises(BackendError, match="KeyTooLongError"):
+            run(store.upload(path, "k" * 1025))
+    assert refused and "1-1024" in refused[0]
 
 
 def test_missing_credentials_are_named(aws_config, monkeypatch):
@@ -129,6 +141,5 @@ def test_missing_credentials_are_named(aws_config, monkeypatch):
         monkeypatch.delenv(key)
     sdk.session.cache_clear()
     sdk.client.cache_clear()
-    with pytest.raises(BackendError, match="Unable to locate credentials") as caught:
+    with pytest.raises(ConfigurationError, match="Unable to locate credentials"):
         run(S3Store(aws_config).list(""))
-    assert type(caught.value) is BackendError

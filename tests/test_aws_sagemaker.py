@@ -9,10 +9,11 @@ import datetime
 
 import pytest
 
+from clouds import checked
 from clouds.aws_server import ROLE, fail_next, set_training_status, training_job, training_jobs
 from trainmaster.backends.aws.config import AwsConfig
 from trainmaster.backends.aws.sagemaker import SageMakerService, phase_of
-from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
+from trainmaster.backends.base import BackendError, Cause, ConfigurationError, Phase, TransientBackendError
 from trainmaster.backends.managed.service import ServiceJob
 
 pytest_plugins = ["clouds.conftest_aws"]
@@ -23,9 +24,9 @@ def run(coro):
 
 
 def job(**kw) -> ServiceJob:
-    fields = dict(name="tm-att-1", image="img:1", command=["python", "-m", "trainmaster.jobs.launcher"],
-                  env={"TRAINMASTER_LAUNCH": "{}"}, instance="g5.xlarge", instance_count=2, gpu_type="A10G",
-                  gpu_count=1, spot=True, max_seconds=3600, bundle_uri="s3://b/p/bundles/x.tar",
+    fields = dict(name="tm-att-1", image="img:1", env={"PYTHONUNBUFFERED": "1"}, instance="g5.xlarge",
+                  instance_count=2, gpu_type="A10G", gpu_count=1, spot=True, max_seconds=3600,
+                  bundle_uri="s3://b/p/bundles/x.tar", input_uri="s3://b/p/attempts/att-1/input/",
                   sync_uri="s3://b/p/attempts/att-1/sync/", model_uri="s3://b/p/attempts/att-1/model/",
                   labels={"trainmaster-job": "job1", "trainmaster-attempt": "att-1"})
     return ServiceJob(**{**fields, **kw})
@@ -41,10 +42,15 @@ def test_the_job_is_created_with_the_fields_sagemaker_needs(service, aws):
     found = aws.client("sagemaker").describe_training_job(TrainingJobName="tm-att-1")
     assert found["AlgorithmSpecification"]["TrainingImage"] == "img:1"
     assert found["AlgorithmSpecification"]["TrainingInputMode"] == "File"
-    assert found["AlgorithmSpecification"]["ContainerEntrypoint"] == ["python", "-m", "trainmaster.jobs.launcher"]
+    assert found["AlgorithmSpecification"]["ContainerEntrypoint"] == ["python3",
+                                                                       "/opt/ml/input/data/trainmaster/boot.py"]
     assert found["RoleArn"] == ROLE
-    assert found["InputDataConfig"] == [{"ChannelName": "bundle", "InputMode": "File", "DataSource": {"S3DataSource": {
-        "S3DataType": "S3Prefix", "S3Uri": "s3://b/p/bundles/x.tar", "S3DataDistributionType": "FullyReplicated"}}}]
+    assert found["InputDataConfig"] == [
+        {"ChannelName": "bundle", "InputMode": "File", "DataSource": {"S3DataSource": {
+            "S3DataType": "S3Prefix", "S3Uri": "s3://b/p/bundles/x.tar", "S3DataDistributionType": "FullyReplicated"}}},
+        {"ChannelName": "trainmaster", "InputMode": "File", "DataSource": {"S3DataSource": {
+            "S3DataType": "S3Prefix", "S3Uri": "s3://b/p/attempts/att-1/input/",
+            "S3DataDistributionType": "FullyReplicated"}}}]
     assert found["OutputDataConfig"] == {"S3OutputPath": "s3://b/p/attempts/att-1/model/"}
     assert found["ResourceConfig"] == {"InstanceType": "ml.g5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 50}
     assert found["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
@@ -52,7 +58,7 @@ def test_the_job_is_created_with_the_fields_sagemaker_needs(service, aws):
     assert found["CheckpointConfig"] == {"S3Uri": "s3://b/p/attempts/att-1/sync/", "LocalPath": "/opt/ml/checkpoints"}
     assert found["TrainingJobStatus"] == "InProgress" and found["SecondaryStatus"] == "Starting"
     recorded = training_job("tm-att-1")  # what describe() does not echo back, as the SDK sent it
-    assert recorded.environment == {"TRAINMASTER_LAUNCH": "{}"}
+    assert recorded.environment == {"PYTHONUNBUFFERED": "1"}
     assert recorded.retry_strategy == {"MaximumRetryAttempts": 1}
     assert sorted((t["Key"], t["Value"]) for t in recorded.tags) == [("trainmaster-attempt", "att-1"),
                                                                      ("trainmaster-job", "job1")]
@@ -126,7 +132,7 @@ def test_stop_stops_a_running_job_and_leaves_an_ended_one(service):
 
 @pytest.mark.parametrize("code, error", [("ThrottlingException", TransientBackendError),
                                          ("InternalFailure", TransientBackendError),
-                                         ("ResourceLimitExceeded", CapacityError)])
+                                         ("ResourceLimitExceeded", ConfigurationError)])
 def test_service_errors_are_typed(service, code, error):
     fail_next("CreateTrainingJob", code)
     with pytest.raises(error, match=code):
@@ -138,3 +144,50 @@ def test_service_errors_are_typed(service, code, error):
 def test_no_execution_role_is_named():
     with pytest.raises(BackendError, match="aws.sagemaker_role_arn is not set"):
         SageMakerService(AwsConfig())
+
+
+@pytest.mark.parametrize("change, rule", [
+    ({"name": "tm-job.1"}, "TrainingJobName"),  # a dot: SageMaker's names are letters, digits and inner hyphens
+    ({"name": "tm-" + "x" * 61}, "TrainingJobName"),  # 64 characters
+    ({"env": {"TRAINMASTER_LAUNCH": "x" * 513}}, "Environment"),  # a value over 512 characters
+    ({"env": {"NOT-A-NAME": "1"}}, "Environment"),
+    ({"image": "i" * 256}, "TrainingImage"),
+])
+def test_the_fake_refuses_what_sagemaker_refuses(service, change, rule):
+    """moto checks every request against botocore's own model (max, pattern, enum: what the service enforces and
+    botocore's client-side validator skips): what SageMaker would refuse is refused, never created."""
+    with checked.expected() as refused:
+        with pytest.raises(BackendError, match="ValidationException"):
+            run(service.start(job(**change)))
+    assert refused and rule in refused[0], refused
+    assert training_jobs() == {}
+
+
+def test_what_the_backend_sends_keeps_every_rule(service):
+    start = checked.mark()
+    run(service.start(job()))
+    assert checked.since(start) == [] and list(training_jobs()) == ["tm-att-1"]
+
+
+@pytest.mark.parametrize("code, message, status", [
+    ("ValidationException", "Could not assume role arn:aws:iam::123456789012:role/r. Please ensure that the role "
+                            "exists and allows principal 'sagemaker.amazonaws.com' to assume the role.", 400),
+    ("AccessDeniedException", "User: arn:aws:iam::123456789012:user/u is not authorized to perform: iam:PassRole", 400),
+    ("ResourceLimitExceeded", "The account-level service limit 'ml.g5.xlarge for spot training job usage' is 0 "
+                              "Instances, with current utilization of 0 Instances and a request delta of 1 Instances.", 400),
+    ("NoSuchBucket", "The specified bucket does not exist", 404),
+])
+def test_what_the_set_up_refuses_is_a_configuration_error(code, message, status):
+    """A role SageMaker cannot assume, a PassRole the credentials lack, a quota of 0, a bucket that is not there:
+    SageMaker's own words, typed so the broker drops aws for the job after this one attempt."""
+    from botocore.exceptions import ClientError
+
+    from trainmaster.backends.aws import sdk
+
+    error = ClientError({"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                        "CreateTrainingJob")
+    typed = sdk.typed_error("SageMaker CreateTrainingJob tm-x", error)
+    assert type(typed) is ConfigurationError and message in str(typed)
+    plain = ClientError({"Error": {"Code": "ValidationException", "Message": "1 validation error detected"},
+                         "ResponseMetadata": {"HTTPStatusCode": 400}}, "CreateTrainingJob")
+    assert type(sdk.typed_error("x", plain)) is BackendError

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from clouds.azure_runner import AzureMLRunner
+from trainmaster.backends.managed.names import job_name
 from miner_support import shown, tm
 from state_rows import state_rows
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
@@ -39,14 +40,14 @@ FAILING = "import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n"
 
 
 @pytest.fixture
-def cli(azure, azure_config, tm_home, tmp_path, monkeypatch):
+def cli(azure, azure_config, tm_home, tmp_path, monkeypatch, test_image):
     """backends.yaml and a policy (azure, falling back to local); the runner playing Azure ML meanwhile."""
     monkeypatch.setenv("PYTHONPATH", ":".join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
     (tm_home / "config").mkdir(parents=True)
     section = {k: v for k, v in azure_config.model_dump(exclude_defaults=True).items()}
     (tm_home / "config" / "backends.yaml").write_text(json.dumps({"azure": {**section, "region": "eastus"}}))
     (tmp_path / "policy.yaml").write_text("name: az\ndefault:\n  primary: azure\n  fallbacks: [local]\n")
-    with AzureMLRunner(azure, tmp_path / "service") as runner:
+    with AzureMLRunner(azure, tmp_path / "service", test_image) as runner:
         yield runner
 
 
@@ -67,11 +68,17 @@ def submit(spec, tmp_path) -> dict:
 
 
 def billed(azure, name: str) -> float:
-    """What the fake's job says it ran: its end minus its start, in seconds."""
+    """What the job resource documents of its run: from its creation to its last change (it ended), in seconds."""
     from datetime import datetime
 
-    props = azure.fake.properties(name)["properties"]
-    return (datetime.fromisoformat(props["EndTimeUtc"]) - datetime.fromisoformat(props["StartTimeUtc"])).total_seconds()
+    system = azure.fake.jobs[name]["systemData"]
+    return (datetime.fromisoformat(system["lastModifiedAt"]) - datetime.fromisoformat(system["createdAt"])).total_seconds()
+
+
+def synced_log(tmp_path, name: str) -> str:
+    """The job's log as the launcher published it in the mounted synced folder (closed parts, by offset)."""
+    parts = sorted((tmp_path / "service" / name / "outputs" / "sync" / "log").glob("*.log"))
+    return "".join(p.read_text() for p in parts)
 
 
 def stored(azure, container: str, prefix: str) -> int:
@@ -86,7 +93,7 @@ def expected_cost(azure, azure_config, attempt: dict, price: int) -> int:
     of the outputs and a month of storing the synced folder (backends/managed/backend.py)."""
     from trainmaster.backends.catalog.transfer import EGRESS_MICRO_USD_PER_GB
 
-    name, sync = "tm-" + attempt["id"].lower(), f"trainmaster/attempts/{attempt['id']}/sync/"
+    name, sync = job_name(attempt["id"]), f"trainmaster/attempts/{attempt['id']}/sync/"
     compute = -(-int(billed(azure, name) * 1000) * price // 3_600_000)
     outputs = stored(azure, azure_config.container, sync + "outputs/")
     egress = -(-outputs * EGRESS_MICRO_USD_PER_GB["azure"] // 10**9)
@@ -107,7 +114,7 @@ def test_a_preempted_spot_run_resumes_to_an_uninterrupted_runs_bytes_and_is_veri
     assert first["state"] != "accepted" and "preempted" in first["reason"], first
     assert second["state"] == "accepted", second
     assert {f["path"]: f["sha256"] for f in second["outputs"]}["model.safetensors"] == uninterrupted
-    resumed = (tmp_path / "service" / ("tm-" + second["id"].lower()) / "sync" / "job.log").read_text()
+    resumed = synced_log(tmp_path, job_name(second["id"]))
     assert "resum" in resumed.lower(), resumed  # from the segments carried into its synced folder
     sent = [json.loads(body)["properties"] for method, path, body in azure.fake.log
             if method == "PUT" and "/jobs/" in path]
@@ -133,7 +140,7 @@ def test_a_two_node_gloo_job_runs_on_two_instances(cli, azure, tmp_path):
     done = submit(spec, tmp_path)
     assert done["state"] == "accepted", done
     [attempt] = done["attempts"]
-    name = "tm-" + attempt["id"].lower()
+    name = job_name(attempt["id"])
     props = azure.fake.properties(name)
     assert props["resources"]["instanceCount"] == 2
     assert props["distribution"] == {"processCountPerInstance": 1, "distributionType": "PyTorch"}
@@ -154,19 +161,20 @@ def test_throttling_and_5xx_are_retried_until_the_job_runs(cli, azure, tmp_path)
     assert len(answered) == 6 and len(azure.fake.jobs) == 1  # five refused, then created once
 
 
-def test_capacity_refused_at_submit_blocks_the_offer_and_falls_back_to_local(cli, azure, tm_home, tmp_path):
+def test_a_quota_refused_at_submit_ends_azure_once_and_falls_back_to_local(cli, azure, tm_home, tmp_path):
+    """A quota is the set-up's, not the offer's: the azure attempt ends once with the service's words, azure is not
+    planned again for the job (no loop over its other offers), and the policy's fallback runs it."""
     azure.fake.refusing = "InsufficientQuota: the subscription has no quota for NCASv3_T4 in eastus"
     done = submit(job(tmp_path, TINY_LM.format(steps=50)), tmp_path)
     assert done["state"] == "accepted", done
-    *refused, ran = done["attempts"]
+    refused, ran = done["attempts"]
     assert ran["backend"] == "local" and ran["state"] == "accepted"
-    said = "UserError: InsufficientQuota: the subscription has no quota for NCASv3_T4 in eastus"
-    assert refused and all(a["backend"] == "azure" and a["reason"].endswith(said) for a in refused), refused
-    offers = [json.loads(r["offer_json"]) for r in state_rows(tm_home,
-                                                              "SELECT offer_json FROM attempts WHERE job_id = ?"
-                                                        " AND backend = 'azure'", done["id"])]
-    keys = [f"{o['instance']}/{o['spot']}" for o in offers]
-    assert len(keys) == len(set(keys)) == len(refused)  # each refused offer blocked: never tried twice
+    assert refused["backend"] == "azure" and refused["state"] == "failed", refused
+    assert "InsufficientQuota: the subscription has no quota for NCASv3_T4 in eastus" in refused["reason"], refused
+    [ended] = [json.loads(e["detail"]) for e in state_rows(tm_home, "SELECT detail FROM events WHERE attempt_id = ? "
+                                                              "AND kind = 'attempt' AND to_state = 'failed'",
+                                                              refused["id"])]
+    assert ended["cause"] == "misconfigured", ended
     assert azure.fake.jobs == {}
 
 
@@ -174,7 +182,7 @@ def test_a_job_failing_in_the_service_ends_with_its_reason_and_exit_code(cli, az
     done = submit(job(tmp_path, "python fail.py", name="fails", files={"fail.py": FAILING}), tmp_path)
     assert done["state"] == "failed", done
     [attempt] = done["attempts"]
-    name = "tm-" + attempt["id"].lower()
+    name = job_name(attempt["id"])
     assert azure.fake.properties(name)["status"] == "Failed" and cli.exit_codes[name] == [3]
     assert attempt["state"] == "failed" and attempt["reason"] == "exited with code 3: about to fail", attempt
     ended = [json.loads(e["detail"]) for e in state_rows(tm_home, "SELECT detail FROM events WHERE attempt_id = ? AND "

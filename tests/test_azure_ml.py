@@ -1,6 +1,7 @@
 """The Azure ML training service against the strict fake, through the real MLClient: the job as the SDK sends it
-(spot tier, instances, distribution, the bundle input, the synced output, limits), an idempotent start, the
-state table with causes and billable time, stop, and typed errors (throttling, capacity, a missing workspace)."""
+(spot tier, instances, distribution, the inputs and the synced output as datastore URIs, limits), an idempotent
+start, the state table with the billable time the job resource documents, stop, and typed errors (throttling, a
+quota, a missing workspace); the fake refusing what Azure ML refuses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import pytest
 
 from trainmaster.backends.azure.azureml import AzureMLService
-from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
+from trainmaster.backends.base import BackendError, Cause, ConfigurationError, Phase, TransientBackendError
 from trainmaster.backends.managed.service import ServiceJob
 
 pytest_plugins = ["clouds.conftest_azure"]
@@ -20,11 +21,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
+DS = "azureml://datastores/trainmaster_store/paths/trainmaster/"
+
+
 def job(**changes) -> ServiceJob:
-    fields = dict(name="tm-a1", image="img:1", command=["python", "-m", "trainmaster.jobs.launcher"],
-                  env={"TRAINMASTER_LAUNCH": "{}"}, instance="Standard_NC4as_T4_v3", instance_count=2, spot=True,
-                  max_seconds=600, bundle_uri="http://127.0.0.1:1/acct/c/bundles/b.tar",
-                  sync_uri="http://127.0.0.1:1/acct/c/attempts/a1/sync/", model_uri="http://127.0.0.1:1/acct/c/m/",
+    fields = dict(name="tm-a1", image="img:1", env={"PYTHONUNBUFFERED": "1"}, instance="Standard_NC4as_T4_v3",
+                  instance_count=2, spot=True, max_seconds=600, bundle_uri=DS + "bundles/b.tar",
+                  input_uri=DS + "attempts/a1/input/", sync_uri=DS + "attempts/a1/sync/", model_uri=DS + "m/",
                   labels={"trainmaster-job": "j1", "trainmaster-attempt": "a1"})
     return ServiceJob(**{**fields, **changes})
 
@@ -37,15 +40,17 @@ def test_the_job_as_the_sdk_sent_it(azure, azure_config):
     run(AzureMLService(azure_config).start(job()))
     [sent] = puts(azure)
     props = sent["properties"]
-    assert props["jobType"] == "Command" and props["command"] == "python -m trainmaster.jobs.launcher"
+    assert props["jobType"] == "Command" and props["command"] == "python3 ${{inputs.trainmaster}}/boot.py"
     assert props["queueSettings"] == {"jobTier": "Spot"}
     assert props["resources"]["instanceCount"] == 2 and props["resources"]["instanceType"] == "Standard_NC4as_T4_v3"
     assert props["distribution"] == {"processCountPerInstance": 1, "distributionType": "PyTorch"}
-    assert props["inputs"] == {"bundle": {"uri": "http://127.0.0.1:1/acct/c/bundles/b.tar", "jobInputType": "uri_file"}}
-    assert props["outputs"] == {"sync": {"uri": "http://127.0.0.1:1/acct/c/attempts/a1/sync/", "mode": "ReadWriteMount",
+    assert props["inputs"] == {
+        "bundle": {"uri": DS + "bundles/b.tar", "mode": "Download", "jobInputType": "uri_file"},
+        "trainmaster": {"uri": DS + "attempts/a1/input/", "mode": "Download", "jobInputType": "uri_folder"}}
+    assert props["outputs"] == {"sync": {"uri": DS + "attempts/a1/sync/", "mode": "ReadWriteMount",
                                          "jobOutputType": "uri_folder"}}
     assert props["limits"] == {"timeout": "PT10M", "jobLimitsType": "Command"}
-    assert props["environmentVariables"] == {"TRAINMASTER_LAUNCH": "{}"}
+    assert props["environmentVariables"] == {"PYTHONUNBUFFERED": "1"}
     assert props["tags"] == {"trainmaster-job": "j1", "trainmaster-attempt": "a1"}
     assert props["environmentId"].endswith("/environments/CliV2AnonymousEnvironment/versions/"
                                            + props["environmentId"].rsplit("/", 1)[1])
@@ -56,7 +61,7 @@ def test_one_node_on_demand_on_a_cluster_with_a_named_environment(azure, azure_c
     config = azure_config.model_copy(update={"compute": "gpu-cluster", "environment": "azureml:torch-env:3"})
     run(AzureMLService(config).start(job(instance_count=1, spot=False, max_seconds=None)))
     props = puts(azure)[0]["properties"]
-    assert props["queueSettings"] == {"jobTier": "Standard"}
+    assert "queueSettings" not in props  # a cluster's own tier is what runs
     assert props["computeId"].endswith("/computes/gpu-cluster") and "instanceType" not in props["resources"]
     assert props["environmentId"].endswith("/environments/torch-env/versions/3")
     assert "distribution" not in props and "limits" not in props
@@ -75,27 +80,30 @@ def test_start_is_idempotent_on_the_name(azure, azure_config):
     assert len(puts(azure)) == 2
 
 
-@pytest.mark.parametrize("status,error,phase,cause", [
-    ("NotStarted", None, Phase.pending, None), ("Queued", None, Phase.pending, None),
-    ("Preparing", None, Phase.pending, None), ("Provisioning", None, Phase.pending, None),
-    ("Starting", None, Phase.pending, None), ("Running", None, Phase.running, None),
-    ("Finalizing", None, Phase.running, None), ("Completed", None, Phase.succeeded, None),
-    ("Failed", "InsufficientCapacity: no Standard_NC4as_T4_v3 in eastus", Phase.failed, Cause.capacity),
-    ("Failed", "Quota exceeded for family NCASv3_T4", Phase.failed, Cause.capacity),
-    ("Failed", "The low priority node was preempted", Phase.failed, Cause.preempted),
-    ("Failed", "UserError: the script exited with 3", Phase.failed, Cause.script_failed),
-    ("CancelRequested", None, Phase.cancelled, Cause.cancelled), ("Canceled", None, Phase.cancelled, Cause.cancelled),
+@pytest.mark.parametrize("status,phase,cause", [
+    ("NotStarted", Phase.pending, None), ("Queued", Phase.pending, None), ("Preparing", Phase.pending, None),
+    ("Provisioning", Phase.pending, None), ("Starting", Phase.pending, None), ("Running", Phase.running, None),
+    ("Finalizing", Phase.running, None), ("Completed", Phase.succeeded, None), ("Failed", Phase.failed, None),
+    ("CancelRequested", Phase.cancelled, Cause.cancelled), ("Canceled", Phase.cancelled, Cause.cancelled),
 ])
-def test_states_map_to_phases_and_causes(azure, azure_config, status, error, phase, cause):
+def test_states_map_to_phases_and_the_billable_time_is_what_the_resource_documents(azure, azure_config, status,
+                                                                                   phase, cause):
+    """The job resource documents its status and systemData only: a failure's cause is the backend's to find (the
+    synced folder's exit record), and the run time billed is from its creation to its last change once ended."""
+    import datetime
+
     service = AzureMLService(azure_config)
     run(service.start(job()))
-    azure.fake.set_status("tm-a1", status, error=error, start=1000.0, end=1042.5)
+    azure.fake.set_status("tm-a1", status)
+    system = azure.fake.jobs["tm-a1"]["systemData"]
+    created = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    system["createdAt"] = created.isoformat()
+    system["lastModifiedAt"] = (created + datetime.timedelta(seconds=42.5)).isoformat()
     state = run(service.describe("tm-a1"))
     assert (state.phase, state.cause) == (phase, cause)
-    assert state.started_at == 1000.0
+    assert state.started_at == created.timestamp()
     assert state.billable_seconds == (42.5 if phase.done else None)
-    if error:
-        assert state.reason == error
+    assert "systemData" in (state.billing_basis or "")
 
 
 def test_a_job_the_service_lost_and_stop(azure, azure_config):
@@ -121,7 +129,23 @@ def test_errors_are_typed(azure, azure_config):
         run(service.describe("tm-a1"))
     azure.fake.jobs.clear()
     azure.fake.refusing = "InsufficientQuota: not enough quota for NCASv3_T4 in eastus"
-    with pytest.raises(CapacityError, match="InsufficientQuota"):
+    with pytest.raises(ConfigurationError, match="InsufficientQuota"):
         run(service.start(job()))
     with pytest.raises(BackendError, match="set azure.workspace"):
         run(AzureMLService(azure_config.model_copy(update={"workspace": None})).describe("tm-a1"))
+
+
+@pytest.mark.parametrize("change, rule", [
+    ({"name": "tm-job.1"}, "job name"),  # a dot: the ARM name pattern has none
+    ({"sync_uri": "https://acct.blob.core.windows.net/c/attempts/a1/sync/"}, "written through a datastore"),
+    ({"bundle_uri": "azureml://datastores/nowhere/paths/b.tar"}, "does not have"),
+])
+def test_the_fake_refuses_what_azure_ml_refuses(azure, azure_config, change, rule):
+    """The fake checks every request against the REST spec's rules and the workspace's datastores."""
+    from clouds import checked
+
+    with checked.expected() as refused:
+        with pytest.raises(BackendError, match="UserError"):
+            run(AzureMLService(azure_config).start(job(**change)))
+    assert refused and any(rule in r for r in refused), refused
+    assert azure.fake.jobs == {}

@@ -87,7 +87,14 @@ def test_refresh_writes_the_prices_each_api_gives_for_the_catalogs_rows(refresh,
     assert any("NextToken" not in r for r in fakes["aws"].requests) and len(fakes["gcp"].requests) == 3
 
 
+AZURE_READY = ("azure:\n  subscription_id: s\n  resource_group: rg\n  workspace: ws\n  storage_account: acct\n"
+               "  datastore: tm_store\n  credential: clouds.azure_credential:fake\n")
+"""An Azure set up enough to be planned (only ready backends are: broker/readiness.py); offers never call it."""
+
+
 def test_offers_use_the_refreshed_price_and_name_its_file(refresh, fakes, tm_home, job_factory):
+    (tm_home / "config").mkdir(parents=True, exist_ok=True)
+    (tm_home / "config" / "backends.yaml").write_text(AZURE_READY)
     assert refresh("azure").returncode == 0
     job = job_factory("print(1)\n", "workload: initial_training\nresources:\n  gpus: 1\n  gpu_types: [V100]\n")
     done = tm("offers", str(job), "--json", "-p", "cloud-only", home=tm_home)
@@ -101,7 +108,7 @@ def test_offers_use_the_refreshed_price_and_name_its_file(refresh, fakes, tm_hom
     assert nc12["price_per_hour_micro_usd"] == 6_120_000 and "backends/catalog/azure.csv" in nc12["quote"]["source"]
     shown = json.loads(tm("catalog", "show", "azure", "--json", home=tm_home).stdout)
     assert [(layer["layer"], layer["rows"], layer["date"]) for layer in shown] == [
-        ("shipped", 17, "2025-07-01"), ("refreshed", 3, today)]
+        ("shipped", 35, "2025-07-01"), ("refreshed", 3, today)]
 
 
 def test_the_table_shows_each_change_and_what_was_not_priced(refresh, fakes):
@@ -109,7 +116,28 @@ def test_the_table_shows_each_change_and_what_was_not_priced(refresh, fakes):
     assert done.returncode == 0, done.stderr
     out = " ".join(done.stdout.split())
     assert "ml.p4d.24xlarge (us-east-1): $37.688 → $25.25/h, spot $15.0752 → $10.1/h" in out
-    assert "not priced by the API (catalog price kept): ml.m5.xlarge (us-east-1)," in out and "and 36 more (--json)" in out
+    assert "not priced by the API (catalog price kept): ml.m5.xlarge (us-east-1)," in out and "and 74 more (--json)" in out
+
+
+def test_a_region_the_catalog_has_not_is_added_and_kept(refresh, fakes, tm_home, job_factory):
+    """`--region` asks the API for every instance the catalog knows in that region; the ones it prices become rows
+    of the refreshed layer, which later refreshes keep and offers in that region use."""
+    done = refresh("azure", "--region", "westus2", "--json")
+    assert done.returncode == 0, done.stderr
+    [outcome] = json.loads(done.stdout)
+    assert outcome["added"] == ["Standard_NC6s_v3 (westus2)"]  # the one size the API prices there
+    assert rows(tm_home / "catalogs" / "azure.csv")["Standard_NC6s_v3", "westus2"]["on_demand_usd_per_hour"] == "3.06"
+    assert refresh("azure").returncode == 0  # a later refresh without --region keeps the region
+    assert ("Standard_NC6s_v3", "westus2") in rows(tm_home / "catalogs" / "azure.csv")
+    (tm_home / "config").mkdir(parents=True, exist_ok=True)
+    (tm_home / "config" / "backends.yaml").write_text(AZURE_READY + "  region: westus2\n")
+    job = job_factory("print(1)\n", "workload: initial_training\nresources:\n  gpus: 1\n  gpu_types: [V100]\n")
+    offers = [r["offer"] for r in json.loads(tm("offers", str(job), "--json", "-p", "cloud-only",
+                                                home=tm_home).stdout)["considered"]]
+    nc6 = next(o for o in offers if o["instance"] == "Standard_NC6s_v3" and not o["spot"])
+    assert nc6["region"] == "westus2" and nc6["price_per_hour_micro_usd"] == 3_060_000
+    nothing = json.loads(refresh("azure", "--region", "northeurope", "--json").stdout)[0]
+    assert "the API priced no instance in northeurope" in nothing["not_found"] and nothing["added"] == []
 
 
 def test_a_500_then_success_is_retried(refresh, fakes, tm_home):

@@ -263,3 +263,23 @@ def test_a_miner_address_is_checked_with_its_checksum_naming_file_line_and_field
 def test_a_valid_miner_address_passes(env, tm_home):
     write_config(tm_home, f"bittensor:\n  miners:\n    - hotkey: {ALICE}\n      url: http://127.0.0.1:8091\n")
     assert "1 miners listed" in checked(env)["bittensor"]["found"]
+
+
+def test_credentials_only_the_network_gives_are_not_checked_offline(env, tm_home, monkeypatch):
+    """A managed identity, an ECS task role, a GCE metadata server: `backends check` cannot see them without the
+    network, so it says "not checked offline", not "no credentials", and the cloud counts as ready."""
+    write_config(tm_home, "azure:\n  subscription_id: s\n  resource_group: rg\n  workspace: ws\n  storage_account: a\n"
+                          "  datastore: d\n  credential: managed_identity\n"
+                          "aws:\n  region: us-east-1\n  s3_bucket: b\n"
+                          "  sagemaker_role_arn: arn:aws:iam::123456789012:role/r\n"
+                          "gcp:\n  project: p\n  staging_bucket: gs://b\n")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/credentials/task")  # what ECS sets
+    monkeypatch.setenv("GCE_METADATA_HOST", "169.254.169.254")  # what google-auth reads for the metadata server
+    rows = checked(env)
+    for cloud in ("aws", "gcp", "azure"):
+        if not findable(REGISTRY[cloud].sdk[0]):
+            continue
+        assert rows[cloud]["ready"], rows[cloud]
+        assert rows[cloud]["found"][0].startswith("credentials: not checked offline ("), rows[cloud]
+        assert not any("no credentials" in r for r in rows[cloud]["reasons"])

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from clouds.ready import ready_clouds  # noqa: F401 - the fixture
 from trainmaster.broker.cli.cost import register
 
 ENV = {"COLUMNS": "200"}
@@ -31,7 +32,8 @@ def cli(tm_home):
 
 
 @pytest.fixture
-def training_job(job_factory):
+def training_job(job_factory, ready_clouds):
+    """A training job, the three clouds set up enough to be planned (clouds/ready.py)."""
     return job_factory("print('train')\n", textwrap.dedent("""
         workload: initial_training
         estimated_hours: 50
@@ -101,8 +103,10 @@ def test_offers_warns_of_a_stale_catalog(cli, training_job, tm_home):
     data = json.loads(cli("offers", str(training_job), "--policy", "hybrid", "--json").stdout)
     override = [w for w in data["warnings"] if w.startswith(f"{catalogs / 'aws.csv'}: prices dated 2020-01-01")]
     assert len(override) == 1 and len(set(data["warnings"])) == len(data["warnings"]), data["warnings"]
-    # the table's warnings (on stderr) are the same, each once, in the command's own words
-    assert [line for line in shown.stderr.splitlines() if line.strip()] == [f"warning: {w}" for w in data["warnings"]]
+    # on stderr, every stale catalog once, in one line of the command's own (#33 §5)
+    said = " ".join(line.strip() for line in shown.stderr.splitlines() if line.strip())
+    assert said.startswith("warning: price catalogs older than 90 days") and said.count("warning:") == 1, said
+    assert f"{catalogs / 'aws.csv'} (2020-01-01," in said and "backends/catalog/aws.csv (" in said, said
 
 
 def test_offers_table_marks_catalog_prices_and_bittensor_has_a_reason(cli, training_job):
@@ -178,7 +182,8 @@ def _charged(tm_home) -> None:
 
 def test_spend_reports_charges(cli, tm_home, tmp_path):
     empty = json.loads(cli("spend", "--json").stdout)
-    assert empty == [{"group": "total", "usd": "0", "micro_usd": 0, "rao": 0, "charges": 0}]
+    assert empty == [{"group": "total", "usd": "0", "micro_usd": 0, "rao": 0, "charges": 0, "unsent_payments": 0,
+                      "unsent_rao": 0}]
     assert not (tm_home / "state.db").exists()  # reading creates nothing
     _charged(tm_home)
     by_backend = json.loads(cli("spend", "--by", "backend", "--json").stdout)

@@ -30,7 +30,9 @@ def registered(monkeypatch):
     for name, cls in (("local", scripted.ScriptedLocal), ("aws", scripted.ScriptedAws),
                       ("bittensor", scripted.ScriptedBittensor)):
         target = f"scripted_backend:{cls.__name__}"
-        monkeypatch.setitem(registry.REGISTRY, name, dataclasses.replace(registry.REGISTRY[name], target=target))
+        # a scripted stand-in makes its own offers: no catalog, so no cloud set-up is needed for it to be planned
+        monkeypatch.setitem(registry.REGISTRY, name, dataclasses.replace(registry.REGISTRY[name], target=target,
+                                                                          catalog=False))
         monkeypatch.setitem(registry.BACKENDS, name, target)
         monkeypatch.setattr(cls, "script", Script())
     monkeypatch.setattr("trainmaster.backends.retry.MAX_WAIT_S", 0.01)

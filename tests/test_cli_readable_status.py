@@ -41,7 +41,8 @@ def test_the_plan_keeps_whole_headers_in_80_columns(tm_home, job_factory):
     for command in (("submit", str(spec), "--dry-run"), ("offers", str(spec))):
         shown = tm(*command, home=tm_home, extra_env={"COLUMNS": "80"}).stdout
         header = next(line for line in shown.splitlines() if "backend" in line)
-        assert "…" not in header and "chosen / why not" in header and len(header) <= 80, shown
+        assert "…" not in header and "expected" in header and len(header) <= 80, shown
+        assert "✔ the chosen offer" in shown  # why each other lost: below its row (#33 §6)
 
 
 def test_a_cancelled_attempt_ends_and_a_second_cancel_says_nothing_was_stopped(tm_home, job_factory):

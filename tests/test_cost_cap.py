@@ -37,7 +37,8 @@ def test_a_long_job_with_a_tiny_max_usd_is_stopped_at_the_cap_and_charged(job_fa
     assert attempt["cost_micro_usd"] >= 80  # it ran up to the cap, and what it spent is recorded
     charged = json.loads(tm("spend", "--by", "job", "--json", home=home).stdout)
     assert charged == [{"group": job["id"], "usd": f"{attempt['cost_micro_usd'] / 1e6:f}".rstrip("0"),
-                        "micro_usd": attempt["cost_micro_usd"], "rao": 0, "charges": 1}]
+                        "micro_usd": attempt["cost_micro_usd"], "rao": 0, "charges": 1,
+                        "unsent_payments": 0, "unsent_rao": 0}]
     assert "stopped at the cost cap" in tm("status", job["id"], home=home).stdout
 
 
@@ -102,7 +103,7 @@ def test_dry_run_and_offers_say_where_the_estimate_came_from(job_factory, tmp_pa
     quick = "import time\ntime.sleep(0.3)\n"
     given = job_factory(quick, "estimated_hours: 0.002\noutputs:\n  optional: true\n", name="given")
     dry = json.loads(tm("submit", str(given), "--dry-run", "--json", home=home).stdout)
-    assert dry["estimate"] == "estimated_hours 0.002 (A100-hours)"
+    assert dry["estimate"] == "estimated_hours 0.002 (hours)"  # a CPU job: no GPU-hours (#33 §3)
     stepped = job_factory(quick, "outputs:\n  optional: true\n", name="stepped", entrypoint="python train.py --steps 50")
     assert tm("submit", str(stepped), "--wait", home=home).returncode == 0
     human = tm("submit", str(stepped), "--dry-run", home=home).stdout

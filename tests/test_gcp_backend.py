@@ -37,31 +37,41 @@ def test_submit_sends_the_bundle_once_and_starts_one_job_per_attempt(backend, gc
     sent = []
     backend.progress = lambda done, total: sent.append(done)
     handle = asyncio.run(backend.submit(bundle, spec, offer(), ctx("A1")))
-    assert sent and sent[-1] == 4096
+    assert 4096 in sent  # the bundle's bar (then the runtime pack's)
     sent.clear()
     restarted = GcpBackend(backend.config)  # after a crash
     restarted.progress = backend.progress
     again = asyncio.run(restarted.submit(bundle, spec, offer(), ctx("A1")))
     asyncio.run(backend.submit(bundle, spec, offer(spot=True), ctx("A2")))
-    assert 0 < len(sent) <= 2 and set(sent) <= {4096}  # content-addressed: already there, not sent again
+    pack = handle.data["runtime_bytes"]
+    assert 0 < len(sent) <= 4 and set(sent) <= {4096, pack}  # content-addressed: already there, not sent again
     assert handle == again and handle.data["sync"] == "attempts/A1/checkpoints/"
     assert len(gcp.vertex.jobs) == 2 and gcp.vertex.calls("create") == 2
     blobs = {b.name: b.size for b in gcp.storage_client().list_blobs("tm-staging")}
-    assert blobs == {f"runs/bundles/{SHA}.tar": 4096}
-    job = gcp.vertex.by_display_name("tm-a1")
+    runtime = [name for name in blobs if name.startswith("runs/runtime/")]
+    assert blobs[f"runs/bundles/{SHA}.tar"] == 4096 and len(runtime) == 1 and blobs[runtime[0]] == pack
+    for attempt in ("A1", "A2"):
+        assert {n.rsplit("/", 1)[1] for n in blobs if n.startswith(f"runs/attempts/{attempt}/input/")} == {
+            "boot.py", "launch.json", "runtime.zip"}
+    job = gcp.vertex.by_display_name(handle.data["name"])
     launch = plan.LaunchPlan.model_validate_json(
-        {e.name: e.value for e in job.job_spec.worker_pool_specs[0].container_spec.env}[plan.VARIABLE])
+        gcp.storage_client().bucket("tm-staging").blob("runs/attempts/A1/input/launch.json").download_as_bytes())
     assert launch.service == "vertex" and launch.bundle == f"gs://tm-staging/runs/bundles/{SHA}.tar"
+    container = job.job_spec.worker_pool_specs[0].container_spec
+    assert list(container.command) == ["python3", "/gcs/tm-staging/runs/attempts/A1/input/boot.py"]
+    assert not container.env  # the plan is a file of the input
     assert job.job_spec.base_output_directory.output_uri_prefix == "gs://tm-staging/runs/attempts/A1/"
-    assert job.job_spec.worker_pool_specs[0].container_spec.image_uri.endswith("pytorch-cpu.2-4.py310:latest")
+    assert container.image_uri == gcp.config(gcp.credentials)["image"]
 
 
 def test_offers_are_the_catalogs_in_the_configured_region(gcp):
     from trainmaster.backends.base import OfferRequest
 
     request = OfferRequest(spec=JobSpec.model_validate({"name": "t", "entrypoint": "python t.py"}))
-    found = asyncio.run(GcpBackend(GcpConfig(location="europe-west4")).offers(request))
-    assert not found.offers and "europe-west4" in found.reasons[0]
+    found = asyncio.run(GcpBackend(GcpConfig(location="asia-northeast1")).offers(request))
+    assert not found.offers and "asia-northeast1" in found.reasons[0]  # no catalog row there (refresh --region adds)
+    europe = asyncio.run(GcpBackend(GcpConfig(location="europe-west4")).offers(request))
+    assert europe.offers and {o.region for o in europe.offers} == {"europe-west4"}
     here = asyncio.run(GcpBackend(GcpConfig()).offers(request))
     assert here.offers and {o.region for o in here.offers} == {"us-central1"}
 

@@ -12,7 +12,10 @@ from trainmaster.backends.gcp.config import GcpConfig
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch, tmp_path):
-    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+    from trainmaster.backends import cloud_host
+
+    monkeypatch.setattr(cloud_host, "DMI_ROOT", tmp_path / "no-dmi")  # not a GCE VM, wherever the test runs
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "GCE_METADATA_HOST"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
 
@@ -48,3 +51,17 @@ def test_the_project_from_the_config_or_the_environment(tmp_path, monkeypatch):
 def test_a_named_file_that_is_missing_is_said(tmp_path):
     reasons = check.check(GcpConfig(credentials_file=str(tmp_path / "nope.json"), project="p", staging_bucket="gs://b"))
     assert reasons == [f"credentials_file names {tmp_path / 'nope.json'}, which does not exist"]
+
+
+def test_on_a_gce_vm_the_service_account_is_not_checked_offline(tmp_path, monkeypatch):
+    from trainmaster.backends import cloud_host
+
+    monkeypatch.setattr(cloud_host, "DMI_ROOT", tmp_path / "dmi")
+    monkeypatch.delenv("GCE_METADATA_HOST", raising=False)
+    config = GcpConfig(project="p", staging_bucket="gs://b")
+    assert check.check(config)[0].startswith("no credentials found")
+    (tmp_path / "dmi").mkdir()
+    (tmp_path / "dmi" / "product_name").write_text("Google Compute Engine\n")
+    assert check.check(config) == []
+    assert check.found(config) == ["credentials: not checked offline (this VM's service account (the GCE metadata "
+                                   "server), asked at dispatch)"]

@@ -10,7 +10,7 @@ import pytest
 import requests
 from google.api_core import exceptions as api
 
-from trainmaster.backends.base import BackendError, TransientBackendError
+from trainmaster.backends.base import BackendError, ConfigurationError, TransientBackendError
 from trainmaster.backends.gcp import sdk
 from trainmaster.backends.gcp.config import GcpConfig
 from trainmaster.backends.gcp.gcs import GcsStore
@@ -87,7 +87,7 @@ def test_copy_stays_in_the_store(store, tmp_path):
 
 def test_a_missing_bucket_is_named(gcp):
     missing = GcsStore(GcpConfig(**{**gcp.config(gcp.credentials), "staging_bucket": "gs://no-such-bucket"}))
-    with pytest.raises(BackendError, match="no-such-bucket"):
+    with pytest.raises(ConfigurationError, match="no-such-bucket"):
         run(missing.list("x/"))
 
 
@@ -95,7 +95,8 @@ def test_a_missing_bucket_is_named(gcp):
     (api.TooManyRequests("slow down"), TransientBackendError), (api.ServiceUnavailable("busy"), TransientBackendError),
     (api.InternalServerError("oops"), TransientBackendError),
     (requests.ConnectionError("reset"), TransientBackendError),
-    (api.Forbidden("storage.objects.get denied"), BackendError), (api.NotFound("no bucket"), BackendError),
+    (api.Forbidden("storage.objects.get denied"), ConfigurationError), (api.NotFound("no bucket"), ConfigurationError),
+    (api.NotFound("no such object"), BackendError),
 ])
 def test_sdk_errors_become_typed_errors(error, typed):
     found = sdk.typed(error, "reading gs://b/k")

@@ -7,7 +7,7 @@ import datetime
 
 import pytest
 
-from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
+from trainmaster.backends.base import BackendError, Cause, ConfigurationError, Phase, TransientBackendError
 from trainmaster.backends.gcp.config import GcpConfig
 from trainmaster.backends.gcp.vertex import VertexService
 from trainmaster.backends.managed.service import ServiceJob
@@ -27,10 +27,9 @@ def service(gcp):
 
 
 def job(**changes) -> ServiceJob:
-    fields = dict(name="tm-a-1", image="img:1", command=["python", "-m", "trainmaster.jobs.launcher"],
-                  env={"TRAINMASTER_LAUNCH": "{}", "B": "2"}, instance="g2-standard-8", instance_count=1,
+    fields = dict(name="tm-a-1", image="img:1", env={"B": "2"}, instance="g2-standard-8", instance_count=1,
                   gpu_type="L4", gpu_count=1, spot=True, max_seconds=3600,
-                  bundle_uri="gs://tm-staging/runs/bundles/x.tar",
+                  bundle_uri="gs://tm-staging/runs/bundles/x.tar", input_uri=BASE + "input/",
                   sync_uri=BASE + "checkpoints/", model_uri=BASE + "model/",
                   labels={"trainmaster-job": "J_1", "trainmaster-attempt": "A_1"})
     return ServiceJob(**{**fields, **changes})
@@ -47,10 +46,10 @@ def test_the_custom_job_carries_what_the_attempt_asks(service, gcp):
         assert pool.machine_spec.machine_type == "g2-standard-8"
         assert pool.machine_spec.accelerator_type.name == "NVIDIA_L4" and pool.machine_spec.accelerator_count == 1
         assert pool.container_spec.image_uri == "img:1"
-        assert list(pool.container_spec.command) == ["python", "-m", "trainmaster.jobs.launcher"]
-        assert {e.name: e.value for e in pool.container_spec.env} == {"TRAINMASTER_LAUNCH": "{}", "B": "2"}
+        assert list(pool.container_spec.command) == ["python3", "/gcs/tm-staging/runs/attempts/A_1/input/boot.py"]
+        assert {e.name: e.value for e in pool.container_spec.env} == {"B": "2"}
     assert spec.scheduling.strategy.name == "SPOT"
-    assert spec.scheduling.max_wait_duration.total_seconds() == 7200
+    assert not spec.scheduling.max_wait_duration  # the API applies it to FLEX_START only
     assert spec.scheduling.timeout.total_seconds() == 3600
     assert spec.base_output_directory.output_uri_prefix == BASE
     assert created.name.startswith("projects/tm-test/locations/us-central1/customJobs/")
@@ -138,11 +137,13 @@ def test_stop_cancels_a_running_job_and_leaves_an_ended_one(service, gcp):
     assert gcp.vertex.calls("cancel") == 1
 
 
-def test_quota_at_create_is_capacity(service, gcp):
+def test_quota_at_create_is_the_set_ups(service, gcp):
+    """A quota of the project (a new one has no GPU quota) is a configuration failure: the broker stops trying gcp
+    for the job rather than going through its offers one by one."""
     gcp.vertex.fail_next("create", 429, "RESOURCE_EXHAUSTED",
                          "The following quota metrics exceed quota limits: "
                          "aiplatform.googleapis.com/custom_model_training_nvidia_l4_gpus")
-    with pytest.raises(CapacityError, match="quota"):
+    with pytest.raises(ConfigurationError, match="quota"):
         run(service.start(job()))
     assert not gcp.vertex.jobs
 
@@ -163,9 +164,8 @@ def test_throttling_and_5xx_are_transient(service, gcp, operation, code, status,
 
 def test_permission_denied_names_it(service, gcp):
     gcp.vertex.fail_next("list", 403, "PERMISSION_DENIED", "Permission 'aiplatform.customJobs.list' denied")
-    with pytest.raises(BackendError, match="permission denied.*aiplatform.customJobs.list") as caught:
+    with pytest.raises(ConfigurationError, match="permission denied.*aiplatform.customJobs.list"):
         run(service.start(job()))
-    assert not isinstance(caught.value, TransientBackendError)
 
 
 def test_a_job_that_ends_while_being_cancelled_is_left_as_it_is(service, gcp):
@@ -174,3 +174,34 @@ def test_a_job_that_ends_while_being_cancelled_is_left_as_it_is(service, gcp):
     gcp.vertex.fail_next("cancel", 400, "FAILED_PRECONDITION", "the job is already in state JOB_STATE_SUCCEEDED")
     run(service.stop("tm-a-1"))
     assert gcp.vertex.calls("cancel") == 1
+
+
+@pytest.mark.parametrize("change, rule", [
+    ({"name": "x" * 129}, "display_name of 129 characters"),
+    ({"env": {"NOT-A-NAME": "1"}}, "not a C identifier"),
+    ({"labels": {"trainmaster-job": "J_1", "Trainmaster": "x"}}, "label key"),
+])
+def test_the_fake_refuses_what_vertex_refuses(service, gcp, change, rule):
+    """FakeVertex reads every CustomJob back strictly through the aiplatform_v1 protos and holds it to the limits
+    the API documents: what Vertex AI would refuse is refused, never created."""
+    from clouds import checked
+
+    with checked.expected() as refused:
+        with pytest.raises(BackendError, match="INVALID_ARGUMENT|400"):
+            run(service.start(job(**change)))
+    assert refused and rule in refused[0], refused
+    assert not gcp.vertex.jobs
+
+
+def test_max_wait_with_spot_is_refused_by_the_fake(gcp):
+    """What the backend sent before: max_wait_duration with SPOT, which the API applies to FLEX_START only."""
+    from google.cloud import aiplatform_v1 as v1
+
+    from clouds import rules_vertex
+
+    pool = v1.WorkerPoolSpec(replica_count=1, machine_spec=v1.MachineSpec(machine_type="n1-standard-4"),
+                             container_spec=v1.ContainerSpec(image_uri="img:1"))
+    job_ = v1.CustomJob(display_name="j", job_spec=v1.CustomJobSpec(worker_pool_specs=[pool], scheduling=v1.Scheduling(
+        strategy=v1.Scheduling.Strategy.SPOT, max_wait_duration="3600s")))
+    _, found = rules_vertex.custom_job(v1.CustomJob.to_json(job_))
+    assert found and "FLEX_START" in found[0]

@@ -37,7 +37,7 @@ def deep_mapping(depth: int = 2_000) -> str:
     "env:\n  A: &x hello\n  B: *x\n",
     "resources: " + deep_flow(),
     "extra:\n  " + deep_block(),
-    "extra:\n" + "".join(" " + line for line in deep_mapping().splitlines(keepends=True)),
+    "extra:\n" + "".join(" " + line for line in deep_mapping(1_000).splitlines(keepends=True)),  # under 1 MiB
 ])
 def test_submit_dry_run_refuses_hostile_yaml_with_file_line(job_factory, tmp_path, body):
     spec = job_factory(TRAIN, body)

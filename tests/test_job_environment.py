@@ -17,11 +17,13 @@ from trainmaster.broker.cli import app
 from trainmaster.jobs.environment import expand_command, interpreter_environment
 
 SECRET = "s3cr3t-only-in-the-broker-shell"
+INHERITED = "value-only-in-the-broker-shell"
 
 ARGV_SCRIPT = """
     import json, os, pathlib, sys
     out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
-    (out / "seen.json").write_text(json.dumps({"argv": sys.argv[1:], "secret": os.environ.get("SECRET_TOKEN")}))
+    (out / "seen.json").write_text(json.dumps({"argv": sys.argv[1:], "secret": os.environ.get("SECRET_TOKEN"),
+                                               "inherited": os.environ.get("NCCL_SOCKET_IFNAME")}))
 """
 
 # a model file by hand (safetensors: 8-byte header length, JSON header, data), so the job needs no torch
@@ -52,7 +54,8 @@ def only_job() -> str:
 
 
 def test_entrypoint_words_expand_with_the_jobs_environment(tm_home, job_factory, monkeypatch):
-    monkeypatch.setenv("SECRET_TOKEN", SECRET)  # in the broker's environment only
+    monkeypatch.setenv("SECRET_TOKEN", SECRET)  # in the broker's environment only: never the job's
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", INHERITED)  # on the allowlist (jobs/inherited.py): the job's too
     entrypoint = 'python train.py --out $TRAINMASTER_OUTPUT_DIR/x --epochs ${EPOCHS} --home "$HOME" --left $NOT_SET_ANYWHERE'
     spec = job_factory(ARGV_SCRIPT, 'env:\n  EPOCHS: "3"\n', entrypoint=entrypoint)
     result = cli("submit", spec, "--wait")
@@ -62,15 +65,17 @@ def test_entrypoint_words_expand_with_the_jobs_environment(tm_home, job_factory,
     seen = json.loads((paths.job_dir(job_id) / "outputs" / "seen.json").read_text())
     assert seen["argv"] == ["--out", f"{attempt}/outputs/x", "--epochs", "3", "--home", os.environ["HOME"],
                             "--left", "$NOT_SET_ANYWHERE"]
-    assert seen["secret"] == SECRET  # the inherited environment reaches the job at run time …
+    assert seen["secret"] is None  # a secret of the broker's never reaches the job …
+    assert seen["inherited"] == INHERITED  # … what the allowlist lets through does, at run time …
     launch = json.loads((attempt / "launch.json").read_text())
     assert "SECRET_TOKEN" not in launch["env"] and "HOME" not in launch["env"] and "PATH" not in launch["env"]
+    assert "NCCL_SOCKET_IFNAME" not in launch["env"]
     assert set(launch["env"]) - {"EPOCHS", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                                  "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT"} == {
         k for k in launch["env"] if k.startswith("TRAINMASTER_")}
     for path in attempt.rglob("*"):  # … but is never written to disk: not in launch.json, not in the log
         if path.is_file() and "outputs" not in path.parts:
-            assert SECRET.encode() not in path.read_bytes(), path
+            assert SECRET.encode() not in path.read_bytes() and INHERITED.encode() not in path.read_bytes(), path
     assert "$ python train.py --out $TRAINMASTER_OUTPUT_DIR/x" in (attempt / "job.log").read_text()
 
 

@@ -1,6 +1,7 @@
-"""The container launcher (`python -m trainmaster.jobs.launcher`) on one node, the test playing SageMaker: a real
-job's outputs, manifest and exit record in the synced folder; a failing job's code and last line; a bundle
-refused before anything runs; a bad plan; a resume from the synced checkpoints; SIGTERM passed to the job."""
+"""The container launcher (`python -m trainmaster.jobs.launcher`) on one node, the test playing SageMaker (the
+instance's own /opt/ml, clouds/namespace.py): a real job's outputs, manifest and exit record in the synced folder
+(published there as closed files, the log as parts); a failing job's code and last line; a bundle refused before
+anything runs; a bad plan; a resume from the synced checkpoints; SIGTERM passed to the job."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import time
 
 import pytest
-from launcher_support import TINY_LM, launch, make_bundle, plan, read_json, sagemaker_env, start
+from launcher_support import TINY_LM, launch, make_bundle, plan, read_json, sagemaker_instance, start, synced_log
 
 SLEEPER = """\
 import os, pathlib, time
@@ -28,15 +29,15 @@ def _sha256(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _says(log, text: str) -> bool:
-    return log.exists() and text in log.read_text(errors="replace")
+def _says(sync, text: str) -> bool:
+    return text in synced_log(sync)
 
 
 def _run(tmp_path, entrypoint: str, files: dict | None = None, *, sha256: str | None = None, sync=None):
     bundle, digest = make_bundle(tmp_path / "in", files or {}, entrypoint)
-    env = sagemaker_env(tmp_path, bundle.parent)
-    done = launch(plan("sagemaker", entrypoint, sha256 or digest, **({"sync": str(sync)} if sync else {})), env,
-                  tmp_path / "tmp")
+    opt_ml = sagemaker_instance(tmp_path, bundle.parent)
+    done = launch(plan("sagemaker", entrypoint, sha256 or digest, **({"sync": str(sync)} if sync else {})), {},
+                  tmp_path / "tmp", opt_ml=opt_ml)
     return done, tmp_path / "opt_ml" / "checkpoints"
 
 
@@ -53,8 +54,9 @@ def test_a_tiny_real_job_completes_with_its_outputs_manifest_and_exit_record(tmp
         assert entry == {"size": (sync / "outputs" / name).stat().st_size, "sha256": _sha256(sync / "outputs" / name)}
         assert _sha256(tmp_path / "opt_ml" / "model" / name) == entry["sha256"]  # copied into SM_MODEL_DIR
     assert sorted(p.name for p in (sync / "checkpoints" / "segments").iterdir()) == ["00000000", "00000001", "00000002"]
-    log = (sync / "job.log").read_text()
+    log = synced_log(sync)
     assert '"final_sha256"' in log and '"final_sha256"' in done.stdout  # the job's output, in the log and on stdout
+    assert not (sync / "job.log").exists()  # on an object-store mount: closed parts, never a held-open file
     assert list((tmp_path / "tmp").glob("trainmaster-*")) == []  # the unpacked bundle is removed
 
 
@@ -66,7 +68,7 @@ def test_a_failing_entrypoint_gives_its_exit_code_and_last_line(tmp_path):
     assert ended["exit_code"] == 3
     assert ended["reason"] == "exited with code 3: ValueError: no such column"
     assert read_json(sync / "outputs.json") == {"files": {}}
-    assert "loading data" in (sync / "job.log").read_text()
+    assert "loading data" in synced_log(sync)
 
 
 def test_a_wrong_sha256_is_refused_before_anything_runs(tmp_path):
@@ -76,34 +78,34 @@ def test_a_wrong_sha256_is_refused_before_anything_runs(tmp_path):
     ended = read_json(sync / "exit.json")
     assert ended["exit_code"] == 2 and "the bundle is refused" in ended["reason"] and "sha256" in ended["reason"]
     assert not (sync / "outputs" / "ran").exists()
-    assert "$ python job.py" not in (sync / "job.log").read_text()
+    assert "$ python job.py" not in synced_log(sync)
 
 
 @pytest.mark.parametrize("launch_json, said", [
-    (None, "TRAINMASTER_LAUNCH is not set"),
+    (None, "neither TRAINMASTER_LAUNCH_FILE nor TRAINMASTER_LAUNCH is set"),
     ("{not json", "is not a launch plan"),
     (json.dumps({"service": "lambda", "entrypoint": "python x.py", "bundle_sha256": "0" * 64}), "service"),
     (json.dumps({"service": "sagemaker", "entrypoint": "python x.py", "bundle_sha256": "0" * 64, "extra": 1}), "extra"),
 ])
 def test_a_bad_plan_exits_2_and_says_why(tmp_path, launch_json, said):
-    env = {k: v for k, v in os.environ.items() if k != "TRAINMASTER_LAUNCH"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINMASTER_LAUNCH", "TRAINMASTER_LAUNCH_FILE")}
     if launch_json is not None:
         env["TRAINMASTER_LAUNCH"] = launch_json
-    env["TRAINMASTER_OPT_ML"] = str(tmp_path / "opt_ml")
     done = subprocess.run([sys.executable, "-m", "trainmaster.jobs.launcher"], env=env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, cwd=tmp_path)
     assert done.returncode == 2
     assert said in done.stderr
-    assert not (tmp_path / "opt_ml").exists()
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_the_direct_launcher_refuses_a_job_of_several_nodes(tmp_path):
     bundle, digest = make_bundle(tmp_path / "in", {}, "python -c 'print(1)'")
-    env = sagemaker_env(tmp_path, bundle.parent, hosts=("algo-1", "algo-2"))
-    done = launch(plan("sagemaker", "python -c 'print(1)'", digest, launcher="direct", nodes=2), env, tmp_path / "tmp")
+    opt_ml = sagemaker_instance(tmp_path, bundle.parent, hosts=("algo-1", "algo-2"))
+    done = launch(plan("sagemaker", "python -c 'print(1)'", digest, launcher="direct", nodes=2), {}, tmp_path / "tmp",
+                  opt_ml=opt_ml, hosts=("algo-1", "algo-2"))
     assert done.returncode == 2
     assert "the launcher 'direct' runs one process; this job has 2 nodes" in done.stderr
-    assert not (tmp_path / "opt_ml").exists()
+    assert list((opt_ml / "checkpoints").iterdir()) == []
 
 
 def test_links_in_the_outputs_are_left_out_of_the_manifest_and_the_model_dir(tmp_path):
@@ -117,11 +119,11 @@ def test_links_in_the_outputs_are_left_out_of_the_manifest_and_the_model_dir(tmp
 def test_sigterm_to_the_launcher_stops_the_job(tmp_path):
     bundle, digest = make_bundle(tmp_path / "in", {"sleep.py": SLEEPER}, "python sleep.py")
     sync = tmp_path / "opt_ml" / "checkpoints"
-    proc = start(plan("sagemaker", "python sleep.py", digest), sagemaker_env(tmp_path, bundle.parent), tmp_path / "tmp",
-                 tmp_path / "launcher.out")
+    proc = start(plan("sagemaker", "python sleep.py", digest), {}, tmp_path / "tmp", tmp_path / "launcher.out",
+                 opt_ml=sagemaker_instance(tmp_path, bundle.parent))
     try:
         deadline = time.time() + 60
-        while not _says(sync / "job.log", "job started"):
+        while not (_says(sync, "job started") and (sync / "outputs" / "pid").exists()):
             assert time.time() < deadline and proc.poll() is None, (tmp_path / "launcher.out").read_text()
             time.sleep(0.1)
         pid = int((sync / "outputs" / "pid").read_text())
@@ -150,7 +152,7 @@ def test_a_synced_folder_holding_segments_resumes_to_the_same_final_state(tmp_pa
     shutil.copyfile(sync / "outputs" / "metrics.jsonl", restored / "outputs" / "metrics.jsonl")
     again, _ = _run(tmp_path / "again", TINY_LM, sync=restored)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "resumed at step 25 of 50" in (restored / "job.log").read_text()
+    assert "resumed at step 25 of 50" in synced_log(restored)
     assert read_json(restored / "outputs" / "result.json")["final_sha256"] == whole
     assert read_json(restored / "exit.json")["exit_code"] == 0
 

@@ -1,6 +1,6 @@
-"""Each service's variables as the launcher reads them (jobs/services.py), one node of each run for real, and
-two-node gloo runs on 127.0.0.1 (two launcher processes: SageMaker hosts, and a Vertex CLUSTER_SPEC) that end
-with rank 0's outputs alone in the synced folder."""
+"""Each service's variables and files as the launcher reads them (jobs/services.py), one node of each run for real,
+and two-node gloo runs on 127.0.0.1 (two launcher processes: SageMaker hosts from resourceconfig.json, and a Vertex
+CLUSTER_SPEC) that end with rank 0's outputs alone in the synced folder."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from launcher_support import launch, make_bundle, plan, read_json, sagemaker_env, start
+from launcher_support import launch, make_bundle, plan, read_json, sagemaker_instance, start, synced_log
 
 from trainmaster.jobs.launch_command import free_port
 from trainmaster.jobs.launch_plan import LaunchPlan
+from trainmaster.jobs import services
 from trainmaster.jobs.services import PlacementError, place
 
 SHA = "a" * 64
@@ -42,33 +43,53 @@ def _channel(folder: Path, *names: str) -> Path:
     return folder
 
 
-def test_sagemaker_hosts_give_the_rank_the_node_count_and_node_0(tmp_path):
-    env = {"SM_CHANNEL_BUNDLE": str(_channel(tmp_path / "ch", "b.tar")), "TRAINMASTER_OPT_ML": str(tmp_path / "ml"),
-           "SM_MODEL_DIR": "/m", "SM_HOSTS": '["algo-1", "algo-2", "algo-3"]', "SM_CURRENT_HOST": "algo-3"}
-    where = place(_plan("sagemaker", master_port=29999), env)
-    assert (where.bundle, where.sync, where.model_dir) == (tmp_path / "ch" / "b.tar", tmp_path / "ml" / "checkpoints",
-                                                           Path("/m"))
-    assert (where.nnodes, where.node_rank, where.master_addr, where.master_port) == (3, 2, "algo-1", 29999)
-    assert place(_plan("sagemaker", sync="/s"), {**env, "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "7777"}).sync == Path("/s")
-    moved = place(_plan("sagemaker"), {**env, "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "7777"})
+@pytest.fixture
+def opt_ml(tmp_path, monkeypatch):
+    """An instance's /opt/ml for `place` (the launcher's knowledge of SageMaker's paths, pointed at a folder)."""
+    def make(hosts=("algo-1", "algo-2", "algo-3"), current="algo-3", files=("b.tar",)) -> Path:
+        root = sagemaker_instance(tmp_path / current, _channel(tmp_path / f"ch-{current}", *files), hosts=hosts,
+                                  current=current)
+        monkeypatch.setattr(services, "OPT_ML_ROOT", root)
+        return root
+    return make
+
+
+def test_sagemaker_hosts_come_from_resourceconfig_json(opt_ml):
+    """With a ContainerEntrypoint SageMaker sets no SM_* variables: the hosts and this one are in
+    /opt/ml/input/config/resourceconfig.json, and node 0 (where torchrun meets) is algo-1 on every host."""
+    root = opt_ml(hosts=("algo-3", "algo-1", "algo-10", "algo-2"), current="algo-3")
+    where = place(_plan("sagemaker", master_port=29999), {})
+    assert (where.bundle, where.sync, where.model_dir) == (root / "input" / "data" / "bundle" / "b.tar",
+                                                           root / "checkpoints", root / "model")
+    assert (where.nnodes, where.node_rank, where.master_addr, where.master_port) == (4, 2, "algo-1", 29999)
+    assert place(_plan("sagemaker", sync="/s"), {"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "7777"}).sync == Path("/s")
+    moved = place(_plan("sagemaker"), {"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "7777"})
     assert (moved.master_addr, moved.master_port) == ("10.0.0.9", 7777)  # the service's own win
+    assert place(_plan("sagemaker"), {"SM_HOSTS": '["x"]', "SM_CURRENT_HOST": "x"}).nnodes == 4  # not SM_*
 
 
-@pytest.mark.parametrize("env, said", [
-    ({"SM_HOSTS": '["algo-1"]', "SM_CURRENT_HOST": "algo-2"}, "is not one of SM_HOSTS"),
-    ({"SM_HOSTS": "algo-1"}, "SM_HOSTS is not JSON"),
-    ({"SM_HOSTS": '{"algo-1": 1}'}, "SM_HOSTS is not a list"),
-    ({"MASTER_PORT": "http"}, "MASTER_PORT is not a number"),
+@pytest.mark.parametrize("config, said", [
+    ({"hosts": ["algo-1"], "current_host": "algo-2"}, "is not one of its hosts"),
+    ({"hosts": "algo-1", "current_host": "algo-1"}, "hosts is not a list"),
+    ({"hosts": [], "current_host": "algo-1"}, "hosts is not a list"),
+    (None, "resourceconfig.json cannot be read"),
 ])
-def test_sagemaker_variables_that_do_not_place_the_node_are_refused(tmp_path, env, said):
-    channel = {"SM_CHANNEL_BUNDLE": str(_channel(tmp_path / "ch", "b.tar"))}
+def test_a_resourceconfig_that_does_not_place_the_node_is_refused(opt_ml, config, said):
+    root = opt_ml()
+    path = root / "input" / "config" / "resourceconfig.json"
+    path.unlink()
+    if config is not None:
+        path.write_text(json.dumps(config))
     with pytest.raises(PlacementError, match=said):
-        place(_plan("sagemaker"), {**channel, **env})
+        place(_plan("sagemaker"), {})
 
 
-def test_a_channel_not_holding_one_file_is_refused(tmp_path):
+def test_a_channel_not_holding_one_file_is_refused(opt_ml):
+    opt_ml(files=("a", "b"))
     with pytest.raises(PlacementError, match="holds 2 files"):
-        place(_plan("sagemaker"), {"SM_CHANNEL_BUNDLE": str(_channel(tmp_path / "ch", "a", "b"))})
+        place(_plan("sagemaker"), {})
+    with pytest.raises(PlacementError, match="MASTER_PORT is not a number"):
+        place(_plan("sagemaker", bundle="/b.tar"), {"MASTER_PORT": "http"})
 
 
 def test_vertex_reads_buckets_through_the_mount_and_ranks_from_the_cluster_spec():
@@ -137,12 +158,13 @@ def test_azureml_runs_a_job_from_its_input_folder(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "sync" / "outputs" / "answer.txt").read_text() == "job-launcher"
     assert read_json(tmp_path / "sync" / "exit.json")["exit_code"] == 0
-    assert "wrote the answer" in (tmp_path / "sync" / "job.log").read_text()
+    assert "wrote the answer" in synced_log(tmp_path / "sync")
 
 
-def _two_nodes(tmp_path: Path, launch_json: str, node_envs: list[dict]) -> list[str]:
+def _two_nodes(tmp_path: Path, launch_json: str, node_envs: list[dict], opt_mls=(None, None), hosts=()) -> list[str]:
     """Start one launcher per node, wait for both; each one's output."""
-    procs = [start(launch_json, env, tmp_path / f"tmp{i}", tmp_path / f"node{i}.out") for i, env in enumerate(node_envs)]
+    procs = [start(launch_json, env, tmp_path / f"tmp{i}", tmp_path / f"node{i}.out", opt_ml=opt_mls[i], hosts=hosts)
+             for i, env in enumerate(node_envs)]
     try:
         codes = [p.wait(timeout=180) for p in procs]
     finally:
@@ -155,18 +177,19 @@ def _two_nodes(tmp_path: Path, launch_json: str, node_envs: list[dict]) -> list[
 
 @pytest.mark.slow
 def test_two_sagemaker_hosts_run_one_gloo_job_with_rank_0s_outputs_alone(tmp_path):
+    """Each instance with its own /opt/ml and SageMaker's host names (resolving to 127.0.0.1 here): placed from
+    resourceconfig.json alone, node 1 meets node 0 at algo-1."""
     bundle, digest = make_bundle(tmp_path / "in", {"gloo.py": GLOO}, "python gloo.py")
-    launch_json = plan("sagemaker", "python gloo.py", digest, nodes=2)
-    hosts, port = ("localhost", "127.0.0.1"), str(free_port())
-    envs = [{**sagemaker_env(tmp_path / f"host{i}", bundle.parent, hosts=hosts, current=hosts[i]), "MASTER_PORT": port}
-            for i in range(2)]
-    outs = _two_nodes(tmp_path, launch_json, envs)
-    assert "rank 1 of 2: sum 3" in outs[1] and "--node-rank=1" in outs[1]
-    sync = tmp_path / "host0" / "opt_ml" / "checkpoints"
+    launch_json = plan("sagemaker", "python gloo.py", digest, nodes=2, master_port=free_port())
+    hosts = ("algo-1", "algo-2")
+    opt_mls = [sagemaker_instance(tmp_path / host, bundle.parent, hosts=hosts, current=host) for host in hosts]
+    outs = _two_nodes(tmp_path, launch_json, [{}, {}], opt_mls, hosts)
+    assert "rank 1 of 2: sum 3" in outs[1] and "--node-rank=1" in outs[1] and "--master-addr=algo-1" in outs[1]
+    sync = opt_mls[0] / "checkpoints"
     assert set(read_json(sync / "outputs.json")["files"]) == {"rank0.txt"}
     assert (sync / "outputs" / "rank0.txt").read_text() == "3"
-    assert "rank 0 of 2: sum 3" in (sync / "job.log").read_text()
-    assert not (tmp_path / "host1" / "opt_ml" / "checkpoints" / "exit.json").exists()  # node 1 records nothing
+    assert "rank 0 of 2: sum 3" in synced_log(sync)
+    assert not (opt_mls[1] / "checkpoints" / "exit.json").exists()  # node 1 records nothing
 
 
 @pytest.mark.slow

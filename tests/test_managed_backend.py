@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.spec import JobSpec
 
 from managed_support import FolderBackend
+from trainmaster.backends.managed.names import fits, job_name
 
 SHA = "a" * 64
 
@@ -64,13 +66,34 @@ def test_submit_uploads_a_bundle_once_and_starts_one_job_per_attempt(backend, bu
     handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
     again = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
     asyncio.run(backend.submit(bundle, spec(nodes=2), offer(), ctx("att2")))
-    assert backend.store.uploads == [f"bundles/{SHA}.tar"]  # content-addressed: sent once
-    assert handle == again and list(backend.service.jobs) == ["tm-att1", "tm-att2"]
-    job = backend.service.jobs["tm-att2"]
-    launch = plan.LaunchPlan.model_validate_json(job.env[plan.VARIABLE])
+    shared = [key for key in backend.store.uploads if not key.startswith("attempts/")]
+    assert shared[0] == f"bundles/{SHA}.tar" and len(shared) == 2  # content-addressed: each sent once
+    assert re.fullmatch(r"runtime/[0-9a-f]{64}\.zip", shared[1])  # trainmaster itself, for the container
+    assert handle == again and list(backend.service.jobs) == [job_name("att1"), job_name("att2")]
+    job = backend.service.jobs[job_name("att2")]
+    inputs = backend.store.root / "attempts" / "att2" / "input"
+    assert sorted(p.name for p in inputs.iterdir()) == ["boot.py", "launch.json", "runtime.zip"]
+    launch = plan.LaunchPlan.model_validate_json((inputs / "launch.json").read_text())
     assert (job.instance_count, launch.nodes, launch.service, launch.bundle_sha256) == (2, 2, "sagemaker", SHA)
     assert launch.env["TRAINMASTER_SEED"] == "7" and launch.env["TRAINMASTER_JOB_ID"] == "job1"
-    assert job.sync_uri.endswith("attempts/att2/sync/") and job.command == ["python", "-m", "trainmaster.jobs.launcher"]
+    assert job.sync_uri.endswith("attempts/att2/sync/") and job.input_uri.endswith("attempts/att2/input/")
+    assert (inputs / "runtime.zip").read_bytes() == (backend.store.root / shared[1]).read_bytes()
+    assert plan.VARIABLE not in job.env  # the plan is a file of the input, never a variable
+
+
+def test_the_setup_travels_as_a_script_of_the_input(tmp_path, bundle):
+    backend = FolderBackend(tmp_path / "store")
+    backend.config = backend.config.model_copy(update={"setup": "pip install --no-deps my-extra==1.0"})
+    asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
+    assert (backend.store.root / "attempts/att1/input/setup.sh").read_text() == "pip install --no-deps my-extra==1.0\n"
+
+
+def test_job_names_fit_every_service_and_stay_unique():
+    ids = ["lm-1a2b3c4d.1", "lm-1a2b3c4d.2", "a.b", "a-b", "x" * 200 + ".1", "x" * 200 + ".2", "Upper_Case.1"]
+    names = [job_name(i) for i in ids]
+    assert all(fits(n) for n in names), names
+    assert len(set(names)) == len(names)
+    assert names == [job_name(i) for i in ids]  # stable: a repeated submit finds the job it created
 
 
 def test_a_resumed_attempt_gets_the_earlier_checkpoints_and_metrics_copied_into_its_synced_folder(backend, bundle):
@@ -78,12 +101,12 @@ def test_a_resumed_attempt_gets_the_earlier_checkpoints_and_metrics_copied_into_
     put(backend, earlier + "checkpoints/segments/00000000/manifest.json", b'{"step": 5}')
     put(backend, earlier + "checkpoints/segments/00000001/manifest.json", b'{"step": 10}')
     put(backend, earlier + "outputs/metrics.jsonl", b'{"step": 1}\n')
-    put(backend, earlier + "job.log", b"old log")
+    put(backend, earlier + "log/0000000000000000.log", b"old log")
     handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
     ref = asyncio.run(backend.last_checkpoint(handle))
     assert (ref.segment, ref.step) == (1, 10)
     asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att2", resume_from=ref.uri)))
-    now = {o.key for o in asyncio.run(backend.store.list("attempts/att2/"))}
+    now = {o.key for o in asyncio.run(backend.store.list("attempts/att2/sync/"))}
     assert now == {"attempts/att2/sync/checkpoints/segments/00000000/manifest.json",
                    "attempts/att2/sync/checkpoints/segments/00000001/manifest.json",
                    "attempts/att2/sync/outputs/metrics.jsonl"}  # not the log
@@ -134,19 +157,23 @@ def test_fetch_refuses_outputs_that_differ_from_the_manifest_and_leaves_nothing(
 
 def test_logs_are_read_by_offset_and_complete_only_once_the_job_ended(backend, bundle):
     handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
-    put(backend, "attempts/att1/sync/job.log", b"hello\nworld\n")
-    backend.service.states["tm-att1"] = ServiceState(phase=Phase.running)
+    put(backend, "attempts/att1/sync/log/0000000000000000.log", b"hello\n")  # closed parts, named by their offset
+    put(backend, "attempts/att1/sync/log/0000000000000006.log", b"world\n")
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.running)
     first = asyncio.run(backend.logs(handle, 0))
-    assert (first.text, first.next_offset, first.complete) == ("hello\nworld\n", 12, False)
-    backend.service.states["tm-att1"] = ServiceState(phase=Phase.succeeded)
+    assert (first.text, first.next_offset, first.complete) == ("hello\n", 6, False)
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.succeeded)
+    middle = asyncio.run(backend.logs(handle, 2))
+    assert (middle.text, middle.next_offset, middle.complete) == ("llo\n", 6, False)  # more parts follow
     last = asyncio.run(backend.logs(handle, 6))
     assert (last.text, last.complete) == ("world\n", True)
+    assert asyncio.run(backend.logs(handle, 12)).text == ""
 
 
 def test_a_failed_job_carries_the_launchers_exit_code_and_reason(backend, bundle):
     handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
     put(backend, "attempts/att1/sync/exit.json", json.dumps({"exit_code": 3, "reason": "exited with code 3: boom"}).encode())
-    backend.service.states["tm-att1"] = ServiceState(phase=Phase.failed, reason="AlgorithmError: non-zero exit")
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.failed, reason="AlgorithmError: non-zero exit")
     status = asyncio.run(backend.status(handle))
     assert (status.exit_code, status.reason) == (3, "exited with code 3: boom")
 
@@ -154,7 +181,7 @@ def test_a_failed_job_carries_the_launchers_exit_code_and_reason(backend, bundle
 def test_a_preempted_job_keeps_the_services_reason_with_the_launchers_exit_code(backend, bundle):
     handle = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att1")))
     put(backend, "attempts/att1/sync/exit.json", json.dumps({"exit_code": 143, "reason": "killed by SIGTERM"}).encode())
-    backend.service.states["tm-att1"] = ServiceState(phase=Phase.failed, cause=Cause.preempted,
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.failed, cause=Cause.preempted,
                                                      reason="the spot instance was reclaimed")
     status = asyncio.run(backend.status(handle))
     assert (status.cause, status.exit_code, status.reason) == (Cause.preempted, 143, "the spot instance was reclaimed")
@@ -163,7 +190,7 @@ def test_a_preempted_job_keeps_the_services_reason_with_the_launchers_exit_code(
 def test_cost_is_the_recorded_price_times_billable_seconds_times_instances_plus_estimated_parts(backend, bundle):
     handle = asyncio.run(backend.submit(bundle, spec(nodes=2), offer(), ctx("att1")))
     finish_outputs(backend, "att1", {"model": b"m" * 10**6})
-    backend.service.states["tm-att1"] = ServiceState(phase=Phase.succeeded, started_at=0, ended_at=500,
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.succeeded, started_at=0, ended_at=500,
                                                      billable_seconds=100)
     cost = asyncio.run(backend.cost(handle, offer()))
     compute = 100 * 2 * 1000  # 100 s × 2 instances × $3.6/h = 1000 µUSD/s
@@ -177,9 +204,9 @@ def test_a_service_that_bills_spot_as_fewer_seconds_is_charged_at_the_on_demand_
     handle = asyncio.run(backend.submit(bundle, spec(), spot, ctx("att1")))
     finish_outputs(backend, "att1", {})
     ended = dict(phase=Phase.succeeded, started_at=0, ended_at=500, billable_seconds=100)
-    backend.service.states["tm-att1"] = ServiceState(**ended)  # billed at the spot price recorded at dispatch
+    backend.service.states[job_name("att1")] = ServiceState(**ended)  # billed at the spot price recorded at dispatch
     assert asyncio.run(backend.cost(handle, spot)).micro_usd - 100 * 1000 in range(0, 10)  # + a few µUSD of storage
-    backend.service.states["tm-att1"] = ServiceState(**ended, billed_at_on_demand=True)  # SageMaker managed spot
+    backend.service.states[job_name("att1")] = ServiceState(**ended, billed_at_on_demand=True)  # SageMaker managed spot
     charged = asyncio.run(backend.cost(handle, spot))
     assert charged.micro_usd - 100 * 2000 in range(0, 10) and "on-demand price" in charged.basis
 
@@ -195,11 +222,23 @@ def test_a_running_job_is_described_at_most_every_poll_s_and_an_ended_one_never_
         return await describe(name)
 
     backend.service.describe = counted
-    backend.service.states["tm-att1"] = ServiceState(phase=Phase.running)
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.running)
     assert asyncio.run(backend.status(handle)).phase is Phase.running
-    backend.service.states["tm-att1"] = ServiceState(phase=Phase.succeeded)
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.succeeded)
     assert asyncio.run(backend.status(handle)).phase is Phase.running and len(calls) == 1  # within poll_s
     backend._seen.clear()  # poll_s has passed
     assert asyncio.run(backend.status(handle)).phase is Phase.succeeded
     asyncio.run(backend.status(handle))
     assert len(calls) == 2  # an ended job's state never changes: not asked again
+
+
+def test_a_failed_job_with_no_exit_record_was_stopped_from_outside(backend, bundle):
+    """A service that reports no cause (Azure ML's job resource has no error text): with no exit record the
+    container never finished, so a spot attempt was preempted and another one lost."""
+    spot = asyncio.run(backend.submit(bundle, spec(), offer(spot=True), ctx("att1")))
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.failed, reason="Azure ML job failed")
+    status = asyncio.run(backend.status(spot))
+    assert status.cause is Cause.preempted and "no exit record" in status.reason
+    plain = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att2")))
+    backend.service.states[job_name("att2")] = ServiceState(phase=Phase.failed)
+    assert asyncio.run(backend.status(plain)).cause is Cause.lost

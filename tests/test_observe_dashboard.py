@@ -103,11 +103,24 @@ def test_a_long_curve_is_thinned_to_its_first_and_last_points(tmp_path):
 
 
 def test_a_chart_maps_data_into_its_box_and_survives_a_flat_series():
-    chart = charts.line_chart("t", {"s": [(0, 0), (10, 5)]}, {"cap": 10})
+    chart = charts.line_chart("t", {"s": [(0, 0), (10, 5)]}, {"cap": 10}, x_label="step", y_label="USD")
+    left, top, right, bottom = chart.plot
     points = [tuple(map(float, p.split(","))) for p in chart.lines[0].points.split()]
     first, last = points[0], points[-1]
-    assert first == (charts.MARGIN, charts.HEIGHT - charts.MARGIN)
-    assert last == (charts.WIDTH - charts.MARGIN, (charts.HEIGHT) / 2)
-    assert chart.lines[1].dashed and chart.lines[1].points.endswith(f",{float(charts.MARGIN):.1f}")
+    assert first == (left, bottom)
+    assert last == (right, (top + bottom) / 2)
+    assert chart.lines[1].dashed and chart.lines[1].points.endswith(f",{top:.1f}")
+    assert (chart.x_label, chart.y_label) == ("step", "USD")
+    assert [t.label for t in chart.y_ticks] == ["0", "5", "10"]
+    assert [t.label for t in chart.x_ticks] == ["0", "5", "10"]
     flat = charts.line_chart("flat", {"s": [(3, 7)]})
-    assert flat.lines[0].points == f"{charts.WIDTH / 2:.1f},{charts.HEIGHT / 2:.1f}"
+    left, top, right, bottom = flat.plot
+    assert flat.lines[0].points == f"{(left + right) / 2:.1f},{top:.1f}"  # money and counts start at 0
+
+
+def test_a_cap_that_dwarfs_the_spend_is_said_below_the_chart_not_drawn():
+    chart = charts.line_chart("spend", {"local": [(0, 0.0), (10, 2.5)]}, {"cap: monthly": 1000.0})
+    assert [line.name for line in chart.lines] == ["local"]  # the series fills the chart
+    assert chart.y_max == 2.5 and chart.off_chart == ["cap: monthly: 1,000.00, far above the chart (0.25% of it reached)"]
+    near = charts.line_chart("spend", {"local": [(0, 0.0), (10, 2.5)]}, {"cap: monthly": 5.0})
+    assert [line.name for line in near.lines] == ["local", "cap: monthly"] and not near.off_chart

@@ -24,6 +24,8 @@ from trainmaster.broker.plans import StoredPlan, requote
 from trainmaster.broker.policy import Policy
 from trainmaster.jobs.spec import JobSpec
 
+from clouds.ready import ready_clouds  # noqa: F401 - the fixture
+
 ENV = {"COLUMNS": "200"}
 WRITES = "import os, pathlib\npathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 'out.txt').write_text('ran')\n"
 
@@ -185,7 +187,7 @@ data:
 {size}"""
 
 
-def test_egress_is_priced_when_the_spec_declares_the_data_size(tm_home, tmp_path):
+def test_egress_is_priced_when_the_spec_declares_the_data_size(tm_home, tmp_path, ready_clouds):
     sized = _offers(tmp_path, DATA_JOB.format(size="    size_bytes: 100000000000\n"), CLOUD_POLICY)
     unsized = _offers(tmp_path, DATA_JOB.format(size=""), CLOUD_POLICY)
     assert sized["considered"][0]["transfer_micro_usd"] > 0  # 100 GB out of GCP into AWS

@@ -437,9 +437,9 @@ def test_backend_reasons_and_render():
         OfferSet(backend="gcp", reasons=["no answer within 10 s"]),
     ] + sets(*[offer("aws", 3_000_000 + i, instance=f"x{i}") for i in range(20)]))
     console = Console(width=220, record=True)
-    console.print(render_plan(result, limit=5))
+    render_plan(result, limit=5).print(console)
     text = console.export_text()
-    assert "✔ chosen" in text and "p4d" in text and "$2.00*" in text
+    assert "✔ the chosen offer" in text and "p4d" in text and "$2.00*" in text
     assert "catalog list price (dated 2025-07-01), not a live quote" in text
     assert "16 more offers: 16 costlier than the chosen offer" in text
     assert result.reasons == {"gcp": ["no answer within 10 s"]}

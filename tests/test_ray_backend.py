@@ -198,9 +198,11 @@ def test_a_bundle_that_does_not_match_is_refused_on_the_node(cluster, tmp_path):
 
 
 def test_a_tiny_job_runs_on_the_cluster_and_is_accepted(ray_home, tmp_path):
-    job = shown(tm("submit", str(lm_job(tmp_path / "lm", steps=50)), "--policy", str(tmp_path / "policy.yaml"),
-                   "--wait", "--json"))
+    done = tm("submit", str(lm_job(tmp_path / "lm", steps=50)), "--policy", str(tmp_path / "policy.yaml"),
+              "--wait", "--json")
+    job = shown(done)
     assert job["state"] == "accepted", job
+    assert " INFO " not in done.stderr and "Uploading package" not in done.stderr, done.stderr  # Ray's own lines
     [attempt] = job["attempts"]
     assert attempt["backend"] == "ray", attempt
     log = tm("logs", job["id"]).stdout

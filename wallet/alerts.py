@@ -1,6 +1,7 @@
 """Budget alerts: a log line always, and a JSON POST to the budget's webhook when it has one.
 
-A charge above its reservation (metered compute that ran longer than planned) is an `Overrun`, sent
+A charge well above its reservation (metered compute that ran longer than planned: by a cent and a quarter of the
+reservation at least, `ledger.overrun_matters`) is an `Overrun`, sent
 through the same notifier right after the charge, naming the budgets it counts against; it is not
 recorded or posted to a webhook (the thresholds it pushes a budget past are, as `Alert`s).
 

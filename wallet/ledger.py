@@ -151,6 +151,12 @@ class BudgetExceeded(LedgerError):
             f"{display_usd(total)}, over the cap of {display_usd(budget.cap)}"
         )
 
+    @property
+    def by_spend(self) -> bool:
+        """Whether what is spent alone leaves no room for the request (no settlement can make room this period);
+        False when open reservations are what stand in the way (their settling may make room)."""
+        return self.usage.spent_micro_usd + self.request_micro_usd > self.budget.cap
+
 
 class IdempotencyConflict(LedgerError):
     """A key reused for a different movement: a bug in the caller, never a second payment."""
@@ -265,7 +271,7 @@ class Ledger:
             matching = [b for b in self.budgets
                         if b.matches(backend=entry.backend, workload=entry.workload, project=entry.project)]
             alerts = _record_alerts(db, matching, now)
-        if micro_usd > reservation.micro_usd:  # after the thresholds it crossed: those are the budget's news
+        if overrun_matters(micro_usd, reservation.micro_usd):  # after the thresholds it crossed: the budget's news
             alerts.append(Overrun(reservation.job_id, micro_usd, reservation.micro_usd, tuple(b.label for b in matching)))
         self._send(alerts)
         return entry
@@ -362,6 +368,17 @@ class Ledger:
             " (SELECT 1 FROM ledger_entries s WHERE s.reservation_key = r.key) ORDER BY seq"
         ).fetchall()
         return [_entry(row) for row in rows]
+
+
+OVERRUN_MIN_MICRO_USD = 10_000
+OVERRUN_MIN_FRACTION = 0.25
+"""A charge above its reservation is told (an `Overrun`) only when it matters: by at least a cent and a quarter of
+the reservation. A run a few seconds longer than its estimate is not news."""
+
+
+def overrun_matters(charged: int, reserved: int) -> bool:
+    over = charged - reserved
+    return over >= OVERRUN_MIN_MICRO_USD and over >= OVERRUN_MIN_FRACTION * reserved
 
 
 def _check_amounts(micro_usd: int, rao: int, rate: int | None) -> None:

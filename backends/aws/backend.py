@@ -11,8 +11,8 @@ from trainmaster.backends.base import Offer
 from trainmaster.backends.managed.backend import ManagedBackend
 
 IMAGE = "763104351884.dkr.ecr.{region}.amazonaws.com/pytorch-training:2.5-{device}-py311"
-"""The AWS Deep Learning Containers' PyTorch training image (it runs `python -m trainmaster.jobs.launcher`
-once the config's `setup` installed trainmaster)."""
+"""The AWS Deep Learning Containers' PyTorch training image (Python 3.11, torch 2.5): the container runs the
+boot script shipped with the job (jobs/launcher_boot.py), nothing installed into it."""
 
 
 class AwsBackend(ManagedBackend):

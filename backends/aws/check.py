@@ -1,16 +1,19 @@
 """Whether AWS credentials can be found here, asked of botocore's own resolver, without network access.
 
 botocore's default chain, minus the two providers that reach the network (the instance metadata service,
-`iam-role`, and the container role, `container-role`), so an instance role is not seen: set AWS_PROFILE
-or keys there. Everything else counts as boto3 would count it — environment keys, a web-identity token,
-an SSO profile, `credential_process` (run, as boto3 runs it), an assumed role, keys in the shared files —
-and a profile with none of them (only a region, say) does not. botocore is imported only by this check.
+`iam-role`, and the container role, `container-role`). Everything else counts as boto3 would count it —
+environment keys, a web-identity token, an SSO profile, `credential_process` (run, as boto3 runs it), an
+assumed role, keys in the shared files — and a profile with none of them (only a region, say) does not. On an
+EC2 instance or in an ECS/EKS container (backends/cloud_host.py) the role the network would give is "not
+checked offline": not a reason to leave AWS out; a refusal at dispatch ends that attempt once with the reason.
+botocore is imported only by this check.
 """
 
 from __future__ import annotations
 
 import os
 
+from trainmaster.backends import cloud_host
 from trainmaster.backends.aws.config import AwsConfig
 
 NETWORK_PROVIDERS = ("iam-role", "container-role")
@@ -53,7 +56,8 @@ def credentials(config: AwsConfig) -> tuple[str | None, str | None]:
 
 
 def check(config: AwsConfig) -> list[str]:
-    return ([why] if (why := credentials(config)[1]) else []) + dispatch(config)
+    why = credentials(config)[1]
+    return ([why] if why and not cloud_host.aws() else []) + dispatch(config)
 
 
 def dispatch(config: AwsConfig) -> list[str]:
@@ -85,7 +89,10 @@ def region(config: AwsConfig) -> str | None:
 
 def found(config: AwsConfig) -> list[str]:
     where = credentials(config)[0]
-    return [f"credentials: {where}"] if where else []
+    if where:
+        return [f"credentials: {where}"]
+    role = cloud_host.aws()
+    return [f"credentials: not checked offline ({role}, asked at dispatch)"] if role else []
 
 
 def _files(session) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trainmaster.backends.aws import sdk
 from trainmaster.backends.aws.config import AwsConfig
-from trainmaster.backends.base import BackendError, Progress
+from trainmaster.backends.base import BackendError, ConfigurationError, Progress
 from trainmaster.backends.managed.store import ObjectStore, StoredObject
 
 CHUNK = 4 * 2**20
@@ -28,7 +28,8 @@ class S3Store(ObjectStore):
 
     def __init__(self, config: AwsConfig):
         if not config.s3_bucket:
-            raise BackendError("aws.s3_bucket is not set in backends.yaml: the bucket where bundles and outputs are staged")
+            raise ConfigurationError("aws.s3_bucket is not set in backends.yaml: the bucket where bundles and outputs "
+                                     "are staged")
         self.config, self.bucket = config, config.s3_bucket
         self.prefix = config.s3_prefix.strip("/") + "/" if config.s3_prefix.strip("/") else ""
 

@@ -1,19 +1,26 @@
 """The managed backend's training service on SageMaker: one CreateTrainingJob per attempt.
 
-The bundle is the job's `bundle` input channel (File mode: SageMaker copies it to /opt/ml/input/data/bundle);
-the synced folder is its checkpoint configuration (SageMaker keeps /opt/ml/checkpoints in sync with the
-attempt's `sync/` prefix, and restores it when it restarts an interrupted spot job). Its states map to ours
-in `phase_of`; the billable seconds are its BillableTimeInSeconds (managed spot savings included).
+The bundle is the job's `bundle` input channel and the attempt's input folder (the boot script, the launch plan,
+the runtime pack) its `trainmaster` channel (File mode: SageMaker copies each to /opt/ml/input/data/<channel>/);
+the container's entrypoint is `python3 /opt/ml/input/data/trainmaster/boot.py` (every element well within the
+256 characters SageMaker allows). The synced folder is its checkpoint configuration (SageMaker keeps
+/opt/ml/checkpoints in sync with the attempt's `sync/` prefix, and restores it when it restarts an interrupted
+spot job). With a ContainerEntrypoint the container gets no SM_* variables (they come from the
+sagemaker-training toolkit, which a custom entrypoint bypasses): the hosts are read from
+/opt/ml/input/config/resourceconfig.json (jobs/services.py). Its states map to ours in `phase_of`; the billable
+seconds are its BillableTimeInSeconds (managed spot savings included).
 """
 
 from __future__ import annotations
 
 from trainmaster.backends.aws import sdk
 from trainmaster.backends.aws.config import AwsConfig
-from trainmaster.backends.base import BackendError, Cause, Phase
+from trainmaster.backends.base import BackendError, Cause, ConfigurationError, Phase
 from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
 
 CHECKPOINTS = "/opt/ml/checkpoints"
+CHANNELS = "/opt/ml/input/data"
+BUNDLE_CHANNEL, INPUT_CHANNEL = "bundle", "trainmaster"
 STARTING = {"Starting", "Pending", "Downloading", "LaunchingMLInstances", "PreparingTrainingStack",
             "DownloadingTrainingImage"}
 PREEMPTING = {"Interrupted", "MaxWaitTimeExceeded"}
@@ -26,8 +33,8 @@ NO_LIMIT_S = 5 * 86400
 class SageMakerService(TrainingService):
     def __init__(self, config: AwsConfig):
         if not config.sagemaker_role_arn:
-            raise BackendError("aws.sagemaker_role_arn is not set in backends.yaml: the execution role SageMaker "
-                               "training jobs run as")
+            raise ConfigurationError("aws.sagemaker_role_arn is not set in backends.yaml: the execution role "
+                                     "SageMaker training jobs run as")
         self.config = config
 
     @property
@@ -49,14 +56,12 @@ class SageMakerService(TrainingService):
         stopping = {"MaxRuntimeInSeconds": limit}
         if job.spot:
             stopping["MaxWaitTimeInSeconds"] = max(limit, int(self.config.max_wait_hours * 3600))
-        return {
+        request = {
             "TrainingJobName": job.name,
             "AlgorithmSpecification": {"TrainingImage": job.image, "TrainingInputMode": "File",
-                                       "ContainerEntrypoint": job.command},
-            "Environment": job.env,
+                                       "ContainerEntrypoint": entrypoint()},
             "RoleArn": self.config.sagemaker_role_arn,
-            "InputDataConfig": [{"ChannelName": "bundle", "InputMode": "File", "DataSource": {"S3DataSource": {
-                "S3DataType": "S3Prefix", "S3Uri": job.bundle_uri, "S3DataDistributionType": "FullyReplicated"}}}],
+            "InputDataConfig": [_channel(BUNDLE_CHANNEL, job.bundle_uri), _channel(INPUT_CHANNEL, job.input_uri)],
             "OutputDataConfig": {"S3OutputPath": job.model_uri},
             "ResourceConfig": {"InstanceType": instance_type(job.instance), "InstanceCount": job.instance_count,
                                "VolumeSizeInGB": self.config.volume_size_gb},
@@ -66,6 +71,9 @@ class SageMakerService(TrainingService):
             "RetryStrategy": {"MaximumRetryAttempts": self.config.service_retries},
             "Tags": [{"Key": key, "Value": value} for key, value in sorted(job.labels.items())],
         }
+        if job.env:
+            request["Environment"] = job.env
+        return request
 
     async def describe(self, name: str) -> ServiceState:
         found = await sdk.call(f"SageMaker DescribeTrainingJob {name}", self.client.describe_training_job,
@@ -80,6 +88,17 @@ class SageMakerService(TrainingService):
                 raise
             if not (await self.describe(name)).phase.done:  # refused for another reason than having ended
                 raise
+
+
+def entrypoint() -> list[str]:
+    """The container's argv: the boot script of the `trainmaster` channel (jobs/launcher_boot.py)."""
+    return ["python3", f"{CHANNELS}/{INPUT_CHANNEL}/boot.py"]
+
+
+def _channel(name: str, uri: str) -> dict:
+    """An input channel of the objects under `uri` (a key, or a folder ending in /), copied in before the start."""
+    return {"ChannelName": name, "InputMode": "File", "DataSource": {"S3DataSource": {
+        "S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}}}
 
 
 def instance_type(instance: str) -> str:

@@ -13,13 +13,19 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from trainmaster.backends.aws.config import AwsConfig
-from trainmaster.backends.base import BackendError, CapacityError, TransientBackendError
+from trainmaster.backends.base import BackendError, CapacityError, ConfigurationError, TransientBackendError
 
 T = TypeVar("T")
 THROTTLED = {"ThrottlingException", "Throttling", "ThrottledException", "RequestLimitExceeded", "SlowDown",
              "TooManyRequestsException", "RequestThrottled", "RequestThrottledException"}
 UNAVAILABLE = {"InternalError", "InternalFailure", "InternalServerError", "ServiceUnavailable", "ServiceUnavailableException"}
-NO_CAPACITY = {"ResourceLimitExceeded", "CapacityError", "InsufficientCapacity", "InsufficientInstanceCapacity"}
+NO_CAPACITY = {"CapacityError", "InsufficientCapacity", "InsufficientInstanceCapacity"}
+QUOTA = {"ResourceLimitExceeded"}
+"""SageMaker's answer when the account's quota for the instance type (on-demand or spot training) is too low: a
+new account's GPU quotas are 0, raised through Service Quotas."""
+MISSING = {"NoSuchBucket"}
+ROLE = ("role", "PassRole", "assume")
+"""Words of a ValidationException about the execution role (it cannot be assumed, or not passed)."""
 DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "InvalidAccessKeyId", "SignatureDoesNotMatch",
           "ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId", "UnrecognizedClientException"}
 SESSION_S = 3600
@@ -99,8 +105,8 @@ def typed_error(what: str, exc: BaseException) -> BackendError | None:
         cause = exc.__cause__ or exc.__context__
         return typed_error(what, cause) if cause is not None else TransientBackendError(f"{what}: {exc}")
     if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError, bx.ProfileNotFound, bx.NoRegionError)):
-        return BackendError(f"{what}: {exc} (set the credentials, profile or region in the environment or under "
-                            "`aws:` in backends.yaml)")
+        return ConfigurationError(f"{what}: {exc} (set the credentials, profile or region in the environment or "
+                                  "under `aws:` in backends.yaml)")
     if isinstance(exc, (bx.ConnectionError, bx.HTTPClientError)):
         return TransientBackendError(f"{what}: {exc}")
     if not isinstance(exc, bx.ClientError):
@@ -111,6 +117,15 @@ def typed_error(what: str, exc: BaseException) -> BackendError | None:
         return TransientBackendError(f"{what}: {code} ({message})")
     if code in NO_CAPACITY:
         return CapacityError(f"{what}: {code} ({message})")
+    if code in QUOTA:
+        return ConfigurationError(f"{what}: {code} ({message}); raise the quota in Service Quotas (SageMaker, "
+                                  "'<instance> for training job usage' or '… for spot training job usage')")
+    if code in MISSING:
+        return ConfigurationError(f"{what}: {code} ({message}); create the bucket or fix aws.s3_bucket")
     if code in DENIED or status == 403:
-        return BackendError(f"{what}: permission denied: {code} ({message}); the credentials need that permission")
+        return ConfigurationError(f"{what}: permission denied: {code} ({message}); the credentials need that "
+                                  "permission (docs/clouds.md lists the actions)")
+    if code == "ValidationException" and any(word in message for word in ROLE):
+        return ConfigurationError(f"{what}: {code} ({message}); check aws.sagemaker_role_arn, its trust for "
+                                  "sagemaker.amazonaws.com and your iam:PassRole on it")
     return BackendError(f"{what}: {code} ({message})")

@@ -1,18 +1,25 @@
 """Azure ML command jobs as the managed backend's training service (azure-ai-ml's MLClient).
 
-A job is named after the attempt, so `start` finds one it started before. The bundle is the job's `bundle`
-input (a uri_file the service downloads: AZURE_ML_INPUT_bundle), the synced folder its `sync` output (a
-uri_folder mounted read-write: AZURE_ML_OUTPUT_sync); several instances run under a PyTorch distribution (one
-process each: the launcher starts torchrun itself). Spot is the job's queue tier. Azure ML reports no billable
-time: it is the end minus the start the job's properties carry (`StartTimeUtc`, `EndTimeUtc`); a failure's
-text (`Error`) tells capacity and preemption from the script's own failure.
+A job is named after the attempt (backends/managed/names.py), so `start` finds one it started before. Its
+command is `python3 ${{inputs.trainmaster}}/boot.py`, run as written by Azure ML: the `trainmaster` input is
+the attempt's input folder (the boot script, the launch plan, the runtime pack), the `bundle` input the
+bundle (both downloaded), the `sync` output the synced folder (mounted read-write). Every path is a datastore
+URI (`azureml://datastores/<azure.datastore>/paths/<key>`), the form Azure ML takes for a job's outputs: the
+datastore is registered once for the storage container (docs/clouds.md). Several instances run under a PyTorch
+distribution (one process each: the launcher starts torchrun itself, from MASTER_ADDR and NODE_RANK).
+
+Spot is the job's queue tier on serverless compute; on a compute cluster (`azure.compute`) the cluster's VM size
+and tier are what run, so only that size's offers are made (backends/azure/backend.py). What the job resource
+documents (the REST API's JobBase) is its `status` and `systemData`: no start or end time, no error text. So
+the run time billed is an upper bound, from its creation (`systemData.createdAt`) to its last change once it
+ended (`systemData.lastModifiedAt`), queueing included; a failure's cause comes from the synced folder's exit
+record (the job's own exit code and last line) or, without one, from the queue tier: a spot job killed from
+outside was preempted, another one lost (backends/managed/backend.py).
 """
 
 from __future__ import annotations
 
-import datetime
 import os
-import shlex
 
 from trainmaster.backends.azure import sdk
 from trainmaster.backends.azure.config import AzureConfig
@@ -28,8 +35,10 @@ PHASES = {
 }
 """Azure ML's job states in their order (its SDK's `Job.status`): `Starting` comes before the compute is
 provisioned, so only `Running` and `Finalizing` run; a state not listed (NotResponding, Paused) counts as pending."""
-START, END, ERROR = "StartTimeUtc", "EndTimeUtc", "Error"
-PREEMPTED_WORDS = ("preempt", "low priority", "lowpriority", "spot", "evict")
+BILLING = ("Azure ML reports no run time: from the job's creation (systemData.createdAt) to its last change once "
+           "ended (systemData.lastModifiedAt), queueing included (an upper bound)")
+COMMAND = "python3 ${{inputs.trainmaster}}/boot.py"
+BUNDLE, INPUT, SYNC = "bundle", "trainmaster", "sync"
 
 
 class AzureMLService(TrainingService):
@@ -65,15 +74,16 @@ class AzureMLService(TrainingService):
         ml = sdk.ml()
         entities = ml.entities
         return ml.command(
-            name=job.name, display_name=job.name, experiment_name=EXPERIMENT, command=shlex.join(job.command),
+            name=job.name, display_name=job.name, experiment_name=EXPERIMENT, command=COMMAND,
             environment=self.config.environment or entities.Environment(image=job.image),
             compute=self.config.compute, instance_count=job.instance_count,
             instance_type=None if self.config.compute else job.instance,
             distribution=ml.PyTorchDistribution(process_count_per_instance=1) if job.instance_count > 1 else None,
-            job_tier="Spot" if job.spot else "Standard", timeout=job.max_seconds,
-            inputs={"bundle": ml.Input(type="uri_file", path=job.bundle_uri)},
-            outputs={"sync": ml.Output(type="uri_folder", path=job.sync_uri, mode="rw_mount")},
-            environment_variables=job.env, tags=job.labels,
+            job_tier=None if self.config.compute else ("Spot" if job.spot else "Standard"), timeout=job.max_seconds,
+            inputs={BUNDLE: ml.Input(type="uri_file", path=job.bundle_uri, mode="download"),
+                    INPUT: ml.Input(type="uri_folder", path=job.input_uri, mode="download")},
+            outputs={SYNC: ml.Output(type="uri_folder", path=job.sync_uri, mode="rw_mount")},
+            environment_variables=job.env or None, tags=job.labels,
         )
 
     async def _job(self, name: str):
@@ -91,37 +101,21 @@ class AzureMLService(TrainingService):
             return ServiceState(phase=Phase.failed, cause=Cause.lost, reason=f"Azure ML has no job {name}")
         status = getattr(job.status, "value", job.status)
         phase = PHASES.get(status, Phase.pending)
-        props = job.properties or {}
-        started, ended = _time(props.get(START)), _time(props.get(END))
-        billable = max(0.0, ended - started) if phase.done and started is not None and ended is not None else None
+        created = getattr(job.creation_context, "created_at", None)
+        changed = getattr(job.creation_context, "last_modified_at", None)
+        started = created.timestamp() if created else None
+        ended = changed.timestamp() if phase.done and changed else None
+        billable = max(0.0, ended - started) if started is not None and ended is not None else None
         cause, reason = None, None
         if phase is Phase.failed:
-            reason = props.get(ERROR) or f"Azure ML job {name} failed"
-            cause = _cause(reason)
+            reason = f"Azure ML job {name} failed"
         elif phase is Phase.cancelled:
             cause, reason = Cause.cancelled, f"Azure ML job {name} {status}"
-        return ServiceState(phase=phase, cause=cause, reason=reason, started_at=started,
-                            ended_at=ended if phase.done else None, billable_seconds=billable)
+        return ServiceState(phase=phase, cause=cause, reason=reason, started_at=started, ended_at=ended,
+                            billable_seconds=billable, billing_basis=BILLING)
 
     async def stop(self, name: str) -> None:
         if (await self.describe(name)).phase.done:
             return
         poller = await sdk.call(f"cancelling Azure ML job {name}", self.client.jobs.begin_cancel, name)
         await sdk.call(f"cancelling Azure ML job {name}", poller.result)
-
-
-def _cause(reason: str) -> Cause:
-    text = reason.lower()
-    if any(word in text.replace(" ", "") for word in sdk.CAPACITY_WORDS):
-        return Cause.capacity
-    if any(word in text for word in PREEMPTED_WORDS):
-        return Cause.preempted
-    return Cause.script_failed
-
-
-def _time(value: str | None) -> float | None:
-    """An ISO 8601 time as Unix time; None when absent or unreadable."""
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
-    except ValueError:
-        return None

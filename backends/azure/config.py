@@ -3,6 +3,8 @@ stage through. Credentials are not kept here: azure-identity provides them (`cre
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from trainmaster.backends.managed.config import ManagedConfig
@@ -16,6 +18,15 @@ class AzureConfig(ManagedConfig):
                                                  "offered; default: any.")
     compute: str | None = Field(None, description="Compute cluster in the workspace; default: serverless (the "
                                                   "offer's VM size).")
+    compute_vm_size: str | None = Field(None, description="The cluster's VM size (Standard_NC4as_T4_v3): with "
+                                                          "`compute`, only that size is offered and priced, since it "
+                                                          "is what runs.")
+    compute_tier: Literal["dedicated", "low_priority"] = Field("dedicated", description="The cluster's tier: a "
+                                                               "low-priority cluster is priced as spot.")
+    datastore: str | None = Field(None, pattern=r"^[a-zA-Z0-9_]{1,255}$",
+                                  description="The Azure ML datastore registered for `storage_account`/`container` "
+                                              "(jobs read and write it as azureml://datastores/<datastore>/paths/…); "
+                                              "required to dispatch.")
     environment: str | None = Field(None, description="An Azure ML environment (`azureml:name:version`) jobs run "
                                                       "in instead of an anonymous one over `image`.")
     storage_account: str | None = Field(None, description="Account where bundles and outputs are staged "

@@ -7,7 +7,7 @@ import asyncio
 import importlib
 import logging
 
-from trainmaster.backends.base import BackendError, CapacityError, TransientBackendError
+from trainmaster.backends.base import BackendError, CapacityError, ConfigurationError, TransientBackendError
 
 KINDS = {"default": "DefaultAzureCredential", "cli": "AzureCliCredential", "environment": "EnvironmentCredential",
          "managed_identity": "ManagedIdentityCredential"}
@@ -57,25 +57,35 @@ def credential(kind: str):
         raise BackendError(f"azure.credential {kind!r} cannot be loaded: {exc}") from None
 
 
-CAPACITY_WORDS = ("insufficientcapacity", "capacity", "quota", "allocationfailed", "skunotavailable")
+CAPACITY_WORDS = ("insufficientcapacity", "capacity", "allocationfailed", "skunotavailable")
+QUOTA_WORDS = ("quota",)
+"""A quota refusal (a new subscription has no low-priority or GPU family cores) is the set-up's, not capacity's."""
+MISSING_WORDS = ("workspacenotfound", "resourcegroupnotfound", "datastorenotfound", "computenotfound")
 
 
 def typed(exc: Exception, what: str) -> BackendError:
-    """An Azure SDK error as the core's typed error: throttling, 5xx and connections transient; a capacity or
-    quota refusal a CapacityError; missing credentials or permissions a BackendError saying so."""
+    """An Azure SDK error as the core's typed error: throttling, 5xx and connections transient; a capacity refusal
+    a CapacityError; missing credentials, a permission, a quota or a missing workspace, datastore or compute a
+    ConfigurationError (the set-up's: the backend is not tried again for the job); the rest a BackendError."""
     e = errors()
     text = f"{what}: {_said(exc)}"
+    words = text.lower().replace(" ", "")
     if isinstance(exc, e.ClientAuthenticationError):
-        return BackendError(f"{text} (Azure credentials missing or refused: run `az login`, or set azure.credential)")
+        return ConfigurationError(f"{text} (Azure credentials missing or refused: run `az login`, or set "
+                                  "azure.credential)")
     if isinstance(exc, (e.ServiceRequestError, e.ServiceResponseError)):
         return TransientBackendError(text)
     status = getattr(exc, "status_code", None)
     if status == 429 or (status is not None and status >= 500):
         return TransientBackendError(text)
-    if any(word in text.lower().replace(" ", "") for word in CAPACITY_WORDS):
+    if any(word in words for word in QUOTA_WORDS):
+        return ConfigurationError(f"{text} (request a quota increase for the VM family in the workspace's region)")
+    if any(word in words for word in CAPACITY_WORDS):
         return CapacityError(text)
     if status == 403:
-        return BackendError(f"{text} (the credential lacks permission for this)")
+        return ConfigurationError(f"{text} (the credential lacks permission for this: docs/clouds.md lists the role)")
+    if any(word in words for word in MISSING_WORDS):
+        return ConfigurationError(text)
     return BackendError(text)
 
 

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import binascii
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from trainmaster.backends.base import (
     AttemptContext, AttemptStatus, Backend, BackendError, CapacityError, Cost, ExecutorFault, Handle,
     LocalEnvironmentError, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Progress,
 )
-from trainmaster.backends.bittensor import auth, protocol, quotes
+from trainmaster.backends.bittensor import auth, fetch_bounds, protocol, quotes
 from trainmaster.backends.bittensor.client import CHUNK, STREAM_TIMEOUT, MinerClient, QuoteUsed, target
 from trainmaster.backends.bittensor.config import BittensorConfig
 from trainmaster.backends.bittensor.directory import Miner, MinerDirectory, StaticDirectory
@@ -123,7 +124,8 @@ class BittensorBackend(RunsUntrusted, ReportsMetrics, SupportsMultiGpu, Backend)
             raise BackendError("an attempt on an untrusted miner needs the digest of its challenge secret")
         handle = Handle(backend=self.name, attempt_id=ctx.attempt_id, data={
             "url": offer.detail["url"], "hotkey": offer.instance, "coldkey": offer.detail.get("coldkey"),
-            "attempt_id": ctx.attempt_id, "quote": offer.detail["signed_quote"]})
+            "attempt_id": ctx.attempt_id, "quote": offer.detail["signed_quote"],
+            "outputs_max_bytes": int(spec.outputs.max_gb * 1e9) if spec.outputs.max_gb else None})
         await self._upload(handle, bundle, ctx.bundle_sha256)
         dispatch = protocol.Dispatch(
             attempt_id=ctx.attempt_id, job_id=ctx.job_id, spec=spec.model_dump(mode="json"),
@@ -169,13 +171,15 @@ class BittensorBackend(RunsUntrusted, ReportsMetrics, SupportsMultiGpu, Backend)
             raise ExecutorFault(f"{client.who} stored the bundle under another sha256")
 
     async def status(self, handle: Handle) -> AttemptStatus:
-        return await self._client(handle).answer(AttemptStatus, "GET", self._at(protocol.STATUS, handle))
+        return await self._client(handle, self._status_timeout()).answer(AttemptStatus, "GET",
+                                                                         self._at(protocol.STATUS, handle))
 
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
-        return await self._client(handle).answer(LogChunk, "GET", self._at(protocol.LOGS, handle, {"offset": offset}))
+        return await self._client(handle, self._status_timeout()).answer(
+            LogChunk, "GET", self._at(protocol.LOGS, handle, {"offset": offset}))
 
     async def metrics(self, handle: Handle, offset: int = 0, limit: int = 2**16) -> MetricsChunk:
-        got = await self._client(handle).answer(protocol.Metrics, "GET",
+        got = await self._client(handle, self._status_timeout()).answer(protocol.Metrics, "GET",
                                                 self._at(protocol.METRICS, handle, {"offset": offset, "limit": limit}))
         try:
             data = base64.b64decode(got.data, validate=True)
@@ -188,18 +192,47 @@ class BittensorBackend(RunsUntrusted, ReportsMetrics, SupportsMultiGpu, Backend)
 
     async def fetch(self, handle: Handle, dest: Path, progress: Progress | None = None) -> list[OutputFile]:
         """Each output streamed (resuming with `Range`) into a sibling folder, checked against its announced
-        size and sha256, and the folder renamed to `dest` once all arrived; an existing `dest` is listed."""
+        size and sha256, and the folder renamed to `dest` once all arrived; an existing `dest` is listed.
+        Bounded before a byte is written (the announced sizes against the spec's outputs.max_gb and the free
+        disk) and in time (a deadline from the announced size at a floor rate): fetch_bounds.py. What a miner
+        sent that is refused, or a disk that filled, leaves nothing behind."""
         if dest.exists():
             return await asyncio.to_thread(transfer.list_files, dest)
-        client = self._client(handle)
+        client = self._client(handle, self._status_timeout())
         files = (await client.answer(protocol.Files, "GET", self._at(protocol.OUTPUTS, handle))).files
         tmp = dest.with_name(f".{dest.name}{transfer.PARTIAL}")
-        for f in files:
-            await transfer.download(client.reader(self._at(protocol.OUTPUT_FILE, handle, path=f.path)), tmp / f.path,
-                                    size=f.size, sha256=f.sha256, progress=progress)
+        bounds, total = self._bounds(handle), sum(f.size for f in files)
+        try:
+            have = await asyncio.to_thread(fetch_bounds.partial_bytes, tmp)
+            fetch_bounds.check_announced(client.who, [f.size for f in files], bounds, dest, have)
+            until = fetch_bounds.deadline(dest, total, bounds)
+            if time.time() >= until:
+                raise fetch_bounds.too_slow(client.who, have, total, bounds)
+            try:
+                async with asyncio.timeout(until - time.time()):
+                    for f in files:
+                        await transfer.download(client.reader(self._at(protocol.OUTPUT_FILE, handle, path=f.path),
+                                                              f.size),
+                                                tmp / f.path, size=f.size, sha256=f.sha256, progress=progress)
+            except TimeoutError:
+                raise fetch_bounds.too_slow(client.who, await asyncio.to_thread(fetch_bounds.partial_bytes, tmp),
+                                            total, bounds) from None
+        except (ExecutorFault, LocalEnvironmentError):
+            await asyncio.to_thread(shutil.rmtree, tmp, True)  # refused bytes, or a full disk: nothing is kept
+            fetch_bounds.done(dest)
+            raise
         await asyncio.to_thread(tmp.mkdir, parents=True, exist_ok=True)
         os.replace(tmp, dest)
+        fetch_bounds.done(dest)
         return files
+
+    def _bounds(self, handle: Handle) -> fetch_bounds.Bounds:
+        return fetch_bounds.Bounds(max_bytes=handle.data.get("outputs_max_bytes"),
+                                   floor_bytes_per_s=int(self.config.download_floor_kb_s * 1000),
+                                   grace_s=self.config.download_grace_s)
+
+    def _status_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.config.status_timeout_s, sock_connect=5)
 
     async def cost(self, handle: Handle, offer: Offer) -> Cost:
         """The quoted price of the job's work (paid once, only when accepted), valued at the broker's rate."""

@@ -74,11 +74,18 @@ class MinerClient:
                                         f"{type(exc).__name__} {exc}".rstrip()) from None
         return _json_object(text, self.who, target)
 
-    def reader(self, target: str):
-        """`read(offset)` for `transfer.download`: the bytes of `target` from `offset` on (`Range`)."""
+    def reader(self, target: str, size: int | None = None):
+        """`read(offset)` for `transfer.download`: the bytes of `target` from `offset` on (`Range`).
+
+        With `size` (the file's announced size), an answer the miner completed — its framing whole: every byte of
+        its Content-Length, or its last chunk — that holds fewer bytes than the rest of the file is the miner's
+        statement, not a network fault (ExecutorFault), as is a partial answer whose Content-Range is not the
+        range asked for or whose length differs from that range. A stream cut short (the connection dropped or
+        timed out) ends the read: `download` says how much is missing, and resumes on a retry."""
 
         async def read(offset: int) -> AsyncIterator[bytes]:
             headers = {**self._signed("GET", target, b""), "Range": f"bytes={offset}-"}
+            got = 0
             try:
                 async with aiohttp.ClientSession(timeout=STREAM_TIMEOUT) as session:
                     async with session.get(self._url(target), headers=headers) as r:
@@ -87,15 +94,34 @@ class MinerClient:
                         if offset and r.status != 206:
                             raise ExecutorFault(f"{self.who}: {_route(target)}: a range from byte {offset} "
                                                 f"was answered with the whole file")
+                        if size is not None:
+                            _check_framing(r, offset, size, self.who, target)
                         async for chunk in r.content.iter_chunked(CHUNK):
+                            got += len(chunk)
                             yield chunk
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError):
                 return  # a stream cut short: `download` says how much is missing, and resumes on a retry
+            if size is not None and offset + got < size:
+                raise ExecutorFault(f"{self.who}: {_route(target)}: its answer ended whole after {offset + got:,} of "
+                                    f"the {size:,} bytes it announced")
 
         return read
 
     def _url(self, target: str) -> str:
         return self.miner.url + target  # `target` is in the form aiohttp sends as it is (see `target`)
+
+
+def _check_framing(r: aiohttp.ClientResponse, offset: int, size: int, who: str, target: str) -> None:
+    """The answer's own framing against the range asked (`offset` on, of a file announced at `size` bytes)."""
+    if r.status == 206:
+        asked = f"bytes {offset}-{size - 1}/{size}"
+        said = r.headers.get("Content-Range", "")
+        if said.strip() != asked:
+            raise ExecutorFault(f"{who}: {_route(target)}: answered the range from byte {offset} with Content-Range "
+                                f"{said[:80]!r}, not {asked!r}")
+    if r.content_length is not None and r.content_length != size - offset:
+        raise ExecutorFault(f"{who}: {_route(target)}: its answer announces {r.content_length:,} bytes for the "
+                            f"{size - offset:,} left of the {size:,} it announced")
 
 
 PATH_SAFE = "/!$&'()*+,;=:@"

@@ -37,6 +37,11 @@ def _ss58(value: str) -> str:
 Ss58 = Annotated[str, AfterValidator(_ss58)]
 
 
+def checked_ss58(value: str) -> str:
+    """`value` when it is a Bittensor ss58 address, checked as backends.yaml checks one (ValueError: why not)."""
+    return _ss58(value)
+
+
 class Wallet(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,6 +70,13 @@ class BittensorConfig(BackendConfig):
     min_stake_tao: str = Field("0", pattern=r"^[0-9]+(\.[0-9]{1,9})?$",
                                description="Leave out metagraph miners with less stake than this (TAO, as text).")
     quote_timeout_s: float = Field(3.0, gt=0, le=60, description="How long one miner may take to quote.")
+    status_timeout_s: float = Field(10.0, gt=0, le=120, description=(
+        "How long one miner may take to answer how a run goes (status, logs, metrics, its outputs' list); a miner "
+        "that does not answer is unreachable, lost past the policy's unreachable_after_s."))
+    download_floor_kb_s: float = Field(256.0, gt=0, description=(
+        "The slowest a miner may deliver its outputs (kB/s): with download_grace_s, the deadline of a fetch, from "
+        "the size it announced; a miner past it is rejected."))
+    download_grace_s: float = Field(120.0, gt=0, description="Added to every fetch's deadline (seconds).")
     max_miners: int = Field(256, ge=1, description="At most this many miners are asked for a quote per plan.")
     payments: Literal["receipt", "tao"] = Field(
         "receipt", description="How an accepted miner is paid: `receipt` (the amount in its signed receipt only) "

@@ -36,7 +36,26 @@ DEFAULT_MAX_AGE_DAYS = 90
 
 
 class StaleCatalogWarning(UserWarning):
-    """Prices older than the configured age: they may be wrong; update the override file."""
+    """Prices older than the configured age: they may be wrong; update the override file. Carries the file, its
+    date, its age and the age allowed, so a command can say it once for every stale catalog (`stale_summary`)."""
+
+    def __init__(self, message: str, path: str = "", dated: date | None = None, age_days: int = 0,
+                 max_age_days: int = DEFAULT_MAX_AGE_DAYS):
+        super().__init__(message)
+        self.path, self.dated, self.age_days, self.max_age_days = path, dated, age_days, max_age_days
+
+
+def stale_summary(found: list[StaleCatalogWarning]) -> str:
+    """One line for every stale catalog a command met (each file once)."""
+    by_path = {w.path or str(w): w for w in found}
+    if not all(w.path for w in by_path.values()):
+        return "; ".join(dict.fromkeys(str(w) for w in found))
+    short = [Path(p).name for p in by_path]
+    shown = {p: Path(p).name if short.count(Path(p).name) == 1 else p for p in by_path}  # a shared name: the path
+    names = ", ".join(f"{shown[p]} ({w.dated}, {w.age_days} days)" for p, w in sorted(by_path.items()))
+    most = min(w.max_age_days for w in by_path.values())
+    return (f"price catalogs older than {most} days, so their prices may be wrong: {names}; "
+            "`trainmaster catalog refresh` or an override file puts current ones in place")
 
 
 @dataclass(frozen=True)
@@ -100,11 +119,10 @@ def load_catalog(
     catalog = Catalog(cloud=cloud, rows=tuple(rows.values()), sources=tuple(sources))
     today = today or _today()
     for source in catalog.stale(max_age_days, today):
-        warnings.warn(
+        warnings.warn(StaleCatalogWarning(
             f"{source.path}: prices dated {source.date} are {source.age_days(today)} days old (more than "
             f"{max_age_days}); they may be wrong. Put current prices in an override file.",
-            StaleCatalogWarning, stacklevel=2,
-        )
+            str(source.path), source.date, source.age_days(today), max_age_days), stacklevel=2)
     return catalog
 
 

@@ -15,12 +15,13 @@ from trainmaster.backends.managed.backend import ManagedBackend
 
 IMAGES = {True: "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-4.py310:latest",
           False: "us-docker.pkg.dev/vertex-ai/training/pytorch-cpu.2-4.py310:latest"}
-"""Vertex AI's prebuilt PyTorch training images, for GPU offers and CPU-only ones."""
+"""Vertex AI's prebuilt PyTorch training images, for GPU offers and CPU-only ones (Python 3.10, torch 2.4)."""
 
 
 class GcpBackend(ManagedBackend):
     name = "gcp"
     service_name = "vertex"
+    default_python = "3.10"
     config_model = GcpConfig
     config: GcpConfig
 

@@ -1,7 +1,8 @@
 """Whether Google Cloud credentials can be found here, without network access: the configured key
 file, GOOGLE_APPLICATION_CREDENTIALS, or the Application Default Credentials file `gcloud auth
-application-default login` writes (the metadata server of a GCE VM takes the network; not seen), and whether
-the staging bucket and the project jobs are created in are configured."""
+application-default login` writes, and whether the staging bucket and the project jobs are created in are
+configured. On a GCE VM (or with GCE_METADATA_HOST) the service account the metadata server gives takes the
+network: "not checked offline", not a reason to leave GCP out (backends/cloud_host.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from trainmaster.backends import cloud_host
 from trainmaster.backends.gcp.config import GcpConfig
 
 
@@ -47,7 +49,8 @@ def project(config: GcpConfig) -> str | None:
 
 
 def check(config: GcpConfig) -> list[str]:
-    reasons = [why] if (why := credentials(config)[1]) else []
+    why = credentials(config)[1]
+    reasons = [why] if why and not cloud_host.gcp() else []
     if not config.staging_bucket:
         reasons.append("no staging bucket to dispatch to (set gcp.staging_bucket: gs://bucket/prefix)")
     if not project(config):
@@ -58,7 +61,10 @@ def check(config: GcpConfig) -> list[str]:
 
 def found(config: GcpConfig) -> list[str]:
     where = credentials(config)[0]
-    return [f"credentials: {where}"] if where else []
+    if where:
+        return [f"credentials: {where}"]
+    account = cloud_host.gcp()
+    return [f"credentials: not checked offline ({account}, asked at dispatch)"] if account else []
 
 
 def _gcloud_dir() -> Path:

@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 
-from trainmaster.backends.base import BackendError, TransientBackendError
+from trainmaster.backends.base import BackendError, ConfigurationError, TransientBackendError
 from trainmaster.backends.gcp.config import GcpConfig
 
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
@@ -37,8 +37,8 @@ def credentials(config: GcpConfig):
             return _from_file(os.path.expanduser(config.credentials_file))
         return google.auth.default(scopes=SCOPES)
     except (auth_errors.GoogleAuthError, OSError, ValueError) as exc:
-        raise BackendError(f"gcp: no usable credentials ({exc}); set gcp.credentials_file or "
-                           "GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`") from None
+        raise ConfigurationError(f"gcp: no usable credentials ({exc}); set gcp.credentials_file or "
+                                 "GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`") from None
 
 
 def _from_file(path: str):
@@ -59,7 +59,7 @@ def project(config: GcpConfig, found: str | None) -> str:
     """The project jobs are created in: the config's, the credentials', or GOOGLE_CLOUD_PROJECT."""
     chosen = config.project or found or os.environ.get("GOOGLE_CLOUD_PROJECT")
     if not chosen:
-        raise BackendError("gcp: no project (set gcp.project, or use credentials that name one)")
+        raise ConfigurationError("gcp: no project (set gcp.project, or use credentials that name one)")
     return chosen
 
 
@@ -73,7 +73,10 @@ def typed(exc: BaseException, what: str) -> BackendError | None:
                         requests.Timeout, auth_errors.TransportError)):
         return TransientBackendError(f"gcp: {what}: {exc} (may pass; retried)")
     if isinstance(exc, (api.Unauthorized, api.Forbidden, auth_errors.RefreshError)):
-        return BackendError(f"gcp: {what}: permission denied ({exc}); the credentials need access to it")
+        return ConfigurationError(f"gcp: {what}: permission denied ({exc}); the credentials need access to it "
+                                  "(docs/clouds.md lists the roles)")
+    if isinstance(exc, api.NotFound) and "bucket" in str(exc).lower():
+        return ConfigurationError(f"gcp: {what}: {exc} (create the bucket or fix gcp.staging_bucket)")
     if isinstance(exc, api.GoogleAPICallError):
         return BackendError(f"gcp: {what}: {exc}")
     return None

@@ -4,14 +4,16 @@ Vertex names jobs by id, so the attempt's job name is the CustomJob's display na
 `start` lists jobs of that display name first and creates none when one of ours is there. Worker pool 0 is one
 replica, pool 1 the other `instance_count - 1`, all on the same machine. `base_output_directory` is the
 attempt's folder: Vertex then sets AIP_CHECKPOINT_DIR to its `checkpoints/` (the synced folder, seen through the
-/gcs mount) and AIP_MODEL_DIR to its `model/`. Spot jobs are scheduled SPOT with the configured maximum wait.
+/gcs mount) and AIP_MODEL_DIR to its `model/`. The container runs the boot script of the attempt's input folder
+through the same mount (`python3 /gcs/<bucket>/…/input/boot.py`). Spot jobs are scheduled SPOT (the API applies
+`max_wait_duration` to FLEX_START only, so none is sent).
 """
 
 from __future__ import annotations
 
 import re
 
-from trainmaster.backends.base import BackendError, CapacityError, Cause, Phase, TransientBackendError
+from trainmaster.backends.base import BackendError, Cause, ConfigurationError, Phase, TransientBackendError
 from trainmaster.backends.catalog.accelerators import vertex_accelerator
 from trainmaster.backends.catalog.gpus import canonical_gpu
 from trainmaster.backends.gcp import sdk
@@ -35,6 +37,17 @@ NO_CAPACITY = re.compile(r"resource_exhausted|stockout|resources? (are|is) (insu
                          r"quota|zone_resource_pool_exhausted", re.IGNORECASE)
 REQUEST_RATE = re.compile(r"requests? per minute|rate limit|too many requests", re.IGNORECASE)
 """A 429 that names the API's request rate is throttling; any other 429 at create is the job's quota."""
+
+
+GCS_MOUNT = "/gcs"
+"""Where Vertex AI mounts Cloud Storage in the container (Cloud Storage FUSE): gs://B/K is /gcs/B/K."""
+
+
+def boot_command(input_uri: str) -> list[str]:
+    """The container's command: the boot script of the attempt's input folder, read through the /gcs mount."""
+    if not input_uri.startswith("gs://"):
+        raise BackendError(f"gcp: the job's input {input_uri} is not a gs:// folder")
+    return ["python3", f"{GCS_MOUNT}/{input_uri.removeprefix('gs://').rstrip('/')}/boot.py"]
 
 
 def label(value: str) -> str:
@@ -120,7 +133,8 @@ class VertexService(TrainingService):
             created = await sdk.call(f"creating Vertex AI job {job.name}", self._create, job)
         except TransientBackendError as exc:
             if self._quota(exc.__cause__):
-                raise CapacityError(f"gcp: Vertex AI refused {job.name} for capacity: {exc.__cause__}") from None
+                raise ConfigurationError(f"gcp: Vertex AI refused {job.name} for the project's quota: {exc.__cause__} "
+                                         "(request a higher quota for the region: docs/clouds.md)") from None
             raise
         self._names[job.name] = created.name
 
@@ -140,14 +154,14 @@ class VertexService(TrainingService):
         if job.gpu_count:
             kind, count = accelerator(job)
             machine.accelerator_type, machine.accelerator_count = v1.AcceleratorType[kind], count
-        container = v1.ContainerSpec(image_uri=job.image, command=job.command,
+        container = v1.ContainerSpec(image_uri=job.image, command=boot_command(job.input_uri),
                                      env=[v1.EnvVar(name=k, value=v) for k, v in sorted(job.env.items())])
         pools = [v1.WorkerPoolSpec(replica_count=1, machine_spec=machine, container_spec=container)]
         if job.instance_count > 1:
             pools.append(v1.WorkerPoolSpec(replica_count=job.instance_count - 1, machine_spec=machine,
                                            container_spec=container))
         strategy = v1.Scheduling.Strategy.SPOT if job.spot else v1.Scheduling.Strategy.STANDARD
-        scheduling = v1.Scheduling(strategy=strategy, max_wait_duration=f"{int(self.config.max_wait_hours * 3600)}s")
+        scheduling = v1.Scheduling(strategy=strategy)  # max_wait_duration applies to FLEX_START only
         if job.max_seconds:
             scheduling.timeout = f"{job.max_seconds}s"
         spec = v1.CustomJobSpec(worker_pool_specs=pools, scheduling=scheduling,

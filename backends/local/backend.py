@@ -5,7 +5,8 @@ Each attempt gets a fresh work dir (the bundle extracted into `code/`, plus `out
 the job's process group, started by a keeper (`keeper.py`) that stops whatever the job started
 once the supervisor is gone, however it went. Everything a later process needs to find the
 attempt again is in the work dir, so the handle is just its path, and a second `submit` of the
-same attempt finds the first run instead of starting another. Cost is wall time × the power model.
+same attempt finds the first run instead of starting another; a launch whose process died half-way (a CLI
+killed before it started the keeper) is finished by the next one, never blamed on the job (launching.py). Cost is wall time × the power model.
 The broker reads none of the work dir itself: it asks `last_checkpoint` (the checkpoint folder, once
 it holds a segment) and `metrics` (bytes of `outputs/metrics.jsonl` from an offset), and under its
 retention policy it asks `segments_held` and `release_segments` (the segments of `checkpoints/segments/`
@@ -47,11 +48,12 @@ from trainmaster.backends.features import (
     ResumesFromCheckpoints, SupportsMultiGpu,
 )
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
-from trainmaster.backends.local import allocation, oom, processes, sandbox
+from trainmaster.backends.local import allocation, ddp_reason, launching, oom, processes, sandbox
 from trainmaster.backends.local import supervisor as sup
 from trainmaster.backends.local.config import LocalConfig
 from trainmaster.jobs import bundle as bundles
 from trainmaster.jobs.environment import OUTPUT_DIR, job_environment
+from trainmaster.jobs.inherited import inherited
 from trainmaster.jobs.files import (
     HostileFile, open_regular, read_regular, tree_bytes, write_bytes_atomic, write_json_atomic,
 )
@@ -66,7 +68,6 @@ LOG_CHUNK = 2**20
 MAX_RECORD_BYTES = 2**20
 """The supervisor's records (launch, start, exit) are a few hundred bytes; the job runs beside them
 and could replace one with a 4 GB file or a FIFO, so each is read bounded and never followed."""
-SPAWNED = "spawned"  # created (exclusively) just before the supervisor is started: never start two
 
 
 class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFromCheckpoints, ReportsMetrics,
@@ -154,18 +155,22 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             raise LocalEnvironmentError(reason)
         workdir = Path(ctx.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        try:
-            os.close(os.open(workdir / SPAWNED, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:  # started before (a resumed dispatch): find that run, never start a second
-            await self._wait_for_supervisor(workdir)
-            return self.handle(ctx)
-        await asyncio.to_thread(self._prepare, bundle, spec, offer, ctx, workdir)
-        with open(workdir / "supervisor.err", "ab") as err:
-            subprocess.Popen(  # the keeper starts the supervisor below itself (keeper.py)
-                [sys.executable, "-m", "trainmaster.backends.local.keeper", str(workdir)],
-                cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                start_new_session=True, close_fds=True,
-            )
+
+        def start_keeper() -> None:
+            with open(workdir / "supervisor.err", "ab") as err:
+                keeper_process = subprocess.Popen(  # the keeper starts the supervisor below itself (keeper.py)
+                    [sys.executable, "-m", "trainmaster.backends.local.keeper", str(workdir)],
+                    cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    start_new_session=True, close_fds=True,
+                    env=inherited(os.environ, self.config.inherit_env),  # never the broker's secrets (jobs/inherited.py)
+                )
+            reap(keeper_process)
+
+        try:  # once, also when an earlier launch of this attempt died half-way (launching.py)
+            await launching.launch_once(workdir, lambda: self._prepare(bundle, spec, offer, ctx, workdir), start_keeper,
+                                        timeout=SUPERVISOR_START_S)
+        except TimeoutError as exc:
+            raise BackendError(f"the local supervisor did not start: {exc}") from None
         await self._wait_for_supervisor(workdir)
         return self.handle(ctx)
 
@@ -208,6 +213,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             if spec.environment.python == "requirements" else None,
             "envs_dir": self.config.envs_dir or str(workdir.parent / "envs"),
             "sandbox": self.config.sandbox.model_dump() if self.config.sandbox else None,
+            "inherit": list(self.config.inherit_env),
         }
 
     @staticmethod
@@ -529,12 +535,17 @@ def _exit_reason(workdir: Path, code: int, oom_killed: bool | None = False) -> s
     e.g. a traceback's last line; never a line the supervisor wrote, such as its stopping of leftovers)."""
     try:
         with _open_log(workdir) as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines()
-                     if line.strip() and not line.startswith(sup.LEFTOVERS)]  # the job's last line, not ours
+            f.seek(max(0, f.seek(0, os.SEEK_END) - ddp_reason.TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
     except (OSError, HostileFile):
-        lines = []
-    return _how_it_exited(code, oom_killed) + (f": {lines[-1][-500:]}" if lines else "")
+        tail = ""
+    lines = [line.strip() for line in tail.splitlines()
+             if line.strip() and not line.startswith(sup.LEFTOVERS)]  # the job's last line, not ours
+    ranked = ddp_reason.failed_rank(workdir, tail)  # under torchrun: the failing rank's own last error line
+    if ranked:
+        return f"{ranked} (torchrun {_how_it_exited(code, oom_killed)})"
+    last = ddp_reason.last_meaningful(lines)  # never a banner of rule characters
+    return _how_it_exited(code, oom_killed) + (f": {last[-500:]}" if last else "")
 
 
 def _how_it_exited(code: int, oom_killed: bool | None) -> str:
@@ -569,3 +580,10 @@ def _mtime(path: Path, default: float) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:
         return default
+
+
+def reap(child: subprocess.Popen) -> None:
+    """Wait for the keeper in a thread of its own, so a long-lived parent (the daemon) never keeps it as a zombie."""
+    import threading
+
+    threading.Thread(target=child.wait, name=f"reap-{child.pid}", daemon=True).start()

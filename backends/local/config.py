@@ -54,3 +54,7 @@ class LocalConfig(BackendConfig):
     gpus: list[GpuEntry] | None = Field(
         None, description="The GPUs to allocate, index 0 first; default: detected (NVML and torch.cuda).")
     sandbox: Sandbox | None = Field(None, description="Confine each job (needs root); default: jobs run as you.")
+    inherit_env: list[str] = Field(
+        default_factory=list, description="Variables (NAME, or PREFIX* patterns) a job inherits from the broker's "
+        "environment beyond the documented allowlist (jobs/inherited.py); names that look like secrets "
+        "(TRAINMASTER_*, *TOKEN*, *PASSWORD*, *_KEY …) never are.")

@@ -1,6 +1,8 @@
 """The keeper: the parent of one attempt's supervisor, so that nothing the job started outlives it.
 
-The local backend starts this (detached); it makes itself the child subreaper of everything below it
+The local backend starts this (detached); it takes the attempt's keeper lock (a second keeper of the same
+attempt, started by a launch repeated after its launcher died, finds it held and exits: launching.py) and
+hands it on to the supervisor, then makes itself the child subreaper of everything below it
 (Linux `prctl(PR_SET_CHILD_SUBREAPER)`), then starts the supervisor in a session of its own and waits.
 A process of the job whose parent dies — a `bash -c` command's children when bash is killed, a
 background job (`&`), a double-forked daemon, a child in a new session — is then re-parented to the
@@ -24,6 +26,9 @@ import time
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
+KEEPER_LOCK = "keeper.lock"
+"""Held (flock) by the keeper from its start, and by the supervisor it hands it to: one keeper per attempt
+(launching.py)."""
 POLL_S = 0.05
 GRACE_S = 5.0  # what a process asked to stop gets before SIGKILL (the supervisor uses it for leftovers too)
 
@@ -37,16 +42,32 @@ def become_subreaper() -> None:
 
 
 def main(workdir: Path) -> int:
+    lock = hold_lock(workdir)
+    if lock is None:
+        return 0  # another keeper runs this attempt (a launch repeated after its launcher died: launching.py)
     become_subreaper()
     with open(workdir / "supervisor.err", "ab") as err:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "trainmaster.backends.local.supervisor", str(workdir)],
             cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, pass_fds=(lock,),  # the lock stays held while either lives
         )
     code = wait_for(supervisor.pid)
     stop_descendants(grace=0.0 if code == 0 else GRACE_S)
     return 0
+
+
+def hold_lock(workdir: Path) -> int | None:
+    """The attempt's keeper lock, taken (its fd); None when another keeper holds it."""
+    import fcntl
+
+    fd = os.open(workdir / KEEPER_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def wait_for(pid: int) -> int:

@@ -14,8 +14,8 @@ outright there is no `exit.json`; the backend then stops what is left of the att
 the end itself (the last heartbeat, or when it stopped the last process).
 
 `launch.json` holds only what trainmaster decided (the entrypoint as written, the variables it
-sets, the spec's `env`); the inherited environment is merged here, at run time, and is never
-written to disk. The entrypoint is expanded in the job's final environment (`expand_command`).
+sets, the spec's `env`); the inherited environment (jobs/inherited.py: an allowlist, never the
+broker's secrets) is merged here, at run time, and is never written to disk. The entrypoint is expanded in the job's final environment (`expand_command`).
 
 Kept to the standard library, psutil and small `jobs` modules so it starts in milliseconds.
 """
@@ -33,9 +33,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainmaster.backends.local import keeper, oom, processes, sandbox, venvs
+from trainmaster.backends.local import ddp_reason, keeper, oom, processes, sandbox, venvs
 from trainmaster.jobs import launch_command
 from trainmaster.jobs.environment import OUTPUT_DIR, interpreter_environment
+from trainmaster.jobs.inherited import inherited
 from trainmaster.jobs.files import write_json_atomic
 
 LAUNCH = "launch.json"
@@ -89,19 +90,30 @@ def main(workdir: Path) -> int:
                 log.write(f"[trainmaster] {exc}\n".encode())
         if python is not None:
             log.write(f"[trainmaster] python: {python}\n".encode())
-            env = interpreter_environment(python, jail.environment(launch["env"]) if jail else {**os.environ, **launch["env"]})
+            env = interpreter_environment(python, jail.environment(launch["env"]) if jail
+                                          else {**inherited(os.environ, launch.get("inherit", ())), **launch["env"]})
+            if launch["launcher"] == launch_command.TORCHRUN:
+                (workdir / ddp_reason.RANKS_DIR).mkdir(exist_ok=True)
             if jail:
                 jail.hand_over()
                 log.write(f"[trainmaster] confined: user {jail.uid}, network {'kept' if jail.settings.get('network') else 'none'}\n".encode())
             result = run(*command(launch, python, env), launch, env, log, stopping, beat, jail)
             code = 124 if result == "timeout" else result
-            reason = stopping.get("reason") or (f"time limit reached: {launch.get('time_limit')}" if result == "timeout"
-                                                else None)
+            reason = stopping.get("reason") or (_limit_reached(launch) if result == "timeout" else None)
         finish(workdir, started, code, reason, stopping, oom_kills=record["oom_kills"])
         stop_leftovers(record, launch, log, stopping)
         if jail:
             jail.take_back()
     return 0
+
+
+def _limit_reached(launch: dict) -> str:
+    """The reason of a run its time limit stopped: the cost cap when that is what the limit was (backend.py
+    `time_limit`), else the wall-clock limit."""
+    limit = launch.get("time_limit") or ""
+    if "limits.max_usd" in limit:
+        return f"cost cap reached: {limit}"
+    return f"time limit reached: {limit}"
 
 
 class Heartbeat:
@@ -118,8 +130,11 @@ class Heartbeat:
 
 
 def command(launch: dict, python: str, env: dict[str, str]) -> tuple[list[str], str]:
-    """The argv to start, and the line the log shows (jobs/launch_command.py)."""
-    torchrun = launch_command.standalone_args(launch["nproc"]) if launch["launcher"] == launch_command.TORCHRUN else None
+    """The argv to start, and the line the log shows (jobs/launch_command.py); under torchrun every rank's output
+    is also kept apart, for the reason of a failure (ddp_reason.py)."""
+    torchrun = None
+    if launch["launcher"] == launch_command.TORCHRUN:
+        torchrun = launch_command.standalone_args(launch["nproc"]) + ddp_reason.torchrun_args(Path(launch["cwd"]).parent)
     return launch_command.command(launch["entrypoint"], python=python, python_names=launch["python_names"], env=env,
                                   torchrun=torchrun)
 
@@ -136,7 +151,7 @@ def run(argv: list[str], shown: str, launch: dict, env: dict[str, str], log, sto
     deadline = time.time() + launch["max_seconds"] if launch.get("max_seconds") else None
     while (code := wait(child, beat, HEARTBEAT_S)) is None:
         if deadline and time.time() > deadline and not stopping:
-            log.write(b"[trainmaster] time limit reached; stopping the job\n")
+            log.write(f"[trainmaster] {_limit_reached(launch)}; stopping the job\n".encode())
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the signal is for the job, not for us
             os.killpg(os.getpgid(0), signal.SIGTERM)
             if wait(child, beat, 30) is None:

@@ -1,16 +1,21 @@
 """One backend over a managed training service and its object store (SageMaker + S3, Vertex AI + GCS, Azure ML
 + Blob): the clouds differ only in their `TrainingService` and `ObjectStore` (each in its own folder).
 
-An attempt lives under `attempts/<attempt id>/` in the store: the service syncs the container's synced folder
-there (jobs/launch_plan.py: the outputs, the checkpoints, the log and the exit record node 0 writes), so status,
-logs, metrics, the resume point and the outputs are read from the store, the same way on every cloud. The
-bundle is stored once under its sha256 (`bundles/<sha256>.tar`), so a bundle already there is not sent again.
+An attempt lives under `attempts/<attempt id>/` in the store. Its `input/` folder is what the container reads
+first: the boot script, the launch plan (`launch.json`) and the runtime pack (backends/managed/runtime_pack.py:
+trainmaster itself, shipped with the job since no image has it), with the backend's `setup` as `setup.sh` when
+there is one. The service carries the container's synced folder there (jobs/launch_plan.py: the outputs, the
+checkpoints, the log parts and the exit record node 0's launcher publishes), so status, logs, metrics, the
+resume point and the outputs are read from the store, the same way on every cloud, while the job runs. The bundle
+and the runtime pack are stored once under their sha256 (`bundles/<sha256>.tar`, `runtime/<sha256>.zip`), so
+one already there is not sent again. The job's name comes from the attempt id (backends/managed/names.py).
 
 Resuming: a re-submitted attempt gets the previous attempt's checkpoints (and its metrics) copied, on the
 store's side, into its own synced folder before its job starts; the launcher resumes from whatever complete
 segment it finds there, which is also how a service's own restart of a spot job (its checkpoints restored)
-resumes. Cost is the price recorded at dispatch × the billable seconds the service reports × instances,
-plus the estimated egress of fetching the outputs and the storage they took, each named in the basis.
+resumes. Cost is the price recorded at dispatch × the billable seconds the service reports (or what its job
+resource documents, named in the basis) × instances, plus the estimated egress of fetching the outputs and the
+storage they took, each named in the basis.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shlex
+import tempfile
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -35,7 +40,9 @@ from trainmaster.backends.features import (
     SupportsRemoteData, SupportsSpot,
 )
 from trainmaster.backends.local.backend import max_seconds
+from trainmaster.backends.managed import runtime_pack
 from trainmaster.backends.managed.config import ManagedConfig
+from trainmaster.backends.managed.names import job_name
 from trainmaster.backends.managed.service import ServiceJob, ServiceState, TrainingService
 from trainmaster.backends.managed.store import ObjectStore
 from trainmaster.jobs import launch_plan as plan
@@ -44,6 +51,8 @@ from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import JobSpec
 
 LOG_CHUNK = 2**20
+LOG_PARTS = "log/"
+"""The log's parts under the synced folder (jobs/launcher_publish.LOG_FOLDER)."""
 MAX_RECORD_BYTES = 2**16
 MAX_MANIFEST_BYTES = 2**24
 """The outputs' manifest lists every output file (~150 bytes each): room for ~100,000 of them."""
@@ -51,6 +60,8 @@ STORAGE_MICRO_USD_PER_GB_MONTH = 23_000
 """Standard object storage, about $0.023 per GB-month on all three clouds: the estimate of what an attempt's
 files cost while they are kept."""
 MAX_SEEN = 4096
+INPUT = "input"
+"""The attempt's input folder in the store (`attempts/<id>/input/`): what the container reads first."""
 
 
 class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, SupportsRemoteData, ResumesFromCheckpoints,
@@ -59,6 +70,8 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
     with the service's role; the planner prices its egress when it lies in another cloud."""
     service_name: ClassVar[str]
     """The launcher's name for the service (jobs/launch_plan.SERVICES)."""
+    default_python: ClassVar[str] = "3.11"
+    """The Python of the service's default image (what pydantic-core is packed for when `image` is not set)."""
     config_model = ManagedConfig
     config: ManagedConfig
 
@@ -86,10 +99,6 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
     def sync_key(self, attempt_id: str) -> str:
         """The attempt's synced folder in the store (Vertex AI fixes it as `<its output folder>/checkpoints/`)."""
         return f"attempts/{attempt_id}/sync/"
-
-    def job_name(self, attempt_id: str) -> str:
-        """The service's job name for an attempt: derived from its id (so a second submit finds the job)."""
-        return "tm-" + attempt_id.lower().replace("_", "-")[:60]
 
     # shared
 
@@ -134,35 +143,71 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
         await transfer.upload(bundle, stored_size=lambda: self.store.size(bundle_key),
                               put=lambda path, progress: self.store.upload(path, bundle_key, progress),
                               progress=self.progress)
+        pack = await asyncio.to_thread(self.runtime_pack)
+        pack_key = f"runtime/{pack.sha256}.zip"
+        await transfer.upload(pack.path, stored_size=lambda: self.store.size(pack_key),
+                              put=lambda path, progress: self.store.upload(path, pack_key, progress),
+                              progress=self.progress)
         sync = self.sync_key(ctx.attempt_id)
         if ctx.resume_from:
             await self._carry(ctx.resume_from, sync)
-        name = self.job_name(ctx.attempt_id)
-        await self.service.start(self._service_job(name, spec, offer, ctx, bundle_key, sync))
+        inputs = f"attempts/{ctx.attempt_id}/{INPUT}/"
+        await self._put_inputs(inputs, pack_key, self._launch_plan(spec, ctx, bundle_key))
+        name = job_name(ctx.attempt_id)
+        await self.service.start(self._service_job(name, spec, offer, ctx, bundle_key, sync, inputs))
         return Handle(backend=self.name, attempt_id=ctx.attempt_id,
-                      data={"name": name, "sync": sync, "instances": spec.resources.nodes})
+                      data={"name": name, "sync": sync, "instances": spec.resources.nodes, "spot": offer.spot,
+                            "runtime_bytes": pack.size})
 
-    def _service_job(self, name: str, spec: JobSpec, offer: Offer, ctx: AttemptContext, bundle_key: str,
-                     sync: str) -> ServiceJob:
+    def runtime_pack(self) -> runtime_pack.RuntimePack:
+        """What the container needs of trainmaster (backends/managed/runtime_pack.py), for the image's Python."""
+        wheels = Path(self.config.runtime_wheels).expanduser() if self.config.runtime_wheels else None
+        return runtime_pack.build(runtime_pack.cache_dir(), self.image_python(), self.config.image_machine, wheels)
+
+    def image_python(self) -> str:
+        """The image's Python (major.minor): `image_python`, else the default image's, else this interpreter's."""
+        if self.config.image_python:
+            return self.config.image_python
+        return self.default_python if self.config.image is None else runtime_pack.this_python()
+
+    def _launch_plan(self, spec: JobSpec, ctx: AttemptContext, bundle_key: str) -> plan.LaunchPlan:
         res = spec.resources
-        launch = plan.LaunchPlan(
+        return plan.LaunchPlan(
             service=self.service_name, entrypoint=spec.entrypoint, launcher=spec.launcher, nproc=res.nproc,
             nodes=res.nodes, bundle=self.store.uri(bundle_key) if self.service_name == "vertex" else "",
             bundle_sha256=ctx.bundle_sha256, sync="",
             env={**spec.env, JOB_ID: ctx.job_id, SEED: str(ctx.seed), SEGMENT_STEPS: str(spec.checkpoint.segment_steps),
                  BUNDLE_SHA256: ctx.bundle_sha256, "PYTHONUNBUFFERED": "1"},
         )
-        launcher = "python -m trainmaster.jobs.launcher"
-        command = ["bash", "-c", f"{self.config.setup} && exec {launcher}"] if self.config.setup.strip() else shlex.split(launcher)
+
+    async def _put_inputs(self, inputs: str, pack_key: str, launch: plan.LaunchPlan) -> None:
+        """The job's input folder: the boot script, the launch plan, the runtime pack (copied on the store's side)
+        and the `setup` script when there is one."""
+        files = {runtime_pack.BOOT: runtime_pack.boot_script(), runtime_pack.PLAN: launch.model_dump_json().encode()}
+        if self.config.setup.strip():
+            files[runtime_pack.SETUP] = self.config.setup.encode() + b"\n"
+        with tempfile.TemporaryDirectory(prefix="trainmaster-input-") as folder:
+            for name, data in files.items():
+                path = Path(folder) / name
+                await asyncio.to_thread(path.write_bytes, data)
+                await self.store.upload(path, inputs + name)
+        await self.store.copy(pack_key, inputs + runtime_pack.PACK)
+
+    def _service_job(self, name: str, spec: JobSpec, offer: Offer, ctx: AttemptContext, bundle_key: str,
+                     sync: str, inputs: str) -> ServiceJob:
         limit = max_seconds(spec, offer, ctx)
         return ServiceJob(
-            name=name, image=self.config.image or self.default_image(offer), command=command,
-            env={plan.VARIABLE: launch.model_dump_json()}, instance=offer.instance, instance_count=res.nodes,
-            gpu_type=offer.gpu_type, gpu_count=offer.gpu_count, spot=offer.spot, detail=dict(offer.detail),
-            max_seconds=int(limit) if limit else None, bundle_uri=self.store.uri(bundle_key),
-            sync_uri=self.store.uri(sync), model_uri=self.store.uri(f"attempts/{ctx.attempt_id}/model/"),
+            name=name, image=self.config.image or self.default_image(offer), instance=offer.instance,
+            instance_count=spec.resources.nodes, gpu_type=offer.gpu_type, gpu_count=offer.gpu_count, spot=offer.spot,
+            detail=dict(offer.detail), max_seconds=int(limit) if limit else None,
+            bundle_uri=self.service_uri(bundle_key), input_uri=self.service_uri(inputs),
+            sync_uri=self.service_uri(sync), model_uri=self.service_uri(f"attempts/{ctx.attempt_id}/model/"),
             labels={"trainmaster-job": ctx.job_id, "trainmaster-attempt": ctx.attempt_id},
         )
+
+    def service_uri(self, key: str) -> str:
+        """`key` as the training service names it in a job (the store's own URI; Azure ML: a datastore URI)."""
+        return self.store.uri(key)
 
     async def _carry(self, resume_from: str, sync: str) -> None:
         """Copy an earlier attempt's checkpoints and metrics (a synced folder of this store) into `sync`."""
@@ -191,6 +236,12 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
 
     async def status(self, handle: Handle) -> AttemptStatus:
         state, ended = await self._state(handle)
+        if state.phase is Phase.failed and state.cause is None and ended is None:
+            # the service says failed, and the launcher wrote no exit record: the container was stopped from outside
+            cause, why = ((Cause.preempted, "preempted: its spot capacity was reclaimed") if handle.data.get("spot")
+                          else (Cause.lost, "lost: the container was stopped"))
+            state = state.model_copy(update={"cause": cause, "reason": f"{state.reason or 'failed'}: no exit record "
+                                                                      f"in the synced folder ({why})"})
         status = AttemptStatus(phase=state.phase, cause=state.cause, reason=state.reason, exit_code=state.exit_code,
                                started_at=state.started_at, ended_at=state.ended_at)
         if ended and state.phase in (Phase.failed, Phase.succeeded):
@@ -203,10 +254,22 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
         return status
 
     async def logs(self, handle: Handle, offset: int = 0) -> LogChunk:
+        """The log from `offset`: node 0's launcher keeps it as closed parts named by the offset each starts at
+        (jobs/launcher_publish.py: an object-store mount uploads a file only when it is closed)."""
         done = (await self.describe(handle.data["name"])).phase.done  # before the log: nothing after it is missed
-        data = await self.store.read(handle.data["sync"] + plan.SYNC_LOG, offset, LOG_CHUNK + 1) or b""
-        more = len(data) > LOG_CHUNK
-        data = data[:LOG_CHUNK]
+        base = handle.data["sync"] + LOG_PARTS
+        parts = sorted((int(name), obj.size) for obj in await self.store.list(base)
+                       if (name := obj.key[len(base):].removesuffix(".log")).isascii() and name.isdigit()
+                       and obj.key.endswith(".log"))
+        data, more = b"", False
+        for number, (start, size) in enumerate(parts):
+            if start <= offset < start + size:
+                data = await self.store.read(f"{base}{start:016d}.log", offset - start, LOG_CHUNK) or b""
+                more = offset + len(data) < start + size or number + 1 < len(parts)
+                break
+            if start > offset:  # a gap (a part still being uploaded): what follows comes once it is there
+                more = True
+                break
         return LogChunk(text=data.decode(errors="replace"), offset=offset, next_offset=offset + len(data),
                         complete=done and not more)
 
@@ -283,7 +346,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
         state = await self.service.describe(handle.data["name"])  # fresh: billable time can come after the end
         instances = int(handle.data.get("instances", 1))
         if state.billable_seconds is not None:
-            seconds, source = state.billable_seconds, "billable seconds as the service reports them"
+            seconds, source = state.billable_seconds, state.billing_basis or "billable seconds as the service reports them"
         elif state.started_at is not None:
             seconds, source = max(0.0, (state.ended_at or time.time()) - state.started_at), "run time"
         else:

@@ -18,12 +18,15 @@ from trainmaster.backends.base import Cause, Frozen, Phase
 
 
 class ServiceJob(Frozen):
-    """One container job, as the backend asks the service for it."""
+    """One container job, as the backend asks the service for it. The container runs the boot script of the
+    job's input folder (`input_uri`: boot.py, launch.json, runtime.zip; jobs/launcher_boot.py), which each
+    service names by where it puts that folder (SageMaker's `trainmaster` channel, Vertex AI's /gcs mount,
+    Azure ML's `trainmaster` input)."""
 
     name: str = Field(description="The service's job name: derived from the attempt id, so a second start finds it.")
     image: str
-    command: list[str] = Field(description="The container's argv.")
-    env: dict[str, str]
+    env: dict[str, str] = Field(default_factory=dict, description="Variables of the container beyond the "
+                                                                   "service's own (the plan is a file, not one).")
     instance: str = Field(description="The service's instance type (`ml.g5.xlarge`, `n1-standard-8`, a VM size).")
     instance_count: int = Field(1, ge=1)
     gpu_type: str | None = None
@@ -33,6 +36,7 @@ class ServiceJob(Frozen):
                                                                       "(Vertex: the accelerator beside the machine type).")
     max_seconds: int | None = Field(None, ge=1, description="The run's time limit (limits.max_hours, the cost cap).")
     bundle_uri: str = Field(description="The bundle in the object store (what the service mounts or copies in).")
+    input_uri: str = Field(description="The attempt's input folder in the object store (ends with /).")
     sync_uri: str = Field(description="The attempt's synced folder in the object store.")
     model_uri: str = Field(description="Where the service keeps its own copy of the model (its output path).")
     labels: dict[str, str] = Field(default_factory=dict, description="trainmaster's job and attempt ids, as tags.")
@@ -48,6 +52,8 @@ class ServiceState(Frozen):
     billable_seconds: float | None = Field(None, ge=0, description="Per instance, as the service bills it "
                                                                    "(SageMaker's BillableTimeInSeconds: spot savings "
                                                                    "included); None when it reports none.")
+    billing_basis: str | None = Field(None, description="Where the billable seconds come from, when the service does "
+                                                         "not report them itself (said in the cost's basis).")
     billed_at_on_demand: bool = Field(False, description="The billable seconds already carry the spot saving and are "
                                                          "billed at the on-demand price (SageMaker managed spot), so "
                                                          "a spot offer is charged at its row's on-demand price.")

@@ -97,6 +97,17 @@ def _node(item: dict, usage: dict) -> Node:
                 gpu_type=types[0] if types else None)
 
 
+def quiet_ray() -> None:
+    """Ray sets its own loggers up as it is imported (INFO, on a stderr handler of its own), so its "Uploading
+    package …" lines would land in the output of a command that submits; they are kept to warnings unless
+    trainmaster itself logs info (`trainmaster -v`, TRAINMASTER_LOG_LEVEL)."""
+    import logging
+
+    if logging.getLogger("trainmaster").getEffectiveLevel() > logging.INFO:
+        for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 class Jobs:
     """The cluster's Jobs API; the client is made on first submit and kept (making one asks the dashboard)."""
 
@@ -108,6 +119,7 @@ class Jobs:
         if self._client is None:
             from ray.job_submission import JobSubmissionClient
 
+            quiet_ray()
             self._client = self._call(JobSubmissionClient, self.address)
         return self._client
 

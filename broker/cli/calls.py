@@ -122,8 +122,22 @@ def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_lo
     return _run(main)
 
 
-def status(job_ref: str):
-    """`status`: advance this job only (never another's fetch or audit), then show it."""
+def status(job_ref: str, on_note: Callable[[str], None] | None = None):
+    """`status`: advance this job only (never another's fetch or audit), then show it. When it cannot be advanced
+    for a reason on our side (a full disk, the state database unwritable), the job as last recorded, and
+    `on_note(why)`: a read still answers."""
+    try:
+        return _status(job_ref)
+    except Exception as exc:
+        why = on_our_side(exc)
+        if why is None or on_note is None:
+            raise
+        on_note(why)
+        view = Settled(_readable_store())
+        return view, view.store.find_job(job_ref)
+
+
+def _status(job_ref: str):
     if settled := _settled():
         return settled, settled.store.find_job(job_ref)
     if daemon := _daemon():
@@ -139,20 +153,85 @@ def status(job_ref: str):
     return _run(main)
 
 
-def list_jobs(states: set[str] | None, limit: int):
-    """`ls`: one bounded reconcile pass, then the jobs, newest first."""
+def _readable_store() -> Store:
+    """The store to show the state from after a failure on our side: as usual, or read-only when the disk is full."""
+    from trainmaster.broker import paths
+    from trainmaster.broker.cli.read_only import ReadOnlyStore, disk_full_under
+
+    where = paths.state_db()
+    return ReadOnlyStore(where) if disk_full_under(where) else _store()
+
+
+def on_our_side(exc: BaseException) -> str | None:
+    """What stopped a command on our side, when that is what `exc` is: an attempt waiting on our environment
+    (broker/failures.py `Waiting`), or a disk too full for the state database; else None."""
+    import sqlite3
+    import sys
+
+    failures, store = sys.modules.get("trainmaster.broker.failures"), sys.modules.get("trainmaster.broker.store")
+    if failures is not None and isinstance(exc, failures.Waiting):
+        return str(exc)
+    if store is not None and isinstance(exc, store.NotFound):
+        return None  # the user's reference, whatever the disk
+    from trainmaster.broker import paths
+    from trainmaster.broker.cli.read_only import disk_full_under
+
+    if disk_full(exc) or disk_full_under(paths.state_db()):
+        return f"the disk is full ({exc}): showing the state as last recorded; free some space"
+    if isinstance(exc, sqlite3.OperationalError):
+        return f"the state database cannot be written now ({exc}): showing the state as last recorded"
+    return None
+
+
+def disk_full(exc: BaseException) -> bool:
+    import errno
+    import sqlite3
+
+    if isinstance(exc, sqlite3.OperationalError):
+        return "full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def list_jobs(states: set[str] | None, limit: int, on_note: Callable[[str], None] | None = None,
+              ended_since: float | None = None):
+    """`ls`: one bounded reconcile pass, then the jobs, newest first (as last recorded, with `on_note(why)`, when
+    the pass cannot write for a reason on our side). With `ended_since`, the jobs not ended and those that ended
+    since then (`states` is not used)."""
+    try:
+        return _list_jobs(states, limit, ended_since)
+    except Exception as exc:
+        why = on_our_side(exc)
+        if why is None or on_note is None:
+            raise
+        on_note(why)
+        view = Settled(_readable_store())
+        return view, _listed(view.store, states, limit, ended_since)
+
+
+def _list_jobs(states: set[str] | None, limit: int, ended_since: float | None):
     if settled := _settled():
-        return settled, settled.store.jobs(states_in=states, limit=limit)
+        return settled, _listed(settled.store, states, limit, ended_since)
     if _daemon():  # it keeps the jobs up to date
         settled = Settled(_store())
-        return settled, settled.store.jobs(states_in=states, limit=limit)
+        return settled, _listed(settled.store, states, limit, ended_since)
     broker = _broker()
 
     async def main():
         await _reconciler(broker).run_pass()
-        return broker, broker.store.jobs(states_in=states, limit=limit)
+        return broker, _listed(broker.store, states, limit, ended_since)
 
     return _run(main)
+
+
+def _listed(store, states: set[str] | None, limit: int, ended_since: float | None) -> list:
+    if ended_since is None:
+        return store.jobs(states_in=states, limit=limit)
+    from trainmaster.broker.states import JOB_ENDS, JOB_TRANSITIONS
+
+    jobs = store.jobs(states_in=set(JOB_TRANSITIONS) - JOB_ENDS, limit=limit)
+    jobs += [j for j in store.jobs(states_in=set(JOB_ENDS), limit=limit) if j.updated_at >= ended_since]
+    jobs.sort(key=lambda j: (j.created_at, j.id), reverse=True)
+    return jobs if limit < 0 else jobs[:limit]
 
 
 def logs(job_ref: str, *, follow: bool, on_log: Callable[[str], None], shown: Callable | None = None) -> None:

@@ -27,6 +27,9 @@ def register(app: typer.Typer) -> None:
 
 
 def refresh(clouds: Optional[List[str]] = typer.Argument(None, help="aws, gcp, azure; default: all three."),
+            regions: Optional[List[str]] = typer.Option(None, "--region", help="Also price the catalog's instances "
+                                                        "in this region (repeatable): rows the shipped catalog has "
+                                                        "not, kept by later refreshes."),
             as_json: bool = JSON_OPT) -> None:
     """Fetch current on-demand and spot prices for the catalog's instances from each cloud's price API
     (AWS Price List, Cloud Billing Catalog, Azure Retail Prices) and write them where offers and planning
@@ -40,7 +43,7 @@ def refresh(clouds: Optional[List[str]] = typer.Argument(None, help="aws, gcp, a
     folder = paths.refreshed_catalogs_dir()
 
     async def all_of_them():
-        return await asyncio.gather(*(refresh_cloud(cloud, folder) for cloud in chosen))
+        return await asyncio.gather(*(refresh_cloud(cloud, folder, regions=tuple(regions or ())) for cloud in chosen))
 
     outcomes = asyncio.run(all_of_them())
     if as_json:
@@ -102,7 +105,7 @@ def _outcome_json(outcome) -> dict:
             "changed": [{"instance": c.instance, "region": c.region, "before_micro_usd": c.before_micro_usd,
                          "after_micro_usd": c.after_micro_usd, "spot_before_micro_usd": c.spot_before_micro_usd,
                          "spot_after_micro_usd": c.spot_after_micro_usd} for c in outcome.changed],
-            "not_found": outcome.not_found}
+            "not_found": outcome.not_found, "added": outcome.added}
 
 
 def _print_outcome(outcome) -> None:
@@ -122,6 +125,8 @@ def _print_outcome(outcome) -> None:
         out.print(f"  {escape(change.instance)} ({escape(change.region)}): {_usd(change.before_micro_usd)} → "
                   f"{_usd(change.after_micro_usd)}/h, spot {_usd(change.spot_before_micro_usd)} → "
                   f"{_usd(change.spot_after_micro_usd)}/h", highlight=False)
+    if outcome.added:
+        out.print(f"  added: {escape(', '.join(outcome.added))}", highlight=False, soft_wrap=True)
     if outcome.not_found:
         more = len(outcome.not_found) - NOT_FOUND_SHOWN
         names = ", ".join(outcome.not_found[:NOT_FOUND_SHOWN]) + (f" and {more} more (--json)" if more > 0 else "")

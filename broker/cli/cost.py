@@ -16,6 +16,7 @@ import typer
 from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, escape, fail, guarded, load
 
 SPEND_GROUPS = ("backend", "class", "job", "project", "month")
+WIDE_OPT = typer.Option(False, "--wide", help="Every column whole, however wide the lines (default: fit the terminal).")
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +33,7 @@ def offers(
     policy: str = typer.Option("default", "--policy", "-p", help="Policy name or file."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     limit: int = typer.Option(15, "--limit", min=1, help="Rows shown in the table (the rest are summarised)."),
+    wide: bool = WIDE_OPT,
 ) -> None:
     """Show the offers `submit` would consider for a job and its choice (budgets checked); a price catalog
     older than the policy allows is warned of. Submits nothing.
@@ -43,18 +45,21 @@ def offers(
     spec = load(lambda: load_spec(job)).spec
     chosen_policy = _load_policy(policy)
     # a file the offers read besides the job's (a catalog override, backends.yaml) is the environment's: exit 2
-    (result, budget), warnings_seen = _stale_catalogs(
+    (result, budget), stale = _stale_catalogs(
         lambda: guarded(lambda: load(lambda: calls.offers(spec, chosen_policy), usage_on_error=True)))
+    warnings_seen = list(dict.fromkeys(str(w) for w in stale))
     if as_json:
         print(json.dumps({"policy": chosen_policy.name, "warnings": warnings_seen, "budget": budget,
                           **result.as_dict()}, indent=2))
     else:
         out = console()
-        for line in warnings_seen:
-            console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False, soft_wrap=True)
-        out.print(render_plan(result, limit=limit, width=out.width))
+        if warnings_seen:  # every stale catalog in one line, folded to the terminal
+            from trainmaster.backends.catalog.load import stale_summary
+
+            console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(stale_summary(stale))}", highlight=False)
+        render_plan(result, limit=limit).print(out, wide=wide)
         for backend, why in result.reasons.items():
-            out.print(f"  {backend}: {escape('; '.join(why))}", highlight=False)
+            out.print(f"  {escape(backend)}: {escape('; '.join(why))}", highlight=False)
         if result.chosen is None:
             out.print(escape(result.explain_failure()), highlight=False)
         if budget:
@@ -63,8 +68,8 @@ def offers(
 
 
 def _stale_catalogs(call):
-    """`call()`'s result and the messages of the StaleCatalogWarnings it raised (each once), for the command
-    to show as its own warnings; any other warning is shown as Python shows it."""
+    """`call()`'s result and the StaleCatalogWarnings it raised, for the command to show as its own warning (one
+    line); any other warning is shown as the command's warnings are (broker/cli/log_setup.py)."""
     import warnings
 
     from trainmaster.backends.catalog import StaleCatalogWarning
@@ -74,7 +79,7 @@ def _stale_catalogs(call):
         result = call()
     for other in (w for w in caught if not issubclass(w.category, StaleCatalogWarning)):
         warnings.showwarning(other.message, other.category, other.filename, other.lineno)
-    return result, list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, StaleCatalogWarning)))
+    return result, [w.message for w in caught if issubclass(w.category, StaleCatalogWarning)]
 
 
 def spend(
@@ -87,37 +92,61 @@ def spend(
     attempts included; an untrusted executor is charged (paid) for accepted work only."""
     if by is not None and by not in SPEND_GROUPS:
         fail(f"cannot group spend by {by!r}; choose one of {', '.join(SPEND_GROUPS)}", USAGE)
-    rows = guarded(lambda: _spend_rows(by))
+    rows, unsent, pending = guarded(lambda: _spend_rows(by))
     if as_json:
-        print(json.dumps([_spend_json(r) for r in rows], indent=2))
+        print(json.dumps([_spend_json(r, unsent.get(r.group, (0, 0))) for r in rows], indent=2))
     else:
         console().print(_spend_table(rows, by))
+        _print_pending(pending)
     if plot is not None:
         _plot(rows, by, plot)
         console(stderr=as_json).print(f"plot written to {escape(str(plot.resolve()))}", highlight=False, soft_wrap=True)
 
 
-def _spend_rows(by: str | None) -> list:
+def _spend_rows(by: str | None) -> tuple[list, dict, list]:
+    """The ledger's charges grouped `by`; per group, the (payments, rao) charged but not sent yet; and the
+    pending payments themselves."""
     from trainmaster.broker import paths
     from trainmaster.wallet.ledger import Ledger, SpendRow
 
     db = paths.state_db()
     if isinstance(db, Path) and not db.exists() and (not db.parent.exists() or db.parent.is_dir()):
-        return [] if by else [SpendRow("total", 0, 0, 0)]
+        return ([] if by else [SpendRow("total", 0, 0, 0)]), {}, []
+    from trainmaster.broker.payment_states import payment_states, unsent_by_group
     from trainmaster.broker.store import Store
 
     store = Store(db)  # an unusable home or database is one clear error (StateUnavailable), as for every command
     try:
-        return Ledger(store.db).spend(by)
+        return (Ledger(store.db).spend(by), unsent_by_group(store.db, by),
+                payment_states(store.db, pending_only=True))
     finally:
         store.close()
 
 
-def _spend_json(row) -> dict:
+def _spend_json(row, unsent: tuple[int, int]) -> dict:
     from trainmaster.jobs.money import format_usd
 
     return {"group": row.group, "usd": format_usd(row.micro_usd), "micro_usd": row.micro_usd, "rao": row.rao,
-            "charges": row.charges}
+            "charges": row.charges, "unsent_payments": unsent[0], "unsent_rao": unsent[1]}
+
+
+def _print_pending(pending: list) -> None:
+    """The payments charged but not sent yet (a chain that was unreachable): each with why and its next try."""
+    if not pending:
+        return
+    from rich.padding import Padding
+    from rich.text import Text
+
+    from trainmaster.broker.cli.render import _when
+    from trainmaster.broker.cli.safe_text import visible
+    from trainmaster.broker.payment_states import sentence
+
+    out = console()
+    out.print(f"[yellow]{len(pending)} payment(s) charged but not sent yet[/yellow] (the TAO column counts them):",
+              highlight=False)
+    for p in pending:
+        line = f"{p.job_id} #{p.attempt_id.rsplit('.', 1)[-1]}: {sentence(p, _when)}"
+        out.print(Padding(Text(visible(line), overflow="fold"), (0, 0, 0, 2)))
 
 
 def _spend_table(rows: list, by: str | None):
@@ -169,7 +198,7 @@ def policy_check(
     from trainmaster.broker.policy import load_policy
     from trainmaster.jobs.yamlfile import FileError
 
-    if not file.is_file():
+    if not file.exists():  # anything else that is there (a FIFO, a folder) is refused for what it is, unread
         fail(f"{file}: no such file", USAGE)
     try:
         checked = load_policy(file)

@@ -31,15 +31,20 @@ def _ended(state: str) -> bool:
 
 
 def _policy(policy: str) -> str:
-    """A policy file is named by its absolute path (the daemon runs elsewhere); a policy name as it is."""
-    return str(Path(policy).resolve()) if Path(policy).is_file() else policy
+    """A policy file is named by its absolute path, resolved here, in the caller's folder (the daemon runs
+    elsewhere, and never looks in its own); a policy name as it is (broker/policy.py `names_a_file`)."""
+    from trainmaster.jobs.userfile import is_regular_file
+
+    if "/" in policy or policy.endswith((".yaml", ".yml")) or is_regular_file(policy):
+        return str(Path(policy).absolute())
+    return policy
 
 
 def submit(daemon: Daemon, spec: Path, policy: str, *, wait: bool, on_submitted: Callable,
            on_log: Callable[[str], None] | None):
     from trainmaster.broker.cli.settled import left_out
 
-    answer = daemon.call("POST", "/v1/jobs", {"spec": str(spec.resolve()), "policy": _policy(policy)})
+    answer = daemon.call("POST", "/v1/jobs", {"spec": str(spec.absolute()), "policy": _policy(policy)})
     settled = _settled()
     on_submitted(settled.store.job(answer["id"]), left_out(settled, answer["id"]))
     return settled, _waited(daemon, settled, answer["id"], wait, on_log)

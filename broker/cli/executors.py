@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
 def ls(
     as_json: bool = JSON_OPT,
     lifted: bool = typer.Option(False, "--lifted", help="Also list bans that were lifted."),
+    wide: bool = typer.Option(False, "--wide", help="Every column whole, however wide the lines."),
 ) -> None:
     """List every executor that ran an attempt (accepted, rejected, failed) and every ban."""
     records, bans = guarded(lambda: _read(lifted))
@@ -38,23 +39,31 @@ def ls(
         print(json.dumps({"executors": [{**r.__dict__, "attempts": r.attempts} for r in records],
                           "bans": [{**b.__dict__, "active": b.active} for b in bans]}, indent=2))
         return
-    from rich.table import Table
+    from rich.text import Text
+
+    from trainmaster.broker.cli.fitted import Column, Fitted
+    from trainmaster.broker.cli.safe_text import visible
 
     out = console()
     banned = {b.key for b in bans if b.active}
-    table = Table("hotkey", "coldkey", "accepted", "rejected", "failed", "banned", box=None)
+    table = Fitted([Column("hotkey", 0, least=13), Column("coldkey", 2, least=13), Column("accepted", 1, right=True),
+                    Column("rejected", 1, right=True), Column("failed", 1, right=True), Column("banned", 0)])
     for r in records:
         is_banned = r.hotkey in banned or (r.coldkey is not None and r.coldkey in banned)
-        table.add_row(escape(r.hotkey), escape(r.coldkey or "—"), str(r.accepted), str(r.rejected), str(r.failed),
-                      "[red]yes[/red]" if is_banned else "no")
-    out.print(table if records else "no executor has run an attempt yet")
-    if bans:
-        shown = Table("banned", "kind", "since", "by", "reason", box=None)
+        table.add_row(visible(r.hotkey), visible(r.coldkey or "—"), str(r.accepted), str(r.rejected), str(r.failed),
+                      Text("yes", style="red") if is_banned else "no")
+    if records:
+        table.print(out, wide=wide)
+    else:
+        out.print("no executor has run an attempt yet")
+    if bans:  # the reason below each ban, folded to the width: never one word a line
+        shown = Fitted([Column("banned", 0, least=13), Column("kind", 1), Column("since", 2), Column("by", 1, least=8)],
+                       title="Bans")
         for b in bans:
             since = datetime.fromtimestamp(b.at, timezone.utc).strftime("%Y-%m-%d %H:%M")
-            shown.add_row(escape(b.key), b.kind, since + ("" if b.active else " (lifted)"),
-                          b.by + (f" ({b.job_id})" if b.job_id else ""), escape(b.reason))
-        out.print(shown)
+            shown.add_row(visible(b.key), b.kind, since + ("" if b.active else " (lifted)"),
+                          visible(b.by + (f" ({b.job_id})" if b.job_id else "")), note=visible(b.reason))
+        shown.print(out, wide=wide)
 
 
 def ban(
@@ -65,6 +74,13 @@ def ban(
     """Ban an executor's hotkey (or, with --coldkey, its owner) from every later job."""
     if not key.strip():
         fail("empty key: give the hotkey or coldkey to ban", USAGE)
+    from trainmaster.backends.bittensor.config import checked_ss58
+
+    try:  # as backends.yaml checks a miner's keys: the checksum too, so a typo bans nobody silently
+        checked_ss58(key.strip())
+    except ValueError as exc:
+        fail(str(exc), USAGE)
+    key = key.strip()
     kind = "coldkey" if coldkey else "hotkey"
     added = guarded(lambda: _executors().ban(kind, key, reason=reason, by="user"))
     console().print(f"{kind} {escape(key)} {'banned' if added else 'was already banned'}", highlight=False)

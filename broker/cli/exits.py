@@ -54,6 +54,7 @@ FAILURES = (
     ("trainmaster.broker.service", "NothingToDo", "", USAGE),
     ("trainmaster.backends.base", "BackendError", "", USAGE),
     ("builtins", "OSError", "", USAGE),
+    ("sqlite3", "OperationalError", "the state database: ", USAGE),  # a full disk, above all: never a traceback
 )
 
 

@@ -15,6 +15,8 @@ from trainmaster.broker.cli import calls
 from trainmaster.broker.cli.exits import BAD, OK, USAGE, console, escape, fail, guarded
 
 JSON_OPT = typer.Option(False, "--json", help="Machine-readable output.")
+RECENT_S = 24 * 3600
+"""`ls` without --all lists the jobs that ended within this many seconds beside the unfinished ones."""
 
 
 def register(app: typer.Typer) -> None:
@@ -49,6 +51,7 @@ def submit(
     wait: bool = typer.Option(False, "--wait", "-w", help="Wait for the job to finish, streaming its logs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check, bundle and plan, then print the plan; submit nothing."),
     as_json: bool = JSON_OPT,
+    wide: bool = typer.Option(False, "--wide", help="With --dry-run: every column of the plan whole."),
 ) -> None:
     """Submit a job: check the spec, pick an offer by the policy, and start it."""
     from trainmaster.broker.cli import render
@@ -59,7 +62,7 @@ def submit(
         if as_json:
             print(json.dumps(render.prepared_json(prepared), indent=2))
         else:
-            render.print_prepared(console(), prepared)
+            render.print_prepared(console(), prepared, wide=wide)
         raise typer.Exit(BAD if prepared.budget else OK)
 
     started: list = []
@@ -121,29 +124,40 @@ def status(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
     """Show a job: its state, attempts, cost and where its outputs are."""
     from trainmaster.broker.cli import render
 
-    broker, job = guarded(lambda: calls.status(job_id))
+    notes: list[str] = []
+    broker, job = guarded(lambda: calls.status(job_id, on_note=notes.append))
     if as_json:
         print(json.dumps(render.job_json(broker, job, events=True), indent=2))
     else:
         render.print_job(console(), broker, job, events=True)
-    raise typer.Exit(BAD if job.state in ("failed", "cancelled") else OK)
+    for note in notes:  # it could not be brought up to date, for a reason on our side: shown as last recorded
+        console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(USAGE if notes else BAD if job.state in ("failed", "cancelled") else OK)
 
 
 def list_jobs(
     all_: bool = typer.Option(False, "--all", "-a", help="Include finished jobs."),
     limit: int = typer.Option(50, min=0, help="At most this many jobs (0: all of them)."),
     as_json: bool = JSON_OPT,
+    wide: bool = typer.Option(False, "--wide", help="Every column whole, however wide the lines."),
 ) -> None:
-    """List jobs, newest first (unfinished ones unless --all)."""
-    from trainmaster.broker import states
+    """List jobs, newest first: unfinished ones and those that ended in the last 24 hours (every job with --all)."""
+    import time
+
     from trainmaster.broker.cli import render
 
-    wanted = None if all_ else set(states.JOB_TRANSITIONS) - states.JOB_ENDS
-    broker, jobs = guarded(lambda: calls.list_jobs(wanted, limit or -1))  # -1: no limit (Store.jobs)
+    notes: list[str] = []
+    since = None if all_ else time.time() - RECENT_S
+    broker, jobs = guarded(lambda: calls.list_jobs(None, limit or -1, on_note=notes.append,  # -1: no limit
+                                                   ended_since=since))
     if as_json:
         print(json.dumps([render.job_json(broker, j) for j in jobs], indent=2))
     else:
-        render.print_jobs(console(), broker, jobs)
+        render.print_jobs(console(), broker, jobs, recent_only=not all_, wide=wide)
+    for note in notes:
+        console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
+    if notes:
+        raise typer.Exit(USAGE)
 
 
 def logs(

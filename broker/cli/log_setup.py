@@ -18,7 +18,7 @@ import os
 LEVEL_ENV = "TRAINMASTER_LOG_LEVEL"
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 STYLES = {logging.CRITICAL: "bold red", logging.ERROR: "red", logging.WARNING: "yellow"}
-LIBRARIES = ("aiohttp", "botocore", "boto3", "bittensor", "urllib3", "asyncio")
+LIBRARIES = ("aiohttp", "botocore", "boto3", "bittensor", "urllib3", "asyncio", "ray")
 
 
 class RichStderr(logging.Handler):
@@ -38,7 +38,7 @@ class RichStderr(logging.Handler):
             from rich.text import Text
 
             label = Text(f"{record.levelname.lower()}:", style=STYLES.get(record.levelno, "dim"))
-            self._console.print(label, self.format(record), highlight=False, soft_wrap=True)
+            self._console.print(label, self.format(record), highlight=False, markup=False)  # folded to the width
         except Exception:  # noqa: BLE001 — logging must never break the command; Python's own handlers do this
             self.handleError(record)
 
@@ -53,6 +53,7 @@ def level_for(verbose: bool, environ: dict[str, str] | os._Environ = os.environ)
 
 def configure(verbose: bool = False) -> None:
     """Set levels and the one stderr handler; idempotent (each command of one process calls it)."""
+    _own_warnings()
     level = level_for(verbose)
     logging.getLogger("trainmaster").setLevel(level)
     for name in LIBRARIES:
@@ -64,3 +65,48 @@ def configure(verbose: bool = False) -> None:
     if named and named.lower() not in LEVELS:
         logging.getLogger("trainmaster").warning("%s=%s is not one of %s; logging warnings", LEVEL_ENV, named,
                                                  ", ".join(LEVELS))
+
+
+_SHOWN: set[str] = set()
+_STALE: list = []
+_ORIGINAL_SHOW = None
+
+
+def _own_warnings() -> None:
+    """trainmaster's own warnings as clean `warning: …` lines, each at most once per command, never with Python's
+    file, line and source: the stale price catalogs (StaleCatalogWarning, raised each time a catalog loads) are
+    gathered and said in one line as the command ends. Other libraries' warnings are shown as Python shows them."""
+    global _ORIGINAL_SHOW
+    import warnings
+
+    if _ORIGINAL_SHOW is not None:
+        return
+    _ORIGINAL_SHOW = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not getattr(category, "__module__", "").startswith("trainmaster."):
+            return _ORIGINAL_SHOW(message, category, filename, lineno, file, line)
+        if category.__name__ == "StaleCatalogWarning" and hasattr(message, "path"):
+            if not _STALE:
+                import atexit
+
+                atexit.register(_say_stale)
+            _STALE.append(message)
+            return None
+        text = str(message)
+        if text not in _SHOWN:
+            _SHOWN.add(text)
+            logging.getLogger("trainmaster").warning("%s", text)
+        return None
+
+    warnings.showwarning = show
+    warnings.filterwarnings("always", module="trainmaster")  # shown (once, above) however often it is raised
+
+
+def _say_stale() -> None:
+    import sys
+
+    load = sys.modules.get("trainmaster.backends.catalog.load")
+    if load is None or not _STALE:
+        return
+    logging.getLogger("trainmaster").warning("%s", load.stale_summary(_STALE))

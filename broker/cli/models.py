@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
 def ls(
     model: str = typer.Argument(None, help="Only this registered model."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    wide: bool = typer.Option(False, "--wide", help="Every column whole, however wide the lines."),
 ) -> None:
     """Every accepted job's promotion: its model and version, the gate's decision (and why it failed), its
     metrics and cost; the production version marked."""
@@ -33,7 +34,7 @@ def ls(
     if as_json:
         print(json.dumps(rows, indent=2, sort_keys=True))
         return
-    _table(rows)
+    _table(rows, wide)
 
 
 def promote(
@@ -97,21 +98,26 @@ def _rows(model: str | None) -> list[dict]:
             for p in promotions]
 
 
-def _table(rows: list[dict]) -> None:
-    from rich.table import Table
+def _table(rows: list[dict], wide: bool = False) -> None:
+    """The promotions, laid out to the terminal's width (broker/cli/fitted.py): the gate's reasons and a failed
+    promotion's error below the row."""
+    from trainmaster.broker.cli.fitted import Column, Fitted
+    from trainmaster.broker.cli.safe_text import visible
+    from trainmaster.jobs.money import display_usd
 
     out = console()
     if not rows:
         out.print("no accepted job has been recorded yet")
         return
-    table = Table("model", "version", "job", "state", "gate", "metrics", "cost")
+    table = Fitted([Column("model", 0, least=10, whole_first=True), Column("version", 0),
+                    Column("job", 1, least=12, whole_first=True), Column("state", 1),
+                    Column("gate", 2), Column("cost", 1, right=True), Column("metrics", 3, least=16)])
     for row in rows:
         version = (row["version"] or "-") + (" (production)" if row["production"] else "")
-        gate = row["gate"] or "-"
-        if row["gate_reasons"]:
-            gate += ": " + "; ".join(row["gate_reasons"])
-        state = row["state"] + (f": {row['error']}" if row["error"] else "")
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(row["metrics"].items()))
-        table.add_row(escape(row["model"] or "-"), version, escape(row["job_id"]), escape(state), escape(gate),
-                      escape(metrics), f"${row['cost_micro_usd'] / 1e6:.2f}")
-    out.print(table)
+        notes = [f"error: {row['error']}" if row["error"] else None,
+                 f"gate: {'; '.join(row['gate_reasons'])}" if row["gate_reasons"] else None]
+        table.add_row(visible(row["model"] or "-"), visible(version), visible(row["job_id"]), visible(row["state"]),
+                      visible(row["gate"] or "-"), display_usd(row["cost_micro_usd"] or 0), visible(metrics),
+                      note=[visible(n) for n in notes if n])
+    table.print(out, wide=wide)

@@ -23,13 +23,15 @@ def _when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def _verdicts(job, attempts) -> dict:
+def _verdicts(job, attempts, broker_store=None) -> dict:
     """attempt id -> the stored verdict (its JSON) of each attempt that has one (accepted or rejected)."""
     ended = [a for a in attempts if a.state in ("accepted", "rejected")]
     if not ended:
         return {}
     from trainmaster.verify.records import VerdictStore
 
+    if getattr(broker_store, "read_only", False):
+        return {}  # the disk is full (broker/cli/read_only.py): the verdicts' details wait for space
     store = VerdictStore(paths.state_db())
     try:
         verdicts = {a.id: store.latest_evidence(job.id, a.id) for a in ended}
@@ -52,30 +54,39 @@ def _from_verdict(verdict) -> dict:
 
 
 def job_json(broker, job, *, events: bool = False) -> dict:
+    from trainmaster.broker import attempt_view
+
     attempts = broker.store.attempts(job.id)
-    verdicts = _verdicts(job, attempts)
+    verdicts = _verdicts(job, attempts, broker.store)
+    logged = broker.store.events(job.id) if events or any(map(attempt_view.untrusted, attempts)) else []
+    shown = {a.id: attempt_view.times(a, logged) for a in attempts}
     out = {
         "id": job.id, "name": job.name, "workload": job.workload, "project": job.project, "state": job.state,
         "reason": job.reason, "policy": job.policy, "bundle_sha256": job.bundle_sha256, "spec_path": job.spec_path,
         "created_at": job.created_at, "updated_at": job.updated_at,
         "queue_position": broker.store.queue_position(job.id),
-        "cost_micro_usd": sum(a.cost_micro_usd or 0 for a in attempts),
-        "cost_usd": format_usd(sum(a.cost_micro_usd or 0 for a in attempts)),
+        "cost_micro_usd": sum(map(attempt_view.cost, attempts)),
+        "cost_usd": format_usd(sum(map(attempt_view.cost, attempts))),
         "job_dir": str(paths.job_dir(job.id)),
         "outputs_dir": str(paths.job_dir(job.id) / "outputs") if job.state == "accepted" else None,
         "outputs_url": _shared_outputs(broker.store, job.id) if job.state == "accepted" else None,
         "attempts": [
-            {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": a.started_at,
-             "ended_at": a.ended_at, "cost_micro_usd": a.cost_micro_usd, "billable_seconds": a.billable_seconds,
+            {"id": a.id, "backend": a.backend, "state": a.state, "reason": a.reason, "started_at": shown[a.id][0],
+             "ended_at": shown[a.id][1], "cost_micro_usd": attempt_view.cost(a), "billable_seconds": a.billable_seconds,
+             **({"executor_claimed": {"started_at": a.started_at, "ended_at": a.ended_at},
+                 "recorded_micro_usd": a.cost_micro_usd} if attempt_view.untrusted(a) else {}),
              "outputs": [{"path": p, "size": s, "sha256": h} for p, s, h in broker.store.outputs(a.id)],
              **_from_verdict(verdicts.get(a.id))}
             for a in attempts
         ],
     }
+    from trainmaster.broker.payment_states import payment_states
+
+    out["payments"] = [p.to_json() for p in payment_states(broker.store.db, job_id=job.id)]
     if events:
         out["events"] = [
             {"at": e.at, "attempt": e.attempt_id, "kind": e.kind, "from": e.from_state, "to": e.to_state, "detail": e.detail}
-            for e in broker.store.events(job.id)
+            for e in logged
         ]
     return out
 
@@ -95,7 +106,7 @@ def _shared_outputs(store, job_id: str) -> str | None:
 def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     data = job_json(broker, job, events=events)
     console.print(f"[bold]{safe(job.id)}[/bold]  {_state(job.state, data['queue_position'])}  ({safe(job.workload)}, "
-                  f"policy {safe(job.policy)})", highlight=False, soft_wrap=True)
+                  f"policy {safe(job.policy)})", highlight=False, overflow="fold")  # wrapped to the terminal
     if job.reason:
         _print_folded(console, f"reason: {job.reason}")
     console.print(f"  cost: {display_usd(data['cost_micro_usd'])}   bundle: {safe(job.bundle_sha256[:16])}…", highlight=False,
@@ -116,6 +127,7 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     for a in data["attempts"]:  # below the table, folded to the terminal's width: a narrow column would hold a word a line
         if a["reason"] and a["reason"] not in (job.reason or ""):  # the job's reason, printed above, holds it
             _print_folded(console, f"#{a['id'].rsplit('.', 1)[-1]}: {a['reason']}")
+    _print_payments(console, data["payments"])
     for a in data["attempts"]:
         for f in a["outputs"] if a["state"] == "accepted" else []:
             console.print(f"    {safe(f['path'])}  ({f['size']:,} bytes, sha256 {safe(f['sha256'][:12])}…)", highlight=False,
@@ -124,6 +136,18 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
         _print_dropped(console, a["dropped"])
     if events:
         _print_events(console, data, shown={job.reason, *(a["reason"] for a in data["attempts"])} - {None})
+
+
+def _print_payments(console: Console, payments: list[dict]) -> None:
+    """Each payment that moves money: sent (its transfer) or pending (why, and when it is tried next)."""
+    from trainmaster.broker.payment_states import PaymentState, sentence
+
+    for p in payments:
+        if p["state"] == "receipt":
+            continue  # the amount travels in the executor's receipt: nothing of ours to watch
+        state = PaymentState(**{k: v for k, v in p.items() if k != "tao"})
+        line = f"#{p['attempt_id'].rsplit('.', 1)[-1]} {sentence(state, _when)}"
+        _print_folded(console, line, style="yellow" if p["state"] == "pending" else None)
 
 
 LONG_REASON = 40
@@ -172,14 +196,14 @@ def rate_text(detail: dict) -> str:
             f"taken {_when(detail.get('rate_at'))}{stale}")
 
 
-def _print_folded(console: Console, text: str, indent: int = 2) -> None:
+def _print_folded(console: Console, text: str, indent: int = 2, style: str | None = None) -> None:
     """`text` wrapped at word boundaries to the console's width, each of its lines on its own, every line
     indented (a word longer than a line is folded, never cut)."""
     from rich.padding import Padding
     from rich.text import Text
 
     for line in text.split("\n"):  # a reason's own lines stay lines; other control characters are made visible
-        console.print(Padding(Text(visible(line), overflow="fold"), (0, 0, 0, indent)))
+        console.print(Padding(Text(visible(line), overflow="fold", style=style or ""), (0, 0, 0, indent)))
 
 
 def _print_opaque(console: Console, opaque: list[dict]) -> None:
@@ -204,16 +228,24 @@ def _print_dropped(console: Console, dropped: list[str]) -> None:
         console.print(f"    {path}", highlight=False, soft_wrap=True, markup=False)
 
 
-def print_jobs(console: Console, broker, jobs) -> None:
+def print_jobs(console: Console, broker, jobs, *, recent_only: bool = False, wide: bool = False) -> None:
     if not jobs:
-        console.print("no jobs (use --all to include finished ones)")
+        console.print("no jobs running, and none ended in the last 24 hours (--all lists every job)"
+                      if recent_only else "no jobs")
         return
-    table = Table("job", "workload", "state", "created", "cost", box=None)
+    from rich.text import Text
+
+    from trainmaster.broker import attempt_view
+    from trainmaster.broker.cli.fitted import Column, Fitted
+
+    table = Fitted([Column("job", 0, least=12, whole_first=True), Column("workload", 3, least=8), Column("state", 0),
+                    Column("created", 1), Column("cost", 1, right=True)])
     for job in jobs:
-        cost = sum(a.cost_micro_usd or 0 for a in broker.store.attempts(job.id))
-        table.add_row(safe(job.id), safe(job.workload), _state(job.state, broker.store.queue_position(job.id)),
+        cost = sum(map(attempt_view.cost, broker.store.attempts(job.id)))
+        table.add_row(visible(job.id), visible(job.workload),
+                      Text.from_markup(_state(job.state, broker.store.queue_position(job.id))),
                       _when(job.created_at), display_usd(cost))
-    console.print(table)
+    table.print(console, wide=wide)
 
 
 def prepared_json(prepared) -> dict:
@@ -236,22 +268,22 @@ def prepared_json(prepared) -> dict:
     }
 
 
-def print_prepared(console: Console, prepared) -> None:
+def print_prepared(console: Console, prepared, *, wide: bool = False) -> None:
     from trainmaster.broker.cli.plan_table import render_plan  # the planner: only what shows a plan imports it
 
     spec = prepared.loaded.spec
     console.print(f"[bold]{safe(spec.name)}[/bold] ({safe(spec.workload)}) — dry run, nothing submitted", highlight=False,
                   soft_wrap=True)
-    console.print(f"  bundle: {prepared.bundle.sha256} ({prepared.bundle.files} files, {prepared.bundle.size:,} bytes)",
-                  highlight=False)
-    console.print(render_plan(prepared.plan, width=console.width))
+    console.print(f"  bundle: {prepared.bundle.sha256[:16]}… ({prepared.bundle.files} files, {prepared.bundle.size:,} "
+                  "bytes)", highlight=False)
+    render_plan(prepared.plan).print(console, wide=wide)
     for backend, why in prepared.plan.reasons.items():
-        console.print(f"  {safe(backend)}: {safe('; '.join(why))}", highlight=False, soft_wrap=True)
-    console.print(f"  estimate: {safe(prepared.plan.basis)}", highlight=False, soft_wrap=True)
+        console.print(f"  {safe(backend)}: {safe('; '.join(why))}", highlight=False)
+    console.print(f"  estimate: {safe(prepared.plan.basis)}", highlight=False)
     if prepared.start:
-        console.print(f"  start: {safe(prepared.start)}", highlight=False, soft_wrap=True)
+        console.print(f"  start: {safe(prepared.start)}", highlight=False)
     for warning in prepared.warnings:
-        console.print(f"  [yellow]![/yellow] {safe(warning)}", highlight=False, soft_wrap=True)
+        console.print(f"  [yellow]![/yellow] {safe(warning)}", highlight=False)
     if prepared.budget:
         console.print(f"  [red]✘[/red] submit would fail the job: {safe(prepared.budget)}", highlight=False,
                       soft_wrap=True)

@@ -65,7 +65,10 @@ def show(
     if not target.strip():  # Path("") is the current directory: never judge it by accident
         _fail("empty job reference: give a job id, a unique prefix of one, or a directory")
     path = Path(target)
-    if spec is not None and (again or not path.is_dir()):
+    folder, note = path.is_dir() and not again, None
+    if folder:
+        folder, note = _folder_or_job(target)  # a job of that very id wins over the folder of its name
+    if spec is not None and (again or not folder):
         _fail(f"--spec applies to a directory of outputs; {target} is not one (a job's verdict used the job's own spec)")
     if again:
         from trainmaster.broker.cli import calls
@@ -73,18 +76,48 @@ def show(
 
         _, job = guarded(lambda: calls.verify_again(target))
         target = job.id
-    if path.is_dir() and not again:
+    if folder:
         verdict = _check_directory(path, trusted=trusted, spec_path=spec)
     else:
         verdict = _stored_verdict(target)
+    if note:
+        typer.echo(f"note: {note}", err=True)
     if as_json:
         typer.echo(verdict.to_json(), nl=False)
     else:
         _print(verdict)
-        if path.is_dir() and not trusted and "refused from untrusted compute" in " ".join(verdict.reasons):
+        if folder and not trusted and "refused from untrusted compute" in " ".join(verdict.reasons):
             typer.echo("(a folder of unknown origin is judged as untrusted compute's outputs; "
                        "--trusted keeps pickle-capable files opaque instead)")
     raise typer.Exit(verdict.exit_code)
+
+
+def _folder_or_job(target: str) -> tuple[bool, str | None]:
+    """Whether `target`, an existing folder, is checked as that folder, and a note when a job was chosen instead.
+
+    A reference written as a path (`./name`, `../name`, `/abs`, `~/name`, anything with a slash) is the folder. A
+    bare name is a job first: when a job with a verdict has exactly that id, the job wins (the folder `trainmaster
+    outputs JOB` made is named so); when it only starts such a job's id, the command cannot tell and asks; else it is
+    the folder."""
+    if "/" in target or target in (".", "..") or target.startswith("~"):
+        return True, None
+    from trainmaster.broker import paths
+    from trainmaster.verify.records import VerdictStore
+
+    db = paths.state_db()
+    if isinstance(db, Path) and not db.is_file():
+        return True, None
+    store = VerdictStore(db)
+    try:
+        ids = store.matching_jobs(target)
+    finally:
+        store.close()
+    if target in ids:
+        return False, f"{target} is a job and a folder here: showing the job's verdict (write ./{target} for the folder)"
+    if ids:
+        _fail(f"{target!r} is a folder here and the start of job {ids[0]!r}: write ./{target} to check the folder, "
+              "or the job's whole id")
+    return True, None
 
 
 def _stored_verdict(job_ref: str):

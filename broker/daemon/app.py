@@ -15,11 +15,14 @@ from trainmaster.broker.daemon.context import CTX, DaemonContext
 
 log = logging.getLogger("trainmaster.daemon")
 
+MAX_BODY = 1024 * 1024
+"""The largest request body taken (413 above)."""
+
 
 def _given_token(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[len("Bearer "):].strip()
+    scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer":  # auth schemes are case-insensitive (RFC 9110 §11.1)
+        return credentials.strip()
     if request.method == "GET" and request.path == "/dashboard" and "token" in request.query:
         return request.query["token"]  # a browser signing in: answered with the cookie and a redirect (web/dashboard.py)
     return request.cookies.get(token.COOKIE)
@@ -51,11 +54,15 @@ async def errors_as_json(request: web.Request, handler):
         return web.json_response({"error": message}, status=code)
 
 
-def make_app(ctx: DaemonContext) -> web.Application:
+def make_app(ctx: DaemonContext, busy: set | None = None) -> web.Application:
+    """The application; `busy` (broker/daemon/server.py) collects the connections whose request is being
+    answered, so the connection limit closes idle ones only."""
     from trainmaster.broker import paths
+    from trainmaster.broker.daemon.server import busy_middleware
     from trainmaster.broker.daemon.web import add_routes
 
-    app = web.Application(middlewares=[authenticated, errors_as_json])
+    first = [busy_middleware(busy)] if busy is not None else []
+    app = web.Application(middlewares=[*first, authenticated, errors_as_json], client_max_size=MAX_BODY)
     app[CTX] = ctx
     app.add_routes(api.routes)
     add_routes(app, paths.state_db(), budgets=ctx.budgets, lag_source=ctx.trigger_lags)  # /metrics, /dashboard

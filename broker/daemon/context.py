@@ -28,6 +28,29 @@ class DaemonContext:
     """The trigger engine (broker/daemon/triggers/), when `triggers.yaml` names any trigger."""
     api_loop: WorkerLoop | None = None
     """The loop the API's broker was made on and runs on (broker/daemon/worker_loop.py), off the main loop."""
+    roots: Any = None
+    """The folders requests may name files under (broker/daemon/roots.py)."""
+    database: Any = None
+    """Whether the database answers (broker/daemon/database.py `Watch`)."""
+    config: Any = None
+    """The configuration in force and the files' problems (broker/daemon/config_watch.py)."""
+    guard: Any = None
+    """The connection limit (broker/daemon/server.py `Guard`)."""
+    triggers_changed: Any = None
+    """Set (an asyncio.Event) when a reload changed the configuration: the trigger engine is rebuilt."""
+    reload: Callable[[], Awaitable[bool]] | None = None
+    """Read the configuration files again (SIGHUP, `daemon reload`): whether a new set is in force."""
+
+    def problems(self) -> list[str]:
+        """What degrades the daemon now: the database away, configuration files that do not validate."""
+        return [*(self.database.status() if self.database else []), *(self.config.status() if self.config else [])]
+
+    def connections(self) -> dict:
+        """The API's connections: open now, the limit, and how many were closed idle or refused at the limit."""
+        if self.guard is None:
+            return {}
+        return {"open": len(self.guard.server.connections), "limit": self.guard.limit,
+                "closed_idle": self.guard.evicted, "refused": self.guard.refused}
 
     def on_api_broker(self, work: Callable[[Any], Coroutine[Any, Any, T]]) -> Awaitable[T]:
         """`work(api_broker)` run on the API broker's loop: its database calls never hold the main loop up."""

@@ -26,8 +26,8 @@ DESCRIPTION: dict = {
                                    "attempts": {"type": "array", "items": {"type": "object"}},
                                    "events": {"type": "array", "items": {"type": "object"}}}},
             "Submit": {"type": "object", "required": ["spec"], "additionalProperties": False,
-                       "properties": {"spec": {"type": "string", "description": "the job file's path on the "
-                                                                                "daemon's machine"},
+                       "properties": {"spec": {"type": "string", "description": "the job file's absolute path on the "
+                                                                                "daemon's machine, under its roots"},
                                       "policy": {"type": "string", "default": "default"}}},
             "Resume": {"type": "object", "additionalProperties": False,
                        "properties": {"max_hours": {"type": "number"}, "max_usd": {"type": "string"}}},
@@ -35,10 +35,17 @@ DESCRIPTION: dict = {
                          "properties": {"attempt": {"type": "string", "nullable": True}, "text": {"type": "string"},
                                         "next_offset": {"type": "integer"}, "complete": {"type": "boolean"},
                                         "state": {"type": "string"}}},
-            "Health": {"type": "object", "required": ["pid", "address", "uptime_s", "in_flight", "passes"],
+            "Health": {"type": "object", "required": ["pid", "address", "uptime_s", "in_flight", "passes", "status",
+                                                      "problems"],
                        "properties": {"pid": {"type": "integer"}, "address": {"type": "string"},
                                       "uptime_s": {"type": "number"}, "passes": {"type": "integer"},
-                                      "in_flight": {"type": "array", "items": {"type": "string"}}}},
+                                      "in_flight": {"type": "array", "items": {"type": "string"}},
+                                      "status": {"type": "string", "enum": ["ok", "degraded"]},
+                                      "problems": {"type": "array", "items": {"type": "string"},
+                                                   "description": "why it is degraded: the database away, "
+                                                                  "configuration files that do not validate"},
+                                      "connections": {"type": "object", "description": "open, limit, closed_idle, "
+                                                                                       "refused"}}},
         },
     },
     "security": [{"bearer": []}, {"cookie": []}],
@@ -49,9 +56,12 @@ DESCRIPTION: dict = {
         "/v1/jobs": {
             "get": {"summary": "jobs, newest first (unfinished ones unless all=1)",
                     "parameters": [{"name": "all", "in": "query", "schema": {"type": "string", "enum": ["0", "1"]}},
-                                   {"name": "limit", "in": "query", "schema": {"type": "integer", "default": 50}}],
+                                   {"name": "limit", "in": "query", "schema": {"type": "integer", "default": 50,
+                                                                               "minimum": 0, "maximum": 1000},
+                                    "description": "at most this many (0: the most, 1000)"}],
                     "responses": {"200": {"description": "the jobs", "content": {"application/json": {"schema": {
-                        "type": "array", "items": {"$ref": "#/components/schemas/Job"}}}}}, "401": _ERROR}},
+                        "type": "array", "items": {"$ref": "#/components/schemas/Job"}}}}}, "400": _ERROR,
+                                  "401": _ERROR}},
             "post": {"summary": "submit a job file under a policy",
                      "requestBody": {"required": True, "content": {"application/json": {"schema": {
                          "$ref": "#/components/schemas/Submit"}}}},
@@ -61,9 +71,9 @@ DESCRIPTION: dict = {
         "/v1/jobs/{ref}/logs": {"get": {
             "summary": "a chunk of the latest attempt's log", "parameters": [
                 _REF, {"name": "attempt", "in": "query", "schema": {"type": "string"}},
-                {"name": "offset", "in": "query", "schema": {"type": "integer", "default": 0}}],
+                {"name": "offset", "in": "query", "schema": {"type": "integer", "default": 0, "minimum": 0}}],
             "responses": {"200": {"description": "the chunk", "content": {"application/json": {"schema": {
-                "$ref": "#/components/schemas/LogChunk"}}}}, **_FAILS}}},
+                "$ref": "#/components/schemas/LogChunk"}}}}, "400": _ERROR, **_FAILS}}},
         "/v1/jobs/{ref}/cancel": {"post": {"summary": "stop the job and record its cost so far", "parameters": [_REF],
                                            "responses": {"200": _JOB, **_FAILS}}},
         "/v1/jobs/{ref}/resume": {"post": {
@@ -77,6 +87,10 @@ DESCRIPTION: dict = {
             "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": {"200": {"description": "the fire and the job it submitted"}, "404": _ERROR, "409": _ERROR,
                           "401": _ERROR}}},
+        "/v1/reload": {"post": {"summary": "read the configuration files again (as SIGHUP does); a set that does not "
+                                          "validate leaves the one in force and is reported",
+                                "responses": {"200": {"description": "`reloaded` and the files' `problems`"},
+                                              "401": _ERROR, "409": _ERROR}}},
         "/openapi.json": {"get": {"summary": "this description", "responses": {"200": {"description": "OpenAPI 3"}}}},
     },
 }

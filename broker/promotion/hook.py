@@ -5,10 +5,18 @@ the job accepted."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 from trainmaster.broker.promotion.config import MlflowSettings, load_registry
 from trainmaster.broker.promotion.records import UNFINISHED, Promotion, PromotionStore
 from trainmaster.broker.store import Store
 from trainmaster.jobs.yamlfile import FileError
+
+log = logging.getLogger("trainmaster.promotion")
+DOWN_RETRY_S = 120.0
+"""How long a registry found down is left alone before a promotion waiting on it is tried again."""
+_said_down: set[str] = set()
 
 
 def on_accepted(store: Store, job_id: str) -> None:
@@ -28,14 +36,19 @@ def on_accepted(store: Store, job_id: str) -> None:
         own.close()
 
 
-def retry_pending(store: Store) -> None:
-    """Carry on every registration an earlier pass left unfinished (nothing when no registry is configured)."""
+def retry_pending(store: Store, now: float | None = None) -> None:
+    """Carry on every registration an earlier pass left unfinished (nothing when no registry is configured). A
+    registry found down is not asked again for DOWN_RETRY_S (unless its address changed): every later command
+    would otherwise wait on it, each for its timeout."""
     settings, problem = _settings()
     if settings is None and problem is None:
         return
     own, records = Store(store.path), PromotionStore(store.path)
+    now = time.time() if now is None else now
     try:
         for promotion in records.unfinished():
+            if settings is not None and _recently_down(promotion, settings, now):
+                continue
             _advance(own, records, promotion, settings, problem)
     finally:
         records.close()
@@ -65,3 +78,14 @@ def _advance(store: Store, records: PromotionStore, promotion: Promotion, settin
         register_and_gate(store, records, promotion, settings)
     except (RegistryError, BackendError) as exc:
         records.set_error(promotion.lineage.job_id, str(exc))
+        if isinstance(exc, RegistryError) and settings.tracking_uri not in _said_down:
+            _said_down.add(settings.tracking_uri)  # one line per command: what is down, and what waits for it
+            log.warning("the model registry is down (%s): the promotion of %s waits, and is tried again after %s "
+                        "(`trainmaster models ls`)", exc, promotion.lineage.job_id,
+                        time.strftime("%H:%M:%S", time.localtime(time.time() + DOWN_RETRY_S)))
+
+
+def _recently_down(promotion: Promotion, settings: MlflowSettings, now: float) -> bool:
+    """Whether the promotion's last try found this very registry down less than DOWN_RETRY_S ago."""
+    return (promotion.error is not None and f"MLflow at {settings.tracking_uri}," in promotion.error
+            and now - promotion.updated_at < DOWN_RETRY_S)

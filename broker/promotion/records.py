@@ -82,6 +82,8 @@ class Promotion:
     gate_reasons: list[str]
     error: str | None
     recorded_at: float
+    updated_at: float = 0.0
+    """When the promotion last moved or failed (its error recorded)."""
 
 
 @dataclass(frozen=True)
@@ -182,4 +184,4 @@ def _promotion(row) -> Promotion:
     return Promotion(lineage=lineage, model_name=row["model_name"], state=row["state"], run_id=row["run_id"],
                      version=row["version"], gate=row["gate"],
                      gate_reasons=json.loads(row["gate_reasons_json"] or "[]"), error=row["error"],
-                     recorded_at=row["recorded_at"])
+                     recorded_at=row["recorded_at"], updated_at=row["updated_at"])

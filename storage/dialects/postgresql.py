@@ -57,43 +57,98 @@ def _row_class(names: tuple[str, ...]) -> type[Row]:
 
 
 class Connection:
-    """An autocommit psycopg connection (transactions are explicit) speaking the SQL of SQLite's interface."""
+    """An autocommit psycopg connection (transactions are explicit) speaking the SQL of SQLite's interface.
+
+    A connection the server dropped (a restart, `pg_terminate_backend`, a network cut) is opened again on its next
+    use, so a long-lived holder (the daemon's store, ledger, leases) comes back with the server. The statement
+    that met the break is retried on the new session only when that is safe: a read or a `BEGIN` outside a
+    transaction. A write's outcome is unknown (it may have committed), and a transaction's earlier statements
+    died with the session, so those raise `OperationalError`, and so does every statement of that transaction
+    until its `ROLLBACK` (the caller's `statedb.immediate` sends it): the caller's pass fails and is done again,
+    whole. A server still away raises `OperationalError` at once (`connect_timeout` bounds an unanswered connect)."""
 
     def __init__(self, url: str):
-        import psycopg
-
         self.location = url
-        try:
-            self._db = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
-        except psycopg.Error as exc:
-            raise _translated(exc) from None
-        self._db.adapters.register_loader("numeric", _numeric_loader())
+        self.reconnects = 0
+        """How many times the session was opened again after the server dropped it."""
+        self._tx_open = False
+        self._closed = False
+        self._db = _open(url)
 
     @property
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
-        return self._db.info.transaction_status != TransactionStatus.IDLE
+        if self._db.closed:
+            return self._tx_open
+        return self._tx_open or self._db.info.transaction_status != TransactionStatus.IDLE
 
     def execute(self, sql: str, params: Sequence[Any] = ()):
         """Run `sql` with its `?` parameters; without any, as written (several statements may then be sent at once)."""
-        return self._run(lambda cursor: cursor.execute(_sql(sql), params) if params else cursor.execute(sql))
+        word = sql.lstrip()[:8].upper()
+        if word.startswith(("ROLLBACK", "COMMIT")) and self._db.closed and not self._closed:
+            self._tx_open = False  # the session died: its transaction went with it, there is nothing to end
+            if word.startswith("COMMIT"):
+                raise sqlite3.OperationalError("the connection to the database was lost before the commit")
+            return None
+        cursor = self._run(lambda cursor: cursor.execute(_sql(sql), params) if params else cursor.execute(sql),
+                           retry=word.startswith(("SELECT", "BEGIN")))
+        if word.startswith("BEGIN"):
+            self._tx_open = True
+        elif word.startswith(("ROLLBACK", "COMMIT")):
+            self._tx_open = False
+        return cursor
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]):
-        return self._run(lambda cursor: cursor.executemany(_sql(sql), list(rows)))
+        return self._run(lambda cursor: cursor.executemany(_sql(sql), list(rows)), retry=False)
 
-    def _run(self, call):
+    def _run(self, call, *, retry: bool):
         import psycopg
 
-        cursor = self._db.cursor()
+        retry = retry and not self._tx_open
+        cursor = self._session().cursor()
         try:
             call(cursor)
         except psycopg.Error as exc:
-            raise _translated(exc) from exc
+            if not (retry and self._db.closed and not self._closed):
+                raise _translated(exc) from exc
+            cursor = self._session().cursor()  # the session had died: once more on a new one (a read, or BEGIN)
+            try:
+                call(cursor)
+            except psycopg.Error as again:
+                raise _translated(again) from again
         return cursor
 
+    def _session(self):
+        """The live session: opened again when the server dropped it (never inside a transaction)."""
+        if not self._db.closed or self._closed:
+            return self._db
+        if self._tx_open:
+            raise sqlite3.OperationalError("the connection to the database was lost inside a transaction; "
+                                           "the transaction is rolled back")
+        self._db = _open(self.location)
+        self.reconnects += 1
+        return self._db
+
     def close(self) -> None:
+        self._closed = True
         self._db.close()
+
+
+CONNECT_TIMEOUT_S = 10
+"""How long opening a session may wait for an unanswered server (a refused one fails at once)."""
+
+
+def _open(url: str):
+    """A new autocommit session on the server at `url`; its error as the storage layer's."""
+    import psycopg
+
+    try:
+        db = psycopg.connect(url, autocommit=True, row_factory=_row_factory, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.Error as exc:
+        raise _translated(exc) from None
+    db.adapters.register_loader("numeric", _numeric_loader())
+    return db
 
 
 Connection.dialect = sys.modules[__name__]

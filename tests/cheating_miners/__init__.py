@@ -10,9 +10,14 @@ last state, `freeze` inflates Adam's second moments at a segment boundary so tra
 miner (miners.py): `wrong_key` signs its commitment with another hotkey, `replay` sends the broker's signed
 dispatch again (to itself and to the miner named by CHEATING_REPLAY_TO), `silent` never answers a challenge,
 `vanish` is gone (killed) once its run has committed, `cut` drops the connection halfway through each
-output's first download, `bad_hash` serves outputs whose bytes differ from the sha256 it announced.
+output's first download, `bad_hash` serves outputs whose bytes differ from the sha256 it announced, `huge` announces
+its model as 10 TB, `trickle` serves its outputs a byte a second, `short` serves every output 100 bytes short in a
+well-formed answer, `short_range` answers a resume with less than its Content-Range, `mute` never answers again after
+the dispatch, `overrun` says it runs forever, `escapes` paints terminal escapes into its log and claims to have
+started 100 hours ago.
 process.py starts one from a test.
 """
 
-KINDS = ("skip_half", "freeze", "reuse", "wrong_key", "replay", "silent", "vanish", "cut", "bad_hash")
+KINDS = ("skip_half", "freeze", "reuse", "wrong_key", "replay", "silent", "vanish", "cut", "bad_hash", "huge", "trickle",
+         "short", "short_range", "mute", "overrun", "escapes")
 TRAINING = ("skip_half", "freeze", "reuse")

@@ -28,6 +28,8 @@ REPLAY_TO_ENV = "CHEATING_REPLAY_TO"
 REPLAYS = "replays.jsonl"
 """Where in its home the `replay` cheat notes each replay and its answer: {"to", "status", "error"}."""
 CUT_LOG = "cut.log"
+SHORT_LOG = "short.log"
+"""Where in its home the `short` cheat notes each short answer it gave (one line per request)."""
 """Where in its home the `cut` cheat notes each output whose download it cut."""
 STASH = "stash"
 """Where in its home the `reuse` cheat keeps the first run it made."""
@@ -143,6 +145,117 @@ class BadHash(Miner):
         return web.Response(body=bytes(data), content_type="application/octet-stream")
 
 
+class Huge(Miner):
+    """Runs honestly, then announces its model as 10 TB (an attacker filling the broker's disk)."""
+
+    async def outputs(self, request: web.Request) -> web.Response:
+        answer = json.loads((await super().outputs(request)).text)
+        for f in answer["files"]:
+            if f["path"].endswith(".safetensors"):
+                f["size"] = 10 * 10**12
+        return web.json_response(answer)
+
+
+class Trickle(Miner):
+    """Runs honestly, then serves its outputs one byte a second (the whole answer announced, never refused)."""
+
+    async def output_file(self, request: web.Request) -> web.StreamResponse:
+        root = files.real_dir(_workdir(self._attempt(request)), "outputs")
+        found = root and files.regular_file(root, request.match_info["path"])
+        if found is None:
+            return await super().output_file(request)
+        data = found.read_bytes()
+        start = _start(request)
+        response = web.StreamResponse(status=206 if "Range" in request.headers else 200)
+        if response.status == 206:
+            response.headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        response.content_length, response.content_type = len(data) - start, "application/octet-stream"
+        await response.prepare(request)
+        for i in range(start, len(data)):
+            await response.write(data[i:i + 1])
+            await asyncio.sleep(1.0)
+        return response
+
+
+class Short(Miner):
+    """Runs honestly, then serves every output 100 bytes short in a well-formed answer (its Content-Length says
+    so): a network fault to a broker that only counts bytes, every time it asks."""
+
+    async def output_file(self, request: web.Request) -> web.StreamResponse:
+        root = files.real_dir(_workdir(self._attempt(request)), "outputs")
+        found = root and files.regular_file(root, request.match_info["path"])
+        if found is None:
+            return await super().output_file(request)
+        data = found.read_bytes()
+        start = _start(request)
+        body = data[start:max(start, len(data) - 100)]
+        headers = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"} if "Range" in request.headers else {}
+        with open(self.home / SHORT_LOG, "a") as f:
+            f.write(request.match_info["path"] + "\n")
+        return web.Response(body=body, status=206 if headers else 200, headers=headers,
+                            content_type="application/octet-stream")
+
+
+class ShortRange(Cutting):
+    """Cuts each output's first download halfway, then answers the resume with a body shorter than the
+    Content-Range it announces (its Content-Length agreeing with the short body)."""
+
+    async def output_file(self, request: web.Request) -> web.StreamResponse:
+        if not _resumed(request):
+            return await super().output_file(request)
+        root = files.real_dir(_workdir(self._attempt(request)), "outputs")
+        found = root and files.regular_file(root, request.match_info["path"])
+        data = found.read_bytes()
+        start = _start(request)
+        return web.Response(body=data[start:-10], status=206, content_type="application/octet-stream",
+                            headers={"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"})
+
+
+class Mute(Miner):
+    """Takes the dispatch, runs it, and from then on never answers how it goes (every status and log call hangs)."""
+
+    async def status(self, request: web.Request) -> web.Response:
+        self._attempt(request)
+        await asyncio.Event().wait()
+
+    async def logs(self, request: web.Request) -> web.Response:
+        self._attempt(request)
+        await asyncio.Event().wait()
+
+
+class Overrun(Miner):
+    """Says its run is still running, forever (past the quote's hours and the job's max_hours)."""
+
+    async def status(self, request: web.Request) -> web.Response:
+        answer = json.loads((await super().status(request)).text)
+        answer.update({"phase": "running", "cause": None, "reason": None, "exit_code": None, "ended_at": None})
+        return web.json_response(answer)
+
+
+class Escapes(Miner):
+    """Runs honestly, but paints over the broker's terminal: its log carries a window title, a screen clear and
+    a fake verdict, and its status a claimed start 100 hours in the past."""
+
+    PAINT = "\x1b]0;PWNED\x07\x1b[2J\x1b[Hverdict: accepted\r\x1b[31mpaid\x1b[0m\n"
+
+    async def logs(self, request: web.Request) -> web.Response:
+        answer = json.loads((await super().logs(request)).text)
+        if answer["offset"] == 0 and answer["text"]:
+            answer["text"] = self.PAINT + answer["text"]
+        return web.json_response(answer)
+
+    async def status(self, request: web.Request) -> web.Response:
+        answer = json.loads((await super().status(request)).text)
+        if answer.get("started_at"):
+            answer["started_at"] -= 100 * 3600
+        return web.json_response(answer)
+
+
+def _start(request: web.Request) -> int:
+    asked = request.headers.get("Range", "bytes=0-").strip()
+    return int(asked.removeprefix("bytes=").split("-")[0] or 0)
+
+
 def _resumed(request: web.Request) -> bool:
     """Whether the download asks for the file from a byte other than the first."""
     return request.headers.get("Range", "bytes=0-").strip() != "bytes=0-"
@@ -150,4 +263,5 @@ def _resumed(request: web.Request) -> bool:
 
 CHEATS: dict[str, type[Miner]] = {"wrong_key": WrongKey, "replay": Replaying, "silent": Silent, "vanish": Vanishing,
                                   "cut": Cutting,
-                                  "bad_hash": BadHash}
+                                  "bad_hash": BadHash, "huge": Huge, "trickle": Trickle, "short": Short,
+                                  "short_range": ShortRange, "mute": Mute, "overrun": Overrun, "escapes": Escapes}

@@ -1,17 +1,24 @@
 """A test-side runner that plays SageMaker for the training jobs moto holds (tests/clouds/aws_server.py).
 
-For each job created `InProgress/Starting` it does what SageMaker does: downloads the `bundle` channel, restores
-the checkpoint LocalPath from CheckpointConfig.S3Uri, starts `python -m trainmaster.jobs.launcher` once per
-instance with SageMaker's variables (SM_CHANNEL_BUNDLE, SM_MODEL_DIR, SM_HOSTS, SM_CURRENT_HOST, MASTER_PORT)
-and `TRAINMASTER_OPT_ML` pointing at a temporary /opt/ml, mirrors node 0's checkpoint folder to the S3Uri while
-it runs (every 0.2 s, and once more at the end), and sets the job's state: Training, then Completed (the model
-folder tarred to `<S3OutputPath>/<job>/output/model.tar.gz`) or Failed with the launcher's exit code, with
-BillableTimeInSeconds and TrainingTimeInSeconds. A stop request (`Stopping`) terminates the instances (Stopped).
+For each job created `InProgress/Starting` it does what SageMaker does with a ContainerEntrypoint, and nothing
+more: it pulls the image (only the test image, clouds/container.py, under the names the backend uses: another
+is refused, FailureReason saying so), gives every instance (algo-1, algo-2, …) its own /opt/ml
+(clouds/namespace.py: the real paths, in a mount namespace) with input/config/resourceconfig.json (`hosts`,
+`current_host`, `network_interface_name`) and inputdataconfig.json, each channel's objects under
+input/data/<channel>/, the checkpoint LocalPath restored from CheckpointConfig.S3Uri, model/ and output/; starts
+the ContainerEntrypoint as given with the image's base environment, TRAINING_JOB_NAME, TRAINING_JOB_ARN and the
+request's Environment (no SM_* variables: those come from the sagemaker-training toolkit, which an entrypoint
+bypasses); mirrors each instance's checkpoint folder to the S3Uri while it runs (every 0.2 s, and once more at
+the end; files removed are deleted there too) and sets the job's state: Training, then Completed (the model
+folder tarred to `<S3OutputPath>/<job>/output/model.tar.gz`) or Failed with /opt/ml/output/failure as the
+FailureReason (`AlgorithmError: …`), with BillableTimeInSeconds and TrainingTimeInSeconds. A stop request
+(`Stopping`) sends the instances SIGTERM (Stopped).
 
 `interrupt` plays a managed-spot interruption of the next job: once the synced checkpoints hold a segment, the
 instances are killed (`Interrupted`); with "restart", after a pause the job starts again from the checkpoints
 restored from S3, as SageMaker does (the pause is not billed, so BillableTimeInSeconds < TrainingTimeInSeconds);
 with "end" the job ends `Stopped/Interrupted` (the broker sees it preempted and resumes it in a new attempt).
+`started` records, per job, when its first container started (the benchmark's submit-to-start time).
 """
 
 from __future__ import annotations
@@ -22,9 +29,7 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
-import sys
 import tarfile
 import threading
 import time
@@ -32,16 +37,11 @@ from pathlib import Path
 
 from process_tree import kill_tree
 
-from clouds.aws_server import MotoAws, set_training_status, training_job, training_jobs
+from clouds.aws_server import REGION, MotoAws, set_training_status, training_job, training_jobs
+from clouds.namespace import in_instance
 
 SYNC_S = 0.2
-RESTART_PAUSE_S = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+RESTART_PAUSE_S = 2.0
 
 
 def split(uri: str) -> tuple[str, str]:
@@ -49,12 +49,22 @@ def split(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+def images() -> set[str]:
+    """The image names the test image answers to: the test image and the backend's default ones (py311)."""
+    from trainmaster.backends.aws.backend import IMAGE as DEFAULT
+
+    from clouds.container import IMAGE
+
+    return {IMAGE} | {DEFAULT.format(region=REGION, device=device) for device in ("cpu", "gpu")}
+
+
 class SageMakerRunner:
-    def __init__(self, aws: MotoAws, root: Path):
-        self.s3, self.root = aws.client("s3"), root
+    def __init__(self, aws: MotoAws, root: Path, container):
+        self.s3, self.root, self.container = aws.client("s3"), root, container
         self.interrupt: str | None = None
         self.played: dict[str, threading.Thread] = {}
         self.launches: dict[str, int] = {}
+        self.started: dict[str, float] = {}
         self._done = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True)
 
@@ -81,11 +91,16 @@ class SageMakerRunner:
         began, billable = time.time(), 0.0
         interrupt, self.interrupt = self.interrupt, None
         set_training_status(name, "InProgress", "Downloading")
+        if job.algorithm_specification["TrainingImage"] not in images():
+            set_training_status(name, "Failed", failure_reason="ClientError: the training image "
+                                f"{job.algorithm_specification['TrainingImage']} cannot be pulled",
+                                TrainingEndTime=datetime.datetime.now(datetime.timezone.utc))
+            return
         while True:
             set_training_status(name, "InProgress", "Training",
                                 TrainingStartTime=datetime.datetime.fromtimestamp(began, datetime.timezone.utc))
             start = time.time()
-            codes, why = self.launch(job, interrupt=interrupt is not None)
+            codes, why, failure = self.launch(job, interrupt=interrupt is not None)
             billable += time.time() - start
             if why != "interrupted" or interrupt == "end":
                 break
@@ -101,53 +116,68 @@ class SageMakerRunner:
             set_training_status(name, "Stopped", "Interrupted", **times)
         elif any(codes):
             code = next(c for c in codes if c)
-            set_training_status(name, "Failed", failure_reason=f"AlgorithmError: the launcher exited with code {code}",
-                                **times)
+            said = failure or f", exit code: {code}"
+            set_training_status(name, "Failed", failure_reason=f"AlgorithmError: {said}", **times)
         else:
             self._upload_model(job)
             set_training_status(name, "Completed", **times)
 
-    def launch(self, job, *, interrupt: bool) -> tuple[list[int], str]:
-        """Run the instances once; their exit codes and how the run ended (exited, stopped, interrupted)."""
-        run = self.launches[job.training_job_name] = self.launches.get(job.training_job_name, 0) + 1
+    def launch(self, job, *, interrupt: bool) -> tuple[list[int], str, str | None]:
+        """Run the instances once; their exit codes, how the run ended (exited, stopped, interrupted) and the first
+        instance's /opt/ml/output/failure."""
+        name = job.training_job_name
+        run = self.launches[name] = self.launches.get(name, 0) + 1
         count = job.resource_config["InstanceCount"]
-        hosts = ["localhost", "127.0.0.1"][:count] if count <= 2 else [f"algo-{i + 1}" for i in range(count)]
+        hosts = [f"algo-{i + 1}" for i in range(count)]
         sync_uri = job.checkpoint_config["S3Uri"]
-        homes = [self.root / job.training_job_name / f"run{run}" / f"host{i}" for i in range(count)]
-        bundle_uri = next(c for c in job.input_data_config if c["ChannelName"] == "bundle")["DataSource"][
-            "S3DataSource"]["S3Uri"]
-        for home in homes:
-            self._download(bundle_uri, home / "input" / "data" / "bundle")
-        self._download(sync_uri, homes[0] / "checkpoints")
-        port = free_port()
-        procs = [self._start(job, home, hosts, host, port) for home, host in zip(homes, hosts)]
-        mirror = Mirror(self.s3, homes[0] / "checkpoints", sync_uri)
+        homes = [self.root / name / f"run{run}" / host for host in hosts]
+        channels = {c["ChannelName"]: c for c in job.input_data_config}
+        for home, host in zip(homes, hosts):
+            config = home / "input" / "config"
+            config.mkdir(parents=True)
+            (config / "resourceconfig.json").write_text(json.dumps(
+                {"current_host": host, "current_instance_type": job.resource_config["InstanceType"],
+                 "current_group_name": "homogeneousCluster", "hosts": hosts, "network_interface_name": "eth0",
+                 "instance_groups": [{"instance_group_name": "homogeneousCluster", "hosts": hosts,
+                                      "instance_type": job.resource_config["InstanceType"]}]}))
+            (config / "inputdataconfig.json").write_text(json.dumps(
+                {channel: {"TrainingInputMode": c.get("InputMode", "File"), "S3DistributionType": "FullyReplicated",
+                           "RecordWrapperType": "None"} for channel, c in channels.items()}))
+            for channel, c in channels.items():
+                self._download(c["DataSource"]["S3DataSource"]["S3Uri"], home / "input" / "data" / channel)
+            for folder in ("model", "output", "checkpoints"):
+                (home / folder).mkdir(exist_ok=True)
+            self._download(sync_uri, home / "checkpoints")
+        self.started.setdefault(name, time.time())
+        procs = [self._start(job, home, hosts) for home in homes]
+        mirrors = [Mirror(self.s3, home / "checkpoints", sync_uri) for home in homes]
         why = "exited"
         while any(p.poll() is None for p in procs):
-            mirror.sync()
-            if training_job(job.training_job_name).training_job_status == "Stopping" and why == "exited":
+            for mirror in mirrors:
+                mirror.sync()
+            if training_job(name).training_job_status == "Stopping" and why == "exited":
                 why = "stopped"
                 for proc in procs:
                     _signal(proc, signal.SIGTERM)
-            if interrupt and why == "exited" and mirror.holds_segment():
+            if interrupt and why == "exited" and mirrors[0].holds_segment():
                 why = "interrupted"
                 for proc in procs:
                     kill_tree(proc)  # the machine goes: the launcher and the job it started
             time.sleep(SYNC_S)
         if why != "interrupted":  # a killed instance gets no last sync
-            mirror.sync()
-        return [p.wait() for p in procs], why
+            for mirror in mirrors:
+                mirror.sync()
+        failure = next((f.read_text()[:1024] for f in (h / "output" / "failure" for h in homes) if f.is_file()), None)
+        return [p.wait() for p in procs], why, failure
 
-    def _start(self, job, home: Path, hosts: list[str], host: str, port: int) -> subprocess.Popen:
-        env = {**os.environ, **job.environment, "TRAINMASTER_OPT_ML": str(home),
-               "SM_CHANNEL_BUNDLE": str(home / "input" / "data" / "bundle"), "SM_MODEL_DIR": str(home / "model"),
-               "SM_HOSTS": json.dumps(hosts), "SM_CURRENT_HOST": host, "MASTER_PORT": str(port)}
-        (home / "model").mkdir(parents=True, exist_ok=True)
-        log = open(home / "container.log", "wb")
-        argv = job.algorithm_specification["ContainerEntrypoint"]
-        argv = [sys.executable, *argv[1:]] if argv[0] == "python" else argv
-        return subprocess.Popen(argv, env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    def _start(self, job, home: Path, hosts: list[str]) -> subprocess.Popen:
+        env = {**self.container.env(home.parent / f"{home.name}-scratch"),
+               "TRAINING_JOB_NAME": job.training_job_name, "TRAINING_JOB_ARN": job.arn,
+               **(job.environment or {})}
+        argv = self.container.argv(job.algorithm_specification["ContainerEntrypoint"])
+        log = open(home.parent / f"{home.name}.log", "wb")
+        return subprocess.Popen(in_instance(argv, home, hosts), env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _download(self, uri: str, folder: Path) -> None:
         """Every object under the S3 prefix into `folder`, by its path below the prefix (a single object by name)."""
@@ -161,7 +191,7 @@ class SageMakerRunner:
 
     def _upload_model(self, job) -> None:
         run = self.launches[job.training_job_name]
-        model = self.root / job.training_job_name / f"run{run}" / "host0" / "model"
+        model = self.root / job.training_job_name / f"run{run}" / "algo-1" / "model"
         data = io.BytesIO()
         with tarfile.open(fileobj=data, mode="w:gz") as tar:
             tar.add(model, arcname=".")
@@ -171,28 +201,38 @@ class SageMakerRunner:
 
 
 class Mirror:
-    """Uploads the files of a local folder that changed since the last sync to an S3 prefix (SageMaker's
-    checkpoint sync, which goes one way while the job runs)."""
+    """Uploads the files of a local folder that changed since the last sync to an S3 prefix, and deletes there the
+    ones removed (SageMaker's checkpoint sync, which goes one way while the job runs)."""
 
     def __init__(self, s3, folder: Path, uri: str):
         self.s3, self.folder = s3, folder
         self.bucket, self.prefix = split(uri)
         self.seen: dict[Path, tuple[int, int]] = {}
+        for path in (p for p in folder.rglob("*") if p.is_file()):  # restored from the prefix: already there
+            stat = path.stat()
+            self.seen[path] = (stat.st_size, stat.st_mtime_ns)
 
     def sync(self) -> None:
+        here = set()
         for path in sorted(p for p in self.folder.rglob("*") if p.is_file()):
             try:
                 stat = path.stat()
             except FileNotFoundError:  # renamed away while we looked (an atomic write)
                 continue
+            here.add(path)
             if self.seen.get(path) == (stat.st_size, stat.st_mtime_ns):
                 continue
             self.seen[path] = (stat.st_size, stat.st_mtime_ns)
-            key = self.prefix.rstrip("/") + "/" + path.relative_to(self.folder).as_posix()
             try:
-                self.s3.put_object(Bucket=self.bucket, Key=key, Body=path.read_bytes())
+                self.s3.put_object(Bucket=self.bucket, Key=self._key(path), Body=path.read_bytes())
             except FileNotFoundError:
                 self.seen.pop(path)
+        for gone in set(self.seen) - here:
+            del self.seen[gone]
+            self.s3.delete_object(Bucket=self.bucket, Key=self._key(gone))
+
+    def _key(self, path: Path) -> str:
+        return self.prefix.rstrip("/") + "/" + path.relative_to(self.folder).as_posix()
 
     def holds_segment(self) -> bool:
         return any(self.folder.glob("checkpoints/segments/*/manifest.json"))

@@ -5,7 +5,8 @@ name and has no StopTrainingJob. The patch below (imported before the server sta
 `InProgress/Starting` with no start or end time, keeps what moto drops, refuses a duplicate name
 (`ResourceInUse`) and stops a running job (`Stopping`). Nothing advances a job by itself: the test, or the
 runner playing SageMaker (tests/clouds/aws_runner.py), sets its state with `set_training_status`. `fail_next`
-makes the next calls of an action answer an error (throttling, a 5xx, a capacity refusal).
+makes the next calls of an action answer an error (throttling, a 5xx, a capacity refusal). Every request is
+first checked against the services' own rules (clouds/rules_aws.py): one SageMaker or S3 would refuse is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from moto.sagemaker.exceptions import ResourceInUseException, ValidationError
 from moto.sagemaker.models import sagemaker_backends
 from moto.sagemaker.responses import SageMakerResponse
 from moto.server import ThreadedMotoServer
+
+from clouds import rules_aws
 
 REGION = "us-east-1"
 BUCKET = "tm-test-bucket"
@@ -87,6 +90,7 @@ def _stop(self):
 SageMakerResponse.create_training_job = _create
 SageMakerResponse.describe_training_job = _describe
 SageMakerResponse.stop_training_job = _stop
+rules_aws.install()  # every SageMaker and S3 request checked against the services' own rules
 
 
 def training_job(name: str):

@@ -1,27 +1,36 @@
 """Plays Azure ML for the tests: each job the fake holds, once created, runs as Azure ML would run it.
 
-For every new job it downloads the `bundle` input from Azurite (AZURE_ML_INPUT_bundle), mounts the `sync`
-output as a local folder (its blobs restored first, as a mount shows them; AZURE_ML_OUTPUT_sync) mirrored back
-to Azurite every 0.2 s and once more at the end, and starts `python -m trainmaster.jobs.launcher` once per
-instance (NODE_RANK, MASTER_ADDR, MASTER_PORT of its PyTorch distribution) with the job's variables and the
-test's PYTHONPATH. It sets the job's status (Running, then Completed or Failed with the exit code, start and end
-times), stops it when cancelled, and can preempt a spot job (kill its instances) once its synced folder holds a
-given checkpoint segment. Refusing capacity and throttling are the fake's `faults`.
+For every new job it does what the service does, and nothing more: it pulls the job's environment image (only the
+test image, clouds/container.py; another fails the job), resolves the job's datastore URIs through the
+workspace's datastores (azureml://datastores/<name>/paths/<path> → that datastore's Azurite container),
+downloads the `download` inputs (AZURE_ML_INPUT_<name>), mounts the `rw_mount` outputs (AZURE_ML_OUTPUT_<name>:
+a local folder showing the blobs already there, whose files reach Azurite when they are closed,
+clouds/object_mount.py), and runs the job's own `command` with bash, as written, its ${{inputs.<name>}} and
+${{outputs.<name>}} replaced by those paths, once per instance, with the image's base environment, the job's
+environment variables and, under a PyTorch distribution, MASTER_ADDR, MASTER_PORT, NODE_RANK, WORLD_SIZE and
+RANK (one process per instance). It moves the job's status as the service does (Queued, Running, then
+Completed, Failed or Canceled; systemData.lastModifiedAt moving with each), stops it when cancelled, and can
+preempt a spot job (kill its instances) once its synced folder in the store holds a given checkpoint segment.
+Refusing capacity and throttling are the fake's `faults`. `started` records, per job, when its first instance
+started (the benchmark's submit-to-start time).
 """
 
 from __future__ import annotations
 
-import os
+import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from clouds.azure_server import AzureServers
+from clouds.container import IMAGE
+from clouds.object_mount import ObjectMount
 
-MIRROR_S = 0.2
+POLL_S = 0.2
+DATASTORE = re.compile(r"azureml://datastores/(?P<name>[^/]+)/paths/(?P<path>.+)")
+BINDING = re.compile(r"\$\{\{(inputs|outputs)\.([A-Za-z0-9_]+)\}\}")
 
 
 def free_port() -> int:
@@ -31,15 +40,16 @@ def free_port() -> int:
 
 
 class AzureMLRunner:
-    def __init__(self, servers: AzureServers, workdir: Path):
+    def __init__(self, servers: AzureServers, workdir: Path, container):
         from azure.storage.blob import BlobServiceClient
 
-        self.servers, self.workdir = servers, workdir
+        self.servers, self.workdir, self.container = servers, workdir, container
         self.blobs = BlobServiceClient.from_connection_string(servers.azurite.connection_string)
         self.played: dict[str, threading.Thread] = {}
         self.preempt_at_segment: int | None = None
         """Preempt the next spot job once its synced folder holds this checkpoint segment (then cleared)."""
         self.exit_codes: dict[str, list[int]] = {}
+        self.started: dict[str, float] = {}
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_jobs, daemon=True, name="azureml-runner")
 
@@ -61,34 +71,57 @@ class AzureMLRunner:
                     self.played[name].start()
             time.sleep(0.05)
 
-    def _blob_path(self, url: str) -> tuple[str, str]:
-        """(container, blob name) of an Azurite blob URL."""
-        container, _, name = url[len(self.servers.azurite.url) + 1:].partition("/")
-        return container, name
+    def _container_of(self, uri: str):
+        """(container client, blob path) of a datastore URI."""
+        match = DATASTORE.fullmatch(uri)
+        container = self.servers.fake.datastores[match["name"]]
+        return self.blobs.get_container_client(container), match["path"]
+
+    def _download(self, uri: str, target: Path, kind: str) -> Path:
+        client, path = self._container_of(uri)
+        if kind == "uri_file":
+            target.mkdir(parents=True, exist_ok=True)
+            local = target / path.rsplit("/", 1)[-1]
+            local.write_bytes(client.get_blob_client(path).download_blob().readall())
+            return local
+        prefix = path.rstrip("/") + "/"
+        for blob in client.list_blobs(name_starts_with=prefix):
+            local = target / blob.name[len(prefix):]
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes(client.get_blob_client(blob.name).download_blob().readall())
+        target.mkdir(parents=True, exist_ok=True)
+        return target
 
     def _play(self, name: str) -> None:
         fake, props = self.servers.fake, self.servers.fake.properties(name)
+        if fake.image(name) != IMAGE:
+            fake.set_status(name, "Failed")  # the image cannot be pulled
+            return
         root = self.workdir / name
-        sync = root / "sync"
-        sync.mkdir(parents=True)
-        bundle = root / "inputs" / "bundle.tar"
-        bundle.parent.mkdir()
-        container, key = self._blob_path(props["inputs"]["bundle"]["uri"])
-        bundle.write_bytes(self.blobs.get_blob_client(container, key).download_blob().readall())
-        sync_container, sync_prefix = self._blob_path(props["outputs"]["sync"]["uri"])
-        mirror = Mirror(self.blobs.get_container_client(sync_container), sync_prefix, sync)
-        mirror.restore()
-        fake.set_status(name, "Running", start=time.time())
-        procs = self._start(props, bundle, sync, root)
-        preempt_at, spot = self.preempt_at_segment, props["queueSettings"]["jobTier"] == "Spot"
+        paths, mounts = {}, []
+        fake.set_status(name, "Queued")
+        for input_name, given in props.get("inputs", {}).items():
+            paths[("inputs", input_name)] = self._download(given["uri"], root / "inputs" / input_name,
+                                                           given["jobInputType"])
+        for output_name, given in props.get("outputs", {}).items():
+            local = self._download(given["uri"], root / "outputs" / output_name, "uri_folder")
+            client, path = self._container_of(given["uri"])
+            prefix = path.rstrip("/") + "/"
+            mounts.append(ObjectMount(
+                local, upload=lambda rel, file, c=client, p=prefix: c.get_blob_client(p + rel).upload_blob(
+                    file.read_bytes(), overwrite=True),
+                delete=lambda rel, c=client, p=prefix: _delete(c, p + rel), service="azureml", rename_dirs=True))
+            paths[("outputs", output_name)] = local
+        fake.set_status(name, "Running")
+        self.started.setdefault(name, time.time())
+        procs = self._start(props, paths, root)
+        preempt_at, spot = self.preempt_at_segment, (props.get("queueSettings") or {}).get("jobTier") == "Spot"
         outcome = None
         while outcome is None:
-            time.sleep(MIRROR_S)
-            mirror.push()
+            time.sleep(POLL_S)
             if props["status"] == "CancelRequested":
                 outcome = "Canceled"
-            elif spot and preempt_at is not None and (sync / "checkpoints" / "segments" / f"{preempt_at:08d}" /
-                                                      "manifest.json").exists():
+            elif spot and preempt_at is not None and self._holds_segment(props, preempt_at):
                 self.preempt_at_segment, outcome = None, "Preempted"
             elif all(p.poll() is not None for p in procs):
                 outcome = "Ended"
@@ -97,58 +130,44 @@ class AzureMLRunner:
                 p.kill()
         codes = [p.wait() for p in procs]
         self.exit_codes[name] = codes
-        if outcome != "Preempted":  # a preempted node's last writes never reach the store
-            mirror.push()
-        end = time.time()
+        for mount in mounts:
+            mount.settle()
+            mount.close()
         if outcome == "Canceled":
-            fake.set_status(name, "Canceled", end=end)
-        elif outcome == "Preempted":
-            fake.set_status(name, "Failed", error="The low priority node was preempted (spot eviction)", end=end)
-        elif any(codes):
-            fake.set_status(name, "Failed", error=f"Execution failed. User process 'python' exited with status "
-                                                   f"code {next(c for c in codes if c)}.", end=end)
+            fake.set_status(name, "Canceled")
+        elif outcome == "Preempted" or any(codes):
+            fake.set_status(name, "Failed")  # the job resource says no more: no error text
         else:
-            fake.set_status(name, "Completed", end=end)
+            fake.set_status(name, "Completed")
 
-    def _start(self, props: dict, bundle: Path, sync: Path, root: Path) -> list[subprocess.Popen]:
+    def _holds_segment(self, props: dict, segment: int) -> bool:
+        """The synced output in the store holds the segment's manifest (what a preemption waits for)."""
+        client, path = self._container_of(props["outputs"]["sync"]["uri"])
+        wanted = f"{path.rstrip('/')}/checkpoints/segments/{segment:08d}/manifest.json"
+        return client.get_blob_client(wanted).exists()
+
+    def _start(self, props: dict, paths: dict, root: Path) -> list[subprocess.Popen]:
         count, port = props["resources"]["instanceCount"], free_port()
+        command = BINDING.sub(lambda m: str(paths[(m.group(1), m.group(2))]), props["command"])
         procs = []
         for rank in range(count):
-            env = {**os.environ, **props["environmentVariables"], "AZURE_ML_INPUT_bundle": str(bundle),
-                   "AZURE_ML_OUTPUT_sync": str(sync)}
-            if "distribution" in props:
-                env.update(NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             node = root / f"node{rank}"
-            node.mkdir()
+            env = {**self.container.env(node), **(props.get("environmentVariables") or {}),
+                   **{f"AZURE_ML_{kind.upper()[:-1]}_{name}": str(path) for (kind, name), path in paths.items()},
+                   "AZUREML_RUN_ID": root.name}
+            if "distribution" in props:
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank), RANK=str(rank),
+                           WORLD_SIZE=str(count))
             with open(root / f"node{rank}.log", "wb") as log:
-                procs.append(subprocess.Popen([sys.executable, "-m", "trainmaster.jobs.launcher"], env=env, cwd=node,
-                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                procs.append(subprocess.Popen(["bash", "-c", command], env=env, cwd=node, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
         return procs
 
 
-class Mirror:
-    """A local folder kept in step with a blob prefix, as Azure ML's read-write mount keeps it."""
+def _delete(client, name: str) -> None:
+    from azure.core.exceptions import ResourceNotFoundError
 
-    def __init__(self, container, prefix: str, folder: Path):
-        self.container, self.prefix, self.folder = container, prefix, folder
-        self.sent: dict[str, tuple[int, int]] = {}
-
-    def restore(self) -> None:
-        for blob in self.container.list_blobs(name_starts_with=self.prefix):
-            path = self.folder / blob.name[len(self.prefix):]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(self.container.get_blob_client(blob.name).download_blob().readall())
-            self.sent[str(path)] = (path.stat().st_size, path.stat().st_mtime_ns)
-
-    def push(self) -> None:
-        for path in sorted(self.folder.rglob("*")):
-            try:
-                stamp = (path.stat().st_size, path.stat().st_mtime_ns)
-                if not path.is_file() or self.sent.get(str(path)) == stamp:
-                    continue
-                data = path.read_bytes()
-            except FileNotFoundError:  # replaced while listed: the next push sends it
-                continue
-            key = self.prefix + path.relative_to(self.folder).as_posix()
-            self.container.get_blob_client(key).upload_blob(data, overwrite=True)
-            self.sent[str(path)] = stamp
+    try:
+        client.get_blob_client(name).delete_blob()
+    except ResourceNotFoundError:
+        pass

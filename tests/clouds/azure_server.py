@@ -1,6 +1,13 @@
 """Azure on 127.0.0.1 for the tests: a strict fake of the Azure ML REST API (the routes MLClient calls, over
 HTTPS with a throw-away certificate) and Azurite (the Blob service, a node subprocess), both started once per
-session (`start_azure`). Jobs never move by themselves: the test or its runner (azure_runner.py) sets them."""
+session (`start_azure`). Jobs never move by themselves: the test or its runner (azure_runner.py) sets them.
+
+Every request is checked against Azure ML's REST rules first (clouds/rules_azureml.py: names, the command job's
+properties, input and output types, modes and URIs, the datastores the workspace has); one the service would
+refuse is answered 400 UserError and recorded (clouds/checked.py). A job resource holds what the REST API's
+JobBase documents and nothing the fake invents: its properties as sent, `status`, `services` (Studio and
+Tracking), and `systemData` (createdAt, lastModifiedAt: changed with each status). No start or end time and no
+error text: the job resource has none."""
 
 from __future__ import annotations
 
@@ -16,16 +23,13 @@ from pathlib import Path
 from aiohttp import web
 from served_app import ServedApp
 
+from clouds import checked, rules_azureml
+
 WS = "/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices/workspaces/{ws}"
 RP = "Microsoft.MachineLearningServices/workspaces"
 AZURITE = Path(__file__).resolve().parents[1] / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 ACCOUNT = "devstoreaccount1"
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-JOB_FIELDS = {"jobType", "command", "computeId", "environmentId", "environmentVariables", "queueSettings",
-              "experimentName", "displayName", "inputs", "outputs", "resources", "distribution", "limits", "tags",
-              "properties", "isArchived", "services", "description", "codeId", "identity", "notificationSetting",
-              "parentJobName", "componentId"}
-"""What a command job PUT may carry (the SDK's RestCommandJob fields trainmaster leaves out are allowed absent)."""
 
 
 def _err(status: int, code: str, message: str) -> web.Response:
@@ -39,15 +43,20 @@ def _now() -> str:
 
 
 class FakeAzureML:
-    """Jobs by name, as Azure ML's job resources; a log of every request; hooks to refuse or throttle."""
+    """Jobs by name, as Azure ML's job resources; the workspace's datastores and environments; a log of every
+    request; hooks to refuse or throttle."""
 
     def __init__(self):
         self.jobs: dict[str, dict] = {}
+        self.datastores: dict[str, str] = {}
+        """The workspace's datastores: name -> the Blob container it names (the user's one-time set-up)."""
+        self.environments: dict[str, str] = {}
+        """Environment version ARM path -> its image."""
         self.log: list[tuple[str, str, str]] = []
         self.faults: list[tuple[str, int, str, str]] = []
         """(method, status, code, message): the next job request of that method is answered so, one each."""
         self.refusing: str | None = None
-        """When set, every job creation is refused with this capacity message (a 400, as Azure ML answers)."""
+        """When set, every job creation is refused with this message (a 400, as Azure ML answers a quota)."""
         self.app = web.Application(middlewares=[self._mw])
         r = self.app.router
         r.add_put(WS + "/jobs/{name}", self.put_job)
@@ -61,6 +70,7 @@ class FakeAzureML:
         self.jobs.clear()
         self.log.clear()
         self.faults.clear()
+        self.datastores.clear()
         self.refusing = None
 
     @web.middleware
@@ -70,6 +80,14 @@ class FakeAzureML:
         if fault:
             self.faults.remove(fault)
             return _err(*fault[1:])
+        operation = getattr(handler, "__name__", "")
+        if operation in ("get_job", "cancel_job"):
+            found = rules_azureml.name_problems("job", req.match_info["name"])
+            checked.record("azureml", operation, found)
+            if found:
+                return _err(400, "UserError", "; ".join(found))
+        elif operation == "op_status":
+            checked.record("azureml", operation, [])
         return await handler(req)
 
     async def unknown(self, req):
@@ -80,20 +98,24 @@ class FakeAzureML:
 
     async def put_job(self, req):
         name, body = req.match_info["name"], await req.json()
-        props = body.get("properties", {})
-        unknown = set(body) - {"properties"} or set(props) - JOB_FIELDS
-        if unknown:
-            return _err(400, "UserError", f"unknown fields {sorted(unknown)}")
-        if props.get("jobType") != "Command" or not props.get("command") or not props.get("environmentId"):
-            return _err(400, "UserError", "a command job needs jobType Command, a command and an environment")
+        found = rules_azureml.job_problems(name, body, set(self.datastores))
+        checked.record("azureml", "put_job", found)
+        if found:
+            return _err(400, "UserError", "; ".join(found))
+        props = body["properties"]
         if self.refusing:
             return _err(400, "UserError", self.refusing)
         if name in self.jobs:
             return _err(409, "Conflict", f"job {name} already exists")
         props["status"] = "NotStarted"
-        props["services"] = {"Studio": {"endpoint": f"https://ml.azure.com/runs/{name}", "jobServiceType": "Studio"}}
+        props["services"] = {"Studio": {"endpoint": f"https://ml.azure.com/runs/{name}", "jobServiceType": "Studio"},
+                             "Tracking": {"endpoint": "azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/…",
+                                          "jobServiceType": "Tracking"}}
+        now = _now()
         self.jobs[name] = {"id": req.path, "name": name, "type": f"{RP}/jobs", "properties": props,
-                           "systemData": {"createdAt": _now(), "createdBy": "fake", "createdByType": "User"}}
+                           "systemData": {"createdAt": now, "createdBy": "fake", "createdByType": "User",
+                                          "lastModifiedAt": now, "lastModifiedBy": "fake",
+                                          "lastModifiedByType": "User"}}
         return web.json_response(self.jobs[name], status=201)
 
     async def get_job(self, req):
@@ -104,33 +126,35 @@ class FakeAzureML:
         job = self.jobs.get(req.match_info["name"])
         if job is None:
             return _err(404, "UserError", "job not found")
-        job["properties"]["status"] = "CancelRequested"
+        self.set_status(req.match_info["name"], "CancelRequested")
         loc = f"{req.scheme}://{req.host}/operations/{uuid.uuid4().hex}"
         return web.Response(status=202, headers={"Location": loc, "Retry-After": "0"})
 
     async def put_environment(self, req):
-        props = (await req.json()).get("properties", {})
-        unknown = set(props) - {"image", "isAnonymous", "isArchived", "osType", "description", "tags", "properties"}
-        if unknown or not props.get("image"):
-            return _err(400, "UserError", f"an environment needs an image; unknown fields {sorted(unknown)}")
-        m = req.match_info
+        m, body = req.match_info, await req.json()
+        found = rules_azureml.environment_problems(m["aname"], m["ver"], body)
+        checked.record("azureml", "put_environment", found)
+        if found:
+            return _err(400, "UserError", "; ".join(found))
+        props = body["properties"]
+        self.environments[req.path] = props["image"]
         return web.json_response({"id": req.path, "name": m["ver"], "type": f"{RP}/environments/versions",
                                   "properties": props}, status=201)
 
-    def set_status(self, name: str, status: str, error: str | None = None, start: float | None = None,
-                   end: float | None = None) -> None:
-        """Test hook: the job's status, its failure text and its start/end times (Unix time)."""
-        props = self.jobs[name]["properties"]
-        props["status"] = status
-        extra = props.setdefault("properties", {})
-        if error:
-            extra["Error"] = error
-        for key, value in (("StartTimeUtc", start), ("EndTimeUtc", end)):
-            if value is not None:
-                extra[key] = datetime.datetime.fromtimestamp(value, datetime.timezone.utc).isoformat()
+    def set_status(self, name: str, status: str) -> None:
+        """Test hook: the job's status, as the service changes it (systemData.lastModifiedAt moves with it)."""
+        job = self.jobs[name]
+        job["properties"]["status"] = status
+        job["systemData"]["lastModifiedAt"] = _now()
 
     def properties(self, name: str) -> dict:
         return self.jobs[name]["properties"]
+
+    def image(self, name: str) -> str | None:
+        """The image of the job's environment (its environmentId names a version this workspace holds)."""
+        environment = self.jobs[name]["properties"]["environmentId"]
+        return next((image for path, image in self.environments.items()
+                     if environment.lower().endswith(path.lower())), None)
 
 
 def make_cert(folder: Path) -> tuple[str, ssl.SSLContext]:

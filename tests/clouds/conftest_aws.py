@@ -19,6 +19,24 @@ def moto_aws():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def test_image():
+    """The image the runner starts containers from: torch and numpy, no trainmaster (clouds/container.py)."""
+    from clouds.container import shared
+
+    return shared()
+
+
+@pytest.fixture(autouse=True)
+def _requests_keep_the_rules():
+    """Fails the test when a request broke SageMaker's or S3's rules (clouds/rules_aws.py)."""
+    from clouds import checked
+
+    start = checked.mark()
+    yield
+    checked.assert_clean(start)
+
+
 @pytest.fixture
 def aws(moto_aws, monkeypatch):
     """moto, empty, with the bucket; fake keys only (nothing can reach AWS)."""
@@ -39,4 +57,4 @@ def aws_config(aws):
     from trainmaster.backends.aws.config import AwsConfig
 
     return AwsConfig(endpoint_url=aws.endpoint, region=REGION, s3_bucket=BUCKET, sagemaker_role_arn=ROLE,
-                     multipart_mb=5, poll_s=0.1, setup="")
+                     multipart_mb=5, poll_s=0.1)

@@ -8,6 +8,25 @@ import uuid
 import pytest
 
 from clouds.azure_server import start_azure
+from clouds.container import IMAGE
+
+
+@pytest.fixture(scope="session")
+def test_image():
+    """The image the runner starts containers from: torch and numpy, no trainmaster (clouds/container.py)."""
+    from clouds.container import shared
+
+    return shared()
+
+
+@pytest.fixture(autouse=True)
+def _requests_keep_the_rules():
+    """Fails the test when a request broke the service's own rules (clouds/checked.py)."""
+    from clouds import checked
+
+    start = checked.mark()
+    yield
+    checked.assert_clean(start)
 
 
 @pytest.fixture(scope="session")
@@ -30,5 +49,7 @@ def azure(azure_servers, monkeypatch):
 def azure_config(azure):
     from trainmaster.backends.azure.config import AzureConfig
 
-    return AzureConfig(resource_group="rg", workspace="ws", container=f"c{uuid.uuid4().hex[:12]}",
-                       credential="clouds.azure_credential:fake", poll_s=0.1, setup="", block_mb=1)
+    container = f"c{uuid.uuid4().hex[:12]}"
+    azure.fake.datastores["trainmaster_store"] = container  # the user's one-time set-up: a datastore for it
+    return AzureConfig(resource_group="rg", workspace="ws", container=container, datastore="trainmaster_store",
+                       credential="clouds.azure_credential:fake", poll_s=0.1, block_mb=1, image=IMAGE)

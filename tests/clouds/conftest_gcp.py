@@ -9,6 +9,24 @@ from clouds import gcp_server
 
 
 @pytest.fixture(scope="session")
+def test_image():
+    """The image the runner starts containers from: torch and numpy, no trainmaster (clouds/container.py)."""
+    from clouds.container import shared
+
+    return shared()
+
+
+@pytest.fixture(autouse=True)
+def _requests_keep_the_rules():
+    """Fails the test when a request broke the service's own rules (clouds/checked.py)."""
+    from clouds import checked
+
+    start = checked.mark()
+    yield
+    checked.assert_clean(start)
+
+
+@pytest.fixture(scope="session")
 def gcp_servers():
     servers = gcp_server.start()
     yield servers

@@ -1,14 +1,20 @@
 """A test-side runner that plays Vertex AI for the CustomJobs FakeVertex holds (FakeVertex never runs anything).
 
-For each new PENDING job it does what Vertex would: it mounts the bucket (a temp folder as `/gcs`, named by
-TRAINMASTER_GCS_MOUNT, holding what the job reads: the bundle and what the attempt's `checkpoints/` already
-holds), sets AIP_CHECKPOINT_DIR / AIP_MODEL_DIR under the job's base output directory and, for several
-replicas, CLUSTER_SPEC (workerpool0 at 127.0.0.1, workerpool1 at localhost), starts one
-`python -m trainmaster.jobs.launcher` per replica with the job's container env, mirrors the attempt's folders
-from the mount to the bucket every 0.2 s and once more at the end (what the FUSE mount does; files renamed away
-are deleted), and sets the job's state: RUNNING, then SUCCEEDED or FAILED with the exit code in the error
-(Vertex's words), run time as the billable time. It can preempt (kill the replicas once a checkpoint segment is
-written, then FAILED with a preemption error) and it stops the replicas of a job being cancelled (then CANCELLED).
+For each new PENDING job it does what Vertex does, and nothing more: it pulls the image (only the test image,
+clouds/container.py; another fails the job as an image Vertex cannot pull), mounts the staging bucket as
+Cloud Storage FUSE does (a local folder standing for /gcs/<bucket>: every object of the staging prefix but other
+attempts' folders is there when the container starts; the attempt's folder behaves as the mount does,
+clouds/object_mount.py: a file reaches the bucket when it is closed, a directory rename is refused), and starts
+the container's command as given, once per replica, with the image's base environment, the container's `env`,
+AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR (gs:// URIs under the job's base output directory)
+and, for several replicas, CLUSTER_SPEC (workerpool0 at 127.0.0.1, workerpool1 at localhost). /gcs cannot be
+made on this machine, so the mount's folder is elsewhere: the command's /gcs/ paths are rewritten to it and the
+launcher is told with TRAINMASTER_GCS_MOUNT (the one relocation; the launcher knows /gcs as the default).
+
+It sets the job's state: RUNNING, then SUCCEEDED or FAILED with the exit code in the error (Vertex's words), run
+time as the billable time. It can preempt (SIGTERM to the replicas once a checkpoint segment reached the bucket,
+then FAILED with a preemption error) and it stops the replicas of a job being cancelled (then CANCELLED).
+`started` records, per job, when its first container started (the benchmark's submit-to-start time).
 """
 
 from __future__ import annotations
@@ -17,25 +23,28 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
+from clouds.container import IMAGE
 from clouds.gcp_server import BUCKET
+from clouds.object_mount import ObjectMount
 
-MIRROR_S = 0.2
 PREEMPTED = "The job was preempted: a Spot VM of workerpool0 was reclaimed by Compute Engine."
+POLL_S = 0.2
 
 
 class VertexRunner:
-    def __init__(self, servers, root: Path, env: dict[str, str]):
-        self.servers, self.fake, self.root, self.env = servers, servers.vertex, root, env
+    def __init__(self, servers, root: Path, container):
+        self.servers, self.fake, self.root, self.container = servers, servers.vertex, root, container
         self.preempt = 0
         """How many of the next jobs to preempt, each once its synced folder holds a checkpoint segment."""
         self.played: dict[str, list[int]] = {}
         """Job resource name -> its replicas' exit codes (empty while they run, or when preempted)."""
         self.cluster_specs: list[dict] = []
+        self.started: dict[str, float] = {}
+        self.mounts: dict[str, ObjectMount] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._bucket = servers.storage_client().bucket(BUCKET)
@@ -62,36 +71,45 @@ class VertexRunner:
         job = self.fake.jobs[name]
         pools = job.job_spec.worker_pool_specs
         container = pools[0].container_spec
+        if container.image_uri != IMAGE:
+            self.fake.set_state(name, "JOB_STATE_FAILED", code=5, error=f"Unable to pull the image {container.image_uri}")
+            return
         env = {e.name: e.value for e in container.env}
         base = job.job_spec.base_output_directory.output_uri_prefix
         folder = self.root / name.rsplit("/", 1)[1]
         mount = folder / "gcs"
-        self._pull(json.loads(env["TRAINMASTER_LAUNCH"])["bundle"], mount)
-        for blob in self._bucket.client.list_blobs(self._bucket, prefix=_key(base + "checkpoints/")):
-            self._pull(f"gs://{self._bucket.name}/{blob.name}", mount)
+        attempt = _key(base)
+        self._pull(attempt, mount)
+        local = mount / BUCKET / attempt
+        local.mkdir(parents=True, exist_ok=True)
+        fuse = self.mounts[name] = ObjectMount(
+            local, upload=lambda rel, path: self._bucket.blob(attempt + rel).upload_from_filename(str(path)),
+            delete=lambda rel: _delete(self._bucket, attempt + rel), service="vertex")
         replicas = sum(p.replica_count for p in pools)
         self.fake.set_state(name, "JOB_STATE_RUNNING")
+        self.started.setdefault(name, time.time())
         procs = [self._start(container, env, base, mount, folder, rank, replicas) for rank in range(replicas)]
         preempt = self.preempt > 0
         if preempt:
             self.preempt -= 1
-        mirror = _Mirror(self._bucket, mount, base)
-        while any(p.poll() is None for p in procs):
-            mirror.once()
-            if self.fake.jobs[name].state.name == "JOB_STATE_CANCELLING":
-                _signal(procs, signal.SIGTERM)
-                _wait(procs)
-                mirror.once()
-                self.fake.set_state(name, "JOB_STATE_CANCELLED")
-                return
-            if preempt and mirror.has_segment():  # Vertex: SIGTERM, then the VM is gone
-                _signal(procs, signal.SIGTERM)
-                _wait(procs)
-                mirror.once()
-                self.fake.set_state(name, "JOB_STATE_FAILED", error=PREEMPTED, code=14)
-                return
-            time.sleep(MIRROR_S)
-        mirror.once()
+        try:
+            while any(p.poll() is None for p in procs):
+                if self.fake.jobs[name].state.name == "JOB_STATE_CANCELLING":
+                    _signal(procs, signal.SIGTERM)
+                    _wait(procs)
+                    fuse.settle()
+                    self.fake.set_state(name, "JOB_STATE_CANCELLED")
+                    return
+                if preempt and self._has_segment(attempt):  # Vertex: SIGTERM, then the VM is gone
+                    _signal(procs, signal.SIGTERM)
+                    _wait(procs)
+                    fuse.settle()
+                    self.fake.set_state(name, "JOB_STATE_FAILED", error=PREEMPTED, code=14)
+                    return
+                time.sleep(POLL_S)
+            fuse.settle()
+        finally:
+            fuse.close()
         codes = [p.returncode for p in procs]
         self.played[name] = codes
         failed = next(((rank, code) for rank, code in enumerate(codes) if code), None)
@@ -102,24 +120,27 @@ class VertexRunner:
             self.fake.set_state(name, "JOB_STATE_FAILED", code=13,
                                 error=f"The replica {pool} exited with a non-zero status of {failed[1]}.")
 
+    def _has_segment(self, attempt: str) -> bool:
+        """A checkpoint segment's manifest has reached the bucket (what a preemption waits for)."""
+        prefix = attempt + "checkpoints/checkpoints/segments/"
+        return any(b.name.endswith("/manifest.json") for b in self._bucket.client.list_blobs(self._bucket, prefix=prefix))
+
     def _start(self, container, env: dict, base: str, mount: Path, folder: Path, rank: int, replicas: int):
-        service = {"TRAINMASTER_GCS_MOUNT": str(mount), "AIP_CHECKPOINT_DIR": base + "checkpoints/",
-                   "AIP_MODEL_DIR": base + "model/"}
+        service = {"AIP_CHECKPOINT_DIR": base + "checkpoints/", "AIP_MODEL_DIR": base + "model/",
+                   "AIP_TENSORBOARD_LOG_DIR": base + "logs/", "TRAINMASTER_GCS_MOUNT": str(mount)}
         if replicas > 1:
-            port = _free_port() if rank == 0 else None
-            spec = self._cluster(replicas, port, rank)
-            service["CLUSTER_SPEC"] = json.dumps(spec)
-        scratch = folder / f"replica{rank}"
-        scratch.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable if arg == "python" else arg for arg in container.command]
+            service["CLUSTER_SPEC"] = json.dumps(self._cluster(replicas, rank))
+        base_env = self.container.env(folder / f"replica{rank}")
+        argv = [arg.replace("/gcs/", f"{mount}/", 1) if arg.startswith("/gcs/") else arg
+                for arg in self.container.argv(list(container.command) + list(container.args))]
         with open(folder / f"replica{rank}.log", "wb") as out:
-            return subprocess.Popen(command, env={**self.env, **env, **service, "TMPDIR": str(scratch)},
+            return subprocess.Popen(argv, env={**base_env, **env, **service}, cwd=folder / f"replica{rank}",
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def _cluster(self, replicas: int, port: int | None, rank: int) -> dict:
+    def _cluster(self, replicas: int, rank: int) -> dict:
         """CLUSTER_SPEC as Vertex sets it: the same cluster on every replica, this replica's task."""
         if rank == 0:
-            self._port = port
+            self._port = _free_port()
         cluster = {"workerpool0": [f"127.0.0.1:{self._port}"],
                    "workerpool1": [f"localhost:{self._port}" for _ in range(replicas - 1)]}
         task = {"type": "workerpool0", "index": 0} if rank == 0 else {"type": "workerpool1", "index": rank - 1}
@@ -127,45 +148,30 @@ class VertexRunner:
         self.cluster_specs.append(spec)
         return spec
 
-    def _pull(self, uri: str, mount: Path) -> None:
-        target = mount / uri.removeprefix("gs://")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self._bucket.blob(_key(uri)).download_to_filename(str(target))
-
-
-class _Mirror:
-    """The job's folders under the mount, copied to the bucket as they change (the FUSE mount's writes)."""
-
-    def __init__(self, bucket, mount: Path, base: str):
-        self.bucket, self.root, self.local = bucket, mount / bucket.name, mount / base.removeprefix("gs://")
-        self.seen: dict[Path, tuple[int, int]] = {}
-
-    def once(self) -> None:
-        """Upload what changed, delete what is gone (a temp file renamed, say), as gcsfuse does."""
-        here = set()
-        for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
-            try:
-                stat = path.stat()
-                if self.seen.get(path) != (stat.st_size, stat.st_mtime_ns):
-                    self._blob(path).upload_from_filename(str(path))
-                    self.seen[path] = (stat.st_size, stat.st_mtime_ns)
-            except FileNotFoundError:  # renamed away while we looked: deleted below
+    def _pull(self, attempt: str, mount: Path) -> None:
+        """What the mount shows when the container starts: the staging prefix, other attempts' folders left out."""
+        staging = attempt.split("attempts/", 1)[0]
+        for blob in self._bucket.client.list_blobs(self._bucket, prefix=staging):
+            rest = blob.name[len(staging):]
+            if rest.startswith("attempts/") and not blob.name.startswith(attempt):
                 continue
-            here.add(path)
-        for gone in set(self.seen) - here:
-            del self.seen[gone]
-            self._blob(gone).delete()
-
-    def _blob(self, path: Path):
-        return self.bucket.blob(str(path.relative_to(self.root)))
-
-    def has_segment(self) -> bool:
-        return any(self.local.glob("checkpoints/checkpoints/segments/*/manifest.json"))
+            target = mount / BUCKET / blob.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            blob.download_to_filename(str(target))
 
 
 def _key(uri: str) -> str:
     """The object name of gs://bucket/name."""
     return uri.removeprefix("gs://").split("/", 1)[1]
+
+
+def _delete(bucket, name: str) -> None:
+    from google.api_core import exceptions
+
+    try:
+        bucket.blob(name).delete()
+    except exceptions.NotFound:
+        pass
 
 
 def _signal(procs, sig) -> None:

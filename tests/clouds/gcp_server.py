@@ -1,6 +1,10 @@
 """Google Cloud on 127.0.0.1 for the tests: FakeVertex (Vertex AI's REST API over the real aiplatform_v1 protos,
 strict) and gcp-storage-emulator in-process, started once per session, reset per test.
 
+Every request is checked against the services' own rules first (clouds/rules_vertex.py: the CustomJob read back
+strictly through the aiplatform_v1 protos, the API's documented limits, Cloud Storage's naming rules); one the
+real service would refuse is refused (400 INVALID_ARGUMENT) and recorded (clouds/checked.py).
+
 FakeVertex never advances a job by itself: the test or the runner (gcp_runner.py) sets its state. It also
 serves the OAuth token endpoint the test's credentials file names, and answers every API call without that
 token with 401, so the whole credentials chain is exercised. `fail_next` makes the next calls of an operation
@@ -21,6 +25,9 @@ from pathlib import Path
 from aiohttp import web
 
 from served_app import ServedApp
+
+from clouds import checked, rules_vertex
+from clouds.container import IMAGE
 
 PROJECT, LOCATION, BUCKET = "tm-test", "us-central1", "tm-staging"
 TOKEN = "fake-gcp-token"
@@ -91,7 +98,10 @@ class FakeVertex:
             return _err(401, "UNAUTHENTICATED", "missing or wrong access token")
         operation = getattr(handler, "__name__", "")
         if unknown := set(req.query) - QUERY.get(operation, set()):
+            checked.record("vertex", operation, [f"unknown query parameters {sorted(unknown)}"])
             return _err(400, "INVALID_ARGUMENT", f"unknown query parameters {sorted(unknown)}")
+        if operation != "create":  # create is checked with its body
+            checked.record("vertex", operation, [])
         if self.faults.get(operation):
             return _err(*self.faults[operation].pop(0))
         return await handler(req)
@@ -110,12 +120,10 @@ class FakeVertex:
         return web.Response(text=type(msg).to_json(msg), content_type="application/json")
 
     async def create(self, req):
-        try:
-            job = self.v1.CustomJob.from_json(await req.text(), ignore_unknown_fields=False)
-        except Exception as exc:  # noqa: BLE001 - schema drift is answered as Vertex would
-            return _err(400, "INVALID_ARGUMENT", str(exc))
-        if not job.display_name or not job.job_spec.worker_pool_specs:
-            return _err(400, "INVALID_ARGUMENT", "display_name and job_spec.worker_pool_specs are required")
+        job, found = rules_vertex.custom_job(await req.text())
+        checked.record("vertex", "create", found)
+        if found:
+            return _err(400, "INVALID_ARGUMENT", "; ".join(found))
         job.name = self._name(req, next(self._ids))
         job.state, job.create_time, job.update_time = self.v1.JobState.JOB_STATE_PENDING, _now(), _now()
         self.jobs[job.name] = job
@@ -183,7 +191,7 @@ class GcpServers:
     def config(self, credentials: Path, **extra) -> dict:
         """The `gcp:` section of backends.yaml pointing at these servers."""
         return {"project": PROJECT, "location": LOCATION, "staging_bucket": f"gs://{BUCKET}/runs",
-                "api_endpoint": self.endpoint, "credentials_file": str(credentials), "setup": "", "poll_s": 0.2,
+                "api_endpoint": self.endpoint, "credentials_file": str(credentials), "image": IMAGE, "poll_s": 0.2,
                 **extra}
 
     def reset(self) -> None:
@@ -206,6 +214,7 @@ class GcpServers:
 def start() -> GcpServers:
     from gcp_storage_emulator.server import create_server
 
+    rules_vertex.install_storage()
     gcs = create_server("127.0.0.1", 0, in_memory=True)
     gcs.start()
     url = f"http://127.0.0.1:{gcs._api._httpd.server_address[1]}"

@@ -219,10 +219,15 @@ class TriggerEngine:
         return [await self._submit(fire)] if fire is not None else []
 
     async def _submit(self, fire: Fire) -> Fired:
-        """Submit a recorded fire. An error the submit raises ends the fire; a crash (BaseException) leaves it
-        pending, to be submitted by the next tick of this or another process."""
+        """Submit a recorded fire. An error the submit raises ends the fire; a crash (BaseException), or the state
+        database away (the submit could not be told from one that never happened), leaves it pending, to be
+        submitted by the next tick of this or another process."""
+        from trainmaster.storage import statedb
+
         try:
             job_id = await self.submit(Path(fire.spec_path), fire.policy, fire.reason, fire.key)
+        except statedb.OperationalError:
+            raise
         except Exception as exc:
             await asyncio.to_thread(self.records.refused, fire.id, str(exc) or type(exc).__name__)
             return Fired(fire.trigger, fire.key, fire.reason, None, str(exc) or type(exc).__name__)

@@ -40,13 +40,18 @@ class Views:
     async def page(self, request: web.Request) -> web.Response:
         if "token" in request.query:
             raise _sign_in(request.query["token"])
-        built = await self._read(page.build, self.store_path, list(self.budgets()))
+        built = await self._read(page.build, self.store_path, list(self.budgets()), None, _page_number(request))
         nonce = secrets.token_urlsafe(16)
         html = self.templates.get_template("dashboard.html").render(page=built, nonce=nonce, poll_ms=POLL_MS)
         return web.Response(text=html, content_type="text/html", headers=_page_headers(nonce))
 
     async def jobs(self, request: web.Request) -> web.Response:
-        return _json({"jobs": await self._read(page.job_rows, self.store_path)})
+        """The jobs' rows: the newest MOST_JOBS, or with `?page=N` that page of the table (and its paging)."""
+        if "page" not in request.query:
+            return _json({"jobs": await self._read(page.job_rows, self.store_path)})
+        paged = await self._read(page.paging, self.store_path, _page_number(request))
+        rows = await self._read(page.job_rows, self.store_path, paged.per_page, paged.page)
+        return _json({"jobs": rows, "paging": dataclasses.asdict(paged)})
 
     async def job_metrics(self, request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
@@ -68,6 +73,12 @@ class Views:
             return await asyncio.to_thread(read, *args)
         except readings.StateMissing as exc:
             raise web.HTTPServiceUnavailable(text=str(exc)) from None
+
+
+def _page_number(request: web.Request) -> int:
+    """The jobs' table page asked for (`?page=N`, from 1; anything else is the first)."""
+    asked = request.query.get("page", "1")
+    return int(asked) if asked.isdigit() and 0 < int(asked) < 10**6 else 1
 
 
 def _sign_in(token: str) -> web.HTTPSeeOther:

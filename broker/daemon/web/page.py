@@ -1,6 +1,8 @@
 """What the dashboard shows, read from the state database in one go (blocking: run it in a thread).
 
-- the newest jobs, with their live state, latest backend and cost;
+- a summary first: jobs running and queued, failed today (UTC), this month's spend against the monthly budgets,
+  payments not sent yet;
+- the jobs, newest first, a page of PAGE_JOBS at a time, with their live state, the backend they ran on and cost;
 - spend this month (UTC), cumulative per backend, against the monthly budgets' caps, and every
   budget as the ledger counts it;
 - each recent job's loss/return curves (from its fetched `metrics.jsonl`, broker/daemon/web/curves.py);
@@ -18,6 +20,8 @@ from trainmaster.jobs.money import display_usd
 from trainmaster.wallet.budget import Budget, period_start
 
 MOST_JOBS = 50
+PAGE_JOBS = 20
+"""Jobs per page of the jobs' table: the spend and the curves stay within a screen or two of the top."""
 MOST_CURVES = 6
 MOST_VERDICTS = 20
 MICRO = 1_000_000
@@ -32,7 +36,29 @@ class BudgetLine:
 
 
 @dataclass(frozen=True)
+class Summary:
+    running: int
+    queued: int
+    failed_today: int
+    spent_month: str
+    """This month's charges (UTC), in dollars."""
+    budget: str | None
+    """The monthly budgets' caps against that spend (`$12.00 of $1,000.00 (1%)`), None without one."""
+    unsent_payments: int
+
+
+@dataclass(frozen=True)
+class Paging:
+    page: int
+    pages: int
+    total: int
+    per_page: int
+
+
+@dataclass(frozen=True)
 class Page:
+    summary: Summary
+    paging: Paging
     jobs: list[dict]
     spend: charts.Chart
     budgets: list[BudgetLine]
@@ -41,26 +67,50 @@ class Page:
     verdicts: list[dict]
 
 
-def job_rows(store_path: Path, limit: int = MOST_JOBS) -> list[dict]:
-    """The newest jobs as JSON-ready rows (what the page's table and `/dashboard/api/jobs` show)."""
+def job_rows(store_path: Path, limit: int = MOST_JOBS, page: int = 1) -> list[dict]:
+    """The newest jobs as JSON-ready rows (what the page's table and `/dashboard/api/jobs` show): page `page` of
+    `limit` rows."""
     with readings.reading(store_path) as db:
-        return [_job(row) for row in readings.jobs(db, limit)]
+        return [_job(row) for row in readings.jobs(db, limit, (max(1, page) - 1) * limit)]
 
 
-def build(store_path: Path, budgets: list[Budget], now: float | None = None) -> Page:
+def paging(store_path: Path, page: int, per_page: int = PAGE_JOBS) -> Paging:
+    with readings.reading(store_path) as db:
+        return _paging(readings.job_total(db), page, per_page)
+
+
+def _paging(total: int, page: int, per_page: int) -> Paging:
+    pages = max(1, -(-total // per_page))
+    return Paging(page=min(max(1, page), pages), pages=pages, total=total, per_page=per_page)
+
+
+def build(store_path: Path, budgets: list[Budget], now: float | None = None, page: int = 1) -> Page:
     now = time.time() if now is None else now
     month = period_start("month", now)
+    monthly = [b for b in budgets if b.period == "month"]
     with readings.reading(store_path) as db:
-        rows = readings.jobs(db, MOST_JOBS)
+        paged = _paging(readings.job_total(db), page, PAGE_JOBS)
+        rows = readings.jobs(db, PAGE_JOBS, (paged.page - 1) * PAGE_JOBS)
+        newest = rows if paged.page == 1 else readings.jobs(db, PAGE_JOBS)
+        counts = readings.job_counts(db)
+        failed = readings.failed_since(db, period_start("day", now))
+        unsent = readings.unsent_payments(db)
         charged = readings.charges_since(db, month)
         usage = readings.budget_usage(db, budgets, now)
         verdicts = readings.verdicts(db, MOST_VERDICTS)
+    spent = sum(micro for _, _, micro in charged)
     return Page(
+        summary=Summary(running=counts.get("running", 0) + counts.get("dispatched", 0), queued=counts.get("queued", 0),
+                        failed_today=failed, spent_month=display_usd(spent),
+                        budget=_against(spent, monthly), unsent_payments=unsent),
+        paging=paged,
         jobs=[_job(r) for r in rows],
-        spend=charts.line_chart("Spend this month (USD, cumulative)", _cumulative(charged, month, now),
-                                {f"cap: {b.label}": b.cap / MICRO for b in budgets if b.period == "month"}),
+        spend=charts.line_chart("Spend this month (cumulative)", _cumulative(charged, month, now),
+                                {f"cap: {b.label}": b.cap / MICRO for b in monthly},
+                                x_label="day of the month (UTC)", y_label="USD charged", x_time=True,
+                                level_text=_cap_text),
         budgets=[_budget(b, u) for b, u in usage],
-        curves=_curves(_home(store_path), [r.id for r in rows]),
+        curves=_curves(_home(store_path), [r.id for r in newest]),
         verdicts=[_verdict(v) for v in verdicts],
     )
 
@@ -113,6 +163,18 @@ def _cumulative(charged: list[tuple[float, str, int]], start: float, now: float)
     return series
 
 
+def _against(spent: int, monthly: list[Budget]) -> str | None:
+    if not monthly:
+        return None
+    cap = min(b.cap for b in monthly)
+    return f"{display_usd(spent)} of {display_usd(cap)} ({100 * spent / cap:.0f}%)" if cap else None
+
+
+def _cap_text(name: str, value: float, highest: float) -> str:
+    share = 100 * highest / value if value else 0
+    return f"{name} is ${value:,.2f}, far above the chart: {share:.2g}% of it is spent"
+
+
 def _budget(budget: Budget, usage: readings.Usage) -> BudgetLine:
     percent = round(100 * usage.used_micro_usd / budget.cap) if budget.cap else 100
     return BudgetLine(budget.label, display_usd(usage.used_micro_usd), display_usd(budget.cap), percent)
@@ -123,7 +185,7 @@ def _curves(home: Path, job_ids: list[str]) -> list[tuple[str, charts.Chart]]:
     for job_id in job_ids:
         series = curves.read_curves(curves.metrics_file(home, job_id))
         if series:
-            found.append((job_id, charts.line_chart(job_id, series)))
+            found.append((job_id, charts.line_chart(job_id, series, x_label="step", y_label="value")))
         if len(found) == MOST_CURVES:
             break
     return found

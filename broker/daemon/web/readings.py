@@ -136,19 +136,40 @@ def queue_latencies(db: sqlite3.Connection) -> list[float]:
     return [max(0.0, r[0]) for r in rows]
 
 
-def jobs(db: sqlite3.Connection, limit: int) -> list[JobRow]:
-    """The newest jobs with their latest attempt's backend and the cost recorded on their attempts."""
+def jobs(db: sqlite3.Connection, limit: int, offset: int = 0) -> list[JobRow]:
+    """The newest jobs (from the `offset`-th on) with the backend of their latest attempt that started (a job that
+    never ran shows none) and what they cost (an untrusted executor's work that was not accepted costs nothing)."""
     if not has_table(db, "jobs"):
         return []
     rows = db.execute(
         "SELECT j.id, j.name, j.state, j.reason, j.created_at, j.updated_at,"
-        " (SELECT a.backend FROM attempts a WHERE a.job_id = j.id ORDER BY a.n DESC LIMIT 1) AS backend,"
-        " (SELECT COALESCE(SUM(a.cost_micro_usd), 0) FROM attempts a WHERE a.job_id = j.id) AS cost"
-        " FROM jobs j ORDER BY j.created_at DESC, j.id DESC LIMIT ?",
-        (limit,),
+        " (SELECT a.backend FROM attempts a WHERE a.job_id = j.id AND a.handle_json IS NOT NULL"
+        " ORDER BY a.n DESC LIMIT 1) AS backend,"
+        " (SELECT COALESCE(SUM(CASE WHEN a.executor_hotkey IS NOT NULL AND a.state <> 'accepted' THEN 0"
+        " ELSE a.cost_micro_usd END), 0) FROM attempts a WHERE a.job_id = j.id) AS cost"  # unpaid work costs nothing
+        " FROM jobs j ORDER BY j.created_at DESC, j.id DESC LIMIT ? OFFSET ?",
+        (limit, offset),
     )
     return [JobRow(id=r["id"], name=r["name"], state=r["state"], reason=r["reason"], backend=r["backend"],
                    cost_micro_usd=r["cost"], created_at=r["created_at"], updated_at=r["updated_at"]) for r in rows]
+
+
+def job_total(db: sqlite3.Connection) -> int:
+    return db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] if has_table(db, "jobs") else 0
+
+
+def failed_since(db: sqlite3.Connection, since: float) -> int:
+    """Jobs that ended failed at or after `since`."""
+    if not has_table(db, "jobs"):
+        return 0
+    return db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'failed' AND updated_at >= ?", (since,)).fetchone()[0]
+
+
+def unsent_payments(db: sqlite3.Connection) -> int:
+    """Payments charged but not sent yet (pending: broker/payment_states.py)."""
+    if not has_table(db, "payments"):
+        return 0
+    return db.execute("SELECT COUNT(*) FROM payments WHERE sent_at IS NULL").fetchone()[0]
 
 
 def job_exists(db: sqlite3.Connection, job_id: str) -> bool:
