@@ -25,7 +25,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .canonical import serialize, state_sha256
+from .canonical import serialize, views
+from .chunks import file_digest
 from .checkpoint import DECISIONS, REST, WEIGHTS, CheckpointError, read_canonical_file, write_bytes_atomic
 from .decisions import DecisionLog, DecisionReport, DecisionTrace, DecisionTraceError
 from .execution import StateError, build_trainer, full_state, restore, run_step, state_info
@@ -55,13 +56,14 @@ class ReplayResult:
 
     @property
     def weights_sha256(self) -> str:
-        """sha256 of the canonical weights: compare with the committed weights of S_{i+1}."""
-        return state_sha256(self.state.weights)
+        """The chunk digest of the canonical weights (``jobs/chunks.py``): compare with the committed
+        ``weights_sha256`` of S_{i+1}."""
+        return file_digest(views(self.state.weights))
 
     @property
     def state_rest_sha256(self) -> str:
-        """sha256 of the canonical rest of S_{i+1} (its ``rest.safetensors``, without any trace)."""
-        return state_sha256(self.state.rest)
+        """The chunk digest of the canonical rest of S_{i+1} (its ``rest.safetensors``, without any trace)."""
+        return file_digest(views(self.state.rest))
 
     def report(self) -> dict[str, Any]:
         return {

@@ -23,6 +23,7 @@ Formats: docs/runtime.md. Re-executing one segment: :mod:`trainmaster.jobs.repla
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -167,12 +168,14 @@ def _train(
 def _finish(trainer: Trainer, recipe: Recipe, config: RecipeConfig, settings: RuntimeSettings, n: int) -> RunResult:
     """Write the commitment, the final weights and ``result.json``."""
     out, k = settings.output_dir, settings.segment_steps
+    final_dir = segment_dir(settings.checkpoint_dir, n)
+    final_weights = (final_dir / WEIGHTS).read_bytes()
     commitment = build_commitment(
-        settings.checkpoint_dir, job_id=settings.job_id, bundle_sha256=settings.bundle_sha256, n=n, k=k
+        settings.checkpoint_dir, job_id=settings.job_id, bundle_sha256=settings.bundle_sha256, n=n, k=k,
+        final_sha256=hashlib.sha256(final_weights).hexdigest(),
     )
     write_bytes_atomic(out / COMMITMENT_FILE, commitment.canonical_json())
-    final_dir = segment_dir(settings.checkpoint_dir, n)
-    write_bytes_atomic(out / MODEL_FILE, (final_dir / WEIGHTS).read_bytes())
+    write_bytes_atomic(out / MODEL_FILE, final_weights)
     result = {
         "recipe": recipe.name,
         "job_id": settings.job_id,
