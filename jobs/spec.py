@@ -109,6 +109,14 @@ class Limits(Model):
 
 class Checkpointing(Model):
     segment_steps: int = Field(25, ge=1, description="k: steps between committed training states.")
+    keep_every: int = Field(
+        1, ge=1, description="m: every state is hashed into the commitment, but only S_0, every m-th, the last two "
+        "are kept on disk; a challenged state not kept is re-made by the executor from the nearest kept one.",
+    )
+    max_disk_gb: float | None = Field(
+        None, gt=0, description="The kept states may take at most this many GB (10^9 bytes); the run stops with "
+        "the reason when they would take more.",
+    )
 
 
 class Verification(Model):

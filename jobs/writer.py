@@ -102,8 +102,10 @@ class SerializedState:
 
 
 class SegmentWriter:
-    def __init__(self, root: Path, *, job_id: str, recipe: str, k: int):
+    def __init__(self, root: Path, *, job_id: str, recipe: str, k: int, budget_bytes: int | None = None, used_bytes: int = 0):
         self.root, self.job_id, self.recipe, self.k = Path(root), job_id, recipe, k
+        self.budget_bytes, self.used_bytes = budget_bytes, used_bytes
+        """The disk the kept segments may take (``checkpoint.max_disk_gb``), and what they take so far."""
         self._error: BaseException | None = None
         self._tasks: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=2)
         self._buffers = StateBuffers()
@@ -123,23 +125,36 @@ class SegmentWriter:
             self.device = captured.device
         return captured
 
-    def write(self, index: int, state: SerializedState, trace: DecisionTrace) -> None:
-        """Queue segment ``index``: S_index (serialized when it was reached) and its trace."""
+    def write(self, index: int, state: SerializedState, trace: DecisionTrace, keep: bool = True) -> None:
+        """Queue segment ``index``: S_index (serialized when it was reached) and its trace; with ``keep``
+        false its files are hashed into the leaf and not written."""
         self._raise_error()
         step = index * self.k
 
         def task() -> None:
             try:
                 state.wait()  # a GPU state's asynchronous copy is complete before a byte is hashed
+                trace_bytes = serialize(trace.to_tensors())
+                if keep:
+                    self._reserve(index, len(state.weights) + len(state.rest) + len(trace_bytes))
                 write_segment_bytes(
-                    self.root, index, [state.weights], [state.rest], [serialize(trace.to_tensors())],
-                    job_id=self.job_id, recipe=self.recipe, step=step, k=self.k, device=state.device,
+                    self.root, index, [state.weights], [state.rest], [trace_bytes],
+                    job_id=self.job_id, recipe=self.recipe, step=step, k=self.k, device=state.device, keep=keep,
                 )
             finally:
                 self._give_back(state.weights)
                 self._give_back(state.rest)
 
         self._tasks.put(task)
+
+    def _reserve(self, index: int, size: int) -> None:
+        if self.budget_bytes is not None and self.used_bytes + size > self.budget_bytes:
+            raise CheckpointError(
+                f"keeping segment {index} would make the kept states {(self.used_bytes + size) / 1e9:.3g} GB, over "
+                f"checkpoint.max_disk_gb = {self.budget_bytes / 1e9:.3g}: keep fewer (raise checkpoint.keep_every) "
+                "or allow more disk"
+            )
+        self.used_bytes += size
 
     def _give_back(self, view: memoryview | bytes) -> None:
         if self._copier is None or not self._copier.give_back(view):

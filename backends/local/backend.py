@@ -195,6 +195,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             job_id=ctx.job_id, output_dir=workdir / "outputs", checkpoint_dir=workdir / "checkpoints",
             seed=ctx.seed, segment_steps=spec.checkpoint.segment_steps, bundle_sha256=ctx.bundle_sha256,
             resume_from=Path(ctx.resume_from) if ctx.resume_from else None,
+            keep_every=spec.checkpoint.keep_every, max_disk_gb=spec.checkpoint.max_disk_gb,
         ), "PYTHONUNBUFFERED": "1"}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in offer.detail.get("gpu_indices", []))
         launcher = resolve_launcher(spec.launcher, nproc)
@@ -317,7 +318,11 @@ def read_chunk(path: Path, offset: int, limit: int) -> MetricsChunk:
 async def copy_segments(checkpoints: Path, indices: list[int], dest: Path) -> Path:
     """Every segment's manifest under the runtime's checkpoint directory `checkpoints`, and the whole of each
     segment of `indices` and of the one after it, copied into `dest` laid out the same (hashed as they go);
-    returns `dest`."""
+    returns `dest`. States the run hashed but did not keep are first re-made from the nearest kept one
+    (backends/local/reopen.py)."""
+    from .reopen import reopen_dropped
+
+    await reopen_dropped(checkpoints, indices)
     source = checkpoints / "segments"
     wanted = set(indices) | {i + 1 for i in indices}
     names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())

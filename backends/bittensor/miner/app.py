@@ -266,6 +266,12 @@ class Miner:
         await self._committed(attempt)
         if min(asked.indices) < 0:
             raise refusal(web.HTTPUnprocessableEntity, "segment indices are not negative")
+        from trainmaster.backends.local.reopen import ReopenFailed, reopen_dropped
+
+        try:  # states the run did not keep are re-made first, and only if they reproduce their leaves
+            await reopen_dropped(_workdir(attempt) / "checkpoints", asked.indices)
+        except ReopenFailed as exc:
+            raise refusal(web.HTTPConflict, f"cannot open the challenged segments: {exc}") from None
         found = await asyncio.to_thread(files.challenge_manifest, _workdir(attempt), asked.indices)
         return _model(protocol.Files(files=found))
 
