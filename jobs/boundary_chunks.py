@@ -113,8 +113,9 @@ class Layout:
 
     @classmethod
     def of(cls, tensors: Mapping[str, torch.Tensor]) -> Layout:
-        from .canonical import header_bytes
+        from .canonical import canonical_tensors, header_bytes
 
+        tensors = canonical_tensors(tensors)
         head = header_bytes(tensors)
         return cls.parse(head, len(head) + sum(t.numel() * t.element_size() for t in tensors.values()))
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.jobs.boundary_chunks import CHUNKS_DIR, DEFAULT_PER_SEGMENT, MAX_OPENING_BYTES, Layout, draw, wanted_chunks
 from trainmaster.jobs.canonical import CanonicalError
@@ -44,6 +43,7 @@ from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.files import HostileFile, read_regular
 from trainmaster.jobs.state import tensor_json
 
+from .boundary_evidence import BoundaryReport, Measurement
 from .plausibility import moment_bound
 from .signing import check_leaf
 
@@ -55,29 +55,6 @@ WINDOW = 3
 V_SLACK = 1e-5
 """Room for float32 rounding in β₂·v."""
 MOVE_SLACK = 1.05
-
-
-class Measurement(BaseModel):
-    """One check at one boundary or segment: what was measured, against which bound."""
-
-    model_config = ConfigDict(ser_json_inf_nan="strings")
-    check: str
-    at: int = Field(description="the boundary (exact fields) or segment (the others)")
-    measured: float | str | None
-    bound: str
-    passed: bool
-
-
-class BoundaryReport(BaseModel):
-    model_config = ConfigDict(ser_json_inf_nan="strings")
-    tier: str = "sampled"
-    passed: bool
-    reasons: list[str]
-    boundaries: int = Field(description="boundaries opened and tied to the root")
-    chunks: int = Field(description="chunks opened in all")
-    bytes_opened: int
-    per_boundary: dict[int, list[str]] = Field(description="boundary -> its opened chunks, as file:index")
-    measurements: list[Measurement]
 
 
 @dataclass(frozen=True)

@@ -530,9 +530,12 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
     own = _user_recipe(attempt)
     job = _recipe_run(attempt) if own is None else None
     choice = _verifier(run, settings, job) if job is not None else None  # a job's own recipe: chosen in its child
-    challenge = Challenge.for_commitment(run.stored, _secret(run), q=attempt.spec.verification.challenge_segments)
+    verification = attempt.spec.verification
+    challenge = Challenge.for_commitment(run.stored, _secret(run), q=verification.challenge_segments,
+                                         tail=verification.tail_segments)
+    chunks = verification.boundary_chunks if verification.tier == "sampled" else None
     if own is not None:
-        report = _audit_own_recipe(run, own, challenge.segments, settings)
+        report = _audit_own_recipe(run, own, challenge.segments, settings, chunks)
     else:
         report = (audit or _run_audit())(
             commitment=run.stored.commitment,
@@ -546,6 +549,7 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
             trusted_exact=attempt.exact_replay,
             device=choice.device,
             calibration_note=choice.note,
+            boundary_chunks=chunks,
         )
     run.evidence["replay"] = {"challenge": challenge.message(), **report.model_dump(mode="json")}
     if not report.passed:
@@ -553,7 +557,8 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
     return run.evidence["replay"]
 
 
-def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSettings) -> AuditReport:
+def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSettings,
+                      chunks: int | None = None) -> AuditReport:
     """The audit of the job's own recipe, in a child process importing it from the verified bundle."""
     from .openings import LocalOpenings
     from .recipe_audit import audit_user_recipe
@@ -571,7 +576,7 @@ def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSe
     return audit_user_recipe(
         own, commitment=run.stored.commitment, openings_dir=openings.checkpoint_dir, segments=segments,
         code_dir=code, tau=settings.tau, calibration_dir=settings.calibration_dir, trusted_exact=attempt.exact_replay,
-        python=_interpreter(attempt, code), env=attempt.spec.env, device=wanted_device(),
+        python=_interpreter(attempt, code), env=attempt.spec.env, device=wanted_device(), boundary_chunks=chunks,
     )
 
 

@@ -84,6 +84,8 @@ class AuditRequest(BaseModel):
     tau: float | None = None
     calibration_dir: str | None = None
     trusted_exact: bool = False
+    boundary_chunks: int | None = None
+    """The sampled tier's chunks per segment (verify/boundaries.py); None: the replayed segments alone."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """The broker's ``TRAINMASTER_AUDIT_DEVICE``: the child chooses the verifier's device (verify/verifier_device.py)."""
 
@@ -111,6 +113,7 @@ def audit_user_recipe(
     env: Mapping[str, str] | None = None,
     timeout_s: float = TIMEOUT_S,
     device: str = "auto",
+    boundary_chunks: int | None = None,
 ) -> AuditReport:
     """Audit ``segments`` with the job's own recipe in a child process; raise :class:`VerificationError`
     (``rejected`` or ``cannot_verify``, see the module docstring) when it gives no report."""
@@ -123,7 +126,7 @@ def audit_user_recipe(
         commitment=commitment.canonical_json().decode("ascii"), segments=sorted(set(segments)),
         openings=str(Path(openings_dir).resolve()), tau=tau,
         calibration_dir=str(calibration_dir) if calibration_dir is not None else None, trusted_exact=trusted_exact,
-        device=device,
+        device=device, boundary_chunks=boundary_chunks,
     )
     python = python or sys.executable
     inherited = os.environ.get("PYTHONPATH")
@@ -303,7 +306,7 @@ def _audit(recipe, config: dict, request: AuditRequest, commitment: Commitment, 
             commitment=commitment, openings=LocalOpenings(Path(request.openings)), segments=request.segments,
             recipe=recipe, config=config, seed=request.seed, tau=request.tau,
             calibration=None if request.trusted_exact else choice.calibration, trusted_exact=request.trusted_exact,
-            device=choice.device, calibration_note=choice.note,
+            device=choice.device, calibration_note=choice.note, boundary_chunks=request.boundary_chunks,
         )
     except UncalibratedError as exc:
         raise _Refused("cannot_verify", str(exc)) from exc

@@ -320,9 +320,10 @@ async def copy_segments(checkpoints: Path, indices: list[int], dest: Path) -> Pa
     segment of `indices` and of the one after it, copied into `dest` laid out the same (hashed as they go);
     returns `dest`. States the run hashed but did not keep are first re-made from the nearest kept one
     (backends/local/reopen.py)."""
-    from .reopen import reopen_dropped
+    from .reopen import open_boundaries, reopen_dropped
 
     await reopen_dropped(checkpoints, indices)
+    await open_boundaries(checkpoints, indices, dest)
     source = checkpoints / "segments"
     wanted = set(indices) | {i + 1 for i in indices}
     names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())

@@ -61,3 +61,16 @@ async def reopen_dropped(checkpoints: Path, indices: list[int]) -> list[int]:
         lines = err.decode(errors="replace").strip().splitlines()
         raise ReopenFailed(lines[-1][-500:] if lines else f"reopen exited with code {process.returncode}")
     return wanted
+
+
+async def open_boundaries(checkpoints: Path, indices: list[int], dest: Path) -> None:
+    """The sampled tier's answer: chunks of every boundary, drawn from the root and the challenged ``indices``,
+    written to ``dest/chunks/`` (jobs/boundary_chunks.py); every dropped state is re-made first."""
+    base = Path(checkpoints) / "segments"
+    count = await asyncio.to_thread(lambda: sum(1 for p in base.iterdir() if p.name.isdigit()) if base.is_dir() else 0)
+    if count < 2:
+        return
+    await reopen_dropped(checkpoints, list(range(count - 1)))
+    from trainmaster.jobs.boundary_chunks import write_openings
+
+    await asyncio.to_thread(write_openings, Path(checkpoints), sorted(set(indices)), Path(dest))
