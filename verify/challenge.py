@@ -7,7 +7,7 @@ docs/protocol.md §3. The draw is a function of ``(secret, root)`` alone::
     below(b)  = next 8 stream bytes as a big-endian u64 x, redrawn while x ≥ 2^64 − 2^64 mod b; x mod b
     draw      = a partial Fisher–Yates shuffle of [1, …, n−2]: for i < q, swap pool[i] with
                 pool[i + below(len(pool) − i)]; the first q entries are the random segments
-    segments  = sorted({0} ∪ {n−tail, …, n−1} ∪ draw)          tail = the spec's verification.tail_segments (L, default 1)
+    segments  = sorted({0} ∪ {n−tail, …, n−1} ∪ draw)   draw from 1..n−tail−1 (1..n−2 for tail = 1)          tail = the spec's verification.tail_segments (L, default 1)
 
 so anyone holding the revealed secret can recompute it, and the executor, who never holds the secret
 before committing, cannot (the secret itself: :mod:`~trainmaster.verify.challenge_secret`). Segments
@@ -70,7 +70,7 @@ def draw_segments(secret: bytes, root_hex: str, n: int, q: int, tail: int = 1) -
     if n < 0 or q < 0:
         raise ValueError(f"n and q must be non-negative, got n={n}, q={q}")
     stream = _Stream(challenge_seed(secret, root_hex))
-    pool = list(range(1, n - 1))
+    pool = list(range(1, n - max(1, tail)))  # the random draws lie between segment 0 and the tail
     take = min(q, len(pool))
     for i in range(take):
         j = i + stream.below(len(pool) - i)
