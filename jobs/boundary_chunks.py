@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .canonical import _CODES, CanonicalError, _entry_layout, _header, bounded_json
+from .canonical import CanonicalError, _entry_layout, _header, bounded_json
 from .chunks import CHUNK_BYTES, ChunkTree, chunk_count, file_digest
 from .checkpoint import DECISIONS, REST, WEIGHTS, read_manifest, segment_dir
 from .merkle import inclusion_proof
@@ -242,4 +242,4 @@ def write_openings(checkpoint_dir: Path, segments: Sequence[int], out_dir: Path,
     return n + 1
 
 
-__all__ = ["Layout", "SegmentDraw", "boundary_opening", "draw", "wanted_chunks", "write_openings", "_CODES"]
+__all__ = ["Layout", "SegmentDraw", "boundary_opening", "draw", "wanted_chunks", "write_openings"]

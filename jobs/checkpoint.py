@@ -20,13 +20,10 @@ Nothing is ever pickled.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from . import files
 from .canonical import CanonicalError, deserialize, views
 from .chunks import file_digest
+from .priority import lower_thread_priority
 from .state import TrainState
 
 FORMAT = "trainmaster-checkpoint-v2"
@@ -55,16 +53,6 @@ T = TypeVar("T")
 
 _WRITEBACK_BYTES = 16 * 1024 * 1024
 _PARALLEL_HASH_BYTES = 8 * 1024 * 1024
-
-
-def lower_thread_priority() -> None:
-    """Make the calling thread yield the CPU to training (nice +10; Linux sets niceness per thread).
-
-    Checkpoint threads then use what the training thread leaves idle instead of competing with it.
-    """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 _HASHERS = ThreadPoolExecutor(2, thread_name_prefix="trainmaster-hash", initializer=lower_thread_priority)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .merkle import leaf_hash, node_hash, verify_inclusion
+from .priority import lower_thread_priority
 
 CHUNK_BYTES = 64 * 1024
 """The chunk size: 16,384 float32 values, about 30 µs of sha256; a proof for a 1.2 GB state is 15 hashes."""
@@ -36,8 +37,6 @@ _POOL: ThreadPoolExecutor | None = None
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
-        from .checkpoint import lower_thread_priority
-
         workers = max(1, min(32, os.cpu_count() or 1))
         _POOL = ThreadPoolExecutor(workers, thread_name_prefix="trainmaster-chunk", initializer=lower_thread_priority)
     return _POOL

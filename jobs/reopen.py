@@ -28,7 +28,6 @@ from pathlib import Path
 
 from .canonical import serialize
 from .checkpoint import (
-    DECISIONS,
     REST,
     WEIGHTS,
     CheckpointError,
@@ -132,11 +131,10 @@ def write_location(checkpoint_dir: Path, location: dict) -> None:
 
 
 def _import(location: dict) -> Recipe:
-    from .selfcheck_child import _import_recipe
+    from .recipe_import import import_recipe
 
     sys.path[:0] = [p for p in location.get("path", []) if p not in sys.path]
-    args = argparse.Namespace(module=location.get("module"), script=location.get("script"), attr=location["attr"])
-    return _import_recipe(args)
+    return import_recipe(location.get("module"), location.get("script"), location["attr"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

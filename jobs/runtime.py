@@ -43,7 +43,6 @@ from .checkpoint import (
     read_segment,
     segment_dir,
     kept_indices,
-    segment_indices,
     write_bytes_atomic,
 )
 from .commitment import FILENAME as COMMITMENT_FILE

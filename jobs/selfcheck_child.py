@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .recipe import Recipe
+from .recipe_import import import_recipe
 from .selfcheck import MODULE
 
-_SCRIPT_MODULE = "__trainmaster_recipe__"
 
 
 def replayed_differences(recipe: Recipe, checkpoint_dir: Path, segment: int, k: int) -> list[str]:
@@ -70,17 +70,7 @@ def _differences(found, expected) -> list[str]:
 
 
 def _import_recipe(args: argparse.Namespace) -> Recipe:
-    if args.module:
-        module = importlib.import_module(args.module)
-    else:
-        spec = importlib.util.spec_from_file_location(_SCRIPT_MODULE, args.script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_SCRIPT_MODULE] = module
-        spec.loader.exec_module(module)
-    recipe = getattr(module, args.attr)
-    if not isinstance(recipe, Recipe):
-        raise TypeError(f"{args.attr} is a {type(recipe).__name__}, not a Recipe")
-    return recipe
+    return import_recipe(args.module, args.script, args.attr)
 
 
 def _write(path: Path, found: dict) -> None:
