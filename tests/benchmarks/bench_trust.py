@@ -21,6 +21,9 @@ Figures (CPU, this shared 2-core VM; `run(smoke=True)` shrinks every size):
   tier with ``q/(n−2)``. Within-τ poisoning and lr × 0.99 stay inside every bound the boundary checks
   apply (p_b = 0 by construction) and inside τ: neither tier catches them; that is the refereed tier's
   job, which this version does not have. Skipped work is the replay's (docs/protocol.md §7).
+* **False rejects**: honest runs of each shipped recipe (tiny-lm, dqn, ppo; 3 seeds, n = 20 each),
+  every one checked under 100 challenges (300 audits per recipe; smoke: 1 seed, 2 challenges) with
+  every boundary check on. Target: 0.
 * **Extra compute** of the sampled tier's boundary checks as a share of the run's training time, and
   **bytes opened per boundary**.
 
@@ -211,12 +214,50 @@ def detection_figures(tmp: Path, smoke: bool) -> dict[str, float]:
     return figures
 
 
+HONEST = {
+    "tiny-lm": ({"steps": 500, **SMALL}, 25),
+    "dqn": ({"steps": 2000}, 100),
+    "ppo": ({"steps": 2560}, 128),
+}
+
+
+def false_reject_figures(tmp: Path, smoke: bool) -> dict[str, float]:
+    figures = {}
+    rng = random.Random(7)
+    for name, (config, k) in HONEST.items():
+        recipe = get_recipe(name)
+        cfg = recipe.config(config)
+        audits = rejected = 0
+        for seed in ([1] if smoke else [1, 2, 3]):
+            root = tmp / f"{name}-{seed}"
+            settings = RuntimeSettings(job_id="h", output_dir=root / "out", checkpoint_dir=root / "ckpt", seed=seed,
+                                       segment_steps=k, bundle_sha256="0" * 64)
+            commitment = run_job(recipe, cfg, settings).commitment
+            spec = spec_of(RecipeRun(recipe, cfg.model_dump(mode="json"), seed, k),
+                           full_state(build_trainer(recipe, cfg, seed), recipe, cfg, seed, 0))
+            n = commitment.n
+            for _ in range(2 if smoke else 100):
+                segments = sorted({0, n - 1, *rng.sample(range(1, n - 1), min(8, n - 2))})
+                shutil.rmtree(root / "opened", ignore_errors=True)
+                write_openings(root / "ckpt", segments, root / "opened")
+                report = check_boundaries(commitment, root / "opened", segments, spec)
+                audits += 1
+                rejected += not report.passed
+        figures[f"{name}: honest audits"] = audits
+        figures[f"{name}: false rejects"] = rejected
+    return figures
+
+
 def run(smoke: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-trust-") as scratch:
         tmp = Path(scratch)
         figures = {}
-        for part, fn in (("disk", disk_figures), ("ckpt", checkpoint_figures), ("reopen", reopen_figures),
-                         ("detect", detection_figures)):
+        parts = (("disk", disk_figures), ("ckpt", checkpoint_figures), ("reopen", reopen_figures),
+                 ("detect", detection_figures), ("honest", false_reject_figures))
+        only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]
+        for part, fn in parts:
+            if only and part not in only:
+                continue
             (tmp / part).mkdir()
             figures.update(fn(tmp / part, smoke))
     print_figures("trust at scale", figures, {"checkpoint+hash / save_file": "<= 1.5",
