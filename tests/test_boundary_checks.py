@@ -163,3 +163,18 @@ def test_a_chunk_that_does_not_match_its_digest_is_refused(honest, tmp_path):
     (tmp_path / "chunks" / f"{TAMPERED + 1:08d}.json").unlink()
     report = check_boundaries(commitment, tmp_path, SEGMENTS, _spec())
     assert any(f"boundary {TAMPERED + 1}: the executor did not open it" in r for r in report.reasons)
+
+
+def test_a_rest_larger_than_the_layout_allows_is_refused_unread(honest, tmp_path):
+    import json
+
+    root, commitment = honest
+    write_openings(root / "ckpt", SEGMENTS, tmp_path)
+    path = tmp_path / "chunks" / f"{TAMPERED:08d}.json"
+    opening = json.loads(path.read_text())
+    opening["rest"]["length"] = 2**60  # a declared size that would make the checker walk for ever
+    path.write_text(json.dumps(opening))
+    spec = _spec()
+    bounded = type(spec)(**{**spec.__dict__, "max_rest_bytes": 10**8})
+    report = check_boundaries(commitment, tmp_path, SEGMENTS, bounded)
+    assert any(f"boundary {TAMPERED}: its rest file is {2**60} bytes" in r for r in report.reasons), report.reasons

@@ -264,7 +264,8 @@ def _job(recipe: str | Recipe, config: Mapping[str, Any] | RecipeConfig, seed: i
     from .boundaries import spec_of
 
     run = RecipeRun(resolved, cfg.model_dump(mode="json"), seed, k)
-    return AuditedJob(resolved, run.config, seed, k, InitialState.of(initial), limits, spec_of(run, initial))
+    return AuditedJob(resolved, run.config, seed, k, InitialState.of(initial), limits,
+                      spec_of(run, initial, limits.rest_bytes))
 
 
 def _audit_segment(

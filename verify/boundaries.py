@@ -57,6 +57,10 @@ WINDOW = 3
 V_SLACK = 1e-5
 """Room for float32 rounding in β₂·v."""
 MOVE_SLACK = 1.05
+HEADER_LIMIT = 16 * 1024 * 1024
+"""A canonical header is at most 16 MiB (jobs/canonical.py)."""
+MAX_REST_BYTES = 1 << 40
+"""Without the job's layout (a caller's own use), a rest file's declared size is still bounded."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Spec:
     weights_layout: Layout
     groups: list[dict[str, Any]] = field(default_factory=list)
     """Every optimizer's param groups as the spec builds them (lr, betas, weight_decay)."""
+    max_rest_bytes: int | None = None
+    """The largest rest file the job's layout allows (``OpeningLimits.rest_bytes``): a larger one is refused."""
 
 
 @dataclass
@@ -92,7 +98,7 @@ def check_boundaries(commitment: Commitment, directory: Path, segments: Sequence
     total_chunks = total_bytes = 0
     for b in range(n + 1):
         try:
-            got, names, size = _open(commitment, Path(directory), b, draws, weights_length)
+            got, names, size = _open(commitment, Path(directory), b, draws, weights_length, spec.max_rest_bytes)
         except _Refused as exc:
             reasons.append(f"boundary {b}: {exc}")
             opened.append(None)
@@ -114,7 +120,8 @@ class _Refused(Exception):
     pass
 
 
-def _open(commitment: Commitment, directory: Path, b: int, draws, weights_length: int) -> tuple[_Opened, list[str], int]:
+def _open(commitment: Commitment, directory: Path, b: int, draws, weights_length: int,
+          max_rest: int | None) -> tuple[_Opened, list[str], int]:
     path = directory / CHUNKS_DIR / f"{b:08d}.json"
     try:
         raw = read_regular(path, MAX_OPENING_BYTES)
@@ -131,6 +138,8 @@ def _open(commitment: Commitment, directory: Path, b: int, draws, weights_length
         raise _Refused(f"its opening is malformed ({type(exc).__name__})") from None
     if w_len != weights_length:
         raise _Refused(f"its weights file is {w_len} bytes, not the {weights_length} of the spec model")
+    if not 0 <= r_len <= (max_rest if max_rest is not None else MAX_REST_BYTES):
+        raise _Refused(f"its rest file is {r_len} bytes, more than this job's layout allows")
     try:
         leaf = leaf_of(w_digest, rest_of(r_digest, trace_digest))
         check_leaf(commitment, b, leaf, [str(p) for p in leaf_proof])
@@ -149,7 +158,8 @@ def _open(commitment: Commitment, directory: Path, b: int, draws, weights_length
             raise _Refused(f"{name} chunk {j} does not match its committed digest")
         into[j] = data
         size += len(data)
-    header = b"".join(rest.get(j, b"") for j in range(chunk_count(min(r_len, 8 + _header_len(rest)))))
+    header_end = min(r_len, 8 + min(_header_len(rest), HEADER_LIMIT))
+    header = b"".join(rest.get(j, b"") for j in range(chunk_count(header_end)))
     try:
         layout = Layout.parse(header, r_len) if r_len else None
     except CanonicalError as exc:
@@ -328,7 +338,7 @@ def _profile(movement: Sequence[float | None], reasons: list[str]) -> list[Measu
     return out
 
 
-def spec_of(job, initial_state) -> Spec:
+def spec_of(job, initial_state, max_rest_bytes: int | None = None) -> Spec:
     """The :class:`Spec` of an audited job from the broker's own S_0 (its weights' layout, optimizer groups)."""
     from trainmaster.jobs.state import json_tensor
 
@@ -340,4 +350,4 @@ def spec_of(job, initial_state) -> Spec:
     recipe_json = bytes(json_tensor(job.recipe.name).numpy().tobytes())
     config_json = bytes(json_tensor(job.config).numpy().tobytes())
     return Spec(k=job.k, seed=job.seed, recipe_json=recipe_json, config_json=config_json,
-                weights_layout=Layout.of(initial_state.weights), groups=groups)
+                weights_layout=Layout.of(initial_state.weights), groups=groups, max_rest_bytes=max_rest_bytes)

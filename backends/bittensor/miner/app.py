@@ -274,6 +274,8 @@ class Miner:
             await open_boundaries(checkpoints, asked.indices, checkpoints)  # chunks of every boundary: chunks/
         except ReopenFailed as exc:
             raise refusal(web.HTTPConflict, f"cannot open the challenged segments: {exc}") from None
+        except (OSError, ValueError, RuntimeError) as exc:  # the run's checkpoints are incomplete or unreadable
+            raise refusal(web.HTTPConflict, f"cannot open the boundaries: {type(exc).__name__}: {exc}") from None
         found = await asyncio.to_thread(files.challenge_manifest, _workdir(attempt), asked.indices)
         return _model(protocol.Files(files=found))
 
