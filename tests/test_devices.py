@@ -184,7 +184,11 @@ def test_a_step_that_is_not_deterministic_is_named_so_not_blamed_on_state(tmp_pa
     status, stderr = _run_gpt(code, out)
     assert status == 1, stderr
     assert NONDETERMINISTIC in stderr and MESSAGE not in stderr
-    assert "head.bias" in stderr and not (out / "commitment.json").exists()
+    # the clock's noise enters head.bias's gradient and spreads from the step it first differs: which entries are
+    # named first depends on that step, so the message is checked for naming some, not one in particular
+    named = stderr.split(f"{NONDETERMINISTIC}: ", 1)[1]
+    assert named.strip() and ("head." in named or " more" in named), stderr
+    assert not (out / "commitment.json").exists()
 
 
 def test_a_hidden_cursor_is_still_blamed_on_state(tmp_path):
