@@ -184,7 +184,11 @@ def test_a_step_that_is_not_deterministic_is_named_so_not_blamed_on_state(tmp_pa
     status, stderr = _run_gpt(code, out)
     assert status == 1, stderr
     assert NONDETERMINISTIC in stderr and MESSAGE not in stderr
-    assert "head.bias" in stderr and not (out / "commitment.json").exists()
+    # the clock's noise enters head.bias's gradient and spreads from the step it first differs: which entries are
+    # named first depends on that step, so the message is checked for naming some, not one in particular
+    named = stderr.split(f"{NONDETERMINISTIC}: ", 1)[1]
+    assert named.strip() and ("head." in named or " more" in named), stderr
+    assert not (out / "commitment.json").exists()
 
 
 def test_a_hidden_cursor_is_still_blamed_on_state(tmp_path):
@@ -240,3 +244,36 @@ def test_the_shipped_recipes_come_calibrated_at_their_shipped_configs(tmp_path):
         for executor in ("cpu", "cuda"):  # a miner's GPU run is audited on this CPU
             calibration = calibration_for_pair(tmp_path / "none", run.job_class, executor, "cpu")
             assert calibration.job_class == run.job_class and calibration.point(run.k).separation >= 10
+
+
+def test_a_gpu_committed_run_audited_on_this_cpu_passes_when_honest_and_every_cheat_is_rejected(tmp_path, monkeypatch):
+    """The held-out red team's cheats (verify/variants.py: the mildest lr×0.9, skipped steps, other data, reordered
+    batches, bf16 autocast, a frozen optimizer) on a run that commits ``device: cuda``, audited as a CPU broker
+    audits a miner's GPU run: at the recipe's shipped config, with its shipped calibration standing in for cuda→cpu."""
+    from audit_support import commit, train, with_segment
+    from trainmaster.jobs.spec import load_spec
+    from trainmaster.verify.audit import run_audit
+    from trainmaster.verify.openings import LocalOpenings
+    from trainmaster.verify.recipe_run import recipe_run
+    from trainmaster.verify.variants import CHEATS, FREEZES, execute
+
+    monkeypatch.delenv(AUDIT_DEVICE_ENV, raising=False)
+    shipped = recipe_run(load_spec(Path(__file__).resolve().parents[1] / "configs" / "examples" / "tiny-lm" / "job.yaml"))
+    config, k, drawn = {**shipped.config, "steps": 4 * shipped.k}, shipped.k, 2
+    choice = choose("cuda", shipped.job_class, calibration_dir=tmp_path / "none")
+    assert (choice.device, choice.pair, choice.calibration.pair) == ("cpu", "cuda→cpu", "cpu→cpu")
+    honest = train(shipped.recipe, config, shipped.seed, k)
+
+    def audited(run, where: Path):
+        commitment = commit(run, where).model_copy(update={"device": "cuda"})
+        report = run_audit(commitment=commitment, openings=LocalOpenings(where), segments=[drawn], recipe=shipped.recipe,
+                           config=config, seed=shipped.seed, calibration=choice.calibration, device=choice.device,
+                           calibration_note=choice.note)
+        assert (report.executor_device, report.device) == ("cuda", "cpu")
+        return report.segments[0]
+
+    assert audited(honest, tmp_path / "honest").passed
+    for cheat in (*CHEATS, FREEZES[0]):
+        run = with_segment(honest, drawn, execute(honest.recipe, honest.states[drawn], k, cheat))
+        segment = audited(run, tmp_path / cheat.name)
+        assert not segment.passed and segment.reasons, cheat.name

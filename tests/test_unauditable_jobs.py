@@ -140,3 +140,44 @@ def test_a_run_whose_job_makes_no_commitment_is_the_jobs_failure_and_bans_no_one
     [record] = listed["executors"]
     assert record["hotkey"] == executor.keypair.ss58_address and record["rejected"] == 0
     broker.close()
+
+
+def test_through_the_cli_with_a_real_miner_the_plain_job_is_refused_and_the_opted_in_one_is_paid_on_outcome(
+        tmp_path, tm_home, demo):
+    """The user's path end to end: `offers`, `submit --dry-run` and `submit --wait` with backends.yaml listing a real
+    `trainmaster miner serve` process. The shipped demo is never offered to it (not even asked for a quote: its only
+    answer is the refusal); opted into outcome-only trust, the same job runs on the miner, is accepted on the
+    broker's own evaluation alone, and `verify show` warns of the risk."""
+    from miner_support import MinerProcess, make_wallet, shown, tm
+
+    wallets = tmp_path / "wallets"
+    make_wallet(wallets, "broker")
+    miner = MinerProcess(tmp_path / "miner", make_wallet(wallets, "miner"),
+                         config={"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}).start()
+    try:
+        (tm_home / "config").mkdir(parents=True, exist_ok=True)
+        (tm_home / "config" / "backends.yaml").write_text(
+            f"bittensor:\n  wallet:\n    name: broker\n    path: {wallets}\n  quote_timeout_s: 5\n"
+            f"  miners:\n    - hotkey: {miner.hotkey}\n      url: {miner.url}\n")
+        spec, policy = demo / "job.yaml", demo.parent / "miners.yaml"
+        policy.write_text(UNTRUSTED_ONLY + "tao_rate:\n  usd_per_tao: 400\n")
+        spec.write_text(spec.read_text().replace("--steps 300", "--steps 50"))
+        offered = shown(tm("offers", str(spec), "--policy", str(policy), "--json"))
+        assert offered["unavailable"]["bittensor"] == [UNTRUSTED_REASON] and not offered["considered"]
+        refused = tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
+        assert refused.returncode == 1 and "cannot be audited" in " ".join((refused.stdout + refused.stderr).split())
+        assert "Traceback" not in refused.stdout + refused.stderr
+
+        spec.write_text(spec.read_text() + OUTCOME_ONLY)
+        offered = shown(tm("offers", str(spec), "--policy", str(policy), "--json"))
+        assert [r["offer"]["instance"] for r in offered["considered"]] == [miner.hotkey], offered
+        done = tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        job = shown(done)
+        assert job["state"] == "accepted" and [a["backend"] for a in job["attempts"]] == ["bittensor"], job
+        verdict = json.loads((tm_home / "jobs" / job["id"] / "verdict.json").read_text())
+        assert "replay" not in verdict["checks"] and verdict["evidence"]["trust"]["risk"] == OUTCOME_ONLY_RISK
+        told = tm("verify", "show", job["id"])
+        assert told.returncode == 0 and f"warning: {OUTCOME_ONLY_RISK}" in " ".join(told.stdout.split()), told.stdout
+    finally:
+        miner.stop()
