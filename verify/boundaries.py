@@ -13,8 +13,9 @@ and per segment s (S_s → S_{s+1}):
   ``|m̂| / √v̂`` any gradients give (``verify/plausibility.py``'s bound with bias correction);
 * **second moments** — every sampled ``exp_avg_sq`` element satisfies ``v_{s+1} ≥ β₂^t · v_s``
   (``v ← β₂ v + (1 − β₂) g²`` can fall no faster);
-* **movement profile** — the sampled movement of segment s, ‖ΔW‖, is neither below 1/F nor above F
-  times the median of its neighbours on *both* sides (F = :data:`PROFILE_FACTOR`): a frozen segment
+* **movement profile** — the sampled movement of segment s per optimizer step, ‖ΔW‖/t, is neither below
+  1/F nor above F times the median of its neighbours' on *both* sides (F = :data:`PROFILE_FACTOR`), and a
+  segment without steps amid neighbours that all have some is a freeze: a frozen segment
   (no movement) or a swapped model (a jump) stands out, a warm-up or a schedule does not. Edge
   segments (replayed anyway) and segments next to idle ones (updates every few segments) are not
   compared.
@@ -243,6 +244,7 @@ def _segments(n: int, opened: Sequence[_Opened], draws, spec: Spec, reasons: lis
     adam = _adam(spec)
     counters = [_counter(o) for o in opened]
     movement: list[float | None] = []
+    steps_taken: list[float | None] = []
     for s in range(n):
         before, after = opened[s], opened[s + 1]
         steps = None
@@ -267,6 +269,7 @@ def _segments(n: int, opened: Sequence[_Opened], draws, spec: Spec, reasons: lis
                         worst, limit_hit = excess, name
         norm = math.sqrt(sum(moved)) if moved else None
         movement.append(norm)
+        steps_taken.append(steps)
         if adam is not None:
             ok = worst <= 1.0
             out.append(Measurement(check="weight movement / k-step bound", at=s, measured=worst,
@@ -275,7 +278,7 @@ def _segments(n: int, opened: Sequence[_Opened], draws, spec: Spec, reasons: lis
                 reasons.append(f"segment {s}: {limit_hit} moved {worst:.3g}× what {t:g} optimizer steps at lr {adam[0]:g} allow")
             if s >= 1:
                 out.append(_moments(s, before, after, adam[1], t, reasons))
-    out += _profile(movement, reasons)
+    out += _profile(movement, steps_taken, reasons)
     return out
 
 
@@ -315,13 +318,24 @@ def _moments(s: int, before: _Opened, after: _Opened, beta2: float, t: float, re
                        bound=f"≥ β₂^t = {floor_factor:.4g} ({compared} elements)", passed=ok)
 
 
-def _profile(movement: Sequence[float | None], reasons: list[str]) -> list[Measurement]:
+def _profile(movement: Sequence[float | None], steps: Sequence[float | None], reasons: list[str]) -> list[Measurement]:
+    """Movement per optimizer step (when the counters say how many) against the neighbours'. A segment
+    without optimizer steps is compared only where every neighbour has some (a regular schedule)."""
     out = []
+    per_step = [None if m is None or t == 0 else (m / t if t else m) for m, t in zip(movement, steps, strict=True)]
     for s, m in enumerate(movement):
         if m is None:
             continue
-        left = [x for x in movement[max(0, s - WINDOW) : s] if x is not None]
-        right = [x for x in movement[s + 1 : s + 1 + WINDOW] if x is not None]
+        window = list(range(max(0, s - WINDOW), s)) + list(range(s + 1, min(len(movement), s + 1 + WINDOW)))
+        if steps[s] == 0:
+            if window and s - WINDOW >= 0 and s + WINDOW < len(movement) and all(steps[i] and steps[i] > 0 for i in window):
+                out.append(Measurement(check="movement profile", at=s, measured=0.0,
+                                       bound="optimizer steps as every neighbour's", passed=False))
+                reasons.append(f"segment {s}: no optimizer step where every neighbouring segment has some (a freeze)")
+            continue
+        m = per_step[s]
+        left = [x for x in per_step[max(0, s - WINDOW) : s] if x is not None]
+        right = [x for x in per_step[s + 1 : s + 1 + WINDOW] if x is not None]
         if not left or not right:  # an edge: replayed anyway (segment 0, the last L), and a schedule's ramp
             continue                # is one-sided there
         sides = [statistics.median(left), statistics.median(right)]
