@@ -24,7 +24,12 @@ from trainmaster.jobs.files import HostileFile, read_regular, tree_bytes, write_
 async def copy_segments(checkpoints: Path, indices: list[int], dest: Path) -> Path:
     """Every segment's manifest under the runtime's checkpoint directory `checkpoints`, and the whole of each
     segment of `indices` and of the one after it, copied into `dest` laid out the same (hashed as they go);
-    returns `dest`."""
+    returns `dest`. States the run hashed but did not keep are first re-made from the nearest kept one
+    (backends/segment_reopen.py)."""
+    from trainmaster.backends.segment_reopen import open_boundaries, reopen_dropped
+
+    await reopen_dropped(checkpoints, indices)
+    await open_boundaries(checkpoints, indices, dest)
     source = checkpoints / "segments"
     wanted = set(indices) | {i + 1 for i in indices}
     names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())

@@ -65,6 +65,13 @@ def canonical_tensors(state: Mapping[str, object]) -> dict[str, torch.Tensor]:
     return {name: _canonical_tensor(name, state[name]) for name in sorted(_checked_names(state))}
 
 
+def canonical_layout(state: Mapping[str, object]) -> dict[str, torch.Tensor]:
+    """As :func:`canonical_tensors`, but a tensor on a GPU stays there (C-contiguous, detached): the
+    entries of a state in canonical order, each checked, for a copier that moves them itself
+    (``jobs/host_copy.py``)."""
+    return {name: _canonical_tensor(name, state[name], host=False) for name in sorted(_checked_names(state))}
+
+
 def _checked_names(state: Mapping[str, object]) -> list[str]:
     for name in state:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or name.startswith("__"):
@@ -74,7 +81,7 @@ def _checked_names(state: Mapping[str, object]) -> list[str]:
     return list(state)
 
 
-def _canonical_tensor(name: str, value: object) -> torch.Tensor:
+def _canonical_tensor(name: str, value: object, host: bool = True) -> torch.Tensor:
     if (  # the common case, checked cheaply: a dense contiguous CPU tensor of a supported dtype
         isinstance(value, torch.Tensor)
         and value.dtype in DTYPES
@@ -92,7 +99,7 @@ def _canonical_tensor(name: str, value: object) -> torch.Tensor:
         raise CanonicalError(f"state entry {name!r} is not a dense tensor (layout {value.layout})")
     if value.dtype not in DTYPES:
         raise CanonicalError(f"state entry {name!r} has unsupported dtype {value.dtype}")
-    return value.detach().cpu().contiguous()
+    return (value.detach().cpu() if host else value.detach()).contiguous()
 
 
 def _numpy_to_tensor(name: str, array: np.ndarray) -> torch.Tensor:

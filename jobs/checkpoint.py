@@ -6,8 +6,11 @@ Layout (docs/runtime.md, "Checkpoints on disk")::
         weights.safetensors     canonical serialization of weights_i
         rest.safetensors        canonical serialization of the rest of S_i
         decisions.safetensors   decision trace of steps i*k .. (i+1)*k-1 (empty for i = n)
-        manifest.json           sizes and sha256 of the three files, weights_sha256,
-                                rest_sha256 = sha256(rest.safetensors ‖ decisions.safetensors), leaf
+        manifest.json           sizes and chunk digests of the three files (jobs/chunks.py), weights_sha256
+                                = digest(weights), rest_sha256 = sha256(digest(rest) ‖ digest(decisions)), leaf
+
+A segment that is not kept (``checkpoint.keep_every``) has its manifest alone: its files were hashed
+into the leaf, then dropped; ``jobs/reopen.py`` re-makes them by re-running from the nearest kept one.
 
 A segment is written once, complete, when its trace is done: into ``segments/.<i>.tmp/``, every
 file fsynced (in parallel, so the filesystem commits them together), the directory fsynced, then
@@ -17,13 +20,10 @@ Nothing is ever pickled.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,10 +34,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import files
-from .canonical import CanonicalError, deserialize, sha256_of, views
+from .canonical import CanonicalError, deserialize, views
+from .chunks import file_digest
+from .priority import lower_thread_priority
 from .state import TrainState
 
-FORMAT = "trainmaster-checkpoint-v1"
+FORMAT = "trainmaster-checkpoint-v2"
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 2**16
 """A segment manifest lists three files and four digests (under 1 KB); read bounded, as a returned
@@ -53,16 +55,6 @@ _WRITEBACK_BYTES = 16 * 1024 * 1024
 _PARALLEL_HASH_BYTES = 8 * 1024 * 1024
 
 
-def lower_thread_priority() -> None:
-    """Make the calling thread yield the CPU to training (nice +10; Linux sets niceness per thread).
-
-    Checkpoint threads then use what the training thread leaves idle instead of competing with it.
-    """
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-
-
 _HASHERS = ThreadPoolExecutor(2, thread_name_prefix="trainmaster-hash", initializer=lower_thread_priority)
 _SYNCERS = ThreadPoolExecutor(8, thread_name_prefix="trainmaster-fsync", initializer=lower_thread_priority)
 
@@ -74,6 +66,7 @@ class CheckpointError(RuntimeError):
 class FileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     sha256: str
+    """The file's chunk digest (``jobs/chunks.py``; the key keeps its name)."""
     bytes: int
 
 
@@ -81,7 +74,7 @@ class SegmentManifest(BaseModel):
     """What ``manifest.json`` holds for segment ``segment`` (state S_i at step ``step``, and its trace)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    format: Literal["trainmaster-checkpoint-v1"] = FORMAT
+    format: Literal["trainmaster-checkpoint-v2"] = FORMAT
     job_id: str
     recipe: str
     segment: int
@@ -91,6 +84,11 @@ class SegmentManifest(BaseModel):
     weights_sha256: str
     rest_sha256: str
     leaf: str
+    device: Literal["cuda"] | None = None
+    """``cuda`` when S_i was trained on a GPU (absent: the CPU). Not hashed: the commitment carries the
+    run's device kind (``jobs/devices.py``); a resumed run reads it back from here."""
+    kept: bool = True
+    """Whether the state files are on disk; a segment not kept has only this manifest (its leaf)."""
 
 
 @dataclass
@@ -108,15 +106,20 @@ def segment_dir(root: Path, index: int) -> Path:
 
 
 def segment_indices(root: Path) -> list[int]:
-    """Indices of the (complete) segments under ``root``, ascending."""
+    """Indices of the (complete) segments under ``root``, ascending (kept or not)."""
     base = Path(root) / SEGMENTS
     if not base.is_dir():
         return []
     return sorted(int(p.name) for p in base.iterdir() if p.name.isdigit() and (p / MANIFEST).is_file())
 
 
+def kept_indices(root: Path) -> list[int]:
+    """Indices of the segments whose state files are on disk (a resume or a re-run starts from one)."""
+    return [i for i in segment_indices(root) if (segment_dir(root, i) / WEIGHTS).is_file()]
+
+
 def leaf_of(weights_sha256: str, rest_sha256: str) -> str:
-    """``h_i = sha256(sha256(weights_i) ‖ sha256(rest_i))`` over the raw 32-byte digests, as hex."""
+    """``h_i = sha256(digest(weights_i) ‖ rest_sha256)`` over the raw 32-byte digests, as hex."""
     return hashlib.sha256(bytes.fromhex(weights_sha256) + bytes.fromhex(rest_sha256)).hexdigest()
 
 
@@ -161,21 +164,22 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise CheckpointError(f"could not write {path}: {exc}") from exc
 
 
-def _hash_rest_and_trace(rest: Buffers, trace: Buffers) -> tuple[str, str, str]:
-    """sha256 of the rest file, of the trace file, and of their concatenation, in one pass over rest."""
-    joined = sha256_of(rest)
-    rest_file = joined.hexdigest()
-    sha256_of(trace, joined)
-    return rest_file, sha256_of(trace).hexdigest(), joined.hexdigest()
+def rest_of(rest_digest: str, trace_digest: str) -> str:
+    """``rest_sha256 = sha256(digest(rest) ‖ digest(trace))`` over the raw 32-byte digests, as hex."""
+    return hashlib.sha256(bytes.fromhex(rest_digest) + bytes.fromhex(trace_digest)).hexdigest()
 
 
 def _hash(fn: Callable[..., T], *args: Buffers, inline: bool) -> Future[T]:
-    """Run a hash on the hashing threads, or here for small data (waking a thread costs more than hashing it)."""
+    """Run a hash beside the writes (its chunks spread over every core), or here for small data."""
     if not inline:
         return _HASHERS.submit(fn, *args)
     future: Future[T] = Future()
     future.set_result(fn(*args))
     return future
+
+
+def _digests(weights: Buffers, rest: Buffers, trace: Buffers) -> tuple[str, str, str]:
+    return file_digest(weights), file_digest(rest), file_digest(trace, parallel=False)
 
 
 def write_segment(
@@ -209,39 +213,45 @@ def write_segment_bytes(
     recipe: str,
     step: int,
     k: int,
+    device: str = "cpu",
+    keep: bool = True,
 ) -> SegmentManifest:
     """Write segment ``index`` from the canonical bytes of its three files, and publish it atomically.
 
-    Hashing runs on worker threads over the same memory the writer reads, so the cost is about
-    ``max(write, hash)``. An I/O failure (a full disk) raises :class:`CheckpointError` and leaves
-    every earlier segment as it was.
+    The chunk digests are computed on worker threads over the same memory the writer reads, so the
+    cost is about ``max(write, hash)``. With ``keep=False`` the files are hashed and not written: the
+    segment is its manifest alone. An I/O failure (a full disk) raises :class:`CheckpointError` and
+    leaves every earlier segment as it was.
     """
     parts = {WEIGHTS: weights, REST: rest, DECISIONS: trace}
-    inline = sum(len(view) for buffers in parts.values() for view in buffers) < _PARALLEL_HASH_BYTES
-    weights_hash = _hash(sha256_of, weights, inline=inline)
-    rest_hashes = _hash(_hash_rest_and_trace, rest, trace, inline=inline)
+    inline = not keep or sum(len(view) for buffers in parts.values() for view in buffers) < _PARALLEL_HASH_BYTES
+    digests = _hash(_digests, weights, rest, trace, inline=inline)
     final = segment_dir(root, index)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        sizes = {name: _write_views(tmp / name, buffers) for name, buffers in parts.items()}
+        if keep:
+            sizes = {name: _write_views(tmp / name, buffers) for name, buffers in parts.items()}
+        else:
+            sizes = {name: sum(len(view) for view in buffers) for name, buffers in parts.items()}
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write segment {index} in {tmp}: {exc}") from exc
     finally:
-        weights_sha = weights_hash.result().hexdigest()
-        rest_file_sha, trace_sha, rest_sha = rest_hashes.result()
+        weights_sha, rest_file_sha, trace_sha = digests.result()
+    rest_sha = rest_of(rest_file_sha, trace_sha)
     shas = {WEIGHTS: weights_sha, REST: rest_file_sha, DECISIONS: trace_sha}
     manifest = SegmentManifest(
         job_id=job_id, recipe=recipe, segment=index, step=step, k=k,
         files={name: FileEntry(sha256=shas[name], bytes=sizes[name]) for name in parts},
         weights_sha256=weights_sha, rest_sha256=rest_sha, leaf=leaf_of(weights_sha, rest_sha),
+        device=None if device == "cpu" else device, kept=keep,
     )
     try:
-        text = json.dumps(manifest.model_dump(), sort_keys=True, indent=2) + "\n"
+        text = json.dumps(manifest.model_dump(exclude_none=True, exclude_defaults=False), sort_keys=True, indent=2) + "\n"
         _write_views(tmp / MANIFEST, [text.encode("utf-8")])
-        _fsync_all([tmp / name for name in (*parts, MANIFEST)])
+        _fsync_all([tmp / name for name in ((*parts, MANIFEST) if keep else (MANIFEST,))])
         _fsync(tmp)
         if final.exists():
             shutil.rmtree(final)
@@ -272,8 +282,8 @@ def _read_checked(directory: Path, name: str, entry: FileEntry) -> bytes:
         raise CheckpointError(f"checkpoint file {path} is missing: {exc}") from exc
     if len(data) != entry.bytes:
         raise CheckpointError(f"checkpoint file {path} is truncated or extended: {len(data)} bytes, manifest says {entry.bytes}")
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise CheckpointError(f"checkpoint file {path} does not match its manifest sha256 (tampered or corrupt)")
+    if file_digest([data]) != entry.sha256:
+        raise CheckpointError(f"checkpoint file {path} does not match its manifest digest (tampered or corrupt)")
     return data
 
 
@@ -293,10 +303,10 @@ def read_segment(directory: Path) -> LoadedSegment:
     manifest = read_manifest(directory)
     if set(manifest.files) != {WEIGHTS, REST, DECISIONS}:
         raise CheckpointError(f"{directory / MANIFEST} must list exactly {WEIGHTS}, {REST} and {DECISIONS}")
+    if not manifest.kept:
+        raise CheckpointError(f"segment {manifest.segment} was not kept ({directory} holds its leaf only)")
     raw = {name: _read_checked(directory, name, entry) for name, entry in manifest.files.items()}
-    joined = hashlib.sha256(raw[REST])
-    joined.update(raw[DECISIONS])
-    rest_sha = joined.hexdigest()
+    rest_sha = rest_of(manifest.files[REST].sha256, manifest.files[DECISIONS].sha256)
     weights_sha = manifest.files[WEIGHTS].sha256
     if (manifest.weights_sha256, manifest.rest_sha256, manifest.leaf) != (weights_sha, rest_sha, leaf_of(weights_sha, rest_sha)):
         raise CheckpointError(f"{directory / MANIFEST} has hashes or a leaf that do not match its files")

@@ -50,7 +50,7 @@ def trace_name(step: int, name: str) -> str:
 
 def argmax_margin(scores: torch.Tensor) -> MarginFn:
     """Margins for an argmax over the last dimension: ``scores[own] - scores[forced]`` (float64)."""
-    values = scores.detach().double()
+    values = scores.detach().double().cpu()
 
     def margin(forced: torch.Tensor) -> torch.Tensor:
         own = values.max(dim=-1).values
@@ -65,7 +65,7 @@ def interval_margin(cdf: torch.Tensor, points: torch.Tensor) -> MarginFn:
     ``cdf`` is the cumulative (unnormalised) weight of each choice and ``points`` the draws in the
     same units; choice ``j`` owns ``[cdf[j-1], cdf[j])``. Margins are divided by the total weight.
     """
-    cdf, points = cdf.detach().double(), points.detach().double()
+    cdf, points = cdf.detach().double().cpu(), points.detach().double().cpu()
     total = cdf[-1]
 
     def margin(forced: torch.Tensor) -> torch.Tensor:
@@ -140,17 +140,19 @@ class DecisionLog:
     def decide(self, name: str, own: torch.Tensor, upper: int, margin: MarginFn | None = None) -> torch.Tensor:
         """The choice to act on: ``own`` normally, the recorded one when forced.
 
-        ``own`` holds integer choices in ``[0, upper)`` (any shape); a forced choice outside that
+        ``own`` holds integer choices in ``[0, upper)`` (any shape, on any device: the choice comes back
+        on ``own``'s device, the trace keeps a host copy); a forced choice outside that
         range is refused. ``margin`` maps the forced choices to how much this run's values prefer
         its own choices; without it, a disagreement counts as an infinite margin (the choice was
         not a near-tie, e.g. it came from the step's own RNG).
         """
         if not _NAME.fullmatch(name):
             raise DecisionTraceError(f"decision name {name!r} must match [A-Za-z0-9_.:-]+")
-        own = own.detach().to(torch.int64).contiguous()
+        device = own.device
+        own = own.detach().to("cpu", torch.int64).contiguous()  # traces are host tensors; a GPU's choice is copied
         chosen = own if self.forced is None else self._forced_choice(name, own, upper, margin)
         self.trace.add(self.step, name, chosen.clone())
-        return chosen
+        return chosen if device.type == "cpu" else chosen.to(device)
 
     def _forced_choice(self, name: str, own: torch.Tensor, upper: int, margin: MarginFn | None) -> torch.Tensor:
         assert self.forced is not None

@@ -24,8 +24,10 @@ RESUME_FROM = "TRAINMASTER_RESUME_FROM"
 SEED = "TRAINMASTER_SEED"
 SEGMENT_STEPS = "TRAINMASTER_SEGMENT_STEPS"
 BUNDLE_SHA256 = "TRAINMASTER_BUNDLE_SHA256"
+KEEP_EVERY = "TRAINMASTER_KEEP_EVERY"
+MAX_DISK_GB = "TRAINMASTER_MAX_DISK_GB"
 
-ALL = (JOB_ID, OUTPUT_DIR, CHECKPOINT_DIR, RESUME_FROM, SEED, SEGMENT_STEPS, BUNDLE_SHA256)
+ALL = (JOB_ID, OUTPUT_DIR, CHECKPOINT_DIR, RESUME_FROM, SEED, SEGMENT_STEPS, BUNDLE_SHA256, KEEP_EVERY, MAX_DISK_GB)
 
 
 def job_environment(
@@ -37,6 +39,8 @@ def job_environment(
     segment_steps: int,
     bundle_sha256: str,
     resume_from: Path | None = None,
+    keep_every: int = 1,
+    max_disk_gb: float | None = None,
 ) -> dict[str, str]:
     """The variables a backend sets for one attempt of a job (strings, ready for `os.environ`)."""
     return {
@@ -47,6 +51,8 @@ def job_environment(
         SEED: str(seed),
         SEGMENT_STEPS: str(segment_steps),
         BUNDLE_SHA256: bundle_sha256,
+        KEEP_EVERY: str(keep_every),
+        MAX_DISK_GB: "" if max_disk_gb is None else repr(float(max_disk_gb)),
     }
 
 

@@ -17,10 +17,13 @@ import torch
 
 from .decisions import DecisionLog
 from .recipe import Recipe, RecipeConfig, StepContext, Trainer
-from .seeding import capture_global_rng, restore_global_rng, seed_globals
+from .devices import prepare_determinism, seed_cuda
+from .seeding import capture_global_rng, derive_seed, restore_global_rng, seed_globals
 from .state import TrainState, json_tensor, prefixed, scalar, section, tensor_json
 
 RUNTIME = "runtime"
+NONDETERMINISTIC = "does not have a deterministic implementation"
+"""What torch says of an op it cannot run deterministically (``devices.prepare_determinism``)."""
 BUILD_STREAM = "build"
 
 
@@ -90,7 +93,15 @@ def run_step(trainer: Trainer, seed: int, step: int, decisions: DecisionLog) -> 
     """Execute step ``step``: re-seed the global generators for it, then let the trainer step."""
     seed_globals(seed, step)
     decisions.begin_step(step)
-    return trainer.step(StepContext(seed=seed, step=step, decisions=decisions))
+    try:
+        return trainer.step(StepContext(seed=seed, step=step, decisions=decisions))
+    except RuntimeError as exc:
+        if NONDETERMINISTIC not in str(exc):
+            raise
+        raise StateError(
+            f"step {step}: {str(exc).splitlines()[0]} — on CUDA the runtime runs steps with deterministic kernels "
+            "(torch.use_deterministic_algorithms), so that a segment replays bit for bit; use an operation that has one"
+        ) from exc
 
 
 def set_threads(config: RecipeConfig) -> None:
@@ -99,10 +110,13 @@ def set_threads(config: RecipeConfig) -> None:
 
 
 def build_trainer(recipe: Recipe, config: RecipeConfig, seed: int) -> Trainer:
-    """Pin the thread count, seed the global generators from the job seed, build the trainer.
+    """Pin the thread count and, on a CUDA machine, deterministic fp32 kernels (``devices.prepare_determinism``);
+    seed the global generators (CUDA's too) from the job seed; build the trainer.
 
     S_0 records the global generators' states, so they must not depend on what ran before.
     """
     set_threads(config)
+    prepare_determinism()
     seed_globals(seed, 0, BUILD_STREAM)
+    seed_cuda(derive_seed(seed, 0, BUILD_STREAM))
     return recipe.build(config, seed)

@@ -25,7 +25,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .canonical import serialize, state_sha256
+from .canonical import serialize, views
+from .chunks import file_digest
 from .checkpoint import DECISIONS, REST, WEIGHTS, CheckpointError, read_canonical_file, write_bytes_atomic
 from .decisions import DecisionLog, DecisionReport, DecisionTrace, DecisionTraceError
 from .execution import StateError, build_trainer, full_state, restore, run_step, state_info
@@ -55,13 +56,14 @@ class ReplayResult:
 
     @property
     def weights_sha256(self) -> str:
-        """sha256 of the canonical weights: compare with the committed weights of S_{i+1}."""
-        return state_sha256(self.state.weights)
+        """The chunk digest of the canonical weights (``jobs/chunks.py``): compare with the committed
+        ``weights_sha256`` of S_{i+1}."""
+        return file_digest(views(self.state.weights))
 
     @property
     def state_rest_sha256(self) -> str:
-        """sha256 of the canonical rest of S_{i+1} (its ``rest.safetensors``, without any trace)."""
-        return state_sha256(self.state.rest)
+        """The chunk digest of the canonical rest of S_{i+1} (its ``rest.safetensors``, without any trace)."""
+        return file_digest(views(self.state.rest))
 
     def report(self) -> dict[str, Any]:
         return {
@@ -110,7 +112,11 @@ def replay_state(
     config: Mapping[str, Any] | None = None,
 ) -> ReplayResult:
     """:func:`replay_segment` from a state already in memory (the verifier holds S_i once its opening
-    is checked, and a write-and-read round trip would cost a third of its per-segment time)."""
+    is checked, and a write-and-read round trip would cost a third of its per-segment time).
+
+    The trainer computes on the device its recipe resolves (``jobs/devices.py``: the verifier's, inside
+    ``replaying_on``); S_i is loaded into it from the host, and the result's state is a host copy, so
+    whatever compares it never mixes devices."""
     info = state_info(state)
     resolved = _resolve_recipe(recipe, info.recipe)
     if config is not None and dict(config) != info.config:
@@ -123,13 +129,13 @@ def replay_state(
         raise StateError(f"cannot replay {k} steps from step {info.step} of a {cfg.steps}-step run")
     trainer = build_trainer(resolved, cfg, info.seed)
     restore(trainer, state)
-    _check_loaded_unchanged(state, full_state(trainer, resolved, cfg, info.seed, info.step))
+    _check_loaded_unchanged(state.on_host(), full_state(trainer, resolved, cfg, info.seed, info.step).on_host())
     decisions = DecisionLog(forced=forced_decisions)
     with recording_step_rates() as rates:
         for step in range(info.step, info.step + k):
             run_step(trainer, info.seed, step, decisions)
     decisions.check_complete()
-    end = full_state(trainer, resolved, cfg, info.seed, info.step + k)
+    end = full_state(trainer, resolved, cfg, info.seed, info.step + k).on_host()  # a GPU trainer's, copied to the host
     return ReplayResult(info.step, info.step + k, end, decisions.trace, decisions.report(), rates.peak)
 
 

@@ -23,6 +23,7 @@ Formats: docs/runtime.md. Re-executing one segment: :mod:`trainmaster.jobs.repla
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from .checkpoint import (
     LoadedSegment,
     read_segment,
     segment_dir,
-    segment_indices,
+    kept_indices,
     write_bytes_atomic,
 )
 from .commitment import FILENAME as COMMITMENT_FILE
@@ -129,7 +130,12 @@ def _train(
         _adopt_earlier_segments(resumed, settings.checkpoint_dir)
     _prepare_checkpoint_dir(settings.checkpoint_dir, resumed)
     metrics = MetricsLog(settings.output_dir / METRICS_FILE, resume_step=start if resumed else None)
-    writer = SegmentWriter(settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k)
+    budget = None if settings.max_disk_gb is None else int(settings.max_disk_gb * 1e9)
+    writer = SegmentWriter(settings.checkpoint_dir, job_id=settings.job_id, recipe=recipe.name, k=k,
+                           budget_bytes=budget, used_bytes=_kept_bytes(settings.checkpoint_dir))
+    if settings.keep_every > 1:
+        _record_location(recipe, settings.checkpoint_dir)
+    keep = _keeper(settings.keep_every, n)
     # S_i is written with the trace of the segment it starts, so it is held until that segment ends.
     held = None if resumed else writer.capture(full_state(trainer, recipe, config, seed, 0, world))
     segment_started, segment_seconds = time.perf_counter(), 0.0  # the last segment's time bounds the check's
@@ -144,7 +150,7 @@ def _train(
                     reached = writer.capture(full_state(trainer, recipe, config, seed, step + 1, world))
                 finally:  # the finished segment is queued even when S_index cannot be captured
                     if held is not None:  # None right after a resume: that segment is already on disk
-                        writer.write((step + 1) // k - 1, held, decisions.trace)
+                        writer.write((step + 1) // k - 1, held, decisions.trace, keep((step + 1) // k - 1))
                 held = reached
                 metrics.flush()
                 decisions = DecisionLog()
@@ -167,12 +173,14 @@ def _train(
 def _finish(trainer: Trainer, recipe: Recipe, config: RecipeConfig, settings: RuntimeSettings, n: int) -> RunResult:
     """Write the commitment, the final weights and ``result.json``."""
     out, k = settings.output_dir, settings.segment_steps
+    final_dir = segment_dir(settings.checkpoint_dir, n)
+    final_weights = (final_dir / WEIGHTS).read_bytes()
     commitment = build_commitment(
-        settings.checkpoint_dir, job_id=settings.job_id, bundle_sha256=settings.bundle_sha256, n=n, k=k
+        settings.checkpoint_dir, job_id=settings.job_id, bundle_sha256=settings.bundle_sha256, n=n, k=k,
+        final_sha256=hashlib.sha256(final_weights).hexdigest(),
     )
     write_bytes_atomic(out / COMMITMENT_FILE, commitment.canonical_json())
-    final_dir = segment_dir(settings.checkpoint_dir, n)
-    write_bytes_atomic(out / MODEL_FILE, (final_dir / WEIGHTS).read_bytes())
+    write_bytes_atomic(out / MODEL_FILE, final_weights)
     result = {
         "recipe": recipe.name,
         "job_id": settings.job_id,
@@ -189,13 +197,42 @@ def _finish(trainer: Trainer, recipe: Recipe, config: RecipeConfig, settings: Ru
     return RunResult(commitment, result, out)
 
 
+def _keeper(m: int, n: int):
+    """Which segments keep their files: S_0, every m-th, S_{n-1} (the self-check replays it) and S_n."""
+    return lambda i: i % m == 0 or i >= n - 1
+
+
+def _kept_bytes(checkpoint_dir: Path) -> int:
+    """What the segments already on disk take (a resumed run counts them against the budget)."""
+    base = Path(checkpoint_dir) / SEGMENTS
+    if not base.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in base.glob("*/*.safetensors") if f.is_file() and not f.is_symlink())
+
+
+def _record_location(recipe: Recipe, checkpoint_dir: Path) -> None:
+    """Write how a fresh process imports the recipe, so the executor can re-make dropped states (jobs/reopen.py)."""
+    from .reopen import write_location
+    from .selfcheck import locate
+
+    location = locate(recipe)
+    if location is None:
+        raise SettingsError(
+            f"checkpoint.keep_every > 1 needs recipe {recipe.name!r} importable by a fresh process (defined at module "
+            "level), to re-make the states it does not keep"
+        )
+    path = [os.path.abspath(entry or os.curdir) for entry in sys.path if isinstance(entry, str)]
+    write_location(checkpoint_dir, {"attr": location.attr, "module": location.module, "script": location.script,
+                                    "path": path, "python": sys.executable})
+
+
 def _resume_point(settings: RuntimeSettings, recipe: Recipe, config: RecipeConfig) -> LoadedSegment | None:
     """The verified segment named by ``TRAINMASTER_RESUME_FROM``: a segment dir, or the latest in a checkpoint dir."""
     path = settings.resume_from
     if path is None:
         return None
     if not (path / MANIFEST).is_file():
-        indices = segment_indices(path)
+        indices = kept_indices(path)
         if not indices:
             raise CheckpointError(f"nothing to resume from: {path} holds no complete segment")
         path = segment_dir(path, indices[-1])

@@ -47,6 +47,11 @@ from .recipe import Recipe
 IMPORT_ONLY = "TRAINMASTER_IMPORT_ONLY"
 """Set in processes that import a recipe to replay it: training must not start there."""
 MESSAGE = "state() does not capture everything the next steps read"
+NONDETERMINISTIC = (
+    "the last segment does not replay bit for bit even within one fresh process — its steps are not a function of "
+    "the state (a kernel without a deterministic implementation, a clock, an unseeded generator), which state() "
+    "cannot fix; two replays differ in"
+)
 SHOWN = 5
 """Entries named in the message; the rest are counted."""
 NICE = 10
@@ -57,6 +62,11 @@ MODULE = "trainmaster.jobs.selfcheck_child"
 MAX_RESULT_BYTES = 2**20
 """The check's result (a few mismatching entries); the recipe runs in that process, so it is read bounded."""
 TAIL_BYTES = 64 * 1024
+
+
+def _named(entries: list) -> str:
+    more = f" and {len(entries) - SHOWN} more" if len(entries) > SHOWN else ""
+    return f"{', '.join(map(str, entries[:SHOWN]))}{more}"
 
 
 class SelfCheckError(StateError):
@@ -152,9 +162,10 @@ class SelfCheck:
             raise SelfCheckError(f"the self-check process ended with code {code} and no result: {self._log_tail()}")
         if "error" in found:
             raise SelfCheckError(f"the self-check failed: {found['error']}")
+        if unstable := found.get("nondeterministic"):
+            raise SelfCheckError(f"{NONDETERMINISTIC}: {_named(unstable)}")
         if differ := found.get("differ"):
-            more = f" and {len(differ) - SHOWN} more" if len(differ) > SHOWN else ""
-            raise SelfCheckError(f"{MESSAGE}: {', '.join(differ[:SHOWN])}{more}")
+            raise SelfCheckError(f"{MESSAGE}: {_named(differ)}")
         return time.perf_counter() - started
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ Command line (internal)::
     python -m trainmaster.jobs.selfcheck_child (--module NAME | --script PATH) --attr ATTR --result FILE
 
 It reads one JSON line ``{"checkpoint_dir": …, "segment": i, "k": k}`` from stdin (end of input: it
-exits quietly) and writes ``{"differ": [...]}`` or ``{"error": "..."}`` to ``FILE``.
+exits quietly) and writes ``{"differ": [...]}`` (plus ``"nondeterministic": [...]`` when two replays
+in this process differ from each other) or ``{"error": "..."}`` to ``FILE``.
 """
 
 from __future__ import annotations
@@ -23,38 +24,53 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .recipe import Recipe
+from .recipe_import import import_recipe
 from .selfcheck import MODULE
 
-_SCRIPT_MODULE = "__trainmaster_recipe__"
 
 
 def replayed_differences(recipe: Recipe, checkpoint_dir: Path, segment: int, k: int) -> list[str]:
     """Replay ``segment`` from its committed S_i with its recorded decisions; the entries of the full
     state reached that differ from the committed S_{i+1} (weights by name, then the rest), plus
     ``decision <name>`` for decisions this replay would have taken otherwise."""
+    return check(recipe, checkpoint_dir, segment, k)["differ"]
+
+
+def check(recipe: Recipe, checkpoint_dir: Path, segment: int, k: int) -> dict:
+    """The child's answer: ``{"differ": [...]}``, with ``"nondeterministic": [...]`` when the segment, replayed
+    a second time here, does not even reproduce this process's own first replay — the steps are not a
+    function of the state on this device (a kernel without a deterministic implementation, a clock, an
+    unseeded generator), which is not what ``state()`` misses, and is said so."""
     from .checkpoint import segment_dir
-    from .replay import load_state, replay_segment
-    from .state_diff import differing
+    from .replay import load_state
+
+    first = _replay(recipe, checkpoint_dir, segment, k)
+    differ = _differences(first.state, load_state(segment_dir(checkpoint_dir, segment + 1))) + [
+        f"decision {name}" for name, count in sorted(first.decisions.by_name.items()) if count
+    ]
+    if not differ:
+        return {"differ": []}
+    if unstable := _differences(_replay(recipe, checkpoint_dir, segment, k).state, first.state):
+        return {"nondeterministic": unstable, "differ": differ}
+    return {"differ": differ}
+
+
+def _replay(recipe: Recipe, checkpoint_dir: Path, segment: int, k: int):
+    from .checkpoint import segment_dir
+    from .replay import replay_segment
 
     here = segment_dir(checkpoint_dir, segment)
-    replayed = replay_segment(recipe, here, k, forced_decisions=here)
-    committed = load_state(segment_dir(checkpoint_dir, segment + 1))
-    differ = differing(replayed.state.weights, committed.weights) + differing(replayed.state.rest, committed.rest)
-    return differ + [f"decision {name}" for name, count in sorted(replayed.decisions.by_name.items()) if count]
+    return replay_segment(recipe, here, k, forced_decisions=here)
+
+
+def _differences(found, expected) -> list[str]:
+    from .state_diff import differing
+
+    return differing(found.weights, expected.weights) + differing(found.rest, expected.rest)
 
 
 def _import_recipe(args: argparse.Namespace) -> Recipe:
-    if args.module:
-        module = importlib.import_module(args.module)
-    else:
-        spec = importlib.util.spec_from_file_location(_SCRIPT_MODULE, args.script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_SCRIPT_MODULE] = module
-        spec.loader.exec_module(module)
-    recipe = getattr(module, args.attr)
-    if not isinstance(recipe, Recipe):
-        raise TypeError(f"{args.attr} is a {type(recipe).__name__}, not a Recipe")
-    return recipe
+    return import_recipe(args.module, args.script, args.attr)
 
 
 def _write(path: Path, found: dict) -> None:
@@ -84,11 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0  # the run ended before its check (it failed or was stopped)
     request = json.loads(line)
     try:
-        differ = replayed_differences(recipe, Path(request["checkpoint_dir"]), request["segment"], request["k"])
+        found = check(recipe, Path(request["checkpoint_dir"]), request["segment"], request["k"])
     except Exception as exc:  # noqa: BLE001 — the recipe's own code, or a state it cannot load back
         _write(args.result, {"error": f"replaying segment {request['segment']} raised {type(exc).__name__}: {exc}"})
         return 1
-    _write(args.result, {"differ": differ})
+    _write(args.result, found)
     return 0
 
 

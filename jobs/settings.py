@@ -41,6 +41,10 @@ class RuntimeSettings:
     world_size: int = 1
     local_rank: int = 0
     selfcheck: bool = False
+    keep_every: int = 1
+    """m: keep S_0, every m-th state, S_{n-1} and S_n on disk; the others are hashed, then dropped."""
+    max_disk_gb: float | None = None
+    """The kept states may take at most this many GB (10^9 bytes); None: no budget."""
 
     @property
     def is_writer(self) -> bool:
@@ -66,10 +70,26 @@ class RuntimeSettings:
             world_size=_int(env, "WORLD_SIZE", 1),
             local_rank=_int(env, "LOCAL_RANK", 0),
             selfcheck=selfcheck,
+            keep_every=_int(env, environment.KEEP_EVERY, 1),
+            max_disk_gb=_float(env, environment.MAX_DISK_GB),
         )
         if settings.segment_steps < 1:
             raise SettingsError(f"{environment.SEGMENT_STEPS} must be a positive integer")
+        if settings.keep_every < 1:
+            raise SettingsError(f"{environment.KEEP_EVERY} must be a positive integer")
+        if settings.max_disk_gb is not None and not settings.max_disk_gb > 0:
+            raise SettingsError(f"{environment.MAX_DISK_GB} must be a positive number of GB")
         return settings
+
+
+def _float(env: Mapping[str, str], name: str) -> float | None:
+    value = env.get(name)
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {value!r}") from None
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

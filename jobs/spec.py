@@ -109,6 +109,14 @@ class Limits(Model):
 
 class Checkpointing(Model):
     segment_steps: int = Field(25, ge=1, description="k: steps between committed training states.")
+    keep_every: int = Field(
+        1, ge=1, description="m: every state is hashed into the commitment, but only S_0, every m-th, the last two "
+        "are kept on disk; a challenged state not kept is re-made by the executor from the nearest kept one.",
+    )
+    max_disk_gb: float | None = Field(
+        None, gt=0, description="The kept states may take at most this many GB (10^9 bytes); the run stops with "
+        "the reason when they would take more.",
+    )
 
 
 class Verification(Model):
@@ -116,6 +124,17 @@ class Verification(Model):
         "auto", description="auto: audit untrusted backends only (as the policy says)."
     )
     challenge_segments: int = Field(8, ge=0, le=256, description="q: random segments re-executed per audit.")
+    tier: Literal["sampled", "replay"] = Field(
+        "sampled", description="sampled: the replayed segments plus a few chunks of every boundary, checked against "
+        "the optimizer's bounds (≤ 5 % extra compute); replay: the replayed segments alone.",
+    )
+    tail_segments: int = Field(
+        1, ge=1, le=64, description="L: the last L segments are always replayed (tail-weighted draws); 1 = the last.",
+    )
+    boundary_chunks: int = Field(
+        2, ge=1, le=16, description="c: weights chunks (64 KiB) and second-moment positions drawn per segment in the "
+        "sampled tier.",
+    )
     evaluator: str | None = Field(None, description="Command in the bundle that evaluates the final checkpoint.")
     thresholds: dict[str, float] = Field(default_factory=dict, description="Metric name -> minimum value.")
 

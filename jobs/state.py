@@ -40,6 +40,11 @@ class TrainState:
         """
         return TrainState(weights=_copy(self.weights), rest=_copy(self.rest))
 
+    def on_host(self) -> TrainState:
+        """The state with every tensor on the CPU in canonical form: the same tensors where they already
+        are (no copy), host copies of a GPU trainer's. What hashes and comparisons work on."""
+        return TrainState(weights=canonical_tensors(self.weights), rest=canonical_tensors(self.rest))
+
 
 def _copy(tensors: Mapping[str, object]) -> dict[str, torch.Tensor]:
     return {name: tensor.clone() for name, tensor in canonical_tensors(tensors).items()}
@@ -73,7 +78,7 @@ def tensor_json(tensor: torch.Tensor) -> JsonValue:
         raise ValueError(f"a JSON entry must be a 1-D uint8 tensor, not {_describe(tensor)}")
     if tensor.numel() > MAX_JSON_BYTES:
         raise ValueError(f"a JSON entry of {tensor.numel()} bytes is over the limit of {MAX_JSON_BYTES}")
-    raw = tensor.contiguous().numpy().tobytes()
+    raw = tensor.detach().cpu().contiguous().numpy().tobytes()
     value = bounded_json(raw, max_depth=MAX_JSON_DEPTH, what="a JSON entry")
     if json_tensor(value).numpy().tobytes() != raw:
         raise ValueError("a JSON entry is not in canonical form (sorted keys, no spaces)")

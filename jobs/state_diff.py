@@ -1,4 +1,8 @@
-"""Comparing state entries bit for bit, and saying in words how one differs (a JSON entry: which key)."""
+"""Comparing state entries bit for bit, and saying in words how one differs (a JSON entry: which key).
+
+Entries may live on any device (a trainer's live state on a GPU, a state read from disk on the
+CPU): two entries on different devices are compared as host copies, never by an operation that
+mixes devices."""
 
 from __future__ import annotations
 
@@ -12,10 +16,22 @@ Tensors = Mapping[str, torch.Tensor]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN equals NaN of the same bits; -0.0 differs from 0.0)."""
+    """Bitwise equality (NaN equals NaN of the same bits; -0.0 differs from 0.0), on any devices."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    a, b = on_one_device(a, b)
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def on_one_device(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` as they are when they share a device, else both as host copies."""
+    if a.device == b.device:
+        return a, b
+    return a.detach().cpu(), b.detach().cpu()
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
 
 
 def differing(found: Tensors, expected: Tensors) -> list[str]:
@@ -39,7 +55,8 @@ def describe(name: str, found: Tensors, expected: Tensors) -> str:
         return f"{name}: {path or 'the value'} is {_short(mine)}, not {_short(theirs)}"
     if a.dtype != b.dtype or a.shape != b.shape:
         return f"{name}: {a.dtype} {list(a.shape)}, not {b.dtype} {list(b.shape)}"
-    count = int((a.contiguous().reshape(-1).view(torch.uint8) != b.contiguous().reshape(-1).view(torch.uint8)).sum())
+    a, b = on_one_device(a, b)
+    count = int((_bytes(a) != _bytes(b)).sum())
     return f"{name}: differs ({count} bytes of {a.numel() * a.element_size()})"
 
 

@@ -91,3 +91,26 @@ def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_
     again = _shown(_tm("status", shown["id"], "--json"))
     assert again["state"] == "accepted"
     assert len(state_rows(tm_home, "SELECT * FROM payments WHERE job_id = ?", shown["id"])) == 1
+
+
+def test_a_miner_that_kept_few_states_re_makes_them_and_answers_the_sampled_tier(tmp_path, tm_home, miners):
+    """checkpoint.keep_every through a real miner process: it keeps S_0, every 3rd, the last two; the challenge
+    (over the protocol) makes it re-run from its kept states and open chunks of every boundary; accepted, paid."""
+    _, spec, policy = _setup(tmp_path, tm_home, list(map(_listed, miners)))
+    spec.write_text(spec.read_text().replace("  segment_steps: 25\n", "  segment_steps: 10\n  keep_every: 3\n"))
+    done = _tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = _shown(done)
+    assert shown["state"] == "accepted", shown
+    [attempt] = shown["attempts"]
+    verdict = json.loads((tm_home / "jobs" / shown["id"] / "verdict.json").read_text())
+    replay = verdict["evidence"]["replay"]
+    dropped = [i for i in replay["challenge"]["segments"] if i % 3 and i < 9]  # states the miner did not keep
+    assert dropped, replay["challenge"]
+    opened = tm_home / "jobs" / shown["id"] / "openings"
+    for i in dropped:  # re-made by the miner from its kept states, each checked against its leaf by the audit
+        assert list(opened.glob(f"*/segments/{i:08d}/weights.safetensors")), i
+    assert len(list(opened.glob("*/chunks/*.json"))) == 11
+    assert replay["tier"] == "sampled" and replay["boundaries"]["passed"]
+    assert replay["boundaries"]["boundaries"] == 11  # n = 100 / 10 segments: every boundary opened over the protocol
+    assert len(state_rows(tm_home, "SELECT * FROM payments WHERE job_id = ?", shown["id"])) == 1

@@ -151,8 +151,8 @@ def test_the_broker_never_plans_a_banned_hotkey_or_a_banned_coldkeys_miner(keys,
 
     broker, wallets = keys
     miners = [_miner(w, tmp_path / f"m{i}") for i, w in enumerate(wallets[:3])]
-    (tmp_path / "job.yaml").write_text("name: q\nentrypoint: python train.py\n")
-    (tmp_path / "train.py").write_text("print('hi')\n")
+    # a job the audit can replay: only those are offered to untrusted compute (broker/auditability.py)
+    (tmp_path / "job.yaml").write_text("name: q\nentrypoint: python -m trainmaster.jobs.recipes.tiny_lm --steps 100\n")
     (tmp_path / "policy.yaml").write_text("name: tao\ndefault:\n  primary: bittensor\ntao_rate:\n  usd_per_tao: 400\n")
     cli = CliRunner()
 

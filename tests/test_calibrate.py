@@ -219,3 +219,64 @@ def test_a_few_ulps_of_divergence_are_forgiven_and_such_updates_not_calibrated()
     d = weight_distance(start, big, {"w": big["w"] + 1e-6})
     assert d.measurable and d.update / d.rounding > MEASURABLE_ULPS
     assert d.r == pytest.approx(max(0.0, d.divergence - ROUNDING_ULPS * d.rounding) / d.update)
+
+
+def test_cli_calibrates_a_jobs_own_recipe_in_a_child_process(tmp_path, tm_home):
+    """`verify calibrate` for a spec's own `recipe:` imports it only in a child process, from its code bundled
+    and extracted afresh, as its audit does; the calibration is stored under the job class its config makes."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    code = tmp_path / "job"
+    shutil.copytree(Path(__file__).parent / "gpu" / "gpt_job", code, ignore=shutil.ignore_patterns("__pycache__"))
+    options = "--d-model 16 --heads 2 --layers 1 --seq-len 8 --batch-size 2 --vocab 8 --warmup 2"
+    (code / "job.yaml").write_text(f"name: gpt\nentrypoint: python gpt.py --steps 40 {options}\nrecipe: gpt:RECIPE\n"
+                                   "seed: 5\ncheckpoint:\n  segment_steps: 10\n")
+    result = CliRunner().invoke(_app(), ["calibrate", str(code / "job.yaml"), "--k", "10", "--seeds", "1", "--bases", "2",
+                                         "--json"])
+    assert result.exit_code in (0, 1), result.output
+    payload = json.loads(result.stdout[result.stdout.index("{"):])
+    calibration = payload["calibration"]
+    assert calibration["recipe"] == "gpt" and (calibration["executor"], calibration["verifier"]) == ("cpu", "cpu")
+    assert calibration["config"]["d_model"] == 16 and payload["spec_k"] == 10
+    stored = tm_home / "calibration" / f"{calibration['job_class']}.json"
+    assert payload["path"] == str(stored) and stored.is_file()
+    assert "gpt" not in sys.modules  # never imported in the CLI's own process
+
+
+def test_cli_own_recipe_errors_come_back_as_one_line(tmp_path, tm_home):
+    code = tmp_path / "job"
+    code.mkdir()
+    (code / "broken.py").write_text("raise RuntimeError('the recipe module fails at import')\n")
+    (code / "job.yaml").write_text("name: b\nentrypoint: python broken.py --steps 40\nrecipe: broken:RECIPE\n")
+    result = CliRunner().invoke(_app(), ["calibrate", str(code / "job.yaml"), "--k", "10"])
+    assert result.exit_code == 2
+    assert "cannot be imported from its verified bundle: RuntimeError: the recipe module fails at import" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_gpu_pair_needs_a_gpu(tmp_path, tm_home):
+    spec = _spec(tmp_path, "python -m trainmaster.jobs.recipes.tiny_lm --steps 60")
+    result = CliRunner().invoke(_app(), ["calibrate", str(spec), "--executor", "cuda"])
+    assert result.exit_code == 2 and "needs a CUDA device" in result.output
+    result = CliRunner().invoke(_app(), ["calibrate", str(spec), "--verifier", "tpu"])
+    assert result.exit_code == 2 and "--verifier must be cpu or cuda" in result.output
+
+
+def test_tf32_and_bf16_runtime_recipes_are_refused_at_submit_when_audited(tmp_path):
+    from cli_run import tm
+
+    job = tmp_path / "job"
+    job.mkdir()
+    for precision in ("tf32", "bf16"):
+        spec = _spec(job, "python -m trainmaster.jobs.recipes.tiny_lm --steps 60",
+                     f"precision: {precision}\nverification: {{replay_audit: always}}\n")
+        done = tm("submit", str(spec), "--dry-run", home=tmp_path / "home")
+        assert done.returncode == 1, done.stdout + done.stderr
+        said = " ".join((done.stdout + done.stderr).split())
+        assert f"precision: a runtime recipe at precision {precision} cannot be replay-audited" in said
+    # not audited (our own compute, replay_audit: never): it runs
+    spec = _spec(job, "python -m trainmaster.jobs.recipes.tiny_lm --steps 60",
+                 "precision: tf32\nverification: {replay_audit: never}\n")
+    assert tm("submit", str(spec), "--dry-run", home=tmp_path / "home").returncode == 0

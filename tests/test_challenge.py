@@ -293,3 +293,13 @@ def test_trusted_commitments_are_stored_with_their_fields_checked(store, commitm
         store.store_trusted(
             commitment, attempt_id="a2", expected_job_id=JOB, expected_bundle_sha256=BUNDLE, expected_k=25, expected_n=41
         )
+
+
+def test_the_last_l_segments_are_always_drawn_and_the_random_ones_lie_before_them():
+    from trainmaster.verify.challenge import draw_segments
+
+    for root in ("ab" * 32, "cd" * 32, "01" * 32):
+        drawn = draw_segments(b"s" * 32, root, 40, 8, tail=5)
+        assert drawn[0] == 0 and drawn[-5:] == [35, 36, 37, 38, 39]
+        assert len(drawn) == 1 + 8 + 5  # the q random draws come from 1..34, never the tail
+    assert draw_segments(b"s" * 32, "ab" * 32, 40, 8) == draw_segments(b"s" * 32, "ab" * 32, 40, 8, tail=1)

@@ -141,3 +141,19 @@ def test_module_imports_only_typer():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_show_says_where_the_audit_replayed_and_what_outcome_only_trust_risks(app, tm_home):
+    from trainmaster.verify.trust import OUTCOME_ONLY_RISK, outcome_only_evidence
+
+    store = VerdictStore(tm_home / "state.db")
+    replay = {"device": "cpu", "executor_device": "cuda", "tau_source": "calibration", "calibration_pair": "cpu→cpu",
+              "calibration_note": "the cpu→cpu calibration stands in for cuda→cpu (docs/audit.md, Devices)"}
+    store.record(Verdict(outcome="accepted", checks=["replay"], evidence={"replay": replay}, job_id="gpu-aaa111"))
+    store.record(Verdict(outcome="accepted", checks=["outcome"], evidence={"trust": outcome_only_evidence()},
+                         job_id="plain-bbb222"))
+    store.close()
+    shown = " ".join(invoke(app, "gpu-aaa111").output.split())
+    assert ("replayed on cpu (executor trained on cuda; τ from the cpu→cpu calibration); the cpu→cpu calibration "
+            "stands in for cuda→cpu") in shown
+    assert f"warning: {OUTCOME_ONLY_RISK}" in " ".join(invoke(app, "plain-bbb222").output.split())

@@ -57,6 +57,14 @@ def test_configs_ship_as_package_data():
     assert (resources.files("trainmaster.configs") / "examples" / "demo" / "job.yaml").is_file()
 
 
+def test_the_shipped_calibrations_are_package_data():
+    assert "calibrations/*.json" in pyproject()["tool"]["setuptools"]["package-data"]["trainmaster.verify"]
+    from trainmaster.verify.calibration import shipped_calibration_dir
+
+    shipped = sorted(p.name for p in shipped_calibration_dir().glob("*.json"))
+    assert [name.split("-")[0] for name in shipped] == ["dqn", "ppo", "tiny"], shipped
+
+
 def test_jobs_imports_nothing_else_of_ours():
     for path in (ROOT / "jobs").rglob("*.py"):
         text = path.read_text()

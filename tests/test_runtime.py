@@ -15,7 +15,8 @@ import torch
 from pydantic import Field
 
 from trainmaster.jobs import environment
-from trainmaster.jobs.canonical import CanonicalError, state_sha256
+from trainmaster.jobs.canonical import CanonicalError, state_sha256, views
+from trainmaster.jobs.chunks import file_digest
 from trainmaster.jobs.checkpoint import CheckpointError, read_segment, segment_dir, segment_indices
 from trainmaster.jobs.commitment import Commitment, CommitmentError, read_commitment, segment_leaves, segment_proof
 from trainmaster.jobs.decisions import argmax_margin
@@ -142,6 +143,12 @@ def toy_run(tmp_path_factory):
     return root, result
 
 
+def spec_digest(data: bytes, chunk: int = 64 * 1024) -> str:
+    """digest(F) as docs/runtime.md states it: sha256("trainmaster-chunks-v1\\0" ‖ u64le(len) ‖ MTH(chunks))."""
+    pieces = [data[j : j + chunk] for j in range(0, len(data), chunk)]
+    return hashlib.sha256(b"trainmaster-chunks-v1\x00" + struct.pack("<Q", len(data)) + merkle_root(pieces)).hexdigest()
+
+
 def test_every_segment_is_on_disk_with_a_consistent_manifest(toy_run):
     root, _ = toy_run
     assert segment_indices(root / "ckpt") == [0, 1, 2, 3]
@@ -151,8 +158,10 @@ def test_every_segment_is_on_disk_with_a_consistent_manifest(toy_run):
         m = loaded.manifest
         assert (m.job_id, m.recipe, m.segment, m.step, m.k) == ("job-7", "toy", i, 4 * i, 4)
         raw = {name: (directory / name).read_bytes() for name in m.files}
-        assert m.weights_sha256 == hashlib.sha256(raw["weights.safetensors"]).hexdigest()
-        assert m.rest_sha256 == hashlib.sha256(raw["rest.safetensors"] + raw["decisions.safetensors"]).hexdigest()
+        assert m.weights_sha256 == spec_digest(raw["weights.safetensors"])  # docs/runtime.md, "Leaf hash", written out
+        assert m.rest_sha256 == hashlib.sha256(
+            bytes.fromhex(spec_digest(raw["rest.safetensors"])) + bytes.fromhex(spec_digest(raw["decisions.safetensors"]))
+        ).hexdigest()
         assert m.leaf == hashlib.sha256(bytes.fromhex(m.weights_sha256) + bytes.fromhex(m.rest_sha256)).hexdigest()
         assert int(loaded.state.rest["runtime/step"]) == 4 * i
         expected_trace = [f"step/{s:012d}/hardest" for s in range(4 * i, 4 * i + 4)] if i < 3 else []
@@ -171,7 +180,8 @@ def test_commitment_is_canonical_and_commits_to_every_leaf_and_the_final_weights
     leaves = segment_leaves(root / "ckpt", 3)
     assert commitment.root == merkle_root(leaves).hex()
     model = (root / "out" / "model.safetensors").read_bytes()
-    assert commitment.final_sha256 == hashlib.sha256(model).hexdigest() == read_segment(segment_dir(root / "ckpt", 3)).manifest.weights_sha256
+    assert commitment.final_sha256 == hashlib.sha256(model).hexdigest()
+    assert spec_digest(model) == read_segment(segment_dir(root / "ckpt", 3)).manifest.weights_sha256
     for i in range(4):
         proof = [bytes.fromhex(h) for h in segment_proof(root / "ckpt", 3, i)]
         assert verify_inclusion(leaves[i], i, 4, proof, bytes.fromhex(commitment.root))
@@ -191,11 +201,19 @@ def test_commitment_parsing_is_strict():
 def test_the_commitment_format_is_signed_and_a_later_one_refused():
     good = Commitment(job_id="j", bundle_sha256="a" * 64, root="b" * 64, final_sha256="c" * 64, n=2, k=5)
     assert good.canonical_json().startswith(b'{"bundle_sha256":"' + b"a" * 64 + b'","final_sha256":"' + b"c" * 64
-                                            + b'","format":1,"job_id":"j"')
-    for bad in (good.canonical_json().replace(b'"format":1', b'"format":2'),
-                good.canonical_json().replace(b'"format":1,', b'')):
-        with pytest.raises(CommitmentError, match="commitment format is not 1"):
+                                            + b'","format":2,"job_id":"j"')
+    for bad in (good.canonical_json().replace(b'"format":2', b'"format":3'),
+                good.canonical_json().replace(b'"format":2,', b'')):
+        with pytest.raises(CommitmentError, match="commitment format is not 2"):
             Commitment.from_json(bad)
+
+
+def test_a_format_1_commitment_is_refused_with_the_reason():
+    """Format 1 (whole-file sha256 leaves) is retired: its bytes are refused, saying why and what to do."""
+    old = Commitment(job_id="j", bundle_sha256="a" * 64, root="b" * 64, final_sha256="c" * 64, n=2, k=5)
+    data = old.canonical_json().replace(b'"format":2', b'"format":1')
+    with pytest.raises(CommitmentError, match="format 1 is refused: .*cannot open one chunk.*re-run the job"):
+        Commitment.from_json(data)
 
 
 def test_metrics_and_result_files(toy_run):
@@ -233,7 +251,7 @@ def test_replaying_each_segment_reproduces_the_next_state_bit_for_bit(toy_run):
         following = read_segment(segment_dir(root / "ckpt", i + 1))
         assert replayed.weights_sha256 == following.manifest.weights_sha256
         assert replayed.state_rest_sha256 == following.manifest.files["rest.safetensors"].sha256
-        assert state_sha256(replayed.trace.to_tensors()) == read_segment(segment_dir(root / "ckpt", i)).manifest.files["decisions.safetensors"].sha256
+        assert file_digest(views(replayed.trace.to_tensors())) == read_segment(segment_dir(root / "ckpt", i)).manifest.files["decisions.safetensors"].sha256
 
 
 def test_resume_in_process_continues_the_same_run(toy_run, tmp_path):

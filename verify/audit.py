@@ -3,7 +3,8 @@
 API::
 
     run_audit(*, commitment, openings, segments, recipe, config, seed,
-              tau=None, calibration=None, trusted_exact=False, margin_tol=None) -> AuditReport
+              tau=None, calibration=None, trusted_exact=False, margin_tol=None,
+              device=None, calibration_note=None) -> AuditReport
 
 * ``commitment`` — the executor's :class:`~trainmaster.jobs.commitment.Commitment` (its signature and
   n, k against the spec are checked before, by :mod:`trainmaster.verify.signing`).
@@ -16,6 +17,11 @@ API::
   decision-margin tolerance and the update-norm floor. With neither, :class:`UncalibratedError`.
 * ``trusted_exact`` — the executor is one of our own deterministic backends: require r = 0
   (bitwise identical weights) and no decision disagreement at all.
+* ``device`` — the verifier's device kind (``cpu`` or ``cuda``, :mod:`trainmaster.verify.verifier_device`):
+  every recipe built here resolves its ``device`` option to it (``jobs.devices.replaying_on``), so a
+  state committed on a GPU is re-executed on this machine's CPU by the same recipe code. None: the
+  recipe's own choice. The report says which device replayed, the executor's (from the signed
+  commitment) and the pair of the calibration used (``calibration_note`` when it stands in for another).
 
 Per challenged segment i (docs/protocol.md §4, §6; docs/audit.md):
 
@@ -53,6 +59,7 @@ import torch
 from trainmaster.jobs.canonical import state_sha256
 from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.decisions import DecisionTraceError
+from trainmaster.jobs.devices import cuda_available, replaying_on
 from trainmaster.jobs.execution import StateError, build_trainer, full_state, state_info
 from trainmaster.jobs.recipe import FieldRule, Recipe, RecipeConfig
 from trainmaster.jobs.replay import ReplayResult, replay_state
@@ -134,6 +141,8 @@ class AuditedJob(RecipeRun):
     """S_0 as the broker builds it from the spec (its hashes and layout)."""
     limits: OpeningLimits
     """How large each opened file may be, from S_0's layout."""
+    boundary_spec: Any = None
+    """What the sampled tier's checks compare against (verify/boundaries.py ``Spec``), from S_0."""
 
 
 def run_audit(
@@ -148,20 +157,32 @@ def run_audit(
     calibration: Calibration | None = None,
     trusted_exact: bool = False,
     margin_tol: float | None = None,
+    device: str | None = None,
+    calibration_note: str | None = None,
+    boundary_chunks: int | None = None,
 ) -> AuditReport:
-    """Audit the challenged ``segments`` of a committed run (see the module docstring)."""
+    """Audit the challenged ``segments`` of a committed run (see the module docstring). With
+    ``boundary_chunks`` (the sampled tier), every boundary is also spot-checked (verify/boundaries.py)."""
     indices = sorted(set(segments))
     if not indices:
         raise ValueError("no segments to audit")
     if indices[0] < 0 or indices[-1] >= commitment.n:
         raise ValueError(f"challenged segments {indices} are outside 0..{commitment.n - 1}")
-    with _torch_threads_kept():
+    with _torch_threads_kept(), replaying_on(device):
         job = _job(recipe, config, seed, commitment.k)
         limits = _thresholds(job, tau=tau, calibration=calibration, trusted_exact=trusted_exact, margin_tol=margin_tol)
         evidence = [_audit_segment(i, job, commitment, openings, limits) for i in indices]
+        boundaries = None if boundary_chunks is None else _boundaries(job, commitment, openings, indices, boundary_chunks)
+    reasons = [f"segment {e.index}: {reason}" for e in evidence for reason in e.reasons]
     return AuditReport(
-        passed=all(e.passed for e in evidence),
-        reasons=[f"segment {e.index}: {reason}" for e in evidence for reason in e.reasons],
+        tier="replay" if boundaries is None else "sampled",
+        boundaries=boundaries,
+        device=device or ("cuda" if cuda_available() else "cpu"),
+        executor_device=commitment.device_kind,
+        calibration_pair=calibration.pair if calibration is not None and limits.source == "calibration" else None,
+        calibration_note=calibration_note,
+        passed=all(e.passed for e in evidence) and (boundaries is None or boundaries.passed),
+        reasons=reasons + (["boundary checks: " + r for r in boundaries.reasons] if boundaries is not None else []),
         recipe=job.recipe.name,
         k=job.k,
         tau=limits.tau,
@@ -171,6 +192,33 @@ def run_audit(
         segments=evidence,
         replay_seconds=sum(e.replay_seconds for e in evidence),
     )
+
+
+def _boundaries(job: AuditedJob, commitment: Commitment, openings: Openings, segments: Sequence[int], c: int):
+    """The sampled tier's checks of every boundary: from the executor's ``chunks/`` openings, or, when the
+    openings folder holds every state (a run's own checkpoints), built from those files here — each chunk is
+    tied to the root either way."""
+    import tempfile
+    from pathlib import Path
+
+    from trainmaster.jobs.boundary_chunks import CHUNKS_DIR, write_openings
+
+    from .boundaries import BoundaryReport, check_boundaries
+
+    directory = getattr(openings, "checkpoint_dir", None)
+    if directory is None:
+        return BoundaryReport(passed=False, reasons=["the openings come from no folder the boundary chunks can be read from"],
+                              boundaries=0, chunks=0, bytes_opened=0, per_boundary={}, measurements=[])
+    directory = Path(directory)
+    if (directory / CHUNKS_DIR).is_dir():
+        return check_boundaries(commitment, directory, segments, job.boundary_spec, c)
+    with tempfile.TemporaryDirectory(prefix="trainmaster-chunks-") as scratch:
+        try:
+            write_openings(directory, segments, Path(scratch), c)
+        except (OSError, ValueError, KeyError) as exc:
+            return BoundaryReport(passed=False, reasons=[f"the boundaries cannot be opened: {exc}"], boundaries=0,
+                                  chunks=0, bytes_opened=0, per_boundary={}, measurements=[])
+        return check_boundaries(commitment, Path(scratch), segments, job.boundary_spec, c)
 
 
 def _thresholds(
@@ -213,7 +261,11 @@ def _job(recipe: str | Recipe, config: Mapping[str, Any] | RecipeConfig, seed: i
     cfg = resolved.config(config.model_dump(mode="json") if isinstance(config, RecipeConfig) else dict(config))
     initial = full_state(build_trainer(resolved, cfg, seed), resolved, cfg, seed, 0)
     limits = OpeningLimits.for_job(resolved, cfg, initial, k)
-    return AuditedJob(resolved, cfg.model_dump(mode="json"), seed, k, InitialState.of(initial), limits)
+    from .boundaries import spec_of
+
+    run = RecipeRun(resolved, cfg.model_dump(mode="json"), seed, k)
+    return AuditedJob(resolved, run.config, seed, k, InitialState.of(initial), limits,
+                      spec_of(run, initial, limits.rest_bytes))
 
 
 def _audit_segment(

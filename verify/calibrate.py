@@ -15,8 +15,12 @@ honest decision margins, the honest update sizes and each state-entry group's ho
 the :class:`~trainmaster.verify.calibration.Calibration` (τ, R, margin tolerance, update floor and
 ceiling, field tolerances).
 
-These honest variants are CPU proxies for other hardware; calibrate on the real executor/verifier
-GPU pair before trusting τ in production (docs/protocol.md §5).
+Device pairs (``executor``, ``verifier``): the variants run on the executor's kind of device and the
+re-executions on the verifier's (``jobs.devices.replaying_on``). On a CPU executor the honest
+variants are CPU proxies for other hardware; on a GPU executor they are the plain run on that GPU
+(for a cuda→cpu pair: the real cross-device divergence), a one-ulp nudge and float64 — the thread
+count changes nothing a GPU computes. Calibrate on the real executor/verifier pair before trusting τ
+in production (docs/protocol.md §5); the calibration records both sides' devices.
 """
 
 from __future__ import annotations
@@ -31,18 +35,26 @@ from typing import Any
 import torch
 
 from trainmaster.jobs.decisions import DecisionLog
+from trainmaster.jobs.devices import describe_device, replaying_on
 from trainmaster.jobs.execution import build_trainer, full_state, restore, run_step, state_info
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
 from trainmaster.jobs.replay import replay_state
 from trainmaster.jobs.state import TrainState
 
+from trainmaster.jobs.state_diff import same_bits
+
 from .calibration import Base, Calibration, CalibrationPoint, job_class
 from .distance import weight_distance
 from .state_rules import compare_rest
 from .update_norm import update_per_lr
-from .variants import HONEST_VARIANTS, MILDEST_CHEAT, Variant, execute
+from .variants import MILDEST_CHEAT, Variant, execute, honest_variants
 
 DEFAULT_KS = (10, 25, 50, 100)
+
+
+def default_ks(spec_k: int, steps: int) -> list[int]:
+    """10, 25, 50, 100 and the spec's k, those that leave at least half the run to spread base states over."""
+    return sorted(k for k in {*DEFAULT_KS, spec_k} if k <= steps // 2)
 DEFAULT_BASES = 4
 """Base states per seed: where learning starts, and three more spread over the rest of the run."""
 Progress = Callable[[str], None]
@@ -76,8 +88,11 @@ def calibrate(
     bases: int = DEFAULT_BASES,
     warmup: int = 0,
     progress: Progress | None = None,
+    executor: str = "cpu",
+    verifier: str = "cpu",
 ) -> Calibration:
-    """Train one run per seed, keep ``bases`` states across it (:func:`run_bases`), then :func:`calibrate_states`."""
+    """Train one run per seed on the executor's device, keep ``bases`` states across it (:func:`run_bases`),
+    then :func:`calibrate_states` for the (``executor``, ``verifier``) device pair."""
     resolved = _recipe(recipe)
     cfg = config if isinstance(config, RecipeConfig) else resolved.config(config)
     if bases < 1:
@@ -86,9 +101,10 @@ def calibrate(
         raise CalibrationError(f"warm-up {warmup} + k {max(ks)} exceeds the run's {cfg.steps} steps")
     states = []
     for seed in seeds:
-        _say(progress, f"seed {seed}: training up to step {cfg.steps - max(ks)}, keeping {bases} base states")
-        states.extend(run_bases(resolved, cfg, seed, bases=bases, first=warmup, last=cfg.steps - max(ks), grid=min(ks)))
-    return calibrate_states(resolved, states, ks=ks, progress=progress)
+        _say(progress, f"seed {seed}: training up to step {cfg.steps - max(ks)} on {executor}, keeping {bases} base states")
+        with replaying_on(executor):
+            states.extend(run_bases(resolved, cfg, seed, bases=bases, first=warmup, last=cfg.steps - max(ks), grid=min(ks)))
+    return calibrate_states(resolved, states, ks=ks, progress=progress, executor=executor, verifier=verifier)
 
 
 def run_bases(
@@ -126,7 +142,7 @@ def _train(trainer, seed: int, start: int, end: int) -> None:
 
 
 def _weights_moved(before: TrainState, after: TrainState) -> bool:
-    return any(not torch.equal(tensor, after.weights[name]) for name, tensor in before.weights.items())
+    return any(not same_bits(tensor, after.weights[name]) for name, tensor in before.weights.items())
 
 
 def warm_state(recipe: Recipe, config: RecipeConfig, seed: int, steps: int) -> TrainState:
@@ -137,20 +153,32 @@ def warm_state(recipe: Recipe, config: RecipeConfig, seed: int, steps: int) -> T
 
 
 def calibrate_states(
-    recipe: str | Recipe, states: Sequence[TrainState], *, ks: Sequence[int] = DEFAULT_KS, progress: Progress | None = None
+    recipe: str | Recipe,
+    states: Sequence[TrainState],
+    *,
+    ks: Sequence[int] = DEFAULT_KS,
+    progress: Progress | None = None,
+    executor: str = "cpu",
+    verifier: str = "cpu",
 ) -> Calibration:
-    """Measure every variant for every k from each base state (all of one recipe and config)."""
+    """Measure every variant for every k from each base state (all of one recipe and config), the variants
+    run on the ``executor``'s kind of device and the re-executions on the ``verifier``'s."""
     resolved = _recipe(recipe)
     infos = [state_info(state) for state in states]
     if not infos or any(info.config != infos[0].config or info.recipe != resolved.name for info in infos):
         raise CalibrationError(f"calibration needs base states of one {resolved.name} config")
-    variants = (*HONEST_VARIANTS, MILDEST_CHEAT)
+    honest = honest_variants(executor)
+    variants = (*honest, MILDEST_CHEAT)
     found: dict[int, dict[str, list[Measurement]]] = {k: {v.name: [] for v in variants} for k in ks}
     for state, info in zip(states, infos, strict=True):
         for k in ks:
             _say(progress, f"seed {info.seed}, step {info.step}: k = {k}")
             try:
-                measured = {variant.name: measure(resolved, state, k, variant) for variant in variants}
+                measured = {
+                    variant.name: measure(resolved, state, k, variant, executor=executor, verifier=verifier,
+                                          honest=variant in honest)
+                    for variant in variants
+                }
             except NoUpdate as exc:
                 if len(states) == 1:
                     raise
@@ -162,20 +190,34 @@ def calibrate_states(
         raise CalibrationError(f"no base state's segment of k = {empty[0]} steps updates a weight: warm up past the start of learning")
     return Calibration(
         job_class=job_class(resolved.name, infos[0].config),
+        executor=executor,
+        verifier=verifier,
         recipe=resolved.name,
         config=infos[0].config,
         bases=[Base(seed=info.seed, step=info.step) for info in infos],
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        environment=_environment(resolved.config(infos[0].config)),
-        points=[_point(k, found[k]) for k in sorted(ks)],
+        environment=_environment(resolved.config(infos[0].config), executor, verifier),
+        points=[_point(k, found[k], honest) for k in sorted(ks)],
     )
 
 
-def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Measurement:
-    """Run ``variant`` as the executor from ``state``, then re-execute as the audit does."""
-    executed = execute(recipe, state, k, variant)
+def measure(
+    recipe: Recipe,
+    state: TrainState,
+    k: int,
+    variant: Variant,
+    *,
+    executor: str = "cpu",
+    verifier: str = "cpu",
+    honest: bool | None = None,
+) -> Measurement:
+    """Run ``variant`` as the executor from ``state`` (on the executor's device), then re-execute as the audit
+    does (on the verifier's)."""
+    with replaying_on(executor):
+        executed = execute(recipe, state, k, variant)
     info = state_info(state)
-    replay = replay_state(recipe, state, k, executed.trace, info.config)
+    with replaying_on(verifier):
+        replay = replay_state(recipe, state, k, executed.trace, info.config)
     distance = weight_distance(state.weights, replay.weights, executed.state.weights)
     if distance.update == 0:
         raise NoUpdate(
@@ -187,7 +229,7 @@ def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Meas
             "ulp-norms: too little to tell a cheat from rounding"
         )
     rest = compare_rest(recipe.rules, state.rest, replay.state.rest, executed.state.rest)
-    if variant in HONEST_VARIANTS and (rest.problems or rest.exact_mismatches):
+    if (variant is not MILDEST_CHEAT if honest is None else honest) and (rest.problems or rest.exact_mismatches):
         raise CalibrationError(
             f"the honest variant {variant.name!r} does not reproduce the recipe's state as its rules demand: "
             + "; ".join(rest.problems[:3] + rest.differences)
@@ -196,8 +238,8 @@ def measure(recipe: Recipe, state: TrainState, k: int, variant: Variant) -> Meas
     return Measurement(distance.raw_r, replay.decisions.max_margin, update_per_lr(distance, replay), fields)
 
 
-def _point(k: int, found: Mapping[str, list[Measurement]]) -> CalibrationPoint:
-    honest = {v.name: found[v.name] for v in HONEST_VARIANTS}
+def _point(k: int, found: Mapping[str, list[Measurement]], variants: Sequence[Variant]) -> CalibrationPoint:
+    honest = {v.name: found[v.name] for v in variants}
     return CalibrationPoint.from_measurements(
         k,
         honest_r={name: [m.r for m in ms] for name, ms in honest.items()},
@@ -223,14 +265,17 @@ def _recipe(recipe: str | Recipe) -> Recipe:
     return recipe if isinstance(recipe, Recipe) else get_recipe(recipe)
 
 
-def _environment(config: RecipeConfig) -> dict[str, str]:
-    return {
+def _environment(config: RecipeConfig, executor: str = "cpu", verifier: str = "cpu") -> dict[str, str]:
+    found = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": f"{sys.platform}-{platform.machine()}",
         "threads": str(config.threads),
-        "device": "cpu",
+        "device": verifier if executor == verifier else f"{executor}→{verifier}",
     }
+    for side, kind in (("executor", executor), ("verifier", verifier)):
+        found.update({f"{side}_{key}": value for key, value in describe_device(kind).items() if key != "torch"})
+    return found
 
 
 def _say(progress: Progress | None, message: str) -> None:

@@ -1,8 +1,13 @@
 """The calibration artifact of a job class: the measured r distributions and the thresholds derived from them.
 
-Produced by :mod:`trainmaster.verify.calibrate`, stored as ``<directory>/<job class>.json`` (the broker
-passes ``$TRAINMASTER_HOME/calibration``), read by every audit of that class. Per segment length k
-(docs/protocol.md §5)::
+Produced by :mod:`trainmaster.verify.calibrate`, stored as ``<directory>/<job class>.json`` for the
+(executor, verifier) device pair cpu→cpu and ``<directory>/<job class>.<executor>-<verifier>.json``
+for the others (cuda→cpu, cuda→cuda; the broker passes ``$TRAINMASTER_HOME/calibration``), read by
+every audit of that class and pair. The shipped recipes at their shipped configs come with
+calibrations of their own (package data, ``verify/calibrations/``), used when the directory has none.
+A cuda→cpu audit without a cuda→cpu calibration uses the class's cpu→cpu one, which stands in for it
+(:func:`calibration_for_pair`; the evidence and the choice: docs/audit.md, "Devices"). Per segment
+length k (docs/protocol.md §5)::
 
     p99_honest = 99th percentile of r over every honest variant and base state
     r_min_cheat = smallest r of the mildest cheat (lr × 0.9)
@@ -33,6 +38,8 @@ from .learner import DEFAULT_MARGIN_TOL
 
 FORMAT = "trainmaster-calibration-v1"
 HOME_ENV = "TRAINMASTER_HOME"  # as the broker reads it (verify may not import the broker)
+SHIPPED = "calibrations"
+DeviceKind = Literal["cpu", "cuda"]
 SEPARATION_TARGET = 10.0
 """R(k) below this leaves less than a 3.2× margin on either side of τ: warn, suggest a smaller k."""
 P99_FLOOR = 1e-12
@@ -165,11 +172,16 @@ class Calibration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     format: Literal["trainmaster-calibration-v1"] = FORMAT
     job_class: str
+    executor: DeviceKind = Field("cpu", description="the device kind the executor variants trained on")
+    verifier: DeviceKind = Field("cpu", description="the device kind the re-executions ran on")
     recipe: str
     config: dict[str, Any]
     bases: list[Base]
     created: str = Field(description="ISO 8601 UTC time of the measurement")
-    environment: dict[str, str] = Field(description="where it was measured: torch, python, platform, threads")
+    environment: dict[str, str] = Field(
+        description="where it was measured: torch, python, platform, threads; for a GPU its name, capability, CUDA and "
+        "cuDNN versions (executor_* and verifier_* for each side)"
+    )
     points: list[CalibrationPoint]
 
     def point(self, k: int) -> CalibrationPoint:
@@ -182,6 +194,11 @@ class Calibration(BaseModel):
 
     def tau(self, k: int) -> float:
         return self.point(k).tau
+
+    @property
+    def pair(self) -> str:
+        """``executor→verifier``, e.g. ``cuda→cpu``."""
+        return pair_name(self.executor, self.verifier)
 
     @property
     def recommended_k(self) -> int | None:
@@ -203,13 +220,19 @@ class Calibration(BaseModel):
         return lines
 
 
+NOT_CLASS = ("steps", "device")
+"""Config fields that do not make a job class: the run length, and where it trains (the device pair
+is the calibration's own key, next to the class)."""
+
+
 def job_class(recipe: str, config: Mapping[str, Any]) -> str:
-    """The class a job is calibrated as: its recipe and every hyperparameter except the run length.
+    """The class a job is calibrated as: its recipe and every hyperparameter except the run length and the device.
 
     Any change to the model, optimizer or data settings (lr included: a tiny lr slipped into a spec
-    gets no calibration) makes a new class; T does not, so retraining runs of any length share one.
+    gets no calibration) makes a new class; T does not, so retraining runs of any length share one,
+    and neither does ``device`` (``auto`` and ``cuda`` compute the same; the pair keys the file).
     """
-    rest = {key: value for key, value in config.items() if key != "steps"}
+    rest = {key: value for key, value in config.items() if key not in NOT_CLASS}
     digest = hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return f"{recipe}-{digest[:12]}"
 
@@ -224,26 +247,88 @@ def default_calibration_dir() -> Path:
     return Path(platformdirs.user_data_dir("trainmaster", appauthor=False)) / "calibration"
 
 
-def calibration_path(directory: Path, job_class_name: str) -> Path:
-    return Path(directory) / f"{job_class_name}.json"
+def pair_name(executor: str, verifier: str) -> str:
+    return f"{executor}→{verifier}"
+
+
+def calibration_path(directory: Path, job_class_name: str, executor: str = "cpu", verifier: str = "cpu") -> Path:
+    """``<job class>.json`` for cpu→cpu (the name before device pairs existed), else ``<job class>.<e>-<v>.json``."""
+    suffix = "" if (executor, verifier) == ("cpu", "cpu") else f".{executor}-{verifier}"
+    return Path(directory) / f"{job_class_name}{suffix}.json"
+
+
+def shipped_calibration_dir() -> Path:
+    """The calibrations shipped with trainmaster for its recipes at their shipped configs (package data)."""
+    return Path(__file__).resolve().parent / SHIPPED
 
 
 def store_calibration(calibration: Calibration, directory: Path) -> Path:
-    """Write ``<directory>/<job class>.json`` atomically; return its path."""
-    path = calibration_path(directory, calibration.job_class)
+    """Write ``<directory>/<job class>[.<e>-<v>].json`` atomically; return its path."""
+    path = calibration_path(directory, calibration.job_class, calibration.executor, calibration.verifier)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(path, (calibration.model_dump_json(indent=2) + "\n").encode("utf-8"))
     return path
 
 
-def load_calibration(directory: Path, job_class_name: str) -> Calibration:
-    """Read a job class's calibration; :class:`UncalibratedError` when it is missing or unreadable."""
-    path = calibration_path(directory, job_class_name)
-    try:
-        return Calibration.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
+def load_calibration(
+    directory: Path | None, job_class_name: str, executor: str = "cpu", verifier: str = "cpu"
+) -> Calibration:
+    """A job class's calibration for one device pair: ``directory``'s, else the shipped one; :class:`UncalibratedError`
+    when neither has it, or the file is unreadable or not of that class and pair."""
+    found = _find(directory, job_class_name, executor, verifier)
+    if found is None:
+        on = "" if (executor, verifier) == ("cpu", "cpu") else f" for {pair_name(executor, verifier)}"
+        if directory is None:
+            raise UncalibratedError(
+                f"job class {job_class_name} is uncalibrated{on}: no calibration directory was given and none is "
+                "shipped for it; run `trainmaster verify calibrate JOB.yaml`, or give τ explicitly"
+            )
         raise UncalibratedError(
-            f"job class {job_class_name} is not calibrated (no {path}); run `trainmaster verify calibrate JOB.yaml`"
-        ) from None
-    except (OSError, ValidationError) as exc:
-        raise UncalibratedError(f"the calibration {path} is unreadable: {exc}") from exc
+            f"job class {job_class_name} is not calibrated{on} (no {calibration_path(directory, job_class_name, executor, verifier)}); "
+            "run `trainmaster verify calibrate JOB.yaml`"
+        )
+    return found
+
+
+def has_calibration(directory: Path | None, job_class_name: str, executor: str, verifier: str) -> bool:
+    """Whether a calibration of this class and pair exists (the directory's or a shipped one), readable or not."""
+    roots = [d for d in (directory, shipped_calibration_dir()) if d is not None]
+    return any(calibration_path(root, job_class_name, executor, verifier).is_file() for root in roots)
+
+
+def calibration_for_pair(directory: Path | None, job_class_name: str, executor: str, verifier: str) -> Calibration:
+    """The calibration an audit of this pair uses: the pair's own, else — for a GPU executor audited on a
+    CPU — the class's cpu→cpu calibration standing in for cuda→cpu (its ``pair`` then says cpu→cpu).
+
+    The stand-in is sound for fp32 recipes on the runtime's deterministic kernels: a GPU's fp32 step
+    differs from a CPU's by reduction order and fused kernels, the perturbations the CPU honest variants
+    emulate (another reduction order, a one-ulp nudge, a float64 executor: all on one divergence curve),
+    and the divergence measured on an H200 replayed on a CPU (r ≈ 1.4–2.0e-5 at k = 25 for an 86M
+    transformer) is a few hundred times inside τ; bench_cross_device.py audits the shipped recipes
+    with those variants. ``trainmaster verify calibrate --executor cuda`` on a machine with a GPU
+    measures the real pair, which then takes precedence.
+    """
+    found = _find(directory, job_class_name, executor, verifier)
+    if found is None and (executor, verifier) == ("cuda", "cpu"):
+        found = _find(directory, job_class_name, "cpu", "cpu")
+    if found is None:
+        return load_calibration(directory, job_class_name, executor, verifier)  # raises, naming the pair
+    return found
+
+
+def _find(directory: Path | None, job_class_name: str, executor: str, verifier: str) -> Calibration | None:
+    for root in [d for d in (directory, shipped_calibration_dir()) if d is not None]:
+        path = calibration_path(root, job_class_name, executor, verifier)
+        try:
+            calibration = Calibration.model_validate_json(path.read_bytes())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValidationError) as exc:
+            raise UncalibratedError(f"the calibration {path} is unreadable: {exc}") from exc
+        if (calibration.job_class, calibration.executor, calibration.verifier) != (job_class_name, executor, verifier):
+            raise UncalibratedError(
+                f"the calibration {path} is of job class {calibration.job_class} for {calibration.pair}, not "
+                f"{job_class_name} for {pair_name(executor, verifier)}"
+            )
+        return calibration
+    return None

@@ -7,7 +7,7 @@ docs/protocol.md §3. The draw is a function of ``(secret, root)`` alone::
     below(b)  = next 8 stream bytes as a big-endian u64 x, redrawn while x ≥ 2^64 − 2^64 mod b; x mod b
     draw      = a partial Fisher–Yates shuffle of [1, …, n−2]: for i < q, swap pool[i] with
                 pool[i + below(len(pool) − i)]; the first q entries are the random segments
-    segments  = sorted({0, n−1} ∪ draw)
+    segments  = sorted({0} ∪ {n−tail, …, n−1} ∪ draw)   draw from 1..n−tail−1 (1..n−2 for tail = 1)          tail = the spec's verification.tail_segments (L, default 1)
 
 so anyone holding the revealed secret can recompute it, and the executor, who never holds the secret
 before committing, cannot (the secret itself: :mod:`~trainmaster.verify.challenge_secret`). Segments
@@ -64,17 +64,18 @@ class _Stream:
                 return value % bound
 
 
-def draw_segments(secret: bytes, root_hex: str, n: int, q: int) -> list[int]:
-    """The challenged segments of an n-segment run: q distinct ones from 1..n−2, plus 0 and n−1, sorted."""
+def draw_segments(secret: bytes, root_hex: str, n: int, q: int, tail: int = 1) -> list[int]:
+    """The challenged segments of an n-segment run: q distinct ones from 1..n−2, plus 0 and the last
+    ``tail`` (n−tail..n−1; 1: n−1 alone), sorted."""
     if n < 0 or q < 0:
         raise ValueError(f"n and q must be non-negative, got n={n}, q={q}")
     stream = _Stream(challenge_seed(secret, root_hex))
-    pool = list(range(1, n - 1))
+    pool = list(range(1, n - max(1, tail)))  # the random draws lie between segment 0 and the tail
     take = min(q, len(pool))
     for i in range(take):
         j = i + stream.below(len(pool) - i)
         pool[i], pool[j] = pool[j], pool[i]
-    ends = {0, n - 1} if n else set()
+    ends = ({0} | set(range(max(0, n - tail), n))) if n else set()
     return sorted(ends | set(pool[:take]))
 
 
@@ -103,14 +104,14 @@ class Challenge:
     segments: tuple[int, ...]
 
     @classmethod
-    def for_commitment(cls, stored: StoredCommitment, secret: bytes, q: int) -> Challenge:
+    def for_commitment(cls, stored: StoredCommitment, secret: bytes, q: int, tail: int = 1) -> Challenge:
         """The challenge of a commitment that was verified and stored (the only way to get one)."""
         if not isinstance(stored, StoredCommitment):
             raise TypeError(
                 f"a challenge is drawn only for a StoredCommitment (verified and stored), not a {type(stored).__name__}"
             )
         c = stored.commitment
-        return cls(stored.job_id, stored.attempt_id, c.root, c.n, q, tuple(draw_segments(secret, c.root, c.n, q)))
+        return cls(stored.job_id, stored.attempt_id, c.root, c.n, q, tuple(draw_segments(secret, c.root, c.n, q, tail)))
 
     @property
     def leaves(self) -> tuple[int, ...]:

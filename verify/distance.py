@@ -78,7 +78,7 @@ def weight_distance(start: Tensors, replayed: Tensors, executed: Tensors) -> Dis
     _check_same_layout(replayed, start)
     divergence = update = start_sq = rounding = 0.0
     for name, re in replayed.items():
-        exe, w0 = executed[name], start[name]
+        re, exe, w0 = re.cpu(), executed[name].cpu(), start[name].cpu()  # host copies: never a mix of devices
         if not re.is_floating_point():
             if not torch.equal(re, exe):
                 raise VerificationError(f"the executor's non-float weight {name!r} differs from the re-execution")

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .learner import DecisionEvidence
+from .boundary_evidence import BoundaryReport
 from .openings import OpeningHashes
 
 
@@ -72,6 +73,9 @@ class SegmentEvidence(BaseModel):
 class AuditReport(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
     passed: bool
+    tier: Literal["replay", "sampled"] = Field("replay", description="replay: the challenged segments alone; "
+                                                "sampled: also chunks of every boundary")
+    boundaries: BoundaryReport | None = Field(None, description="the sampled tier's boundary checks")
     reasons: list[str] = Field(description="every segment's reasons, prefixed with its index")
     recipe: str
     k: int
@@ -81,3 +85,7 @@ class AuditReport(BaseModel):
     update_floor: float | None
     segments: list[SegmentEvidence]
     replay_seconds: float = Field(description="wall time of the re-executions")
+    device: str = Field("cpu", description="the device kind the segments were re-executed on (recipe: its own choice)")
+    executor_device: str = Field("cpu", description="the device kind the executor trained on (its signed commitment)")
+    calibration_pair: str | None = Field(None, description="executor→verifier pair of the calibration that set τ")
+    calibration_note: str | None = Field(None, description="why that pair's calibration applies to another pair")

@@ -12,12 +12,12 @@ hashes are computed here over those bytes (the executor's manifests and declared
 trusted), after each file's size was checked against what the job's layout allows
 (:class:`OpeningLimits`)::
 
-    weights_sha256 = sha256(weights file)
-    rest_sha256    = sha256(rest file ‖ trace file)                (jobs/checkpoint.py)
+    weights_sha256 = digest(weights file)                          (chunk digest, jobs/chunks.py)
+    rest_sha256    = sha256(digest(rest file) ‖ digest(trace file))  (jobs/checkpoint.py)
     h_i            = sha256(weights_sha256 ‖ rest_sha256)           (raw digests)
 
 ``h_i`` must sit at index i under ``root`` (RFC 6962 inclusion proof); for i + 1 = n the opened
-weights must also hash to ``final_sha256``. Then each file is parsed strictly
+weights must also have the plain sha256 ``final_sha256``. Then each file is parsed strictly
 (:func:`trainmaster.jobs.canonical.deserialize`: bounded header, nothing unpickled, and only exactly
 canonical bytes, so the parsed tensors are the committed state). A file opened as a ``bytearray``
 (:class:`LocalOpenings` reads each into one) is handed over and parsed in place, its tensors views of
@@ -53,9 +53,11 @@ from trainmaster.jobs.checkpoint import (
     CheckpointError,
     leaf_of,
     read_manifest,
+    rest_of,
     segment_dir,
     segment_indices,
 )
+from trainmaster.jobs.chunks import file_digest
 from trainmaster.jobs.commitment import Commitment
 from trainmaster.jobs.files import HostileFile, open_regular, read_regular
 from trainmaster.jobs.decisions import ENTRY_HEADER_BYTES, DecisionTrace, DecisionTraceError
@@ -192,14 +194,14 @@ def open_checked(
     opening = openings.open(index)
     if opening.index != index:
         raise OpeningError(f"asked to open segment {index}, got segment {opening.index}")
-    weights_sha, rest_sha = _sha(opening.weights), _sha(opening.rest, opening.trace)
+    weights_sha, rest_sha = _digest(opening.weights), rest_of(_digest(opening.rest), _digest(opening.trace))
     leaf = leaf_of(weights_sha, rest_sha)
     _check_leaf(commitment, index, leaf, opening.proof, f"S_{index} (weights, rest and trace of segment {index})")
-    next_weights_sha = _sha(opening.next_weights)
+    next_weights_sha = _digest(opening.next_weights)
     next_rest_sha = _hex64(opening.next_rest_sha256, f"sha256(rest_{index + 1})")
     next_leaf = leaf_of(next_weights_sha, next_rest_sha)
     _check_leaf(commitment, index + 1, next_leaf, opening.next_proof, f"the weights of S_{index + 1}")
-    if index + 1 == commitment.n and next_weights_sha != commitment.final_sha256:
+    if index + 1 == commitment.n and _sha(opening.next_weights) != commitment.final_sha256:
         raise OpeningError(f"the weights of S_{commitment.n} do not hash to the committed final_sha256")
     hashes = OpeningHashes(leaf, next_leaf, weights_sha, rest_sha, next_weights_sha, next_rest_sha)
     try:
@@ -239,7 +241,7 @@ def open_next_state_checked(
     opened = openings.open_next_state(index)
     if opened.index != index:
         raise OpeningError(f"asked for the state after segment {index}, got the one after {opened.index}")
-    if _sha(opened.rest, opened.trace) != opening.hashes.next_rest_sha256:
+    if rest_of(_digest(opened.rest), _digest(opened.trace)) != opening.hashes.next_rest_sha256:
         raise OpeningError(f"the opened rest of S_{index + 1} does not match its committed leaf")
     if max_rest_bytes is not None:
         _check_size(opened.rest, max_rest_bytes, f"the rest of S_{index + 1}")
@@ -268,6 +270,13 @@ def _sha(*files: bytes | bytearray) -> str:
             raise OpeningError(f"an opened file is a {type(data).__name__}, not bytes")
         digest.update(data)
     return digest.hexdigest()
+
+
+def _digest(data: bytes | bytearray) -> str:
+    """The chunk digest of one opened file (jobs/chunks.py)."""
+    if not isinstance(data, bytes | bytearray):
+        raise OpeningError(f"an opened file is a {type(data).__name__}, not bytes")
+    return file_digest([data])
 
 
 def _parse(data: bytes | bytearray, what: str) -> dict[str, torch.Tensor]:

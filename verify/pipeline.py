@@ -163,6 +163,10 @@ def verify_attempt(
     if unknown := wanted - set(CHECKS):
         raise ValueError(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
     run = _Run(attempt, db_path or None)
+    if not attempt.trusted and "replay" not in wanted:  # judged by its outcome alone: the verdict says what that risks
+        from .trust import outcome_only_evidence
+
+        run.evidence["trust"] = outcome_only_evidence()
     stages = {
         "integrity": lambda: _integrity(run, "replay" in wanted),
         "safety": lambda: _safety(run),
@@ -242,6 +246,11 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     _check_not_empty(outputs, run.attempt.spec)
     path = outputs / COMMITMENT_FILE
     if not os.path.lexists(path):  # a link or a FIFO of that name is refused by the read, never followed
+        if replay and run.attempt.spec is not None and not _makes_commitment(run.attempt):
+            from .trust import JOB_FAULT, NO_COMMITMENT
+
+            run.evidence[JOB_FAULT] = NO_COMMITMENT  # the job's shape, not the executor: nobody is banned
+            raise VerificationError(NO_COMMITMENT, kind="cannot_verify")
         if replay:
             raise VerificationError(
                 f"no {COMMITMENT_FILE} in the outputs: the run did not commit to its states, so it cannot be audited",
@@ -261,6 +270,13 @@ def _integrity(run: _Run, replay: bool) -> dict[str, Any]:
     check_final(run.commitment, final, sha256=recorded.get(MODEL_FILE))  # checked above: not hashed twice
     evidence["final_sha256"] = run.commitment.final_sha256
     return evidence
+
+
+def _makes_commitment(attempt: Attempt) -> bool:
+    """Whether the attempt's job trains through the runtime (its spec's recipe, or the recipe run the caller gives)."""
+    from .recipe_run import runs_runtime_recipe
+
+    return attempt.recipe_run is not None or runs_runtime_recipe(attempt.spec)
 
 
 def _check_not_empty(outputs: Path, spec: JobSpec | None) -> None:
@@ -513,9 +529,13 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
         raise VerificationError("the replay audit needs a verified, stored commitment", kind="cannot_verify")
     own = _user_recipe(attempt)
     job = _recipe_run(attempt) if own is None else None
-    challenge = Challenge.for_commitment(run.stored, _secret(run), q=attempt.spec.verification.challenge_segments)
+    choice = _verifier(run, settings, job) if job is not None else None  # a job's own recipe: chosen in its child
+    verification = attempt.spec.verification
+    challenge = Challenge.for_commitment(run.stored, _secret(run), q=verification.challenge_segments,
+                                         tail=verification.tail_segments)
+    chunks = verification.boundary_chunks if verification.tier == "sampled" else None
     if own is not None:
-        report = _audit_own_recipe(run, own, challenge.segments, settings)
+        report = _audit_own_recipe(run, own, challenge.segments, settings, chunks)
     else:
         report = (audit or _run_audit())(
             commitment=run.stored.commitment,
@@ -525,8 +545,11 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
             config=job.config,
             seed=job.seed,
             tau=settings.tau,
-            calibration=None if attempt.exact_replay else _calibration(settings, job),
+            calibration=choice.calibration,
             trusted_exact=attempt.exact_replay,
+            device=choice.device,
+            calibration_note=choice.note,
+            boundary_chunks=chunks,
         )
     run.evidence["replay"] = {"challenge": challenge.message(), **report.model_dump(mode="json")}
     if not report.passed:
@@ -534,7 +557,8 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
     return run.evidence["replay"]
 
 
-def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSettings) -> AuditReport:
+def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSettings,
+                      chunks: int | None = None) -> AuditReport:
     """The audit of the job's own recipe, in a child process importing it from the verified bundle."""
     from .openings import LocalOpenings
     from .recipe_audit import audit_user_recipe
@@ -547,10 +571,12 @@ def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSe
             kind="cannot_verify",
         )
     code = _job_code(run, "its own recipe's audit")
+    from .verifier_device import wanted_device
+
     return audit_user_recipe(
         own, commitment=run.stored.commitment, openings_dir=openings.checkpoint_dir, segments=segments,
         code_dir=code, tau=settings.tau, calibration_dir=settings.calibration_dir, trusted_exact=attempt.exact_replay,
-        python=_interpreter(attempt, code), env=attempt.spec.env,
+        python=_interpreter(attempt, code), env=attempt.spec.env, device=wanted_device(), boundary_chunks=chunks,
     )
 
 
@@ -630,12 +656,14 @@ def _local_openings(attempt: Attempt) -> Openings:
     return LocalOpenings(directory)
 
 
-def _calibration(settings: AuditSettings, job: RecipeRun):
-    from .calibration import load_calibration
+def _verifier(run: _Run, settings: AuditSettings, job: RecipeRun):
+    """Where the challenged segments are re-executed and with which calibration (verify/verifier_device.py):
+    the executor's device kind is the one its signed commitment states."""
+    from .verifier_device import choose
 
-    if settings.tau is not None or settings.calibration_dir is None:
-        return None  # an explicit τ, or none at all (run_audit then says the job class is uncalibrated)
-    return load_calibration(settings.calibration_dir, job.job_class)
+    executor = run.stored.commitment.device_kind
+    return choose(executor, job.job_class, calibration_dir=settings.calibration_dir, tau=settings.tau,
+                  exact=run.attempt.exact_replay)
 
 
 def _run_audit() -> Audit:

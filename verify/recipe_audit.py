@@ -10,8 +10,11 @@ A spec's ``recipe: module:attr`` naming a module of the bundle (``verify/recipe_
    ``bundle_sha256`` — the code the run committed to, not whatever is on disk now;
 2. imports the recipe, parses the spec's options into its config (``recipe_run.parse_config``) and
    checks the commitment's n against the config's T / k;
-3. runs :func:`trainmaster.verify.audit.run_audit` on the executor's openings (a checkpoint
-   directory) with that Recipe, and writes the :class:`~trainmaster.verify.evidence.AuditReport`
+3. chooses the verifier's device and calibration for the run's (executor, verifier) pair
+   (:mod:`trainmaster.verify.verifier_device`: the executor's kind from the signed commitment, the
+   broker's ``TRAINMASTER_AUDIT_DEVICE`` as ``device``), checks that the recipe builds there, runs
+   :func:`trainmaster.verify.audit.run_audit` on the executor's openings (a checkpoint
+   directory) with that Recipe on that device, and writes the :class:`~trainmaster.verify.evidence.AuditReport`
    as JSON.
 
 Whose fault a failure is (the verification's ``kind``):
@@ -26,6 +29,7 @@ Whose fault a failure is (the verification's ``kind``):
 | the child dies (a signal, an exit without a result) while re-executing the executor's states | ``rejected`` |
 | the child dies before that, runs past its time limit, or leaves an unreadable result | ``cannot_verify`` |
 | no calibration and no τ | ``cannot_verify`` (as for shipped recipes) |
+| no device here can audit the run (a trusted exact replay of a GPU run without a GPU) | ``cannot_verify`` |
 
 The child records the phase it is in (``bundle``, ``import``, ``spec``, ``executor``) in a file next
 to the result, so the parent knows whether the executor's data were being replayed when it died.
@@ -80,6 +84,10 @@ class AuditRequest(BaseModel):
     tau: float | None = None
     calibration_dir: str | None = None
     trusted_exact: bool = False
+    boundary_chunks: int | None = None
+    """The sampled tier's chunks per segment (verify/boundaries.py); None: the replayed segments alone."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """The broker's ``TRAINMASTER_AUDIT_DEVICE``: the child chooses the verifier's device (verify/verifier_device.py)."""
 
 
 class AuditResult(BaseModel):
@@ -104,6 +112,8 @@ def audit_user_recipe(
     python: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float = TIMEOUT_S,
+    device: str = "auto",
+    boundary_chunks: int | None = None,
 ) -> AuditReport:
     """Audit ``segments`` with the job's own recipe in a child process; raise :class:`VerificationError`
     (``rejected`` or ``cannot_verify``, see the module docstring) when it gives no report."""
@@ -117,6 +127,7 @@ def audit_user_recipe(
         commitment=commitment.canonical_json().decode("ascii"), segments=sorted(set(segments)),
         openings=str(Path(openings_dir).resolve()), tau=tau,
         calibration_dir=str(calibration_dir) if calibration_dir is not None else None, trusted_exact=trusted_exact,
+        device=device, boundary_chunks=boundary_chunks,
     )
     python = python or sys.executable
     inherited = os.environ.get("PYTHONPATH")
@@ -198,6 +209,7 @@ class _Refused(Exception):
 
 def _child(request: AuditRequest, phase: Path) -> AuditResult:
     from trainmaster.jobs.commitment import Commitment
+    from trainmaster.jobs.devices import replaying_on
 
     commitment = Commitment.from_json(request.commitment.encode("ascii"))
     phase.write_text("bundle")
@@ -206,8 +218,11 @@ def _child(request: AuditRequest, phase: Path) -> AuditResult:
     recipe = _import(request.target)
     phase.write_text("spec")
     config = _config(recipe, request, commitment)
+    choice = _choose(recipe, config, request, commitment)
+    with replaying_on(choice.device):
+        _builds(recipe, config, request)
     phase.write_text(EXECUTOR_PHASE)
-    return AuditResult(kind="report", report=_audit(recipe, config, request, commitment))
+    return AuditResult(kind="report", report=_audit(recipe, config, request, commitment, choice))
 
 
 def _check_bundle(code_dir: Path, expected: str) -> None:
@@ -241,8 +256,6 @@ def _import(target: str):
 
 
 def _config(recipe, request: AuditRequest, commitment: Commitment) -> dict:
-    from trainmaster.jobs.execution import build_trainer, full_state
-
     from .recipe_run import NotReplayable, parse_config
 
     try:
@@ -257,27 +270,46 @@ def _config(recipe, request: AuditRequest, commitment: Commitment) -> dict:
             "rejected", f"the commitment has n = {commitment.n} segments; the spec's T / k = {steps} / {request.k} "
             f"is {steps // request.k}",
         )
-    try:  # the recipe on the spec's own data first: a failure here is the job owner's, not the executor's
+    return config
+
+
+def _choose(recipe, config: dict, request: AuditRequest, commitment: Commitment):
+    """The verifier's device and calibration for this run's (executor, verifier) pair (verify/verifier_device.py)."""
+    from .calibration import UncalibratedError, job_class
+    from .verifier_device import choose
+
+    try:
+        return choose(
+            commitment.device_kind, job_class(recipe.name, config),
+            calibration_dir=Path(request.calibration_dir) if request.calibration_dir is not None else None,
+            tau=request.tau, exact=request.trusted_exact, wanted=request.device,
+        )
+    except UncalibratedError as exc:
+        raise _Refused("cannot_verify", str(exc)) from exc
+
+
+def _builds(recipe, config: dict, request: AuditRequest) -> None:
+    """The recipe on the spec's own data first, on the verifier's device: a failure here is the job owner's."""
+    from trainmaster.jobs.execution import build_trainer, full_state
+
+    try:
         cfg = recipe.config(config)
         full_state(build_trainer(recipe, cfg, request.seed), recipe, cfg, request.seed, 0)
     except BaseException as exc:  # noqa: BLE001
         raise _Refused("cannot_verify", f"the job's recipe {request.target} fails to build from the spec's config: {_last(exc)}") from exc
-    return config
 
 
-def _audit(recipe, config: dict, request: AuditRequest, commitment: Commitment) -> AuditReport:
+def _audit(recipe, config: dict, request: AuditRequest, commitment: Commitment, choice) -> AuditReport:
     from .audit import run_audit
-    from .calibration import UncalibratedError, job_class, load_calibration
+    from .calibration import UncalibratedError
     from .openings import LocalOpenings
 
     try:
-        calibration = None
-        if request.tau is None and not request.trusted_exact and request.calibration_dir is not None:
-            calibration = load_calibration(Path(request.calibration_dir), job_class(recipe.name, config))
         return run_audit(
             commitment=commitment, openings=LocalOpenings(Path(request.openings)), segments=request.segments,
-            recipe=recipe, config=config, seed=request.seed, tau=request.tau, calibration=calibration,
-            trusted_exact=request.trusted_exact,
+            recipe=recipe, config=config, seed=request.seed, tau=request.tau,
+            calibration=None if request.trusted_exact else choice.calibration, trusted_exact=request.trusted_exact,
+            device=choice.device, calibration_note=choice.note, boundary_chunks=request.boundary_chunks,
         )
     except UncalibratedError as exc:
         raise _Refused("cannot_verify", str(exc)) from exc

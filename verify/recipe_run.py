@@ -26,7 +26,10 @@ if TYPE_CHECKING:
     from trainmaster.jobs.recipe import Recipe
 
 RECIPES_PACKAGE = SHIPPED_RECIPES
-PRECISIONS = {"fp32", "tf32"}  # what the recipes compute in (TF32 does not exist on CPU; on GPU it is calibrated)
+PRECISIONS = {"fp32"}
+"""What runtime recipes compute in: true fp32 on every device (``jobs/devices.py`` turns TF32 off on a GPU).
+TF32 and bf16 change every step's rounding far beyond what the calibrations measured, so a spec asking for
+them is refused at submit when its run would be audited (:func:`precision_refusal`)."""
 
 
 class NotReplayable(VerificationError):
@@ -113,10 +116,27 @@ def parse_config(recipe: Recipe, options: list[str], module: str | None = None) 
     return config.model_dump(mode="json")
 
 
+def runs_runtime_recipe(job: JobSpec) -> bool:
+    """Whether the job trains through the runtime, so that it commits to its states: it names a ``recipe:``
+    or its entrypoint is ``python -m trainmaster.jobs.recipes.<name>``."""
+    return job.recipe is not None or _runs_shipped_module(job)
+
+
+def precision_refusal(job: JobSpec) -> str | None:
+    """Why a runtime recipe at the spec's precision cannot be replay-audited, or None when it can."""
+    if job.precision in PRECISIONS or not runs_runtime_recipe(job):
+        return None
+    return (
+        f"a runtime recipe at precision {job.precision} cannot be replay-audited: the runtime computes in true fp32 "
+        "(TF32 off, deterministic kernels, docs/runtime.md Devices) and no calibration covers "
+        f"{job.precision} replays (precision: fp32, or a trusted backend with verification.replay_audit: never)"
+    )
+
+
 def processes_refusal(job: JobSpec) -> str | None:
     """Why a runtime recipe run by this many processes cannot be replayed, or None when it can."""
     processes = job.resources.nproc * job.resources.nodes
-    if processes == 1 or (job.recipe is None and not _runs_shipped_module(job)):
+    if processes == 1 or not runs_runtime_recipe(job):
         return None
     return (
         f"a runtime recipe run by {processes} processes cannot be replay-audited: the audit re-executes segments "
@@ -128,8 +148,8 @@ def _replayable(job: JobSpec) -> list[str]:
     """The entrypoint's recipe options, once the run is known to be replayable."""
     if refusal := processes_refusal(job):
         raise NotReplayable(refusal)
-    if job.precision not in PRECISIONS:
-        raise NotReplayable(f"precision {job.precision} is not supported by the replay audit (recipes run in fp32)")
+    if refusal := precision_refusal(job):
+        raise NotReplayable(refusal)
     argv = _argv(job)
     if argv[0] not in PYTHON_NAMES or len(argv) < 2 or (argv[1] == "-m" and len(argv) < 3):
         raise NotReplayable(

@@ -113,13 +113,13 @@ def compare_rest(rules: StateRules, start: Tensors, replayed: Tensors, executed:
             result.problems.append(problem)
             continue
         group = result.groups.setdefault(pattern, GroupDistance(rule))
-        re, exe = replayed[name].double(), executed[name].double()
+        re, exe = replayed[name].cpu().double(), executed[name].cpu().double()  # host copies, whatever device
         if rule == "tolerance":
             if not bool(torch.isfinite(exe).all()):
                 result.problems.append(f"{name}: holds NaN or Inf")
                 continue
             before = start.get(name)
-            origin = before.double() if before is not None and before.shape == re.shape else torch.zeros_like(re)
+            origin = before.cpu().double() if before is not None and before.shape == re.shape else torch.zeros_like(re)
             group.add(name, _sq(exe - re), _sq(re - origin))
         else:
             if not all(torch.equal(test(re), test(exe)) for test in (torch.isnan, torch.isposinf, torch.isneginf)):

@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainmaster.jobs.decisions import DecisionLog, DecisionTrace
+from trainmaster.jobs.devices import replay_kind
 from trainmaster.jobs.execution import build_trainer, full_state, restore, run_step, state_info
 from trainmaster.jobs.recipe import Recipe, RecipeConfig
 from trainmaster.jobs.state import TrainState
@@ -55,6 +56,19 @@ HONEST_VARIANTS = (
     Variant(name="ulp", nudge_ulp=True),
     Variant(name="float64", compute_dtype="float64"),
 )
+"""Honest executors on a CPU: other hardware emulated (docs/protocol.md §5)."""
+DEVICE_HONEST_VARIANTS = (
+    Variant(name="device"),
+    Variant(name="ulp", nudge_ulp=True),
+    Variant(name="float64", compute_dtype="float64"),
+)
+"""Honest executors on a GPU: the plain run there (against a verifier on another device, the real
+cross-device divergence), a one-ulp nudge and float64 (a GPU's kernels ignore the CPU thread count)."""
+
+
+def honest_variants(executor: str = "cpu") -> tuple[Variant, ...]:
+    """The honest variants of an executor on this kind of device."""
+    return HONEST_VARIANTS if executor == "cpu" else DEVICE_HONEST_VARIANTS
 MILDEST_CHEAT = Variant(name="lr_x0.9", lr_scale=0.9)
 FREEZES = (
     Variant(name="eps_1e30", param_groups={"eps": 1e30}),
@@ -132,8 +146,8 @@ def _threads_kept() -> Iterator[None]:
 
 
 def _autocast(variant: Variant) -> contextlib.AbstractContextManager:
-    if variant.autocast_bf16:
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if variant.autocast_bf16:  # on the device the recipe computes on (a replay's, when one is set)
+        return torch.autocast(replay_kind() or "cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

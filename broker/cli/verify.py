@@ -206,15 +206,13 @@ def _load_spec(spec_path: Path):
 
 def _fresh_code(loaded, scratch: Path) -> Path:
     """The spec's code, bundled as `submit` would and extracted afresh under ``scratch`` (its sha256 checked)."""
-    from trainmaster.jobs.bundle import BundleError, build_bundle, extract_bundle
+    from trainmaster.broker.cli.fresh_code import fresh_code
+    from trainmaster.jobs.bundle import BundleError
 
     try:
-        info = build_bundle(loaded.code_dir, loaded.spec.canonical_json(), scratch,
-                            max_bytes=loaded.spec.limits.max_bundle_mb * 2**20)
-        extract_bundle(info.path, scratch / "code", expected_sha256=info.sha256)
+        return fresh_code(loaded, scratch)
     except BundleError as exc:
         _fail(f"{loaded.path}: code: {exc}")
-    return scratch / "code"
 
 
 def _print(verdict) -> None:
@@ -234,11 +232,57 @@ def _print(verdict) -> None:
 
     for reason in verdict.reasons:
         typer.echo(f"  - {visible(with_hint(reason, CONVERT))}")
+    for line in _replay_and_trust(verdict.evidence):
+        typer.echo(visible(line))
     opaque = (verdict.evidence.get("safety") or {}).get("opaque") or []
     if opaque:
         typer.echo("opaque (kept, never loaded by trainmaster; load them only if you trust where they came from):")
         for item in opaque:
             typer.echo(f"  - {visible(item['path'])}: {visible(item['what'])}")
+
+
+def _tier_lines(replay: dict) -> list[str]:
+    """Which tier audited, which segments were replayed, which boundaries and chunks were opened, and each
+    boundary check's worst measurement against its bound (the whole list: `--json`)."""
+    if not replay.get("tier"):
+        return []
+    segments = [s.get("index") for s in replay.get("segments") or []]
+    lines = [f"tier: {replay['tier']}; replayed segments {', '.join(map(str, segments)) or 'none'}"]
+    found = replay.get("boundaries") or {}
+    if not found:
+        return lines
+    per = found.get("per_boundary") or {}
+    lines.append(f"boundaries: {found.get('boundaries', 0)} opened and tied to the root, {found.get('chunks', 0)} chunks "
+                 f"({found.get('bytes_opened', 0) / 1e6:.2f} MB; e.g. boundary {next(iter(per), '?')}: "
+                 f"{', '.join((next(iter(per.values()), None) or [])[:4])})")
+    worst: dict[str, dict] = {}
+    for m in found.get("measurements") or []:
+        kept = worst.get(m["check"])
+        if kept is None or (kept["passed"] and not m["passed"]):
+            worst[m["check"]] = m
+    for check, m in worst.items():
+        failed = sum(1 for x in found["measurements"] if x["check"] == check and not x["passed"])
+        total = sum(1 for x in found["measurements"] if x["check"] == check)
+        lines.append(f"  {check}: {total - failed}/{total} within bound"
+                     + (f"; at {m['at']}: {m['measured']} vs {m['bound']}" if failed else f" (bound {m['bound']})"))
+    return lines
+
+
+def _replay_and_trust(evidence: dict) -> list[str]:
+    """Where the replay audit re-executed (its device, the executor's, the calibration's pair), and the risk of
+    outcome-only trust, when the verdict holds them."""
+    lines = []
+    replay = evidence.get("replay") or {}
+    if replay.get("device"):
+        pair = replay.get("calibration_pair")
+        line = (f"replayed on {replay['device']} (executor trained on {replay.get('executor_device', 'cpu')}; "
+                f"τ from {'the ' + pair + ' calibration' if pair else replay.get('tau_source', '?')})")
+        lines.append(line + (f"; {replay['calibration_note']}" if replay.get("calibration_note") else ""))
+    lines += _tier_lines(replay)
+    trust = evidence.get("trust") or {}
+    if trust.get("risk"):
+        lines.append(f"warning: {trust['risk']}")
+    return lines
 
 
 def _fail(message: str) -> None:

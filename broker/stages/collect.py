@@ -16,6 +16,7 @@ from pathlib import Path
 from trainmaster.backends.base import BackendError, Cause, Offer
 from trainmaster.backends.retry import retried
 from trainmaster.broker import failures, paths, states
+from trainmaster.broker.auditability import job_fault
 from trainmaster.broker.filekeeping import shared_outputs, shared_storage
 from trainmaster.broker.stages import dispatch
 from trainmaster.broker.stages.job_context import JobContext, NothingToDo, Parts
@@ -65,6 +66,8 @@ async def collect(ctx: JobContext, attempt: Attempt) -> None:
                           detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})
         await promote(ctx.store, ctx.id)
         await give_back_disk(ctx)
+    elif verdict.outcome == "cannot_verify" and (fault := job_fault(verdict.evidence)):
+        await react(ctx, attempt, Cause.script_failed, fault)  # the job's own shape: nobody is banned
     elif verdict.outcome == "cannot_verify":
         # the checks could not run (a missing package, a full disk): nothing is paid or blocked; the
         # attempt waits for `trainmaster verify JOB --again`

@@ -15,6 +15,7 @@ import time
 from trainmaster.backends.base import Offer, OfferSet
 from trainmaster.backends.features import AllocatesMachine
 from trainmaster.broker import readiness
+from trainmaster.broker.auditability import auditable_backends
 from trainmaster.broker.money import budget_wait
 from trainmaster.broker.planning.estimate import own_estimate, past_run
 from trainmaster.broker.planning.fallback_reason import no_fallback_reason
@@ -38,13 +39,13 @@ async def plan(parts: Parts, spec: JobSpec, policy: Policy, blocked: frozenset[s
     parts.offer_rounds += 1
     rate, rate_problem = current_rate(parts.backends.rates(policy))
     request = offer_request(spec, policy, rate)
-    enabled = parts.backends.enabled(spec, policy)
+    enabled, refused = auditable_backends(spec, policy, parts.backends.enabled(spec, policy))  # refused: never asked
     unready = readiness.unready([n for n in enabled if n not in parts.backends.given],
                                 parts.backends.effective_configs(policy))
     offer_sets: list[OfferSet] = await gather_offers(request, {n: b for n, b in enabled.items() if n not in unready},
                                                      valid_s=policy.offers.valid_s,
                                                      rate_max_age_s=policy.tao_rate.max_age_s)
-    offer_sets += readiness.as_offer_sets(unready)
+    offer_sets += [*readiness.as_offer_sets(unready), *refused]
     hotkeys, coldkeys = parts.executors.banned()
     banned = frozenset(banned_offers(offer_sets, hotkeys, coldkeys)) if hotkeys or coldkeys else frozenset()
     history, failure_rates = learned(parts.store.ended_attempts())

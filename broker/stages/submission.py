@@ -65,10 +65,12 @@ async def planned(parts: Parts, spec_path: Path, policy_name: str) -> tuple[Load
     if result.chosen is None:
         raise PlanError(result)
     if "replay" in checks_for(policy, loaded.spec, result.chosen.offer):
-        from trainmaster.verify.recipe_run import processes_refusal
+        from trainmaster.verify.recipe_run import precision_refusal, processes_refusal
 
         if refusal := processes_refusal(loaded.spec):  # never dispatch a run its audit could not replay
             raise FileError(loaded.path, [f"{loaded.path}: resources.processes: {refusal}"])
+        if refusal := precision_refusal(loaded.spec):
+            raise FileError(loaded.path, [f"{loaded.path}: precision: {refusal}"])
     return loaded, policy, result
 
 

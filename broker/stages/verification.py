@@ -18,6 +18,7 @@ from trainmaster.backends.base import (
 from trainmaster.backends.features import KeepsSegments, RunsUntrusted
 from trainmaster.backends.retry import ATTEMPTS, retried
 from trainmaster.broker import paths, verifying
+from trainmaster.broker.auditability import makes_commitment, untrusted_checks
 from trainmaster.broker.filekeeping import shared_bundles
 from trainmaster.broker.planning.policy import Policy
 from trainmaster.broker.stages.job_context import JobContext
@@ -38,7 +39,7 @@ async def verify(ctx: JobContext, attempt: Attempt, outputs: Path, backend: Back
     offer = Offer.model_validate_json(attempt.offer_json)
     checks = checks_for(ctx.policy, ctx.spec, offer)
     signature, open_segments = None, None
-    if not offer.trusted and isinstance(backend, RunsUntrusted):
+    if not offer.trusted and isinstance(backend, RunsUntrusted) and makes_commitment(ctx.spec):
         try:
             signature = (await retried(backend.signed_commitment, handle)).signature
         except BackendError as exc:  # the executor sent none: the pipeline rejects an unsigned commitment
@@ -79,9 +80,10 @@ def final_verdict(ctx: JobContext, attempt: Attempt):
 def checks_for(policy: Policy, spec: JobSpec, offer: Offer) -> list[str]:
     """The checks an attempt gets: the policy's for its kind of compute, with the replay audit added
     for a trusted run when the spec says `replay_audit: always`, or dropped when it says `never`
-    (an untrusted executor is always audited: its work is paid for only through the audit)."""
+    (an untrusted executor is always audited: its work is paid for only through the audit, unless the job opts
+    into outcome-only trust, broker/auditability.py)."""
     settings = policy.verification
-    checks = list(settings.trusted if offer.trusted else settings.untrusted)
+    checks = list(settings.trusted if offer.trusted else untrusted_checks(spec, settings.untrusted))
     wanted = spec.verification.replay_audit
     if offer.trusted and wanted == "always" and "replay" not in checks:
         checks.append("replay")  # the pipeline runs its checks in its own order

@@ -15,12 +15,14 @@ import math
 import sys
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
 from ..decisions import argmax_margin, entry_bytes
+from ..devices import DeviceOption, resolve_device
 from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
 from ..seeding import derive_seed
 from ..state import (
@@ -36,6 +38,7 @@ from ..state import (
 )
 from . import cli
 from .cartpole import GROWTH_BYTES, OBS_DIM, CartPole
+from .options import DEVICE_DEFAULT, DEVICE_HELP
 from .prioritized_replay import PrioritizedReplay
 
 
@@ -56,6 +59,7 @@ class DQNConfig(RecipeConfig):
     beta_start: float = Field(0.4, ge=0, le=1, description="initial importance-sampling exponent (annealed to 1)")
     priority_eps: float = Field(1e-6, gt=0, description="added to |TD error| for priorities")
     grad_clip: float = Field(10.0, gt=0, description="max gradient norm")
+    device: DeviceOption = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
 
 
 class DuelingQ(nn.Module):
@@ -78,9 +82,10 @@ class DQNTrainer:
         self.config = config
         self.env = CartPole(seed)
         obs_dim = self.env.obs.shape[0]
+        self.device = resolve_device(config.device)
         torch.manual_seed(derive_seed(seed, 0, "init"))
-        self.online = DuelingQ(obs_dim, self.env.n_actions, config.hidden)
-        self.target = DuelingQ(obs_dim, self.env.n_actions, config.hidden)
+        self.online = DuelingQ(obs_dim, self.env.n_actions, config.hidden).to(self.device)  # W0 drawn on the CPU
+        self.target = DuelingQ(obs_dim, self.env.n_actions, config.hidden).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         self.params = list(self.online.parameters())
@@ -115,34 +120,36 @@ class DQNTrainer:
             own, margin = torch.tensor(int(rng.integers(self.env.n_actions))), None
         else:
             with torch.no_grad():
-                q = self.online(torch.from_numpy(self.env.obs))
+                q = self.online(torch.from_numpy(self.env.obs).to(self.device))
             own, margin = q.argmax(), argmax_margin(q)
         return int(ctx.decisions.decide("action", own, self.env.n_actions, margin))
 
     def _learn(self, ctx: StepContext) -> float:
         c = self.config
         index, weights = self.buffer.sample(c.batch_size, self.beta(ctx.step), ctx.rng("replay"), ctx.decisions)
-        b = self.buffer
-        obs, next_obs = torch.from_numpy(b.obs[index]), torch.from_numpy(b.next_obs[index])
-        action, reward = torch.from_numpy(b.action[index]), torch.from_numpy(b.reward[index])
-        terminated = torch.from_numpy(b.terminated[index])
+        b, to = self.buffer, self._to_device
+        obs, next_obs = to(b.obs[index]), to(b.next_obs[index])
+        action, reward, terminated = to(b.action[index]), to(b.reward[index]), to(b.terminated[index])
         with torch.no_grad():
             next_q = self.online(next_obs)
             a_star = ctx.decisions.decide("a_star", next_q.argmax(dim=1), self.env.n_actions, argmax_margin(next_q))
             next_value = self.target(next_obs).gather(1, a_star.unsqueeze(1)).squeeze(1)
             target = reward + c.gamma * (1.0 - terminated) * next_value
         q = self.online(obs).gather(1, action.unsqueeze(1)).squeeze(1)
-        loss = (torch.from_numpy(weights).float() * F.smooth_l1_loss(q, target, reduction="none")).mean()
+        loss = (to(weights).float() * F.smooth_l1_loss(q, target, reduction="none")).mean()
         for group in self.optimizer.param_groups:  # the spec's value, whatever a state file says
             group["lr"] = c.lr
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.params, c.grad_clip, foreach=True)
         self.optimizer.step()
-        self.buffer.update(index, (target - q).detach().numpy(), c.priority_eps)
+        self.buffer.update(index, (target - q).detach().cpu().numpy(), c.priority_eps)
         with torch.no_grad():
             torch._foreach_lerp_(self.target_params, self.params, c.tau)
         return float(loss.detach())
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
 
     def state(self) -> TrainState:
         return TrainState(

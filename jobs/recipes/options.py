@@ -28,6 +28,11 @@ from pydantic.fields import FieldInfo
 from ..recipe import Recipe, RecipeConfig
 
 NULL = "null"
+DEVICE_DEFAULT = "auto"
+DEVICE_HELP = (
+    "where to train: auto (CUDA when the job has a GPU, else the CPU), cpu or cuda; a verifier re-executes "
+    "on its own device (docs/runtime.md, Devices)"
+)
 _UNIONS = (Union, types.UnionType)
 _ANY = TypeAdapter(Any)
 _CONTAINERS = (list, tuple, set, frozenset, dict, Sequence, Mapping, Set)

@@ -19,6 +19,7 @@ from pydantic import Field
 from torch import nn
 
 from ..decisions import entry_bytes, interval_margin
+from ..devices import DeviceOption, resolve_device
 from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
 from ..seeding import derive_seed
 from ..state import (
@@ -34,6 +35,7 @@ from ..state import (
 )
 from . import cli
 from .cartpole import GROWTH_BYTES, OBS_DIM, CartPole
+from .options import DEVICE_DEFAULT, DEVICE_HELP
 from .running_std import RunningMeanStd
 
 
@@ -51,6 +53,7 @@ class PPOConfig(RecipeConfig):
     max_grad_norm: float = Field(0.5, gt=0, description="max gradient norm")
     hidden: int = Field(64, gt=0, description="width of the hidden layers")
     reward_clip: float = Field(10.0, gt=0, description="clip of the scaled reward")
+    device: DeviceOption = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
 
 
 def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
@@ -92,8 +95,9 @@ class PPOTrainer:
         self.config = config
         self.env = CartPole(seed)
         obs_dim = self.env.obs.shape[0]
+        self.device = resolve_device(config.device)
         torch.manual_seed(derive_seed(seed, 0, "init"))
-        self.model = ActorCritic(obs_dim, self.env.n_actions, config.hidden)
+        self.model = ActorCritic(obs_dim, self.env.n_actions, config.hidden).to(self.device)  # W0 drawn on the CPU
         self.params = list(self.model.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=config.lr, eps=1e-5, foreach=True)
         self.rollout = Rollout(config.rollout, obs_dim)
@@ -105,8 +109,9 @@ class PPOTrainer:
 
     def step(self, ctx: StepContext) -> Mapping[str, float]:
         obs = torch.from_numpy(self.env.obs)
-        with torch.no_grad():
-            logits, value = self.model.actor(obs), self.model.critic(obs)
+        with torch.no_grad():  # the rollout is kept on the CPU; the networks run where the config says
+            on_device = obs.to(self.device)
+            logits, value = self.model.actor(on_device).cpu(), self.model.critic(on_device).cpu()
         action = self._sample(ctx, logits)
         transition, metrics = self.env.step(action, ctx.seed, ctx.step)
         r = self.rollout
@@ -142,7 +147,7 @@ class PPOTrainer:
     def _advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
         c, r = self.config, self.rollout
         with torch.no_grad():
-            next_value = self.model.critic(torch.from_numpy(self.env.obs))[0]
+            next_value = self.model.critic(torch.from_numpy(self.env.obs).to(self.device))[0].cpu()
         advantages = torch.zeros(c.rollout)
         gae = torch.tensor(0.0)
         for t in reversed(range(c.rollout)):
@@ -164,7 +169,8 @@ class PPOTrainer:
             order = torch.randperm(c.rollout, generator=generator)
             for start in range(0, c.rollout, c.minibatch):
                 idx = order[start : start + c.minibatch]
-                loss = self._loss(r.obs[idx], r.action[idx], r.logprob[idx], advantages[idx], returns[idx])
+                batch = (r.obs[idx], r.action[idx], r.logprob[idx], advantages[idx], returns[idx])
+                loss = self._loss(*(t.to(self.device) for t in batch))
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(self.params, c.max_grad_norm, foreach=True)

@@ -4,7 +4,10 @@ The data is a random Markov chain over ``vocab`` tokens whose rows are drawn fro
 with small ``concentration`` (so the next token is fairly predictable); the chain is a pure
 function of the job seed and the batch of step ``s`` a pure function of ``(seed, s)``. The best
 achievable loss is the chain's entropy rate, reported in ``result.json`` next to the final loss.
-AdamW with linear warm-up then cosine decay, set from the step every step. No decisions.
+AdamW with linear warm-up then cosine decay, set from the step every step. Dropout (attention
+weights, MLP output) by :class:`~trainmaster.jobs.hash_dropout.HashDropout`, whose masks are the
+same on every device, so a run trained on a GPU replays on a CPU verifier. ``--device``: where it
+trains (``auto``: CUDA when the job has a GPU). No decisions.
 
     python -m trainmaster.jobs.recipes.tiny_lm --steps 400
 """
@@ -22,6 +25,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from ..devices import DeviceOption, resolve_device
+from ..hash_dropout import DropoutKeys, HashDropout
 from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
 from ..seeding import derive_seed, step_rng
 from ..state import (
@@ -35,6 +40,7 @@ from ..state import (
     section,
 )
 from . import cli
+from .options import DEVICE_DEFAULT, DEVICE_HELP
 
 RECENT = 20  # steps averaged for the reported final loss
 
@@ -51,7 +57,8 @@ class TinyLMConfig(RecipeConfig):
     lr: float = Field(3e-3, gt=0, description="peak AdamW learning rate")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     warmup: int = Field(40, ge=0, description="linear warm-up steps")
-    dropout: float = Field(0.1, ge=0, lt=1, description="dropout (drawn from the re-seeded global RNG)")
+    dropout: float = Field(0.1, ge=0, lt=1, description="dropout (masks hashed from seed and step: the same on every device)")
+    device: DeviceOption = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
 
 
 class MarkovChain:
@@ -84,33 +91,35 @@ class MarkovChain:
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int, dropout: float):
+    def __init__(self, d: int, heads: int, dropout: float, keys: DropoutKeys):
         super().__init__()
-        self.heads, self.dropout = heads, dropout
+        self.heads = heads
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(dropout))
+        self.attention_dropout = HashDropout(dropout, keys)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), HashDropout(dropout, keys))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        dropout = self.dropout if self.training else 0.0
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
-        x = x + self.proj(attention.transpose(1, 2).reshape(b, t, d))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        weights = self.attention_dropout(F.softmax(scores.masked_fill(causal, float("-inf")), dim=-1))
+        x = x + self.proj((weights @ v).transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.norm2(x))
 
 
 class TinyLM(nn.Module):
-    def __init__(self, c: TinyLMConfig):
+    def __init__(self, c: TinyLMConfig, keys: DropoutKeys):
         super().__init__()
         self.embed = nn.Embedding(c.vocab, c.d_model)
         self.position = nn.Embedding(c.seq_len, c.d_model)
-        self.blocks = nn.Sequential(*(Block(c.d_model, c.heads, c.dropout) for _ in range(c.layers)))
+        self.blocks = nn.Sequential(*(Block(c.d_model, c.heads, c.dropout, keys) for _ in range(c.layers)))
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1])
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
         return self.head(self.norm(self.blocks(self.embed(tokens) + self.position(positions))))
 
 
@@ -120,8 +129,10 @@ class TinyLMTrainer:
             raise ValueError("d_model must be a multiple of heads")
         self.config = config
         self.chain = MarkovChain(config.vocab, config.concentration, seed)
+        self.device = resolve_device(config.device)
         torch.manual_seed(derive_seed(seed, 0, "init"))
-        self.model = TinyLM(config)
+        self.keys = DropoutKeys()
+        self.model = TinyLM(config, self.keys).to(self.device)  # initialised on the CPU: W0 is the same on every device
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.recent: list[float] = []
 
@@ -134,7 +145,8 @@ class TinyLMTrainer:
 
     def step(self, ctx: StepContext) -> Mapping[str, float]:
         c = self.config
-        tokens = self.chain.sample(c.batch_size, c.seq_len + 1, ctx.generator("data"))
+        self.keys.start(ctx.seed, ctx.step)
+        tokens = self.chain.sample(c.batch_size, c.seq_len + 1, ctx.generator("data")).to(self.device)
         logits = self.model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, c.vocab), tokens[:, 1:].reshape(-1))
         lr = self.lr_at(ctx.step)

@@ -4,8 +4,9 @@ of the job's script on a real `trainmaster miner serve` process, and the job rec
 the spec and bundle, the miner's signed quote, the planner, the bundle streamed to the miner, the signed
 dispatch, and the miner's own start of the attempt (its confined user and private view of the files).
 
-The job is a plain script, not a runtime job, so the replay audit rejects it after it ran, which bans the
-miner in the broker's records: each run gets a broker home of its own (the miner is the same)."""
+The job is a plain script, not a runtime job: it commits to nothing, so it may go to a miner only because its
+spec opts into outcome-only trust (an evaluator with a threshold, broker/auditability.py). Each run gets a
+broker home of its own (the miner is the same)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ SCRIPT = """\
 import time; started = time.time()
 import os, pathlib
 pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "times.json").write_text('{"started": %r}' % started)
+import torch
+from safetensors.torch import save_file
+save_file({"w": torch.zeros(1)}, os.path.join(os.environ["TRAINMASTER_OUTPUT_DIR"], "model.safetensors"))
 """
+
+EVALUATE = 'print(\'{"ran": 1}\')\n'
 
 
 def one_run(root: Path, wallet, listed: dict, miner_home: Path, n: int) -> tuple[float, float]:
@@ -32,7 +38,9 @@ def one_run(root: Path, wallet, listed: dict, miner_home: Path, n: int) -> tuple
     code, home = root / f"job-{n}", root / f"broker-home-{n}"
     code.mkdir(parents=True)
     (code / "train.py").write_text(SCRIPT)
-    (code / "job.yaml").write_text("name: overhead\nentrypoint: python train.py\n")
+    (code / "evaluate.py").write_text(EVALUATE)
+    (code / "job.yaml").write_text("name: overhead\nentrypoint: python train.py\n"
+                                   "verification: {evaluator: python evaluate.py, thresholds: {ran: 1}}\n")
     (code / "policy.yaml").write_text(POLICY)
     (home / "config").mkdir(parents=True)
     (home / "config" / "backends.yaml").write_text(

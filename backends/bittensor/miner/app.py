@@ -266,6 +266,16 @@ class Miner:
         await self._committed(attempt)
         if min(asked.indices) < 0:
             raise refusal(web.HTTPUnprocessableEntity, "segment indices are not negative")
+        from trainmaster.backends.segment_reopen import ReopenFailed, open_boundaries, reopen_dropped
+
+        checkpoints = _workdir(attempt) / "checkpoints"
+        try:  # states the run did not keep are re-made first, and only if they reproduce their leaves
+            await reopen_dropped(checkpoints, asked.indices)
+            await open_boundaries(checkpoints, asked.indices, checkpoints)  # chunks of every boundary: chunks/
+        except ReopenFailed as exc:
+            raise refusal(web.HTTPConflict, f"cannot open the challenged segments: {exc}") from None
+        except (OSError, ValueError, RuntimeError) as exc:  # the run's checkpoints are incomplete or unreadable
+            raise refusal(web.HTTPConflict, f"cannot open the boundaries: {type(exc).__name__}: {exc}") from None
         found = await asyncio.to_thread(files.challenge_manifest, _workdir(attempt), asked.indices)
         return _model(protocol.Files(files=found))
 

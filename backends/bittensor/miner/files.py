@@ -94,6 +94,10 @@ def challenge_manifest(workdir: Path, indices: list[int]) -> list[OutputFile]:
         elif regular_file(folder, "manifest.json") is not None:
             [found] = [f for f in transfer.list_files(folder) if f.path == "manifest.json"]
             files.append(found.model_copy(update={"path": prefix + found.path}))
+    chunks = real_dir(workdir, "checkpoints", "chunks")  # the sampled tier's boundary openings
+    if chunks is not None:
+        files += [f.model_copy(update={"path": "chunks/" + f.path}) for f in transfer.list_files(chunks)
+                  if "/" not in f.path and f.path.endswith(".json")]
     return files
 
 

@@ -1,0 +1,455 @@
+"""The GPU check: the audited GPU path end to end, in one go, on a machine with a CUDA device.
+
+Run by ``./dev gpu-check`` (tests/gpu/check.sh installs trainmaster over the machine's own torch first).
+Within a time budget (default 510 s), in order of importance, each stage skipped with the reason when
+too little time is left, every result written to ``$OUT/gpu-check.json`` as it comes:
+
+1. ``environment`` — torch, CUDA, the GPU;
+2. ``gpt_submit`` — an 86M-parameter GPT-style recipe of the job's own (tests/gpu/gpt_job: d 768,
+   12 layers, seq 256, batch 32, k = 25) on CUDA through ``trainmaster submit --wait`` with
+   ``replay_audit: always``: trains, self-checks in a fresh process on the GPU (the false alarm of
+   issue #30), commits ``device: cuda``, and the broker replays every segment bit for bit on the GPU;
+3. ``gpt_benchmark`` — the same model in process: a bare loop against ``runtime.run`` (self-check off),
+   the fraction of step time the loop is blocked by checkpoints;
+4. ``gpt_resume`` — the recipe killed with SIGKILL after segment 2 and resumed: the same final weights
+   as the uninterrupted run of stage 3;
+5. ``shipped_submits`` — tiny-lm, DQN and PPO on CUDA through ``submit --wait``, audited on the GPU;
+6. ``cpu_audits`` — every segment of those runs audited on the CPU (cuda→cpu, the shipped calibration
+   standing in): honest cross-device r against τ, false rejects;
+7. ``calibrations`` — the real cuda→cpu and cuda→cuda pairs measured for the shipped recipes (GPU
+   executors, honest and the mildest cheat), written to ``$OUT/calibrations.tar``
+   (``<job class>.cuda-cpu.json`` …: copy them into verify/calibrations/ or ``$TRAINMASTER_HOME/calibration``);
+8. ``gpt_cpu_audit`` — one segment of the 86M run re-executed on the CPU: its r, and the audit's cost
+   as a fraction of the run's GPU time.
+
+``--rehearse`` runs the same stages on the CPU with small sizes (tests/test_gpu_check.py), so the
+orchestration is tested where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GPT_DIR = HERE / "gpt_job"
+K = 25
+
+
+@dataclass(frozen=True)
+class Sizes:
+    device: str
+    gpt: dict[str, object]
+    gpt_steps: int
+    shipped_steps: dict[str, int]
+    calibration_steps: dict[str, int]
+    calibration_bases: int
+    audit_segments: int
+    """At most this many segments of each shipped run are audited on the CPU."""
+
+
+GPU = Sizes(
+    device="cuda",
+    gpt={"d-model": 768, "layers": 12, "heads": 12, "seq-len": 256, "batch-size": 32, "vocab": 512, "threads": 16},
+    gpt_steps=100,
+    shipped_steps={"tiny_lm": 800, "dqn": 2000, "ppo": 4096},
+    calibration_steps={"tiny_lm": 400, "dqn": 2000, "ppo": 4096},
+    calibration_bases=2,
+    audit_segments=320,
+)
+REHEARSAL = Sizes(
+    device="cpu",
+    gpt={"d-model": 32, "layers": 2, "heads": 4, "seq-len": 16, "batch-size": 4, "vocab": 16},
+    gpt_steps=50,
+    shipped_steps={"tiny_lm": 50, "dqn": 550, "ppo": 512},
+    calibration_steps={"tiny_lm": 100, "dqn": 600, "ppo": 600},
+    calibration_bases=1,
+    audit_segments=3,
+)
+RECIPES = {"tiny_lm": "tiny-lm", "dqn": "dqn", "ppo": "ppo"}
+
+
+@dataclass
+class Check:
+    out: Path
+    work: Path
+    sizes: Sizes
+    budget_s: float
+    started: float = field(default_factory=time.monotonic)
+    summary: dict = field(default_factory=lambda: {"stages": {}, "figures": {}})
+    found: dict = field(default_factory=dict)
+    """What one stage leaves for another (a run's checkpoints, its final weights' sha256)."""
+    recipes: dict = field(default_factory=lambda: dict(RECIPES))
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.started)
+
+    def say(self, line: str) -> None:
+        print(f"[gpu-check {time.monotonic() - self.started:6.1f} s] {line}", flush=True)
+
+    def stage(self, name: str, need_s: float, run) -> None:
+        if self.left() < need_s:
+            self.summary["stages"][name] = {"status": "skipped", "why": f"{self.left():.0f} s left, it needs ~{need_s:.0f} s"}
+            self.say(f"{name}: skipped ({self.left():.0f} s left)")
+            self.save()
+            return
+        self.say(f"{name}: start")
+        began = time.monotonic()
+        try:
+            result = run()
+            self.summary["stages"][name] = {"status": "ok", "seconds": round(time.monotonic() - began, 1), **(result or {})}
+        except Exception as exc:  # noqa: BLE001 — every stage reports, the next still runs
+            self.summary["stages"][name] = {"status": "failed", "seconds": round(time.monotonic() - began, 1),
+                                            "error": f"{type(exc).__name__}: {exc}",
+                                            "traceback": traceback.format_exc()[-3000:]}
+        self.say(f"{name}: {self.summary['stages'][name]['status']} ({time.monotonic() - began:.1f} s)")
+        self.save()
+
+    def save(self) -> None:
+        self.summary["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        path = self.out / "gpu-check.json"
+        path.with_name(path.name + ".tmp").write_text(json.dumps(self.summary, indent=2, sort_keys=True, default=str))
+        os.replace(path.with_name(path.name + ".tmp"), path)
+
+    # helpers
+
+    def home(self) -> Path:
+        return self.work / "home"
+
+    def cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TRAINMASTER_HOME": str(self.home()), "COLUMNS": "200"}
+        return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
+                              env=env, timeout=timeout)
+
+    def submit(self, job: Path, timeout: float) -> dict:
+        """``trainmaster submit JOB --wait --json``: the job, its verdict's replay evidence, where its checkpoints are."""
+        began = time.monotonic()
+        done = self.cli("submit", str(job), "--wait", "--json", timeout=timeout)
+        seconds = time.monotonic() - began
+        try:
+            finished = json.loads(done.stdout[done.stdout.index("{"):])
+        except ValueError:
+            raise RuntimeError(f"submit exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}") from None
+        job_dir = self.home() / "jobs" / finished["id"]
+        verdict = json.loads((job_dir / "verdict.json").read_text()) if (job_dir / "verdict.json").is_file() else {}
+        replay = (verdict.get("evidence") or {}).get("replay") or {}
+        commitments = sorted(job_dir.rglob("outputs/commitment.json"))
+        checkpoints = sorted(p.parent.parent.parent for p in job_dir.rglob("segments/00000000/manifest.json"))
+        return {
+            "exit": done.returncode, "state": finished.get("state"), "reason": finished.get("reason"),
+            "wall_s": round(seconds, 1), "verdict": verdict.get("outcome"), "checks": verdict.get("checks"),
+            "replay": {key: replay.get(key) for key in ("passed", "device", "executor_device", "tau_source", "tau",
+                                                         "calibration_pair", "replay_seconds", "reasons")},
+            "replayed_segments": [s.get("index") for s in replay.get("segments", [])],
+            "commitment": json.loads(commitments[0].read_text()) if commitments else None,
+            "checkpoints": str(checkpoints[0]) if checkpoints else None,
+            "log_tail": (done.stdout + done.stderr)[-1500:] if done.returncode else None,
+        }
+
+
+def gpt_options(sizes: Sizes, steps: int) -> list[str]:
+    words = ["--steps", str(steps)]
+    for key, value in sizes.gpt.items():
+        words += [f"--{key}", str(value)]
+    return words
+
+
+def gpt_code(check: Check) -> Path:
+    code = check.work / "gpt_job"
+    if not code.exists():
+        shutil.copytree(GPT_DIR, code, ignore=shutil.ignore_patterns("__pycache__", "job.yaml"))
+    return code
+
+
+def job_yaml(path: Path, *, name: str, entrypoint: str, recipe: str | None, gpus: int, seed: int) -> Path:
+    lines = [f"name: {name}", f"entrypoint: {entrypoint}", *([f"recipe: {recipe}"] if recipe else []), f"seed: {seed}",
+             f"checkpoint: {{segment_steps: {K}}}", f"resources: {{gpus: {gpus}, cpus: 2}}",
+             "verification: {replay_audit: always}", "limits: {max_hours: 1}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# stages
+
+
+def environment(check: Check) -> dict:
+    import torch
+
+    import trainmaster.jobs
+
+    from trainmaster.jobs.devices import describe_device
+
+    found = {"python": sys.version.split()[0], "trainmaster": str(Path(trainmaster.jobs.__file__).parent),
+             "cpus": os.cpu_count(), **describe_device(check.sizes.device)}
+    check.summary["environment"] = found
+    return found
+
+
+def gpt_submit(check: Check) -> dict:
+    code = gpt_code(check)
+    job = job_yaml(code / "job.yaml", name="gpt86m", entrypoint="python gpt.py " + " ".join(gpt_options(check.sizes, check.sizes.gpt_steps)),
+                   recipe="gpt:RECIPE", gpus=1 if check.sizes.device == "cuda" else 0, seed=1)
+    result = check.submit(job, timeout=max(60.0, check.left() - 20))
+    check.found["gpt_run"] = result
+    check.summary["figures"]["gpt_submit_wall_s"] = result["wall_s"]
+    return result
+
+
+def gpt_benchmark(check: Check) -> dict:
+    """tests/benchmarks/bench_gpt_blocked.py at this check's size: a bare loop against ``runtime.run``
+    (self-check off), and the fraction of step time the loop is blocked by checkpoints."""
+    sys.path.insert(0, str(HERE.parent / "benchmarks"))
+    from bench_gpt_blocked import measure
+
+    found: dict = {}
+    figures = measure(check.sizes.gpt, check.sizes.gpt_steps, check.work, seed=5, found=found)
+    check.found["gpt_final_sha256"] = found["final_sha256"]
+    check.summary["figures"]["gpt_benchmark"] = figures
+    check.summary["figures"]["gpt_step_s"] = figures["bare loop (s)"] / check.sizes.gpt_steps
+    return {**figures, "commitment_device": found["device"]}
+
+
+def gpt_resume(check: Check) -> dict:
+    """SIGKILL after segment 2 is on disk, then resume: the final weights must be the uninterrupted run's."""
+    code, out = gpt_code(check), check.work / "resume"
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, "TRAINMASTER_OUTPUT_DIR": str(out), "TRAINMASTER_SEED": "5",
+           "TRAINMASTER_SEGMENT_STEPS": str(K), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "gpt.py", *gpt_options(check.sizes, check.sizes.gpt_steps)]
+    log = open(check.work / "resume.log", "ab")
+    first = subprocess.Popen(argv, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT)
+    marker = out / "checkpoints" / "segments" / "00000002" / "manifest.json"
+    deadline = time.monotonic() + max(30.0, check.left() - 60)
+    while not marker.is_file() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if first.poll() is not None:
+        raise RuntimeError(f"the run ended (exit {first.returncode}) before segment 2 was written")
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    began = time.monotonic()
+    second = subprocess.run(argv, cwd=code, env={**env, "TRAINMASTER_RESUME_FROM": str(out / "checkpoints")},
+                            stdout=log, stderr=subprocess.STDOUT, timeout=max(30.0, check.left() - 10))
+    result = json.loads((out / "result.json").read_text()) if second.returncode == 0 else {}
+    expected = check.found.get("gpt_final_sha256")
+    found = {"killed_after_segment": 2, "resume_exit": second.returncode, "resume_s": round(time.monotonic() - began, 1),
+             "final_sha256": result.get("final_sha256"), "uninterrupted_sha256": expected,
+             "bit_exact": bool(expected) and result.get("final_sha256") == expected,
+             "self_checked": second.returncode == 0}
+    check.summary["figures"]["gpt_resume_bit_exact"] = found["bit_exact"]
+    if second.returncode:
+        found["log_tail"] = (check.work / "resume.log").read_text(errors="replace")[-1500:]
+    return found
+
+
+def shipped_submits(check: Check) -> dict:
+    found = {}
+    for module, name in check.recipes.items():
+        if check.left() < 60:
+            found[name] = {"status": "skipped (time)"}
+            continue
+        folder = check.work / f"shipped-{module}"
+        folder.mkdir(parents=True, exist_ok=True)
+        job = job_yaml(folder / "job.yaml", name=name, entrypoint=f"python -m trainmaster.jobs.recipes.{module} --steps "
+                       f"{check.sizes.shipped_steps[module]}", recipe=None, gpus=1 if check.sizes.device == "cuda" else 0,
+                       seed=7)
+        found[name] = check.submit(job, timeout=max(60.0, min(240.0, check.left() - 30)))
+        check.found[f"run:{name}"] = (job, found[name])
+    return found
+
+
+def cpu_audits(check: Check) -> dict:
+    """Every segment (up to the sizes' bound) of each shipped GPU run re-executed on the CPU, as a CPU broker
+    audits a miner: the shipped calibration's τ (cpu→cpu standing in for cuda→cpu unless measured)."""
+    from trainmaster.jobs.commitment import read_commitment
+    from trainmaster.jobs.spec import load_spec
+    from trainmaster.verify.audit import run_audit
+    from trainmaster.verify.calibration import calibration_for_pair
+    from trainmaster.verify.openings import LocalOpenings
+    from trainmaster.verify.recipe_run import recipe_run
+
+    found = {}
+    for name in check.recipes.values():
+        ran = check.found.get(f"run:{name}")
+        if not ran or not ran[1].get("checkpoints") or not ran[1].get("commitment"):
+            found[name] = {"status": "no run to audit"}
+            continue
+        job, result = ran
+        run = recipe_run(load_spec(job))
+        checkpoints = Path(result["checkpoints"])
+        commitment = read_commitment(checkpoints.parent / "outputs" / "commitment.json") \
+            if (checkpoints.parent / "outputs" / "commitment.json").is_file() else None
+        if commitment is None:
+            from trainmaster.jobs.commitment import Commitment
+
+            commitment = Commitment.model_validate(result["commitment"])
+        executor = commitment.device_kind
+        calibration = calibration_for_pair(None, run.job_class, executor, "cpu")
+        segments = list(range(min(commitment.n, check.sizes.audit_segments)))
+        report, audited, began = None, 0, time.monotonic()
+        rs, fields, reasons = [], {}, []
+        for start in range(0, len(segments), 20):  # in chunks, so the budget can stop it between them
+            if check.left() < 40:
+                break
+            chunk = segments[start : start + 20]
+            report = run_audit(commitment=commitment, openings=LocalOpenings(checkpoints), segments=chunk,
+                               recipe=run.recipe, config=run.config, seed=run.seed, calibration=calibration,
+                               device="cpu", calibration_note=None)
+            audited += len(chunk)
+            rs += [s.r for s in report.segments if s.r is not None]
+            reasons += report.reasons
+            for s in report.segments:
+                for pattern, evidence in s.fields.items():
+                    fields[pattern] = max(fields.get(pattern, 0.0), evidence.r / evidence.tolerance if evidence.tolerance else 0.0)
+        tau = calibration.tau(run.k)
+        found[name] = {"executor": executor, "calibration_pair": calibration.pair, "audited": audited,
+                       "false_rejects": len({r.split(":")[0] for r in reasons}), "reasons": reasons[:5],
+                       "max_r": max(rs, default=None), "median_r": sorted(rs)[len(rs) // 2] if rs else None, "tau": tau,
+                       "max_field_r_over_tolerance": max(fields.values(), default=None),
+                       "cpu_seconds": round(time.monotonic() - began, 1)}
+    check.summary["figures"]["cpu_audits"] = {n: {k: v for k, v in f.items() if k in ("audited", "false_rejects", "max_r", "tau")}
+                                              for n, f in found.items()}
+    return found
+
+
+def calibrations(check: Check) -> dict:
+    """The real pairs measured: cuda→cpu and cuda→cuda (on a GPU; cpu→cpu in a rehearsal)."""
+    from trainmaster.jobs.recipes import get_recipe
+    from trainmaster.verify.calibrate import calibrate
+    from trainmaster.verify.calibration import calibration_for_pair, store_calibration
+
+    target = check.work / "calibrations"
+    target.mkdir(parents=True, exist_ok=True)
+    executor = check.sizes.device
+    found = {}
+    for module, name in check.recipes.items():
+        recipe = get_recipe(name)
+        config = recipe.config({"steps": check.sizes.calibration_steps[module]})
+        for verifier in ("cpu", executor) if executor != "cpu" else ("cpu",):
+            if check.left() < 45:
+                found[f"{name} {executor}→{verifier}"] = {"status": "skipped (time)"}
+                continue
+            began = time.monotonic()
+            measured = calibrate(recipe, config, ks=[K], seeds=[7], bases=check.sizes.calibration_bases,
+                                 executor=executor, verifier=verifier)
+            path = store_calibration(measured, target)
+            point = measured.point(K)
+            shipped = calibration_for_pair(None, measured.job_class, "cpu", "cpu").point(K)
+            found[f"{name} {executor}→{verifier}"] = {
+                "file": path.name, "honest_r": point.honest_r, "honest_p99": point.honest_p99,
+                "cheat_min": point.cheat_min, "separation": point.separation, "tau": point.tau,
+                "shipped_cpu_tau": shipped.tau, "honest_p99_over_shipped_tau": point.honest_p99 / shipped.tau,
+                "cheat_min_over_shipped_tau": point.cheat_min / shipped.tau, "seconds": round(time.monotonic() - began, 1),
+            }
+    with tarfile.open(check.out / "calibrations.tar", "w") as tar:
+        for path in sorted(target.glob("*.json")):
+            tar.add(path, arcname=path.name)
+    check.summary["figures"]["calibrations"] = {
+        k: {key: v.get(key) for key in ("honest_p99", "cheat_min", "separation", "tau", "shipped_cpu_tau")}
+        for k, v in found.items() if "file" in v}
+    return found
+
+
+def gpt_cpu_audit(check: Check) -> dict:
+    """One segment of the 86M GPU run re-executed on the CPU (cuda→cpu): its r, and what the audit costs."""
+    from trainmaster.jobs.checkpoint import segment_dir
+    from trainmaster.jobs.commitment import Commitment
+    from trainmaster.jobs.devices import replaying_on
+    from trainmaster.jobs.replay import load_state, replay_state
+    from trainmaster.verify.audit import run_audit
+    from trainmaster.verify.openings import LocalOpenings
+
+    run = check.found.get("gpt_run") or {}
+    if not run.get("checkpoints"):
+        raise RuntimeError("stage gpt_submit left no checkpoints")
+    sys.path.insert(0, str(gpt_code(check)))
+    from gpt import RECIPE
+
+    from trainmaster.jobs.recipes.options import parse_options
+
+    checkpoints = Path(run["checkpoints"])
+    commitment = Commitment.model_validate(run["commitment"])
+    config = parse_options(RECIPE, gpt_options(check.sizes, check.sizes.gpt_steps)).model_dump(mode="json")
+    state = load_state(segment_dir(checkpoints, 1))
+    with replaying_on("cpu"):
+        began = time.perf_counter()
+        replay_state(RECIPE, state, 2, None, config)
+        per_step = (time.perf_counter() - began) / 2  # (building the trainer included: an upper bound)
+    gpu_step = check.summary["figures"].get("gpt_step_s")
+    found = {"cpu_step_s": round(per_step, 3), "gpu_step_s": gpu_step,
+             "cpu_over_gpu_step": round(per_step / gpu_step, 1) if gpu_step else None}
+    if check.left() < K * per_step * 1.3 + 20:
+        found["segment"] = f"not replayed: {check.left():.0f} s left, a segment needs ~{K * per_step:.0f} s"
+    else:
+        report = run_audit(commitment=commitment, openings=LocalOpenings(checkpoints), segments=[1], recipe=RECIPE,
+                           config=config, seed=1, tau=4.7e-3, device="cpu")
+        [segment] = report.segments
+        found.update({"segment": 1, "r": segment.r, "passed": report.passed, "reasons": report.reasons[:3],
+                      "fields": {k: v.r for k, v in segment.fields.items()}, "cpu_segment_s": round(report.replay_seconds, 1)})
+    segment_gpu_s = (gpu_step or 0) * K
+    cpu_segment = found.get("cpu_segment_s") or per_step * K
+    # a production run: T = 10,000 steps (n = 400), q + 2 = 10 segments audited
+    found["audit_fraction_T10000"] = round(10 * cpu_segment / (400 * segment_gpu_s), 4) if segment_gpu_s else None
+    found["audit_fraction_this_run"] = round(commitment.n * cpu_segment / (commitment.n * segment_gpu_s), 2) if segment_gpu_s else None
+    check.summary["figures"]["gpt_cpu_audit"] = {k: found.get(k) for k in ("r", "cpu_step_s", "cpu_over_gpu_step",
+                                                                           "audit_fraction_T10000")}
+    return found
+
+
+STAGES = {  # in order; each with the seconds it needs at least
+    "environment": (0, environment),
+    "gpt_submit": (60, gpt_submit),
+    "gpt_benchmark": (60, gpt_benchmark),
+    "gpt_resume": (50, gpt_resume),
+    "shipped_submits": (60, shipped_submits),
+    "cpu_audits": (40, cpu_audits),
+    "calibrations": (45, calibrations),
+    "gpt_cpu_audit": (30, gpt_cpu_audit),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-check-out"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/trainmaster-gpu-check"))
+    parser.add_argument("--budget", type=float, default=510.0, help="seconds for everything (stages skip past it)")
+    parser.add_argument("--rehearse", action="store_true", help="the same stages on the CPU, small (no GPU needed)")
+    parser.add_argument("--stages", nargs="*", choices=STAGES, help="run only these (default: all, in order)")
+    parser.add_argument("--recipes", nargs="*", choices=sorted(RECIPES.values()), help="shipped recipes (default: all)")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not args.rehearse and not torch.cuda.is_available():
+        print("gpu-check: this machine has no CUDA device torch can use; run it where there is one "
+              "(docs/runtime.md, Devices), or --rehearse for the CPU rehearsal", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    check = Check(args.out, args.work, REHEARSAL if args.rehearse else GPU, args.budget)
+    check.summary["mode"] = "rehearsal (cpu)" if args.rehearse else "gpu"
+    if args.recipes:
+        check.recipes = {module: name for module, name in RECIPES.items() if name in args.recipes}
+    for name in args.stages or STAGES:
+        need, stage = STAGES[name]
+        check.stage(name, need, lambda stage=stage: stage(check))
+    failed = [name for name, s in check.summary["stages"].items() if s["status"] == "failed"]
+    check.summary["failed"] = failed
+    check.save()
+    check.say(f"done in {time.monotonic() - check.started:.0f} s; failed stages: {failed or 'none'}; summary "
+              f"{args.out / 'gpu-check.json'}")
+    print(json.dumps(check.summary["figures"], indent=2, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The GPU check's parts that need no GPU: `./dev gpu-check` refuses cleanly without one, and its stages run
+end to end as a CPU rehearsal (tests/gpu/check.py --rehearse), so the check a GPU session runs in one go
+does not stop at its first line there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def test_without_a_gpu_the_check_refuses_and_runs_nothing(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_PYTHON": sys.executable}
+    done = subprocess.run([str(ROOT / "dev"), "gpu-check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = done.stdout + done.stderr  # (the script tees its output into $OUT/gpu-check.log)
+    assert "sees no CUDA device" in said and "nothing was run" in said
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-check.log"]
+    # and the Python side says so too when started by hand
+    direct = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "check.py"), "--out", str(tmp_path / "o2")],
+                            capture_output=True, text=True, timeout=120)
+    assert direct.returncode == 2 and "no CUDA device" in direct.stderr
+
+
+def test_the_check_runs_every_stage_as_a_cpu_rehearsal(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "gpu" / "check.py"), "--rehearse", "--recipes", "tiny-lm",
+         "--out", str(out), "--work", str(tmp_path / "work"), "--budget", "1500"],
+        capture_output=True, text=True, timeout=1800,
+    )
+    summary = json.loads((out / "gpu-check.json").read_text())
+    assert done.returncode == 0, json.dumps({k: v.get("error") for k, v in summary["stages"].items()}, indent=1)
+    stages = summary["stages"]
+    assert all(stage["status"] == "ok" for stage in stages.values()), stages
+    assert stages["gpt_submit"]["state"] == "accepted" and stages["gpt_submit"]["replay"]["tau_source"] == "exact"
+    assert stages["gpt_resume"]["bit_exact"] is True
+    assert stages["shipped_submits"]["tiny-lm"]["state"] == "accepted"
+    assert stages["cpu_audits"]["tiny-lm"]["false_rejects"] == 0 and stages["cpu_audits"]["tiny-lm"]["audited"] >= 1
+    assert "tiny-lm cpu→cpu" in stages["calibrations"] and (out / "calibrations.tar").is_file()
+    assert "r" in stages["gpt_cpu_audit"] or "segment" in stages["gpt_cpu_audit"]
+    assert summary["figures"]["gpt_benchmark"]["blocked fraction of step time (%)"] >= 0
+    assert sorted(p.name for p in out.iterdir()) == ["calibrations.tar", "gpu-check.json"]  # at most 8 files come back
