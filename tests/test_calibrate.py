@@ -280,3 +280,39 @@ def test_tf32_and_bf16_runtime_recipes_are_refused_at_submit_when_audited(tmp_pa
     spec = _spec(job, "python -m trainmaster.jobs.recipes.tiny_lm --steps 60",
                  "precision: tf32\nverification: {replay_audit: never}\n")
     assert tm("submit", str(spec), "--dry-run", home=tmp_path / "home").returncode == 0
+
+
+def test_a_shipped_recipe_run_by_a_real_miner_is_audited_with_its_shipped_calibration(tmp_path, tm_home):
+    """The shipped tiny-lm example, as a user submits it to a miner (`submit --wait` through the CLI, a real
+    `trainmaster miner serve` process, a policy with no τ and nothing calibrated in this home): it no longer stops at
+    "job class … is not calibrated"; the audit uses the calibration shipped with trainmaster and says so."""
+    import shutil
+    from pathlib import Path
+
+    from miner_support import MinerProcess, make_wallet, shown, tm
+
+    job = Path(shutil.copytree(Path(__file__).resolve().parents[1] / "configs" / "examples" / "tiny-lm", tmp_path / "job"))
+    spec = job / "job.yaml"
+    spec.write_text(spec.read_text().replace("--steps 400", "--steps 100"))  # the run's length is not its class
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("name: tao\ndefault:\n  primary: bittensor\ntao_rate:\n  usd_per_tao: 400\n")
+    wallets = tmp_path / "wallets"
+    make_wallet(wallets, "broker")
+    miner = MinerProcess(tmp_path / "miner", make_wallet(wallets, "miner"),
+                         config={"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}).start()
+    try:
+        (tm_home / "config").mkdir(parents=True, exist_ok=True)
+        (tm_home / "config" / "backends.yaml").write_text(
+            f"bittensor:\n  wallet:\n    name: broker\n    path: {wallets}\n  quote_timeout_s: 5\n"
+            f"  miners:\n    - hotkey: {miner.hotkey}\n      url: {miner.url}\n")
+        done = tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        job_shown = shown(done)
+        assert job_shown["state"] == "accepted", job_shown
+        assert not (tm_home / "calibration").exists() or not any((tm_home / "calibration").iterdir())
+        replay = json.loads((tm_home / "jobs" / job_shown["id"] / "verdict.json").read_text())["evidence"]["replay"]
+        assert (replay["device"], replay["executor_device"], replay["calibration_pair"]) == ("cpu", "cpu", "cpu→cpu")
+        told = tm("verify", "show", job_shown["id"])
+        assert "replayed on cpu (executor trained on cpu; τ from the cpu→cpu calibration)" in told.stdout, told.stdout
+    finally:
+        miner.stop()
