@@ -153,7 +153,10 @@ def _cancel_crash_restart(job_factory, tmp_path, pair, trusted: bool, at: int, a
     from trainmaster.broker.service import Broker
 
     script = Script()
-    policy, spec = _policy(tmp_path, trusted), job_factory("print(1)\n")
+    # untrusted compute is offered only a job that commits to its states (broker/auditability.py); the scripted
+    # executor never runs it, so a runtime recipe's entrypoint is enough
+    policy = _policy(tmp_path, trusted)
+    spec = job_factory("print(1)\n", **({} if trusted else {"entrypoint": "python -m trainmaster.jobs.recipes.dqn"}))
     broker = SyncBroker(Broker(backends=_backends(trusted, script)))
     job_id = _build(broker, script, spec, policy, pair)
     assert broker.store.job(job_id).state == pair[0]
