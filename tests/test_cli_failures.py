@@ -64,7 +64,10 @@ def ledger(job_id: str) -> list[str]:
 def test_a_wrong_hash_fetch_from_an_untrusted_executor_is_rejected_banned_and_never_fetched_again(
         tm_home, job_factory, tmp_path, registered):
     registered.ScriptedBittensor.script.announce = ANNOUNCED
-    code, shown = tm("submit", str(job_factory("print(1)\n")), "--policy", policy(tmp_path, "bittensor"), "--wait",
+    # untrusted compute is offered only a job that commits to its states (broker/auditability.py); the scripted
+    # executor never runs it, so a runtime recipe's entrypoint is enough
+    spec = job_factory("print(1)\n", entrypoint="python -m trainmaster.jobs.recipes.dqn")
+    code, shown = tm("submit", str(spec), "--policy", policy(tmp_path, "bittensor"), "--wait",
                      "--json")
     assert code == 1, shown
     [attempt] = shown["attempts"]
