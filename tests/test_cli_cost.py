@@ -110,6 +110,9 @@ def test_offers_warns_of_a_stale_catalog(cli, training_job, tm_home):
 
 
 def test_offers_table_marks_catalog_prices_and_bittensor_has_a_reason(cli, training_job):
+    # a job that commits to its states (a runtime recipe), so Bittensor is asked at all (broker/auditability.py)
+    training_job.write_text(training_job.read_text().replace("entrypoint: python train.py",
+                                                             "entrypoint: python -m trainmaster.jobs.recipes.dqn"))
     result = cli("offers", str(training_job), "--policy", "hybrid")
     assert "p4d.24xlarge" in result.stdout
     assert re.search(r"catalog list price \(dated \d{4}-\d{2}-\d{2}\), not a live quote", result.stdout)
