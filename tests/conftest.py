@@ -8,6 +8,20 @@ from pathlib import Path
 import pytest
 
 
+SPLIT_FILES = ("test_benchmarks_smoke.py",)
+"""Files whose tests are spread one by one: each benchmark's smoke run is independent and the file as one unit
+(minutes of smoke runs) would be the longest pole of a parallel run."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """`./dev test` spreads groups over workers (`--dist loadgroup`): a file's tests form one group, so a session
+    server such as the Ray cluster starts once per worker that needs it, except in SPLIT_FILES."""
+    for item in items:
+        file = item.nodeid.split("::", 1)[0]
+        group = item.nodeid if file.endswith(SPLIT_FILES) else file
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The cloud fakes' tally of requests checked against the services' rules, for bench_cloud_requests.py."""
     import sys
