@@ -30,6 +30,7 @@ def test_without_a_gpu_the_check_refuses_and_runs_nothing(tmp_path):
     assert direct.returncode == 2 and "no CUDA device" in direct.stderr
 
 
+@pytest.mark.timeout(1200)  # every stage of the check, small, on a loaded 2-core runner: past the suite's 300 s default
 def test_the_check_runs_every_stage_as_a_cpu_rehearsal(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
