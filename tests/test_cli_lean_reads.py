@@ -101,6 +101,65 @@ def test_a_registry_that_is_down_costs_a_read_nothing_and_the_promotion_says_why
     assert models[0]["state"] == "pending" and f"MLflow at {dead}" in models[0]["error"], models
 
 
+class Hung:
+    """A registry's server that is down the worst way: it accepts each connection and never answers. Counts them."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list = []
+        threading.Thread(target=self._hold, daemon=True).start()
+
+    def _hold(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_registry_that_hangs_costs_one_short_timeout_once_with_a_message(tm_home, job_factory):
+    """Every outward call has a timeout: a tracking server that accepts and never answers costs the `submit --wait`
+    that promotes one request's timeout, with a message saying what waits and until when; the reads after it do
+    not wait on it, and neither they nor the background passes they start ask it again before its retry time."""
+    from background_support import polled
+    from trainmaster.broker.cli import background_start
+
+    hung = Hung()
+    try:
+        (tm_home / "config").mkdir(parents=True)
+        (tm_home / "config" / "registry.yaml").write_text(f"mlflow:\n  tracking_uri: {hung.url}\n  timeout_s: 2\n"
+                                                          "  retries: 0\n")
+        spec = job_factory(MAKE_MODEL, "verification:\n  evaluator: python evaluate.py\n  thresholds:\n"
+                                       "    score: 0.5\n", name="hung")
+        (spec.parent / "evaluate.py").write_text('import json\nprint(json.dumps({"score": 0.9}))\n')
+        done = tm("submit", str(spec), "--wait", "--json", home=tm_home, timeout=240)
+        assert done.returncode == 0, done.stderr  # the job is accepted; its promotion waits
+        job_id = json.loads(done.stdout[done.stdout.index("{"):])["id"]
+        assert len(hung.held) == 1, len(hung.held)  # one request, its one timeout
+        said = [line for line in done.stderr.splitlines() if "the model registry is down" in line]
+        assert len(said) == 1 and f"the promotion of {job_id} waits, and is tried again after" in said[0], done.stderr
+        for args in (["ls"], ["status", job_id], ["spend"], ["models", "ls"], ["status", job_id, "--json"]):
+            started = time.monotonic()
+            read = tm(*args, home=tm_home)
+            assert read.returncode == 0, (args, read.stderr)
+            assert time.monotonic() - started < 2, args  # never the registry's timeout
+        assert polled(lambda: background_start.running(tm_home), lambda runs: not runs, timeout=60) is False
+        assert len(hung.held) == 1  # the passes those reads started left it alone (tried again after 2 minutes)
+        models = json.loads(tm("models", "ls", "--json", home=tm_home).stdout)
+        assert models[0]["state"] == "pending" and f"MLflow at {hung.url}" in models[0]["error"], models
+    finally:
+        hung.close()
+
+
 # --- the lean path prints what Rich prints ---------------------------------------------------------------------------
 
 

@@ -86,7 +86,7 @@ def test_status_of_one_job_never_advances_another(tm_home, database):
     _open_job(store, "mine-1")
     store.move_job("mine-1", "cancelled", reason="cancelled by the user")
     before = len(store.events("other-1"))
-    no_pass = {"TRAINMASTER_BACKGROUND_S": "0"}  # the background pass a read starts stops at once
+    no_pass = {"TRAINMASTER_BACKGROUND_S": "0"}  # a read starts no background pass
     assert tm("status", "mine-1", home=tm_home, extra_env=no_pass).returncode == 1  # cancelled
     assert tm("ls", home=tm_home, extra_env=no_pass).returncode == 0
     assert len(store.events("other-1")) == before  # reads never advance a job, theirs or another's

@@ -8,7 +8,7 @@ process, `kill -9` included); it runs reconcile passes (broker/daemon/reconciler
 the database, so it never races a daemon, a `submit --wait` or another machine) every POLL_S seconds while a job
 is moving, and exits when nothing is left to move, when a daemon starts (it advances the jobs then), when its
 home is gone, after FAILING_PASSES passes in a row that failed on every job they took, or after BOUND_S
-seconds (`TRAINMASTER_BACKGROUND_S`); a later read starts another. Work that
+seconds (`TRAINMASTER_BACKGROUND_S`; 0: no pass is started); a later read starts another. Work that
 waits on something else (a verdict to settle with an executor, a promotion into a registry, a job waiting for
 `verify --again`) gets one pass, whose own retry delays keep a server that is down from being asked again
 at once. What it logs goes to `<home>/background.log`.
@@ -23,31 +23,22 @@ import os
 import sys
 import time
 
-BOUND_ENV = "TRAINMASTER_BACKGROUND_S"
-BOUND_S = 1800.0
-"""The longest a background pass runs; a later read starts another."""
 POLL_S = 1.0
 FAILING_PASSES = 5
 """A pass that fails on every job it takes, this many times in a row, stops (a later read starts another)."""
 
 
-def bound_s() -> float:
-    try:
-        return float(os.environ.get(BOUND_ENV) or BOUND_S)
-    except ValueError:
-        return BOUND_S
-
-
 def main() -> int:
     from trainmaster.broker import paths
 
-    from trainmaster.broker.cli.background_start import try_lock
+    from trainmaster.broker.cli.background_start import claimed, try_lock
 
     home = paths.home()
     fd = try_lock(home)
     if fd is None:
         return 0  # another background pass has this home
     try:
+        claimed(fd)
         return _passes(home)
     finally:
         os.close(fd)
@@ -58,6 +49,7 @@ def _passes(home) -> int:
     import logging
 
     from trainmaster.broker import audit_pool
+    from trainmaster.broker.cli.background_start import bound_s
     from trainmaster.broker.cli.reads import unfinished
     from trainmaster.broker.daemon import state_file as state
 

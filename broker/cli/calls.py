@@ -43,9 +43,10 @@ def submit(spec: Path, policy: str, *, wait: bool, on_submitted: Callable, on_lo
 
 def status(job_ref: str, on_note: Callable[[str], None] | None = None):
     """`status`: the job as recorded (a read: the daemon or the background pass advances it). When the state
-    cannot be read as usual for a reason on our side (a full disk), the job as last recorded, and `on_note(why)`."""
+    cannot be read as usual for a reason on our side (a full disk), or the job waits on our side as last recorded
+    (broker/cli/reads.py `waiting_on_us`), the job as last recorded, and `on_note(why)`."""
     try:
-        return client(reading=True).status(job_ref)
+        view, job = client(reading=True).status(job_ref)
     except Exception as exc:
         why = on_our_side(exc)
         if why is None or on_note is None:
@@ -53,6 +54,12 @@ def status(job_ref: str, on_note: Callable[[str], None] | None = None):
         on_note(why)
         view = Settled(_readable_store())
         return view, view.store.find_job(job_ref)
+    if on_note is not None:
+        from trainmaster.broker.cli.reads import waiting_on_us
+
+        if why := waiting_on_us(view.store, job):
+            on_note(why)
+    return view, job
 
 
 def _readable_store() -> Store:

@@ -6,7 +6,7 @@ Only the plain forms are taken: `ls [--all|-a] [--limit N] [--json] [--wide]`, `
 `spend [--by GROUP] [--json]`. Anything else (another option, `--help`, an error such as an unknown job, a
 line Rich would wrap, a warning to show) returns None before anything is printed, and the typer app answers
 as it always has: the same output, the same exit codes. The reads are broker/cli/local_jobs.py's, so a read
-with unfinished jobs starts the background pass here too (broker/cli/reads.py).
+with unfinished work (a job, a payment not sent yet) starts the background pass here too (broker/cli/reads.py).
 """
 
 from __future__ import annotations
@@ -141,6 +141,10 @@ def _status(job_ref: str, as_json: bool):
 
     view, job = read_status(job_ref)
     try:
+        from trainmaster.broker.cli.reads import waiting_on_us
+
+        if waiting_on_us(view.store, job):
+            return None  # shown with its note, as it always was
         data = job_view.job_json(view.store, job, events=True)
         code = 1 if job.state in ("failed", "cancelled") else 0
         if as_json:
@@ -211,6 +215,7 @@ def _spend(by: str | None, as_json: bool):
     if isinstance(db, Path) and not db.exists() and (not db.parent.exists() or db.parent.is_dir()):
         rows, unsent, pending = ([] if by else [SpendRow("total", 0, 0, 0)]), {}, []
     else:
+        from trainmaster.broker.cli.reads import advance_in_background
         from trainmaster.broker.payment_states import payment_states, unsent_by_group
         from trainmaster.broker.store import Store
 
@@ -218,6 +223,7 @@ def _spend(by: str | None, as_json: bool):
         try:
             rows, unsent, pending = (spend_rows(store.db, by), unsent_by_group(store.db, by),
                                      payment_states(store.db, pending_only=True))
+            advance_in_background(store)  # a payment not sent yet is sent there (or by the daemon), never here
         finally:
             store.close()
     if as_json:

@@ -24,10 +24,11 @@ def open_store() -> Store:
 
 def unfinished(store: Store | None = None) -> tuple[bool, bool]:
     """(moving, waiting): whether a job is left that moves by itself (dispatched, running, queued, returned…),
-    and whether other work waits (a verdict to settle with an executor, a promotion into the model registry, a
-    job waiting for `verify --again`)."""
+    and whether other work waits (a verdict to settle with an executor, a payment not sent yet, a promotion into
+    the model registry, a job waiting for `verify --again`)."""
     from trainmaster.broker import states
     from trainmaster.broker.promotion.records import unfinished_exist
+    from trainmaster.wallet.payments import any_unsent
 
     own = store is None
     store = store or open_store()
@@ -35,6 +36,7 @@ def unfinished(store: Store | None = None) -> tuple[bool, bool]:
         open_states = set(states.JOB_TRANSITIONS) - states.JOB_ENDS
         moving = bool(store.jobs(states_in=open_states - states.WAITING, limit=1))
         waiting = (bool(store.jobs(states_in=set(states.WAITING), limit=1)) or store.awaiting_conclusion()
+                   or any_unsent(store.db)
                    or unfinished_exist(store.db))
         return moving, waiting
     finally:
@@ -61,3 +63,17 @@ def advance_in_background(store: Store) -> bool:
         return background_start.start(paths.home())
     except Exception:  # noqa: BLE001 — the read answers whatever happens to the pass it would start
         return False
+
+
+def waiting_on_us(store: Store, job) -> str | None:
+    """What the job waits on our side for, as last recorded (broker/failures.py `Waiting`: a full disk, with what
+    to fix), when that is the last thing recorded on an unfinished job; else None."""
+    from trainmaster.broker import states
+
+    if job.state in states.JOB_ENDS:
+        return None
+    events = store.events(job.id)
+    last = events[-1] if events else None
+    if last is None or last.kind != "error" or not isinstance(last.detail, dict):
+        return None
+    return last.detail.get("message") if last.detail.get("cause") == "our_environment" else None
