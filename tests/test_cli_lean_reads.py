@@ -145,8 +145,10 @@ def test_a_registry_that_hangs_costs_one_short_timeout_once_with_a_message(tm_ho
         assert done.returncode == 0, done.stderr  # the job is accepted; its promotion waits
         job_id = json.loads(done.stdout[done.stdout.index("{"):])["id"]
         assert len(hung.held) == 1, len(hung.held)  # one request, its one timeout
-        said = [line for line in done.stderr.splitlines() if "the model registry is down" in line]
-        assert len(said) == 1 and f"the promotion of {job_id} waits, and is tried again after" in said[0], done.stderr
+        said = " ".join(done.stderr.split())  # as wrapped to the terminal's width
+        assert said.count("the model registry is down") == 1, said
+        assert "timed out" in said and f"the promotion of {job_id} waits, and is tried again" \
+            " after" in said, said
         for args in (["ls"], ["status", job_id], ["spend"], ["models", "ls"], ["status", job_id, "--json"]):
             started = time.monotonic()
             read = tm(*args, home=tm_home)
