@@ -48,15 +48,3 @@ def polled(read, done, timeout: float = 120.0, every: float = 0.5):
         value = read()
     return value
 
-
-def pass_here(monkeypatch, seconds: float = 1.0) -> int:
-    """Run the background pass a read would start (broker/cli/background.py `main`) in this process, for about
-    `seconds`: for tests whose backends are scripted in this process, which a pass in its own process could not
-    see. Its exit code."""
-    from trainmaster.broker.cli import background
-
-    monkeypatch.setenv("TRAINMASTER_BACKGROUND_S", str(seconds))
-    try:
-        return background.main()
-    finally:
-        monkeypatch.setenv("TRAINMASTER_BACKGROUND_S", "0")
