@@ -2,7 +2,8 @@
 
 A payment (wallet/payments.py) is `sent` once its transfer is recorded (`receipt` when the configured sender moves
 no money of its own: the amount is in the executor's signed receipt), else `pending`: with the reason of its last
-failed try and when it is tried next (wallet/payment_retries.py), or, never tried yet, waiting for the next command.
+failed try and when it is tried next (wallet/payment_retries.py), or, never tried yet, waiting for the next pass
+(the daemon's, or the background pass a read starts: broker/cli/background.py).
 Read-only, on the state database's connection; nothing here sends anything.
 """
 
@@ -59,6 +60,10 @@ def payment_states(db, *, job_id: str | None = None, pending_only: bool = False)
     return out
 
 
+BY = "the daemon, or the background pass the next `trainmaster ls`, `status` or `spend` starts"
+"""Who sends a pending payment (a read never sends it itself: broker/cli/background.py)."""
+
+
 def sentence(p: PaymentState, when) -> str:
     """One line on a payment: `when(ts)` formats a time."""
     tao = f"{p.rao / RAO_PER_TAO:,.9f}".rstrip("0").rstrip(".")
@@ -68,9 +73,9 @@ def sentence(p: PaymentState, when) -> str:
     if p.state == "receipt":
         return f"{head}: in the executor's signed receipt (payments: receipt)"
     if p.reason is None:
-        return f"{head}: pending, not sent yet (the next trainmaster command sends it)"
+        return f"{head}: pending, not sent yet (sent by {BY})"
     return (f"{head}: PENDING, not sent: {p.reason}; tried {p.tries}×, next try after {when(p.next_try_at)} "
-            "(by any trainmaster command, or the daemon)")
+            f"(by {BY})")
 
 
 def unsent_by_group(db, by: str | None) -> dict[str, tuple[int, int]]:

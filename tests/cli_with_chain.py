@@ -5,7 +5,8 @@ tests/fake_chain.py, kept in a JSON file between processes (so several CLI runs 
 
 Only the SDK's `Substrate` object is replaced (as tests/test_tao_payments.py does): wallet/chain.py, the TAO
 sender, the coldkey's signatures, the ledger and the settlement are the real ones. CHAIN.json holds the
-balances, nonces, head and landed transfers; it is made by `save(path, FakeSubstrate(...))`.
+balances, nonces, head and landed transfers; it is made by `save(path, FakeSubstrate(...))`. The processes the CLI
+starts (a read's background pass, broker/cli/background.py) use the same chain (tests/child_site/sitecustomize.py).
 """
 
 from __future__ import annotations
@@ -42,14 +43,22 @@ def load(path: Path) -> FakeSubstrate:
     return FileChain(path)
 
 
-if __name__ == "__main__":
-    state = Path(sys.argv[1])
+def use_chain(path) -> None:
+    """Every chain this process opens is the one kept in `path`."""
     from trainmaster.wallet.chain import Chain
 
     async def open_chain(cls, network: str) -> Chain:
-        return cls(FileChain(state), "test")
+        return cls(FileChain(Path(path)), "test")
 
     Chain.open = classmethod(open_chain)
+
+
+if __name__ == "__main__":
+    state = Path(sys.argv[1])
+    use_chain(state)
+    from child_hooks import hooked
+
+    hooked(f"chain={state}")
     sys.argv = ["trainmaster", *sys.argv[2:]]
     from trainmaster.broker.cli import main
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,20 +24,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The cloud fakes' tally of requests checked against the services' rules, for bench_cloud_requests.py."""
+    """The cloud fakes' tally of requests checked against the services' rules, for bench_cloud_requests.py; the
+    background passes reads started in the session's temporary folders are stopped."""
     import sys
 
     checked = sys.modules.get("clouds.checked")
     if checked is not None:
         checked.write_report()
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is not None and "background_support" in sys.modules:  # a read started a background pass somewhere
+        sys.modules["background_support"].stop_all_under(factory.getbasetemp())
 
 
 @pytest.fixture
-def tm_home(tmp_path_factory, monkeypatch) -> Path:
+def tm_home(tmp_path_factory, monkeypatch) -> Iterator[Path]:
     """Beside the test's tmp_path, not in it: a code dir holding the home is refused (it would bundle state.db)."""
+    from background_support import stop_background
+
     home = tmp_path_factory.mktemp("home") / "home"
     monkeypatch.setenv("TRAINMASTER_HOME", str(home))
-    return home
+    yield home
+    stop_background(home)  # the background pass a read started, if it still runs (broker/cli/background.py)
 
 
 @pytest.fixture

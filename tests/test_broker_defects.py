@@ -10,6 +10,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from background_support import polled, stop_background
 from broker_support import SyncBroker, sync_broker
 from trainmaster.backends.local import LocalBackend
 from trainmaster.broker import paths
@@ -141,21 +142,38 @@ def test_5_a_policy_edited_while_the_job_runs_does_not_change_it(tm_home, job_fa
     broker.close(), later.close()
 
 
+NO_PASS = {"TRAINMASTER_BACKGROUND_S": "0"}
+"""A read starts no background pass (broker/cli/background_start.py): what moves a job is then the command alone."""
+
+
 @pytest.mark.parametrize("command", ["status", "logs", "cancel"])
-def test_6_a_job_command_advances_its_job_only_and_ls_brings_every_unfinished_job_up_to_date(broker, job_factory,
-                                                                                               command):
-    """#19: `status X` (logs, cancel) moves X alone — never another job's fetch or audit — and `ls` runs one
-    bounded pass over every unfinished job (without a daemon; with one, the daemon keeps them up to date)."""
+def test_6_a_job_command_advances_its_job_only_and_the_background_pass_brings_every_unfinished_job_up_to_date(
+        tm_home, broker, job_factory, command):
+    """#19 and #34 item 4: `status X` and `logs X` are reads: they move no job, X included; `cancel X` moves X alone
+    — never another job's fetch or audit. `ls` answers at once and starts the bounded background pass (without a
+    daemon; with one, the daemon keeps them up to date), which brings every unfinished job up to date."""
     finished = broker.submit(job_factory(WRITE_OUTPUT))
     other = broker.submit(job_factory("import time\ntime.sleep(30)\n"))
     _exit_recorded(finished.id)
     assert broker.store.job(finished.id).state in ("dispatched", "running")  # nobody has looked since
-    result = CliRunner().invoke(app, [command, other.id])
+    before = len(broker.store.events(other.id))
+    result = CliRunner().invoke(app, [command, other.id], env=NO_PASS)
     assert result.exit_code in (0, 1), result.output
     assert broker.store.job(finished.id).state in ("dispatched", "running")  # not this command's job
-    assert CliRunner().invoke(app, ["ls"]).exit_code == 0
-    assert broker.store.job(finished.id).state == "accepted"
-    broker.cancel(other.id)
+    if command == "cancel":
+        assert broker.store.job(other.id).state == "cancelled"  # the command that acts moves its own job
+    else:
+        assert len(broker.store.events(other.id)) == before  # a read writes nothing, on its own job either
+
+    def listed() -> dict:
+        shown = CliRunner().invoke(app, ["ls", "--json"])  # each a user's read, starting the pass if none runs
+        assert shown.exit_code == 0, shown.output
+        return {j["id"]: j["state"] for j in json.loads(shown.output)}
+
+    assert polled(listed, lambda jobs: jobs[finished.id] == "accepted")[finished.id] == "accepted"
+    stop_background(tm_home)
+    if command != "cancel":
+        broker.cancel(other.id)
 
 
 def test_bans_match_hotkeys_and_string_coldkeys_and_survive_odd_quotes():

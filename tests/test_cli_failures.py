@@ -36,6 +36,7 @@ def registered(monkeypatch):
         monkeypatch.setitem(registry.BACKENDS, name, target)
         monkeypatch.setattr(cls, "script", Script())
     monkeypatch.setattr("trainmaster.backends.retry.MAX_WAIT_S", 0.01)
+    monkeypatch.setenv("TRAINMASTER_BACKGROUND_S", "0")  # no pass in a process of its own: it could not see them
     return scripted
 
 

@@ -55,7 +55,16 @@ def test_reading_ended_jobs_imports_no_broker_machinery(ended_job, args):
     assert modules == [] and "done-1" in out
 
 
-def test_an_unfinished_job_is_still_brought_up_to_date_first(tm_home, ended_job):
+READS = [["ls"], ["ls", "--all", "--json"], ["status", "open-1"], ["status", "open-1", "--json"], ["spend"],
+         ["spend", "--by", "backend", "--json"], ["verify", "show", "open-1"], ["executors", "ls"], ["models", "ls"]]
+BACKENDS = ("trainmaster.backends.base", "trainmaster.backends.local.backend", "trainmaster.backends.registry",
+            "trainmaster.broker.daemon.reconciler", "mlflow", "boto3", "aiohttp")
+
+
+@pytest.mark.parametrize("args", READS, ids=[" ".join(a) for a in READS])
+def test_a_read_with_an_unfinished_job_imports_no_backend_nor_the_scheduler(tm_home, ended_job, args):
+    """Reads never write: with a job left to advance, a read imports neither the service, the planner, the
+    backends nor the reconciler (the background pass it starts, broker/cli/background.py, runs them)."""
     from trainmaster.broker import paths
     from trainmaster.broker.store import Store
 
@@ -63,8 +72,14 @@ def test_an_unfinished_job_is_still_brought_up_to_date_first(tm_home, ended_job)
     store.create_job(job_id="open-1", name="open", workload="development", project=None, spec_json="{}",
                      spec_path="job.yaml", bundle_sha256="0" * 64, policy="default", policy_json="{}")
     store.close()
-    modules, _ = imported(["ls"], ("trainmaster.broker.service",))
-    assert modules == ["trainmaster.broker.service"]  # the Broker's refresh runs
+    modules, _ = imported(args, (*HEAVY, *BACKENDS))
+    assert modules == [], f"{args}: {modules}"
+
+
+@pytest.mark.parametrize("args", [["ls"], ["status", "done-1"], ["spend"]])
+def test_the_reads_on_a_pipe_import_neither_typer_nor_rich(ended_job, args):
+    modules, out = imported(args, ("typer", "rich", "rich.console", "pydantic", "click"))
+    assert modules == [] and out
 
 
 def test_submit_help_imports_no_broker(tm_home):

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -90,8 +91,11 @@ def test_a_full_disk_ends_commands_cleanly_keeps_nothing_partial_and_reads_keep_
             assert read.returncode in (0, 2) and listed["id"] in read.stdout, (args, read.stdout, read.stderr)
         assert json.loads(_tm(home, "status", listed["id"], "--json").stdout)["state"] == "returned"
 
-        filler.unlink()  # space freed: the next command carries on
-        shown = json.loads(_tm(home, "status", listed["id"], "--json").stdout)
+        filler.unlink()  # space freed: the background pass the next read starts (or runs already) carries on
+        deadline = time.time() + 120
+        while (shown := json.loads(_tm(home, "status", listed["id"], "--json").stdout))["state"] != "accepted" \
+                and time.time() < deadline:
+            time.sleep(0.5)
         assert shown["state"] == "accepted", shown
         assert [p["payee"] for p in shown["payments"]] == [miner.wallet.coldkeypub.ss58_address] or \
             [p["attempt_id"] for p in shown["payments"]] == [shown["attempts"][0]["id"]]

@@ -13,6 +13,7 @@ import time
 import psutil
 from typer.testing import CliRunner
 
+from background_support import polled
 from trainmaster.broker import paths
 from trainmaster.broker.cli import app
 
@@ -57,15 +58,25 @@ LEAVES_A_DAEMON = f"""
 """
 
 
-def cli(*args: str):
-    result = CliRunner().invoke(app, [str(a) for a in args])
+NO_PASS = {"TRAINMASTER_BACKGROUND_S": "0"}
+"""No background pass is started (broker/cli/background_start.py): nobody watches the job."""
+
+
+def cli(*args: str, env: dict | None = None):
+    result = CliRunner().invoke(app, [str(a) for a in args], env=env)
     return result
 
 
-def submitted(spec) -> str:
-    result = cli("submit", spec, "--json")
+def submitted(spec, env: dict | None = None) -> str:
+    result = cli("submit", spec, "--json", env=env)
     assert result.exit_code == 0, result.output
     return json.loads(result.output)["id"]
+
+
+def status_once_ended(job_id: str) -> dict:
+    """`status --json` read again until the job has ended (the background pass each read starts records it)."""
+    return polled(lambda: json.loads(cli("status", job_id, "--json").output),
+                  lambda shown: shown["state"] in ("accepted", "failed", "cancelled"), timeout=60)
 
 
 def wait_for(predicate, timeout: float = 30.0) -> bool:
@@ -102,7 +113,7 @@ def supervisor_pid(job_id: str) -> int:
 
 
 def test_a_killed_supervisor_takes_its_process_along_and_ends_the_attempt_then(tm_home, job_factory):
-    job_id = submitted(job_factory(ONE_PROCESS))
+    job_id = submitted(job_factory(ONE_PROCESS), env=NO_PASS)
     [main] = pids(job_id, "main")
     workdir = paths.attempt_dir(job_id, 1)
     log_written = (workdir / "job.log").stat().st_mtime
@@ -112,9 +123,9 @@ def test_a_killed_supervisor_takes_its_process_along_and_ends_the_attempt_then(t
     beat = _mtime(workdir / "heartbeat")
     os.kill(supervisor_pid(job_id), signal.SIGKILL)
     killed_at = time.time()
-    # nobody is watching (no trainmaster command runs): the parent-death signal alone stops it
+    # nobody is watching (no trainmaster command runs, no background pass): the parent-death signal alone stops it
     assert wait_for(lambda: not alive(main)), "the training process outlived its supervisor"
-    status = json.loads(cli("status", job_id, "--json").output)
+    status = status_once_ended(job_id)
     [attempt] = status["attempts"]
     assert status["state"] == "failed" and attempt["state"] == "failed"
     assert "died without finishing" in attempt["reason"]
@@ -158,7 +169,7 @@ def test_cancel_stops_what_still_runs_of_a_job_that_already_ended(tm_home, job_f
     assert wait_for(lambda: (workdir / "exit.json").exists())
     os.kill(supervisor_pid(job_id), signal.SIGKILL)  # within its grace period for the leftovers
     [daemon] = pids(job_id, "daemon")
-    status = json.loads(cli("status", job_id, "--json").output)
+    status = status_once_ended(job_id)
     assert status["state"] == "failed" and status["attempts"][0]["state"] == "failed"
     time.sleep(0.5)
     assert alive(daemon)

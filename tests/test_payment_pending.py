@@ -3,9 +3,10 @@
 Through the real CLI, a real `trainmaster miner serve` and `bittensor.payments: tao` with the chain unreachable
 (a ws:// endpoint nothing listens on, through the SDK's own RPC client): `submit --wait`, `status` (in an
 80-column terminal), `status --json` and `spend` each exit cleanly and say the payment is pending, why, and when
-it is tried next. Once the chain answers (tests/cli_with_chain.py: the SDK's Substrate replaced by the in-memory
-chain of tests/fake_chain.py, kept in a file), the next command pays it, exactly once however many commands follow,
-and the miner's conclusion is delivered.
+it is tried next, and who sends it. The reads try nothing before its time. Once the chain answers
+(tests/cli_with_chain.py: the SDK's Substrate replaced by the in-memory chain of tests/fake_chain.py, kept in a
+file, in the CLI and the processes it starts), the background pass the next read starts pays it, without a
+daemon and without the read waiting for it, exactly once however many commands follow.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from background_support import polled
 from cli_with_chain import load, save
 from fake_chain import FakeSubstrate
 from miner_support import MinerProcess, free_port, make_wallet
 from pty_run import in_terminal
 from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from trainmaster.broker.cli import background_start
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +75,8 @@ def test_a_payment_the_chain_cannot_take_now_is_pending_then_paid_once(tmp_path,
     screen = in_terminal("status", job_id, home=tm_home, columns=80)
     assert screen.code == 0 and "Traceback" not in screen.text, screen.text
     assert "PENDING, not sent" in screen.text and "next try after" in screen.text, screen.text
+    said = " ".join(screen.text.split())  # who sends it: no read itself, and no daemon is needed
+    assert "(by the daemon, or the background pass the next `trainmaster ls`, `status` or `spend` starts)" in said, said
     assert all(len(line) <= 80 for line in screen.lines if "job dir:" not in line and "outputs:" not in line)
     again = _tm(tm_home, "status", job_id, "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["payments"][0]["tries"] == 1  # not tried before due
@@ -79,13 +84,22 @@ def test_a_payment_the_chain_cannot_take_now_is_pending_then_paid_once(tmp_path,
     assert spend.returncode == 0 and "1 payment(s) charged but not sent yet" in spend.stdout, spend.stdout
     rows = json.loads(_tm(tm_home, "spend", "--json").stdout)
     assert rows[0]["unsent_payments"] == 1 and rows[0]["unsent_rao"] == payment["rao"]
+    assert polled(lambda: background_start.running(tm_home), lambda runs: not runs, timeout=60) is False
+    shown = json.loads(_tm(tm_home, "status", job_id, "--json").stdout)["payments"][0]
+    assert shown["tries"] == 1 and shown["state"] == "pending"  # the passes those reads started tried nothing
 
     chain_file = tmp_path / "chain.json"
     save(chain_file, FakeSubstrate(free={broker.coldkeypub.ss58_address: 100 * payment["rao"]}))
     time.sleep(max(0.0, payment["next_try_at"] - time.time()) + 0.5)  # its retry time comes
-    for _ in range(3):  # the chain answers now: the next command pays; the later ones find it paid
+    # the chain answers now; no daemon runs: a read (here `spend`, answered before typer) starts the background
+    # pass, which pays it; the reads never wait for it, and read again until the pass has paid
+    unsent = polled(lambda: json.loads(_tm(tm_home, "spend", "--json", chain=chain_file).stdout)[0]["unsent_payments"],
+                    lambda left: left == 0, timeout=120)
+    assert unsent == 0
+    for _ in range(3):  # the later reads (and the passes they start) find it paid
         paid = _tm(tm_home, "status", job_id, "--json", chain=chain_file)
         assert paid.returncode == 0, paid.stderr[-2000:]
+    assert polled(lambda: background_start.running(tm_home), lambda runs: not runs, timeout=60) is False
     chain = load(chain_file)
     assert [(x.dest, x.rao, x.success) for x in chain.landed] == [(miner.hotkey, payment["rao"], True)]
     [sent] = json.loads(paid.stdout)["payments"]

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from background_support import polled
+from child_hooks import hook_env
 from trainmaster.broker import paths
 from untrusted_backend import EXECUTOR_DIR, RAO_PER_HOUR, USD_PER_TAO_MICRO, UntrustedExecutor, told_at
 
@@ -61,6 +63,8 @@ def _use(monkeypatch, executor: str) -> None:
     harness = f"untrusted_backend:{executor}"
     monkeypatch.setitem(registry.REGISTRY, "bittensor", dataclasses.replace(registry.REGISTRY["bittensor"], target=harness))
     monkeypatch.setitem(registry.BACKENDS, "bittensor", harness)
+    for name, value in hook_env(f"backend=bittensor@{harness}").items():  # and in the background pass a read starts
+        monkeypatch.setenv(name, value)
 
 
 def _submit(job: Path) -> dict:
@@ -205,7 +209,8 @@ def test_a_rejected_executor_is_told_its_verdict_and_secret_and_paid_nothing(tm_
 
 
 def test_an_executor_that_never_acknowledges_leaves_the_conclusion_to_send_again(tm_home, job, monkeypatch):
-    """A conclusion the executor refuses is recorded as an error on the job; the next command sends the same one."""
+    """A conclusion the executor refuses is recorded as an error on the job; a read sends nothing, and the background
+    pass the next read starts sends the same one."""
     from trainmaster.backends.base import ExecutorFault
     from trainmaster.broker.cli import app
 
@@ -218,9 +223,15 @@ def test_an_executor_that_never_acknowledges_leaves_the_conclusion_to_send_again
     monkeypatch.setattr(UntrustedExecutor, "conclude", refusing)
     shown = _submit(job)
     assert shown["state"] == "accepted" and told_at(paths.attempt_dir(shown["id"], 1)) == []
-    events = json.loads(CliRunner().invoke(app, ["status", shown["id"], "--json"]).output)["events"]
+    no_pass = {"TRAINMASTER_BACKGROUND_S": "0"}
+    events = json.loads(CliRunner().invoke(app, ["status", shown["id"], "--json"], env=no_pass).output)["events"]
     assert any("settling attempt 1 with its executor: not now" in (e["detail"] or {}).get("message", "") for e in events)
+    assert told_at(paths.attempt_dir(shown["id"], 1)) == []  # a read sends nothing itself
     monkeypatch.setattr(UntrustedExecutor, "conclude", original)
-    assert CliRunner().invoke(app, ["status", shown["id"]]).exit_code == 0  # its refresh settles what is pending
-    [told] = told_at(paths.attempt_dir(shown["id"], 1))
+
+    def read() -> list[dict]:
+        assert CliRunner().invoke(app, ["status", shown["id"]]).exit_code == 0  # it starts the background pass
+        return told_at(paths.attempt_dir(shown["id"], 1))
+
+    [told] = polled(read, lambda told: told != [], timeout=60)  # the pass settles what is pending
     assert told["conclusion"]["verdict"] == "accepted" and told["secret_matches_published"]

@@ -15,6 +15,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
+from background_support import polled
 from trainmaster.broker import paths
 from trainmaster.broker.cli import app
 from untrusted_backend import UntrustedExecutor
@@ -134,8 +135,8 @@ def _job(root, *, attr="RECIPE", extra=""):
     return code / "job.yaml"
 
 
-def _submit(*args):
-    out = CliRunner().invoke(app, ["submit", *map(str, args), "--json"])
+def _submit(*args, env: dict | None = None):
+    out = CliRunner().invoke(app, ["submit", *map(str, args), "--json"], env=env)
     shown = json.loads(out.output[out.output.index("{"):]) if "{" in out.output else None
     return out, shown
 
@@ -166,7 +167,9 @@ def test_an_own_recipe_is_audited_in_a_child_process_and_accepted(tm_home, tmp_p
 
 @pytest.mark.slow
 def test_a_code_directory_changed_after_the_run_is_never_used(tm_home, tmp_path):
-    out, job = _submit(_job(tmp_path))  # not waiting: the run is changed under the broker before it is checked
+    # not waiting, and no background pass (TRAINMASTER_BACKGROUND_S=0): the run is changed under the broker before
+    # it is checked
+    out, job = _submit(_job(tmp_path), env={"TRAINMASTER_BACKGROUND_S": "0"})
     assert out.exit_code == 0, out.output
     attempt = paths.attempt_dir(job["id"], 1)
     deadline = time.time() + 240
@@ -175,8 +178,8 @@ def test_a_code_directory_changed_after_the_run_is_never_used(tm_home, tmp_path)
         time.sleep(0.2)
     module = attempt / "code" / "myrecipe.py"
     module.write_text("open(__import__('os').environ['RECIPE_MARKER'], 'a').write('0 TAMPERED\\n')\n" + module.read_text())
-    status = CliRunner().invoke(app, ["status", job["id"], "--json"])
-    shown = json.loads(status.output)
+    shown = polled(lambda: json.loads(CliRunner().invoke(app, ["status", job["id"], "--json"]).output),
+                   lambda now: now["state"] in ("accepted", "failed"), timeout=240)  # the pass a read starts ends it
     assert shown["state"] == "accepted", shown  # audited from a fresh extraction of the bundle the broker sent
     verdict = json.loads((paths.job_dir(job["id"]) / "verdict.json").read_text())
     assert "replay" in verdict["checks"] and verdict["evidence"]["replay"]["passed"]

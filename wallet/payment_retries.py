@@ -2,13 +2,13 @@
 
 Sending a payment (wallet/payments.py, wallet/tao.py) can fail for reasons that pass: the chain is unreachable,
 the transfer is not in a block yet, the coldkey cannot be unlocked at this terminal, the balance is short. Such a
-payment stays **pending**: its charge is recorded, its money has not moved, and the next command that brings the
-job up to date once its retry time has come tries again. The sender reconciles by the payment's key before any
+payment stays **pending**: its charge is recorded, its money has not moved, and the next reconcile pass (the
+daemon's, or the background pass a read starts) once its retry time has come tries again. The sender reconciles by the payment's key before any
 resend, so however many tries it takes, it is paid exactly once.
 
 Each failed try is recorded here (one row per payment, in the broker's database beside `payments`), so `status`,
 `spend` and the dashboard can say what is pending, why, and when it is tried next; a try is never made before
-`next_try_at`, so a chain that is down costs each later command nothing. The waits double from RETRY_FIRST_S
+`next_try_at`, so a chain that is down costs each later pass nothing. The waits double from RETRY_FIRST_S
 up to RETRY_MOST_S.
 """
 

@@ -154,3 +154,9 @@ def unsent(db) -> list[tuple[str, int]]:
 
 def unsent_count(db) -> int:
     return db.execute("SELECT COUNT(*) FROM payments WHERE sent_at IS NULL").fetchone()[0]
+
+
+def any_unsent(db) -> bool:
+    """Whether a payment is charged but not sent yet (False before the table is made)."""
+    return statedb.table_exists(db, "payments") and db.execute(
+        "SELECT 1 FROM payments WHERE sent_at IS NULL LIMIT 1").fetchone() is not None

@@ -115,10 +115,13 @@ def _spend_rows(by: str | None) -> tuple[list, dict, list]:
     from trainmaster.broker.payment_states import payment_states, unsent_by_group
     from trainmaster.broker.store import Store
 
+    from trainmaster.broker.cli.reads import advance_in_background
+
     store = Store(db)  # an unusable home or database is one clear error (StateUnavailable), as for every command
     try:
-        return (Ledger(store.db).spend(by), unsent_by_group(store.db, by),
-                payment_states(store.db, pending_only=True))
+        shown = (Ledger(store.db).spend(by), unsent_by_group(store.db, by), payment_states(store.db, pending_only=True))
+        advance_in_background(store)  # a payment not sent yet is sent there (or by the daemon), never by this read
+        return shown
     finally:
         store.close()
 

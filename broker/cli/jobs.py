@@ -132,7 +132,7 @@ def status(job_id: str = typer.Argument(..., help="Job id or a unique prefix."),
         print(json.dumps(job_view.job_json(broker.store, job, events=True), indent=2))
     else:
         render.print_job(console(), broker, job, events=True)
-    for note in notes:  # it could not be brought up to date, for a reason on our side: shown as last recorded
+    for note in notes:  # it could not be read as usual, or it waits on our side (a full disk): what to fix
         console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(note)}", highlight=False, soft_wrap=True)
     raise typer.Exit(USAGE if notes else BAD if job.state in ("failed", "cancelled") else OK)
 

@@ -1,6 +1,6 @@
 """How jobs and plans look to people (Rich), and plans to scripts (JSON; a job's JSON is broker/job_view.py's,
-which the daemon's API gives too). Imported inside commands only, so its module-level Rich import costs
-`trainmaster --help` nothing.
+which the daemon's API gives too). Rich is imported by the functions that print with it, so the texts cost a lean
+read (broker/cli/lean.py) no Rich at all.
 
 Every string that came from outside (job names and ids, reasons, output paths, warnings) is printed
 through `safe` (broker/cli/safe_text.py): control characters made visible, Rich markup escaped."""
@@ -8,13 +8,20 @@ through `safe` (broker/cli/safe_text.py): control characters made visible, Rich 
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
-
-from trainmaster.broker.cli.safe_text import markup as safe
 from trainmaster.broker.cli.safe_text import visible
 from trainmaster.jobs.money import display_usd
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+def safe(text: object) -> str:
+    """broker/cli/safe_text.py `markup` (Rich's markup escape, imported when first printed)."""
+    from trainmaster.broker.cli.safe_text import markup
+
+    return markup(text)
+
 
 STATE_STYLE = {"accepted": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
 
@@ -45,6 +52,8 @@ def print_job(console: Console, broker, job, *, events: bool = False) -> None:
     if data["outputs_url"]:
         console.print(f"  shared outputs: [bold]{safe(data['outputs_url'])}[/bold] (`trainmaster outputs {safe(job.id)}`)",
                       highlight=False, soft_wrap=True)
+    from rich.table import Table
+
     table = Table("#", "backend", "state", "started", "ended", "cost", box=None)
     for column in table.columns:
         column.no_wrap = True
@@ -85,6 +94,8 @@ LONG_REASON = 40
 def _print_events(console: Console, data: dict, shown: set[str]) -> None:
     """The event log: each transition once, labelled `job` or `attempt #n`; a long reason already printed
     (above, or on an earlier event) is pointed to, not repeated; a cost event shows its amount and basis."""
+    from rich.table import Table
+
     log = Table("time", "of", "event", box=None)
     for column in log.columns[:2]:
         column.no_wrap = True
