@@ -279,6 +279,9 @@ def _replay_and_trust(evidence: dict) -> list[str]:
                 f"τ from {'the ' + pair + ' calibration' if pair else replay.get('tau_source', '?')})")
         lines.append(line + (f"; {replay['calibration_note']}" if replay.get("calibration_note") else ""))
     lines += _tier_lines(replay)
+    from trainmaster.broker.cli.referee_text import referee_lines
+
+    lines += referee_lines(evidence)
     trust = evidence.get("trust") or {}
     if trust.get("risk"):
         lines.append(f"warning: {trust['risk']}")
