@@ -103,6 +103,21 @@ async def watch_partner(ctx: JobContext, attempt: Attempt) -> None:
         await react(ctx, attempt, cause, st.reason or cause.value, started_at=st.started_at, ended_at=st.ended_at)
 
 
+JOB_ORDER = ("dispatched", "running", "returned", "verifying")
+
+
+def catch_up(ctx: JobContext, lead: Attempt) -> None:
+    """A partner that became its pair's lead (the first attempt ended early) brings the job to where it is: the
+    job moved only with the first one, so it may still be `dispatched` or `running`."""
+    if lead.state not in JOB_ORDER:
+        return
+    job = ctx.store.job(ctx.id)
+    if job.state not in JOB_ORDER:
+        return
+    for state in JOB_ORDER[JOB_ORDER.index(job.state) + 1: JOB_ORDER.index(lead.state) + 1]:
+        ctx.store.move_job(ctx.id, state, detail={"lead": lead.id})
+
+
 async def stop_partner(ctx: JobContext, attempt: Attempt, reason: str) -> None:
     """Stop and end the other attempt of `attempt`'s pair (the job is about to end): cancelled, unpaid."""
     other = pairs.other(ctx.store, attempt)

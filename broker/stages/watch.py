@@ -31,6 +31,7 @@ async def watch(ctx: JobContext, attempt: Attempt) -> None:
             await refereeing.watch_partner(ctx, attempt)
             return
         await dispatch.start_partner(ctx, attempt)  # a dispatch that died between the two
+        refereeing.catch_up(ctx, attempt)  # a partner become the lead: the job comes to where it is
     if attempt.state in ("returned", "verifying"):
         await collect(ctx, attempt)
         return

@@ -45,9 +45,10 @@ def install(kind: str) -> None:
 def _altered(kind: str, start):
     """`runner.start` running the job's entrypoint inside train.py, which alters its training."""
 
+    training = kind.split("_")[0] if kind.startswith("nudge") else kind
+
     async def altered(local, home: Path, dispatch, spec, offer):
-        kind = kind.split("_")[0] if kind.startswith("nudge") else kind
-        entrypoint = (f"python -m cheating_miners.train {kind} --stash {shlex.quote(str(home / STASH))} -- "
+        entrypoint = (f"python -m cheating_miners.train {training} --stash {shlex.quote(str(home / STASH))} -- "
                       f"{spec.entrypoint}")
         return await start(local, home, dispatch, spec.model_copy(update={"entrypoint": entrypoint}), offer)
 
