@@ -12,6 +12,11 @@ less than any tolerance (within-τ poisoning, which no sampled check sees) and t
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +136,32 @@ def test_a_miner_silent_in_the_bisection_forfeits_and_the_other_is_paid(tmp_path
     assert referee["findings"] == {quiet["id"]: "forfeited", good["id"]: "alone"}, referee
     assert verdict["evidence"]["replay"]["tier"] == "sampled"  # the survivor audited alone
     assert json.dumps(referee).count("forfeited") >= 1
+
+
+def test_a_broker_killed_in_the_bisection_resumes_it_and_pays_nothing_twice(tmp_path, tm_home, wallets, started):
+    honest, nudger = _honest("honest", tmp_path, wallets, started), _cheater("nudge", tmp_path, wallets, started)
+    spec, policy = _refereed(tmp_path, tm_home, [honest, nudger])
+    killed = subprocess.run([sys.executable, str(Path(__file__).parent / "cli_kill_at.py"), "referee-step", "submit",
+                             str(spec), "--policy", str(policy), "--wait"], capture_output=True, text=True,
+                            env=dict(os.environ), timeout=280)
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    [job_id] = [r["id"] for r in state_rows(tm_home, "SELECT id FROM jobs")]
+    steps = state_rows(tm_home, "SELECT detail FROM events WHERE kind = 'referee' AND detail LIKE '%\"step\"%'")
+    assert len(steps) == 1  # one step recorded, then the kill
+    deadline = time.time() + 240
+    while (status := _shown(_tm("status", job_id, "--json")))["state"] not in ("accepted", "failed"):
+        assert time.time() < deadline, status
+        time.sleep(1)
+    assert status["state"] == "accepted", status
+    cheat, good = _by_miner(tm_home, status, nudger), _by_miner(tm_home, status, honest)
+    assert (cheat["state"], good["state"]) == ("rejected", "accepted"), status
+    verdict = _shown(_tm("verify", "show", job_id, "--json"))
+    referee = verdict["evidence"]["referee"]
+    assert referee["bytes_downloaded"]["resumed_steps"] == 1 and referee["bisection"]["first_differing_leaf"] == 2
+    recorded = [json.loads(r["detail"])["step"]["indices"] for r in state_rows(
+        tm_home, "SELECT detail FROM events WHERE kind = 'referee' AND detail LIKE '%\"step\"%'")]
+    assert len(recorded) == len({tuple(i) for i in recorded})  # no leaf asked for again once recorded
+    assert len(state_rows(tm_home, "SELECT * FROM events WHERE kind = 'referee' AND detail LIKE '%\"ruling\"%'")) == 1
+    assert list(_payments(tm_home, job_id)) == [_coldkey(honest)]
+    charges = state_rows(tm_home, "SELECT key FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", job_id)
+    assert [c["key"] for c in charges] == [f"charge:{good['id']}"]

@@ -16,11 +16,13 @@ def referee_lines(evidence: dict) -> list[str]:
         lines.append(f"  {attempt}: {finding}" + (f", root {root[:16]}…" if root else "")
                      + (f" — {referee['reasons'][attempt]}" if (referee.get("reasons") or {}).get(attempt) else ""))
     bisection = referee.get("bisection") or {}
-    if bisection:
+    if bisection.get("steps") or "first_differing_leaf" in bisection:
         path = " → ".join(f"[{s['node'][0]},{s['node'][1]}) left {'=' if s['left_equal'] else '≠'}"
                           for s in bisection.get("steps") or [])
-        lines.append(f"  bisection: first differing leaf {bisection.get('first_differing_leaf')} "
-                     f"({bisection.get('leaves_opened_per_side')} leaves opened per side)" + (f": {path}" if path else ""))
+        where = (f"first differing leaf {bisection['first_differing_leaf']} "
+                 f"({bisection.get('leaves_opened_per_side')} leaves opened per side)"
+                 if "first_differing_leaf" in bisection else f"stopped at leaves {bisection.get('node')}")
+        lines.append(f"  bisection: {where}" + (f": {path}" if path else ""))
     dispute = referee.get("dispute") or {}
     if dispute:
         segment = dispute.get("replayed_segment")

@@ -271,7 +271,9 @@ def _tier_lines(replay: dict) -> list[str]:
 def _replay_and_trust(evidence: dict) -> list[str]:
     """Where the replay audit re-executed (its device, the executor's, the calibration's pair), and the risk of
     outcome-only trust, when the verdict holds them."""
-    lines = []
+    from trainmaster.broker.cli.referee_text import referee_lines
+
+    lines = referee_lines(evidence)  # the refereed tier's ruling first: it says why a replay ran, or none did
     replay = evidence.get("replay") or {}
     if replay.get("device"):
         pair = replay.get("calibration_pair")
@@ -279,9 +281,6 @@ def _replay_and_trust(evidence: dict) -> list[str]:
                 f"τ from {'the ' + pair + ' calibration' if pair else replay.get('tau_source', '?')})")
         lines.append(line + (f"; {replay['calibration_note']}" if replay.get("calibration_note") else ""))
     lines += _tier_lines(replay)
-    from trainmaster.broker.cli.referee_text import referee_lines
-
-    lines += referee_lines(evidence)
     trust = evidence.get("trust") or {}
     if trust.get("risk"):
         lines.append(f"warning: {trust['risk']}")

@@ -49,8 +49,8 @@ from trainmaster.broker.stages.reactions import reachable, react
 from trainmaster.broker.store import Attempt
 
 EVENT = "referee"
-"""The kind of the job events that record each bisection step (`step`) and the ruling (`ruling`)."""
-WAITING_EVENT = "waiting"
+"""The kind of the job events that record each bisection step (`step`), the ruling (`ruling`), and the lead waiting
+for its partner (`waiting`)."""
 
 
 @dataclass
@@ -141,12 +141,16 @@ async def judge(ctx: JobContext, lead: Attempt, backend, handle: Handle) -> Judg
     ruling = stored_ruling(ctx, lead.referee_pair)
     if ruling is None:
         if partner is not None and partner.state not in states.ATTEMPT_ENDS and partner.state != "returned":
-            if not any(e.kind == WAITING_EVENT and e.attempt_id == lead.id for e in ctx.store.events(ctx.id)):
-                ctx.log(WAITING_EVENT, {"waiting": f"for attempt {partner.n}, its refereed partner, to finish"}, lead.id)
+            if not any(e.kind == EVENT and (e.detail or {}).get("waiting") == partner.id
+                       for e in ctx.store.events(ctx.id)):
+                ctx.log(EVENT, {"pair": lead.referee_pair, "waiting": partner.id,
+                                "message": f"waiting for attempt {partner.n}, its refereed partner, to finish"}, lead.id)
             return None
         ruling = await _rule(ctx, lead, partner)
         if ruling["outcome"] != "undecided":
-            ctx.log(EVENT, {"pair": lead.referee_pair, "ruling": ruling}, lead.id)
+            summary = "; ".join(f"attempt {who.rsplit('.', 1)[-1]} {finding}" for who, finding in ruling["findings"].items())
+            ctx.log(EVENT, {"pair": lead.referee_pair, "ruling": ruling,
+                            "message": f"ruling: {ruling['outcome']} ({summary})"}, lead.id)
     await _apply_to_others(ctx, lead, ruling)
     return await asyncio.to_thread(_for_lead, ctx, lead, ruling)
 
@@ -276,9 +280,11 @@ async def _bisect_and_replay(ctx: JobContext, lead: Attempt, partner: Attempt, c
         wanted = [bisection.probe()] if not bisection.done else bisection.needed()
         if not wanted:
             break
-        opened = await _open_both(ctx, sides, wanted, roots, n + 1, meter, {**more, "bisection": bisection.steps})
+        opened = await _open_both(ctx, sides, wanted, roots, n + 1, meter,
+                                  {**more, "bisection": {"steps": bisection.steps, "node": list(bisection.node)}})
         ctx.log(EVENT, {"pair": lead.referee_pair, "step": {"indices": wanted, "openings": {
-            who: [o for o, _ in got] for who, got in opened.items()}}}, lead.id)
+            who: [o for o, _ in got] for who, got in opened.items()}},
+            "message": f"bisection: both opened leaf {', '.join(map(str, wanted))}"}, lead.id)
         for i, index in enumerate(wanted):
             a, b = opened[lead.id][i][1], opened[partner.id][i][1]
             bisection.record(index, a, b)
