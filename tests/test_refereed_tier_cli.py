@@ -121,13 +121,18 @@ def test_a_miner_poisoning_within_tolerance_is_refuted_by_one_replayed_segment(t
     assert "tier: refereed" in text and "replayed segment 1" in text and "refuted" in text, text
 
 
-def test_a_miner_silent_in_the_bisection_forfeits_and_the_other_is_paid(tmp_path, tm_home, wallets, started):
-    honest, silent = _honest("honest", tmp_path, wallets, started), _cheater("nudge_silent", tmp_path, wallets, started)
+FORFEITED = {"nudge_silent": "did not open leaves [3] within 10 s", "nudge_garbage": "did not open leaves [3]: "}
+
+
+@pytest.mark.parametrize("kind", ["nudge_silent", "nudge_garbage"])
+def test_a_miner_that_does_not_answer_the_bisection_forfeits_and_the_other_is_paid(kind, tmp_path, tm_home, wallets,
+                                                                                   started):
+    honest, silent = _honest("honest", tmp_path, wallets, started), _cheater(kind, tmp_path, wallets, started)
     spec, policy = _refereed(tmp_path, tm_home, [honest, silent], deadline_s=10)
     job, status, verdict = _run(spec, policy)
     assert status["state"] == "accepted", status
     quiet, good = _by_miner(tm_home, status, silent), _by_miner(tm_home, status, honest)
-    assert quiet["state"] == "rejected" and "forfeited" in quiet["reason"] and "within 10 s" in quiet["reason"], status
+    assert quiet["state"] == "rejected" and "forfeited" in quiet["reason"] and FORFEITED[kind] in quiet["reason"], status
     assert good["state"] == "accepted"
     assert list(_payments(tm_home, job["id"])) == [_coldkey(honest)]
     bans = {(b["kind"], b["key"]) for b in _shown(_tm("executors", "ls", "--json"))["bans"] if b["active"]}
