@@ -33,9 +33,10 @@ Figures (CPU, this shared 2-core VM; `run(smoke=True)` shrinks every size):
   (``verify.referee_replay``). Attacks: a freeze, a swap and a backdoor at one interior boundary, within-τ poisoning
   (every boundary's weights pushed by 1e-7), lr × 0.99 and skipped work (the second half's states copies of the
   last trained one). Caught = the attacker refuted and the honest run upheld: 1 for every attack (the tier needs
-  both miners to collude to pass a cheat). Extra compute: the second run (1×) plus one replayed segment and the
-  bisection's checks, as a share of one run; bytes downloaded per dispute: both sides' leaf openings plus the
-  agreed state's opening.
+  both miners to collude to pass a cheat). Compute: the two runs plus the referee (the bisection's openings and
+  checks, both sides' work, and the one replayed segment with the trainer it builds), in units of one run; bytes
+  downloaded per dispute: both sides' leaf openings plus the agreed state's opening (S_{j−1} and S_j in full
+  and every segment's manifest, as the challenge route sends them).
 
 Run: python tests/benchmarks/bench_trust.py
 """
@@ -310,7 +311,7 @@ def referee_figures(tmp: Path, smoke: bool) -> dict[str, float]:
             ruled = judge(found.compared, replayed, sides) if "failed" not in replayed else {}
             caught = ruled == {"honest": "upheld", "attacker": "refuted"}
             figures[f"{kind}: caught at n={n}, refereed tier"] = float(caught)
-            figures[f"{kind}: refereed extra compute at n={n} (x one run)"] = (train_s + referee_s) / train_s
+            figures[f"{kind}: refereed compute at n={n} (x one run: two runs + the referee)"] = 2 + referee_s / train_s
             figures[f"{kind}: bytes downloaded per dispute at n={n}"] = leaf_bytes + state_bytes
             figures[f"{kind}: leaves opened per side at n={n}"] = len(bisection.opened)
     return figures
