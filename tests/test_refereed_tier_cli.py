@@ -49,6 +49,7 @@ def _run(spec, policy) -> tuple[dict, dict, dict]:
     done = _tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
     job = _shown(done)
     status = _shown(_tm("status", job["id"], "--json"))
+    assert not [e for e in status["events"] if e["kind"] == "error"], status["events"]
     verdict = _shown(_tm("verify", "show", job["id"], "--json"))
     return job, status, verdict
 
@@ -91,7 +92,8 @@ def test_two_honest_miners_reach_the_same_root_and_both_are_paid(tmp_path, tm_ho
     referee = verdict["evidence"]["referee"]
     assert referee["tier"] == "refereed" and referee["outcome"] == "agreed", referee
     assert len(set(referee["roots"].values())) == 1 and set(referee["findings"].values()) == {"agreed"}
-    assert "replay" not in verdict["checks"] and verdict["outcome"] == "accepted", verdict
+    assert verdict["checks"] == ["integrity", "safety", "outcome"] and verdict["outcome"] == "accepted", verdict
+    assert verdict["attempt_id"] == status["attempts"][0]["id"]  # the lead's verdict: the outputs it judged
     text = _tm("verify", "show", job["id"]).stdout
     assert "tier: refereed" in text and "agreed" in text, text
     assert not _shown(_tm("executors", "ls", "--json"))["bans"]

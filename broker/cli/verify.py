@@ -135,6 +135,8 @@ def _stored_verdict(job_ref: str):
         if len(ids) > 1:  # as `trainmaster status` says it
             _fail(several_jobs(job_ref, ids))
         verdict = store.latest(ids[0]) if ids else None
+        if verdict is not None and verdict.evidence.get("judged_with"):  # a refereed partner accepted with its lead:
+            verdict = store.latest(ids[0], verdict.evidence["judged_with"]) or verdict  # the lead's has the checks
     finally:
         store.close()
     if verdict is None:
