@@ -172,3 +172,35 @@ def test_a_broker_killed_in_the_bisection_resumes_it_and_pays_nothing_twice(tmp_
     assert list(_payments(tm_home, job_id)) == [_coldkey(honest)]
     charges = state_rows(tm_home, "SELECT key FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", job_id)
     assert [c["key"] for c in charges] == [f"charge:{good['id']}"]
+
+
+def test_a_dispute_not_replayable_bit_for_bit_here_waits_unverified_until_verified_where_it_is(
+        tmp_path, tm_home, wallets, started, monkeypatch):
+    """Both miners compute with torch's portable kernels (ATEN_CPU_CAPABILITY=default, passed to their jobs by
+    their local backends' inherit_env), the broker with this machine's own: a replay here cannot settle their
+    dispute bit for bit, so nothing is paid or banned; `verify --again` where the kernels match settles it."""
+    import torch
+
+    assert torch.backends.cpu.get_cpu_capability() != "DEFAULT"  # this machine picks vector kernels of its own
+    portable = {"local": {"inherit_env": ["ATEN_CPU_CAPABILITY"]}}
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    honest = started(MinerProcess(tmp_path / "honest", make_wallet(wallets, "honest"),
+                                  config={**HONEST_PRICES, **portable}))
+    from cheating_miners.process import CheaterProcess
+
+    nudger = started(CheaterProcess("nudge", tmp_path / "nudge", make_wallet(wallets, "nudge"),
+                                    config={**CHEAP_PRICES, **portable}))
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    spec, policy = _refereed(tmp_path, tm_home, [honest, nudger])
+    job, status, verdict = _run(spec, policy)
+    assert status["state"] == "unverified", status
+    assert verdict["outcome"] == "cannot_verify" and verdict["evidence"]["referee"]["outcome"] == "undecided"
+    assert "not the miners'" in verdict["reasons"][0] and "cpu DEFAULT" in verdict["reasons"][0], verdict
+    assert not state_rows(tm_home, "SELECT * FROM payments") and not _shown(_tm("executors", "ls", "--json"))["bans"]
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # a verifier whose kernels are the miners'
+    again = _shown(_tm("verify", "show", job["id"], "--again", "--json"))
+    assert again["outcome"] == "accepted" and again["evidence"]["referee"]["outcome"] == "decided", again
+    status = _shown(_tm("status", job["id"], "--json"))
+    assert status["state"] == "accepted", status
+    assert _by_miner(tm_home, status, nudger)["state"] == "rejected"
+    assert list(_payments(tm_home, job["id"])) == [_coldkey(honest)]
