@@ -191,6 +191,34 @@ class RunsUntrusted(KeepsSegments):
         raise NotImplementedError
 
 
+class LeafOpening(Frozen):
+    """One committed leaf as an executor opens it for the refereed tier's bisection (docs/protocol.md §3c): the
+    chunk digests of S_i's three files — its weights, its rest and the trace of segment i — from which
+    ``h_i = sha256(weights ‖ sha256(rest ‖ trace))``, and the leaf's RFC 6962 inclusion proof (siblings from the
+    leaf up, lowercase hex). Nothing here is believed before the proof ties ``h_i`` to the signed root."""
+
+    index: int = Field(ge=0)
+    weights: str = Field(pattern=r"^[0-9a-f]{64}$")
+    rest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    trace: str = Field(pattern=r"^[0-9a-f]{64}$")
+    proof: list[str] = Field(max_length=64)
+
+
+class OpensLeaves(RunsUntrusted):
+    """An untrusted backend whose executors can be refereed: two of them run the same job and, when their roots
+    differ, each opens leaves of its tree one by one (a bisection to the first leaf where they differ), then one
+    of them the agreed state before it (docs/protocol.md §3c)."""
+
+    async def open_leaves(self, handle: Handle, indices: list[int]) -> list[LeafOpening]:
+        """The leaves `indices` of the executor's committed tree, each with its proof (unchecked here)."""
+        raise NotImplementedError
+
+    async def open_state(self, handle: Handle, index: int, dest: Path) -> Path:
+        """Segment `index` opened as `open_segments` opens it (S_i in full, its trace, the state after it, every
+        manifest), without the sampled tier's boundary chunks; returns the checkpoint directory (`dest`)."""
+        raise NotImplementedError
+
+
 FEATURES: dict[str, type] = {
     "multi_gpu": SupportsMultiGpu,
     "multi_node": SupportsMultiNode,

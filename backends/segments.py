@@ -21,15 +21,16 @@ from trainmaster.backends.features import HeldSegment
 from trainmaster.jobs.files import HostileFile, read_regular, tree_bytes, write_bytes_atomic
 
 
-async def copy_segments(checkpoints: Path, indices: list[int], dest: Path) -> Path:
+async def copy_segments(checkpoints: Path, indices: list[int], dest: Path, *, boundaries: bool = True) -> Path:
     """Every segment's manifest under the runtime's checkpoint directory `checkpoints`, and the whole of each
     segment of `indices` and of the one after it, copied into `dest` laid out the same (hashed as they go);
     returns `dest`. States the run hashed but did not keep are first re-made from the nearest kept one
-    (backends/segment_reopen.py)."""
+    (backends/segment_reopen.py). `boundaries`: also the sampled tier's chunks of every boundary."""
     from trainmaster.backends.segment_reopen import open_boundaries, reopen_dropped
 
     await reopen_dropped(checkpoints, indices)
-    await open_boundaries(checkpoints, indices, dest)
+    if boundaries:
+        await open_boundaries(checkpoints, indices, dest)
     source = checkpoints / "segments"
     wanted = set(indices) | {i + 1 for i in indices}
     names = await asyncio.to_thread(lambda: sorted(p.name for p in source.iterdir() if p.name.isdigit())
@@ -51,6 +52,44 @@ def _copy_manifest(source: Path, target: Path) -> None:
         return  # a segment half-written by a kill: the audit says what is missing
     target.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(target, data)
+
+
+class LeavesUnreadable(ValueError):
+    """The run's segment manifests do not give its leaves (a half-written run, a manifest that is not one)."""
+
+
+def leaf_openings(checkpoints: Path, indices: list[int]) -> list[dict]:
+    """The leaves `indices` of the run under `checkpoints` for the refereed tier's bisection: each one's chunk
+    digests (`weights`, `rest`, `trace`) read from its manifest (bounded JSON, never `jobs.checkpoint`, which
+    imports torch) and its inclusion proof over every leaf the manifests hold (backends/features.py
+    `LeafOpening`). Raises LeavesUnreadable."""
+    from trainmaster.jobs.merkle import inclusion_proof
+
+    base = Path(checkpoints) / "segments"
+    if base.is_symlink() or not base.is_dir():
+        raise LeavesUnreadable("the run has no segments")
+    names = sorted(p.name for p in base.iterdir() if p.name.isascii() and p.name.isdigit())
+    manifests = []
+    for i, name in enumerate(names):
+        if int(name) != i:
+            raise LeavesUnreadable(f"segment {i} is missing")
+        try:
+            manifest = json.loads(read_regular(base / name / "manifest.json", 2**16))
+            files = manifest["files"]
+            digests = {part: files[f"{part}.safetensors"]["sha256"] for part in ("weights", "rest", "decisions")}
+            bytes.fromhex(manifest["leaf"])
+        except (OSError, ValueError, KeyError, TypeError, HostileFile) as exc:
+            raise LeavesUnreadable(f"segment {i}'s manifest: {type(exc).__name__}: {exc}") from None
+        manifests.append((bytes.fromhex(manifest["leaf"]), digests))
+    leaves = [leaf for leaf, _ in manifests]
+    out = []
+    for index in indices:
+        if not 0 <= index < len(leaves):
+            raise LeavesUnreadable(f"leaf {index} is outside the run's {len(leaves)} leaves")
+        digests = manifests[index][1]
+        out.append({"index": index, "weights": digests["weights"], "rest": digests["rest"],
+                    "trace": digests["decisions"], "proof": [h.hex() for h in inclusion_proof(leaves, index)]})
+    return out
 
 
 def newest_segment(checkpoints: Path) -> tuple[int, int] | None:

@@ -99,6 +99,9 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE attempts ADD COLUMN unreachable_since REAL",
         "ALTER TABLE jobs ADD COLUMN cancel_requested_at REAL",
     ],
+    [  # 6: the refereed tier: the two attempts of a pair name the first one's id (broker/stages/refereeing.py)
+        "ALTER TABLE attempts ADD COLUMN referee_pair TEXT",
+    ],
 ]
 
 
@@ -163,6 +166,9 @@ class Attempt:
     """The seed the attempt runs with (the spec's, or for an untrusted executor one derived from a nonce)."""
     unreachable_since: float | None = None
     """When its backend first answered only with transient errors (cleared once it answers again)."""
+    referee_pair: str | None = None
+    """The refereed tier: the id of the first attempt of the pair this one belongs to (itself for the first);
+    None for an attempt run alone."""
 
 
 @dataclass(frozen=True)
@@ -452,17 +458,24 @@ class Store:
     # attempts
 
     def create_attempt(self, job_id: str, *, backend: str, offer_json: str, reserve_key: str, seed: int,
-                       detail: dict | None = None) -> Attempt:
-        """A new attempt on an offer; the job moves to `dispatched` in the same transaction."""
+                       detail: dict | None = None, pair: str | None = None) -> Attempt:
+        """A new attempt on an offer; the job moves to `dispatched` in the same transaction. `pair`: the first
+        attempt of the refereed pair this one joins (`self`: it starts one)."""
         with self.tx() as db:
             n = db.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE job_id = ?", (job_id,)).fetchone()[0]
             attempt_id = f"{job_id}.{n}"
+            referee_pair = attempt_id if pair == "self" else pair
             db.execute(
-                "INSERT INTO attempts (id, job_id, n, backend, offer_json, state, created_at, reserve_key, seed)"
-                " VALUES (?,?,?,?,?,?,?,?,?)",
-                (attempt_id, job_id, n, backend, offer_json, "dispatched", time.time(), reserve_key, seed),
+                "INSERT INTO attempts (id, job_id, n, backend, offer_json, state, created_at, reserve_key, seed,"
+                " referee_pair) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (attempt_id, job_id, n, backend, offer_json, "dispatched", time.time(), reserve_key, seed, referee_pair),
             )
-            self._move_job(db, job_id, "dispatched", attempt_id=attempt_id, detail={"backend": backend, **(detail or {})})
+            if referee_pair in (None, attempt_id):
+                self._move_job(db, job_id, "dispatched", attempt_id=attempt_id,
+                               detail={"backend": backend, **(detail or {})})
+            else:  # a refereed pair's second attempt: the job moves with the first
+                self._event(db, job_id, attempt_id, "partner", None, "dispatched",
+                            {"backend": backend, "pair": referee_pair, **(detail or {})})
         return self.attempt(attempt_id)
 
     def attempt(self, attempt_id: str) -> Attempt:

@@ -2,11 +2,15 @@
 
 ``commitment.json`` holds exactly the canonical JSON bytes (what the hotkey signs)::
 
-    json.dumps({"bundle_sha256", "final_sha256", "format", "job_id", "k", "n", "root"[, "device"]},
+    json.dumps({"bundle_sha256", "deterministic", "final_sha256", "format", "job_id", "k", "n", "root"[, "device"]},
                sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 with lowercase hex digests and ``n``/``k`` as integers; ``"device": "cuda"`` is there only for a run
-trained on a GPU. ``n`` is the number of segments, so there are ``n + 1`` leaves ``h_0..h_n``, each over
+trained on a GPU. ``deterministic`` (written by the runtime, absent from commitments made before it
+existed) names the environment the run's deterministic mode computed in (``jobs/devices.py``
+``fingerprint``: torch's version and, on a GPU, its name and the CUDA, cuDNN and cuBLAS workspace
+settings; on a CPU its instruction set): two runs with the same fingerprint reach the same bits, which
+the refereed tier relies on (docs/protocol.md §3c). ``n`` is the number of segments, so there are ``n + 1`` leaves ``h_0..h_n``, each over
 the chunk digests of S_i's files (``jobs/chunks.py``); ``final_sha256`` is the plain sha256 of
 ``model.safetensors`` (= the weights file of S_n). ``format`` (2: chunked leaves) is part of the signed
 bytes, so another format can never be read as this one; format 1 (whole-file sha256 leaves) and any
@@ -49,6 +53,10 @@ class Commitment(BaseModel):
     final_sha256: Hex64
     n: Annotated[StrictInt, Field(ge=0)]
     k: Annotated[StrictInt, Field(ge=1)]
+    deterministic: Annotated[str, Field(pattern=r"^[ -~]{1,200}$")] | None = None
+    """Where the run computed in the runtime's deterministic mode (``jobs/devices.py`` ``fingerprint``):
+    printable ASCII, at most 200 characters. Signed with the rest; the refereed tier compares two
+    executors' bits only when their fingerprints agree."""
     device: Literal["cuda"] | None = None
     """The kind of device the executor trained on when it is not the CPU (absent: the CPU). Signed with
     the rest, so the (executor, verifier) pair whose calibration the audit applies is fixed before the
@@ -60,7 +68,7 @@ class Commitment(BaseModel):
         return self.device or "cpu"
 
     def canonical_json(self) -> bytes:
-        """The exact bytes that are written and signed (``device`` only when it is set)."""
+        """The exact bytes that are written and signed (``device`` and ``deterministic`` only when set)."""
         return json.dumps(
             self.model_dump(exclude_none=True), sort_keys=True, separators=(",", ":"), ensure_ascii=True
         ).encode("ascii")
@@ -112,10 +120,13 @@ def segment_leaves(checkpoint_dir: Path, n: int) -> list[bytes]:
 
 
 def build_commitment(
-    checkpoint_dir: Path, *, job_id: str, bundle_sha256: str, n: int, k: int, final_sha256: str | None = None
+    checkpoint_dir: Path, *, job_id: str, bundle_sha256: str, n: int, k: int, final_sha256: str | None = None,
+    record_environment: bool = False,
 ) -> Commitment:
     """The commitment over the segments 0..n on disk (``final_sha256``: sha256 of S_n's weights file, read
-    from disk when not given); ``device`` is ``cuda`` when any of them was trained on a GPU."""
+    from disk when not given); ``device`` is ``cuda`` when any of them was trained on a GPU. With
+    ``record_environment`` (the runtime's own commitment) ``deterministic`` is this process's fingerprint
+    for that device kind."""
     if final_sha256 is None:
         import hashlib
 
@@ -123,8 +134,14 @@ def build_commitment(
     manifests = [read_manifest(segment_dir(checkpoint_dir, i)) for i in range(n + 1)]
     root = merkle_root([bytes.fromhex(m.leaf) for m in manifests]).hex()
     device = "cuda" if any(m.device == "cuda" for m in manifests) else None
+    deterministic = None
+    if record_environment:
+        from .devices import fingerprint
+
+        deterministic = fingerprint(device or "cpu")
     return Commitment(
         job_id=job_id, bundle_sha256=bundle_sha256, root=root, final_sha256=final_sha256, n=n, k=k, device=device,
+        deterministic=deterministic,
     )
 
 

@@ -145,6 +145,29 @@ def describe_device(kind: str) -> dict[str, str]:
     return found
 
 
+def fingerprint(kind: str) -> str:
+    """The environment a run's deterministic mode computed in, as the commitment records it (``deterministic``):
+    ``torch 2.13.0+cpu; cpu AVX2`` on a CPU (the instruction set selects the kernels), and on a GPU
+    ``torch …; cuda 12.8; cudnn 91002; NVIDIA H200; cublas :4096:8``. Two runs of a job with the same
+    fingerprint reach the same bits (the refereed tier compares their roots). Printable ASCII, ≤ 200 chars."""
+    parts = [f"torch {torch.__version__}"]
+    if kind == "cuda" and cuda_available():
+        found = describe_device("cuda")
+        parts += [f"cuda {found['cuda']}", f"cudnn {found['cudnn']}", found["gpu"],
+                  f"cublas {os.environ.get(CUBLAS_WORKSPACE, CUBLAS_DETERMINISTIC)}"]
+    else:
+        parts.append(f"cpu {_cpu_capability()}")
+    text = "; ".join(parts)
+    return "".join(c if " " <= c <= "~" else "?" for c in text)[:200]
+
+
+def _cpu_capability() -> str:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # an older torch: the kernels' choice is not told
+        return "unknown"
+
+
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for the device's queued work (timings); nothing on a CPU."""
     if torch.device(device or "cpu").type == "cuda":

@@ -65,3 +65,37 @@ def verify_inclusion(leaf: bytes, index: int, tree_size: int, proof: Sequence[by
             r = node_hash(r, sibling)
         fn, sn = fn >> 1, sn >> 1
     return sn == 0 and r == root
+
+
+def path_nodes(leaf: bytes, index: int, tree_size: int, proof: Sequence[bytes]) -> dict[tuple[int, int], bytes] | None:
+    """The hash of every node on leaf ``index``'s path to the root and of every sibling beside it, keyed by the
+    node's leaf range ``(first, end)``, computed from ``proof`` (RFC 6962 ``PATH``, siblings from the leaf up);
+    None when the proof's length does not fit a tree of ``tree_size``. The root is ``(0, tree_size)``: once it
+    equals the committed root, every node returned is the committed one (the refereed tier's bisection reads
+    two trees' subtrees from one opened leaf each)."""
+    if not 0 <= index < tree_size:
+        return None
+    remaining = list(proof)
+    nodes: dict[tuple[int, int], bytes] = {}
+
+    def down(lo: int, hi: int) -> bytes | None:
+        if hi - lo == 1:
+            nodes[(lo, hi)] = leaf_hash(leaf)
+            return nodes[(lo, hi)]
+        if not remaining:
+            return None
+        sibling = remaining.pop()  # the highest sibling is the proof's last hash
+        split = lo + _split(hi - lo)
+        if index < split:
+            nodes[(split, hi)] = sibling
+            below = down(lo, split)
+            found = None if below is None else node_hash(below, sibling)
+        else:
+            nodes[(lo, split)] = sibling
+            below = down(split, hi)
+            found = None if below is None else node_hash(sibling, below)
+        if found is not None:
+            nodes[(lo, hi)] = found
+        return found
+
+    return nodes if down(0, tree_size) is not None and not remaining else None

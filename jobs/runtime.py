@@ -177,7 +177,7 @@ def _finish(trainer: Trainer, recipe: Recipe, config: RecipeConfig, settings: Ru
     final_weights = (final_dir / WEIGHTS).read_bytes()
     commitment = build_commitment(
         settings.checkpoint_dir, job_id=settings.job_id, bundle_sha256=settings.bundle_sha256, n=n, k=k,
-        final_sha256=hashlib.sha256(final_weights).hexdigest(),
+        final_sha256=hashlib.sha256(final_weights).hexdigest(), record_environment=True,
     )
     write_bytes_atomic(out / COMMITMENT_FILE, commitment.canonical_json())
     write_bytes_atomic(out / MODEL_FILE, final_weights)

@@ -124,9 +124,11 @@ class Verification(Model):
         "auto", description="auto: audit untrusted backends only (as the policy says)."
     )
     challenge_segments: int = Field(8, ge=0, le=256, description="q: random segments re-executed per audit.")
-    tier: Literal["sampled", "replay"] = Field(
-        "sampled", description="sampled: the replayed segments plus a few chunks of every boundary, checked against "
-        "the optimizer's bounds (≤ 5 % extra compute); replay: the replayed segments alone.",
+    tier: Literal["sampled", "replay", "refereed"] | None = Field(
+        None, description="sampled: the replayed segments plus a few chunks of every boundary, checked against "
+        "the optimizer's bounds (≤ 5 % extra compute); replay: the replayed segments alone; refereed: two miners of "
+        "different coldkeys run the job and a dispute is settled by bisection and one replayed segment (about 2x "
+        "compute). Default: the policy's `verification.tier` for the job's workload class, else sampled.",
     )
     tail_segments: int = Field(
         1, ge=1, le=64, description="L: the last L segments are always replayed (tail-weighted draws); 1 = the last.",

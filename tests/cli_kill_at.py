@@ -5,7 +5,9 @@
 POINT:
 - `prepare`: as the local backend starts to prepare an attempt (its launch lock made, nothing extracted, no keeper
   started): what a CLI killed between claiming the attempt and starting the supervisor leaves;
-- `keeper`: right after the keeper process was started, before this process could wait for its supervisor.
+- `keeper`: right after the keeper process was started, before this process could wait for its supervisor;
+- `referee-step`: in the refereed tier's bisection, right after its first step (both miners' openings of one leaf)
+  was recorded, before the next is asked for.
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def arm(point: str) -> None:
             return await original(workdir, prepare, start_then_die, **kwargs)
 
         launching.launch_once = launch_once
+    elif point == "referee-step":
+        from trainmaster.broker.stages import refereeing
+
+        original_open = refereeing._open_both
+        calls = []
+
+        async def open_both(*args, **kwargs):
+            if calls:  # the first step was opened and recorded: die before the second
+                _die()
+            calls.append(1)
+            return await original_open(*args, **kwargs)
+
+        refereeing._open_both = open_both
     else:
         raise SystemExit(f"unknown point {point!r}")
 

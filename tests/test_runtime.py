@@ -175,7 +175,11 @@ def test_commitment_is_canonical_and_commits_to_every_leaf_and_the_final_weights
     commitment = read_commitment(root / "out" / "commitment.json")
     assert result.commitment == commitment
     assert data == json.dumps(json.loads(data), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-    assert set(json.loads(data)) == {"job_id", "bundle_sha256", "root", "final_sha256", "n", "k", "format"}
+    assert set(json.loads(data)) == {"job_id", "bundle_sha256", "root", "final_sha256", "n", "k", "format",
+                                     "deterministic"}
+    from trainmaster.jobs.devices import fingerprint
+
+    assert commitment.deterministic == fingerprint("cpu") and commitment.deterministic.startswith("torch ")
     assert (commitment.job_id, commitment.bundle_sha256, commitment.n, commitment.k) == ("job-7", "ab" * 32, 3, 4)
     leaves = segment_leaves(root / "ckpt", 3)
     assert commitment.root == merkle_root(leaves).hex()

@@ -124,7 +124,7 @@ def test_a_database_of_the_first_schema_upgrades_in_place_and_its_jobs_still_rea
                    "'default',NULL,0,0)", ("0" * 64,))
     db.close()
     store = Store(path)
-    assert store.schema_version == len(MIGRATIONS) == 5
+    assert store.schema_version == len(MIGRATIONS) == 6
     job = store.job("old-1")
     assert (job.state, job.policy_json, job.plan_json, job.queued_at, job.cancel_requested_at) == (
         "planned", None, None, None, None)  # re-planned and snapshotted on advance

@@ -60,21 +60,25 @@ class CommitmentStore:
         expected_bundle_sha256: str,
         expected_k: int,
         expected_n: int,
+        alongside: frozenset[str] = frozenset(),
     ) -> StoredCommitment:
-        """Verify an untrusted executor's signed commitment against the spec, then store it."""
+        """Verify an untrusted executor's signed commitment against the spec, then store it. `alongside`: the
+        attempts run as a refereed pair with this one (the same seed), whose root it is meant to equal."""
         check_signature(commitment, signature, hotkey)
         check_fields(
             commitment, expected_job_id=expected_job_id, expected_bundle_sha256=expected_bundle_sha256,
             expected_k=expected_k, expected_n=expected_n,
         )
-        self._refuse_reuse(commitment, attempt_id)
+        self._refuse_reuse(commitment, attempt_id, alongside)
         return self._insert(commitment, attempt_id, signature, hotkey)
 
-    def _refuse_reuse(self, commitment: Commitment, attempt_id: str) -> None:
+    def _refuse_reuse(self, commitment: Commitment, attempt_id: str, alongside: frozenset[str] = frozenset()) -> None:
         """Each untrusted attempt trains from its own S_0 (its seed comes from a nonce the broker chose),
         so a root or a final model another attempt of the job already committed is a reused run —
-        typically a rejected one re-signed by a new hotkey, hoping for a luckier challenge."""
-        rows = other_commitments(self.database.db, commitment.job_id, attempt_id)
+        typically a rejected one re-signed by a new hotkey, hoping for a luckier challenge. The two attempts of
+        a refereed pair share their seed, and equal roots are what they are run for."""
+        rows = [row for row in other_commitments(self.database.db, commitment.job_id, attempt_id)
+                if row["attempt_id"] not in alongside]
         for row in rows:
             earlier = Commitment.from_json(row["commitment_json"].encode("ascii"))
             same = "root" if earlier.root == commitment.root else "final model" if (

@@ -110,6 +110,13 @@ class Attempt:
     dropped: tuple[str, ...] = ()
     """Files the executor returned that its commitment does not bind (verify/committed.py): not recorded
     as outputs, listed in the integrity evidence, judged by the safety check, deleted by the broker after."""
+    referee: Mapping[str, Any] | None = None
+    """The refereed tier's ruling on this attempt and its pair (broker/stages/refereeing.py), kept as the verdict's
+    ``referee`` evidence: when it upheld the attempt, the replay audit is not among the checks."""
+    pair: tuple[str, ...] = ()
+    """The other attempts of its refereed pair: they share its seed, so their commitment's root may equal its own."""
+    tier: str | None = None
+    """The verification tier the broker resolved (the spec's, else the policy's for its class); default the spec's."""
     outputs_trusted: bool | None = None
     """How the outputs are judged: pickle-capable files kept opaque (True) or refused (False), and a
     self-reported ``result.json`` taken as metrics or not; default ``trusted``. `trainmaster verify
@@ -163,7 +170,9 @@ def verify_attempt(
     if unknown := wanted - set(CHECKS):
         raise ValueError(f"unknown checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
     run = _Run(attempt, db_path or None)
-    if not attempt.trusted and "replay" not in wanted:  # judged by its outcome alone: the verdict says what that risks
+    if attempt.referee is not None:
+        run.evidence["referee"] = dict(attempt.referee)
+    elif not attempt.trusted and "replay" not in wanted:  # judged by its outcome alone: the verdict says what that risks
         from .trust import outcome_only_evidence
 
         run.evidence["trust"] = outcome_only_evidence()
@@ -423,7 +432,8 @@ def _store(run: _Run, *, trusted: bool, expected: dict[str, Any], signature: str
         if trusted:
             return store.store_trusted(run.commitment, attempt_id=run.attempt.attempt_id, **expected)
         return store.store(
-            run.commitment, attempt_id=run.attempt.attempt_id, signature=signature, hotkey=run.attempt.hotkey, **expected
+            run.commitment, attempt_id=run.attempt.attempt_id, signature=signature, hotkey=run.attempt.hotkey,
+            alongside=frozenset(run.attempt.pair), **expected
         )
     finally:
         store.close()
@@ -533,7 +543,8 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
     verification = attempt.spec.verification
     challenge = Challenge.for_commitment(run.stored, _secret(run), q=verification.challenge_segments,
                                          tail=verification.tail_segments)
-    chunks = verification.boundary_chunks if verification.tier == "sampled" else None
+    tier = attempt.tier or verification.tier or "sampled"
+    chunks = verification.boundary_chunks if tier != "replay" else None  # a refereed job audited alone: sampled
     if own is not None:
         report = _audit_own_recipe(run, own, challenge.segments, settings, chunks)
     else:

@@ -31,8 +31,8 @@ from trainmaster.backends.bittensor.client import CHUNK, STREAM_TIMEOUT, MinerCl
 from trainmaster.backends.bittensor.config import BittensorConfig
 from trainmaster.backends.bittensor.directory import Miner, MinerDirectory, StaticDirectory
 from trainmaster.backends.features import (
-    Acknowledgement, Conclusion, ExecutorIdentity, MetricsChunk, ReportsMetrics, RunsUntrusted, SignedCommitment,
-    SupportsMultiGpu,
+    Acknowledgement, Conclusion, ExecutorIdentity, LeafOpening, MetricsChunk, OpensLeaves, ReportsMetrics,
+    SignedCommitment, SupportsMultiGpu,
 )
 from trainmaster.jobs.spec import JobSpec
 from trainmaster.wallet.rates import Rate
@@ -44,7 +44,7 @@ class NoDirectory(Exception):
     """Where to find miners is not configured, or not available in this version; the message says what to do."""
 
 
-class BittensorBackend(RunsUntrusted, ReportsMetrics, SupportsMultiGpu, Backend):
+class BittensorBackend(OpensLeaves, ReportsMetrics, SupportsMultiGpu, Backend):
     name = "bittensor"
     config_model = BittensorConfig
     unsupported = {
@@ -261,16 +261,24 @@ class BittensorBackend(RunsUntrusted, ReportsMetrics, SupportsMultiGpu, Backend)
     async def signed_commitment(self, handle: Handle) -> SignedCommitment:
         return await self._client(handle).answer(SignedCommitment, "GET", self._at(protocol.COMMITMENT, handle))
 
-    async def open_segments(self, handle: Handle, indices: list[int], dest: Path) -> Path:
+    async def open_segments(self, handle: Handle, indices: list[int], dest: Path, *, boundaries: bool = True) -> Path:
         """The challenge sent (after the commitment is stored), then each file it announces streamed into
         `dest` (the runtime's checkpoint layout), checked against its announced size and sha256."""
         client = self._client(handle)
         files = (await client.answer(protocol.Files, "POST", self._at(protocol.CHALLENGE, handle),
-                                     protocol.Challenge(indices=list(indices)))).files
+                                     protocol.Challenge(indices=list(indices), boundaries=boundaries))).files
         for f in files:
             await transfer.download(client.reader(self._at(protocol.CHALLENGED_FILE, handle, path=f.path)),
                                     dest / f.path, size=f.size, sha256=f.sha256)
         return dest
+
+    async def open_leaves(self, handle: Handle, indices: list[int]) -> list[LeafOpening]:
+        got = await self._client(handle).answer(protocol.LeafOpenings, "POST", self._at(protocol.LEAVES, handle),
+                                                protocol.Leaves(indices=list(indices)))
+        return list(got.leaves)
+
+    async def open_state(self, handle: Handle, index: int, dest: Path) -> Path:
+        return await self.open_segments(handle, [index], dest, boundaries=False)
 
     async def conclude(self, handle: Handle, conclusion: Conclusion) -> Acknowledgement:
         return await self._client(handle).answer(Acknowledgement, "POST", self._at(protocol.CONCLUDE, handle),

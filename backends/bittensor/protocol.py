@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trainmaster.backends.base import OutputFile
+from trainmaster.backends.features import LeafOpening
 
 VERSION = 1
 PREFIX = f"/v{VERSION}"
@@ -36,6 +37,7 @@ METRICS = ATTEMPT + "/metrics"  # GET ?offset=&limit= -> Metrics
 COMMITMENT = ATTEMPT + "/commitment"  # GET -> backends.features.SignedCommitment (409 until the run committed)
 CHALLENGE = ATTEMPT + "/challenge"  # POST Challenge -> Files (paths under the checkpoint dir); 409 before commit
 CHALLENGED_FILE = ATTEMPT + "/challenge/{path:.+}"  # GET (Range) -> the file's bytes
+LEAVES = ATTEMPT + "/leaves"  # POST Leaves -> LeafOpenings (the refereed tier's bisection); 409 before commit
 OUTPUTS = ATTEMPT + "/outputs"  # GET -> Files
 OUTPUT_FILE = ATTEMPT + "/outputs/{path:.+}"  # GET (Range) -> the file's bytes
 CANCEL = ATTEMPT + "/cancel"  # POST -> Cancelled
@@ -136,6 +138,22 @@ class Metrics(Message):
 
 class Challenge(Message):
     indices: list[int] = Field(min_length=1, max_length=4096)
+    boundaries: bool = Field(True, description="Also open chunks of every boundary (the sampled tier); the "
+                                                "refereed tier's opening of one agreed state does not need them.")
+
+
+MAX_LEAVES = 64
+"""No leaf opening names more leaves (a bisection asks for one or two at a time)."""
+
+
+class Leaves(Message):
+    """Open these leaves of the committed tree, each with its inclusion proof."""
+
+    indices: list[int] = Field(min_length=1, max_length=MAX_LEAVES)
+
+
+class LeafOpenings(Message):
+    leaves: list[LeafOpening] = Field(max_length=MAX_LEAVES)
 
 
 class Files(Message):

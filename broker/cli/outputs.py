@@ -51,7 +51,7 @@ def _accepted(store, job_ref: str):
     from trainmaster.broker.filekeeping.shared_outputs import recorded
 
     job = store.find_job(job_ref)
-    attempt = next((a for a in store.attempts(job.id) if a.state == "accepted"), None)
+    attempt = next((a for a in store.attempts(job.id) if a.state == "accepted" and store.outputs(a.id)), None)
     if job.state != "accepted" or attempt is None:
         return job, None, None
     return job, store.outputs(attempt.id), recorded(store, job.id)

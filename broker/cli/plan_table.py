@@ -34,14 +34,16 @@ def render_plan(plan: Plan, *, limit: int = 15) -> Fitted:
         catalog = o.detail.get("price_source") == "catalog"
         if catalog:
             catalog_dates.add(o.detail.get("catalog_date", "?"))
-        chosen = row.verdict == CHOSEN
+        chosen = row.verdict == CHOSEN or (plan.partner is not None and row is plan.partner)
         cells = [str(i + 1), o.backend, o.instance, o.region, f"{o.gpu_count}× {o.gpu_type}" if o.gpu_count else "CPU",
                  display_usd(o.price_per_hour_micro_usd * o.nodes) + ("*" if catalog else ""), duration(row.hours),
                  display_usd(row.expected_micro_usd), "yes" if o.spot else "no", _extras(row)]
         shown = [Text(visible(c)) for c in cells]
         if chosen:
             shown[0] = Text("✔", style="bold green")
-        table.add_row(*shown, note=None if chosen else visible(row.verdict), style="bold" if chosen else "dim")
+        partner = plan.partner is not None and row is plan.partner
+        table.add_row(*shown, note=visible(row.verdict) if partner or not chosen else None,
+                      style="bold" if chosen else "dim")
     lines = [f"runtime: {plan.basis}"] if plan.basis else []
     if any(r.verdict == CHOSEN for r in plan.rows[:limit]):
         lines.insert(0, "✔ the chosen offer; below each other offer, why it was not chosen")

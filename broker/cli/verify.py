@@ -135,6 +135,8 @@ def _stored_verdict(job_ref: str):
         if len(ids) > 1:  # as `trainmaster status` says it
             _fail(several_jobs(job_ref, ids))
         verdict = store.latest(ids[0]) if ids else None
+        if verdict is not None and verdict.evidence.get("judged_with"):  # a refereed partner accepted with its lead:
+            verdict = store.latest(ids[0], verdict.evidence["judged_with"]) or verdict  # the lead's has the checks
     finally:
         store.close()
     if verdict is None:
@@ -271,7 +273,9 @@ def _tier_lines(replay: dict) -> list[str]:
 def _replay_and_trust(evidence: dict) -> list[str]:
     """Where the replay audit re-executed (its device, the executor's, the calibration's pair), and the risk of
     outcome-only trust, when the verdict holds them."""
-    lines = []
+    from trainmaster.broker.cli.referee_text import referee_lines
+
+    lines = referee_lines(evidence)  # the refereed tier's ruling first: it says why a replay ran, or none did
     replay = evidence.get("replay") or {}
     if replay.get("device"):
         pair = replay.get("calibration_pair")

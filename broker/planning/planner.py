@@ -79,6 +79,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     ranked: int = 0  # rows[:ranked] could be chosen (the chosen one and those that lost to it); the rest were filtered
     quotes: dict[str, Quoting] = field(default_factory=dict)  # backend -> the broker's record of its answer
+    partner: Considered | None = None  # the refereed tier's second miner (broker/planning/referee_pair.py)
 
     def quoted(self, offer: Offer) -> Offer:
         """`offer` with its validity and quote evidence, as its backend's answer in this plan was received."""
@@ -103,6 +104,7 @@ class Plan:
             "notes": self.notes, "unavailable": self.reasons,
             "quotes": {name: q.model_dump(mode="json") for name, q in self.quotes.items()},
             "chosen": self.chosen.offer.key if self.chosen else None,
+            "partner": self.partner.offer.key if self.partner else None,
             "considered": [
                 {"offer": r.offer.model_dump(mode="json"), "key": r.offer.key, "tier": r.tier, "hours": r.hours,
                  "expected_micro_usd": r.expected_micro_usd, "compute_micro_usd": r.compute_micro_usd,

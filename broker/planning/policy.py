@@ -114,6 +114,16 @@ class Constraints(Model):
         return self.regions is None or any(fnmatchcase(region, pattern) for pattern in self.regions)
 
 
+class ClassVerification(Model):
+    """How the class's untrusted work is verified (docs/protocol.md §3b, §3c)."""
+
+    tier: Literal["sampled", "replay", "refereed"] | None = Field(
+        None, description="The verification tier of this class's jobs whose spec names none: sampled (the default: "
+        "replayed segments plus chunks of every boundary), replay (the replayed segments alone) or refereed (two "
+        "miners of different coldkeys run the job, a dispute settled by bisection and one replayed segment; "
+        "about 2x the compute).")
+
+
 class ClassPolicy(Model):
     objective: Objective = Field(
         "cheapest", description="cheapest, fastest (earliest expected finish), or cheapest-by-deadline."
@@ -130,6 +140,7 @@ class ClassPolicy(Model):
         0, ge=0, le=10, description="Attempts again on the same offer after a crash or preemption, each resuming "
         "from the last committed segment, before the offer is given up for the next one.",
     )
+    verification: ClassVerification = Field(default_factory=ClassVerification)
     unreachable_after_s: float = Field(
         600, ge=0, description="How long an attempt may stay unreachable (its backend answering only with "
         "transient errors) before it is taken as lost: tried again on the same offer while `retries` allow, "

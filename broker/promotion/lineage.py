@@ -39,10 +39,11 @@ def lineage_of(store: Store, job_id: str) -> Lineage:
 
 
 def accepted_attempt(store: Store, job: Job) -> Attempt:
+    """The accepted attempt whose outputs the job kept (a refereed pair's partner, accepted with its lead, has none)."""
     accepted = [a for a in store.attempts(job.id) if a.state == "accepted"]
     if job.state != "accepted" or not accepted:
         raise NotAccepted(f"job {job.id} is {job.state}, not accepted: it has no checkpoint to promote")
-    return accepted[-1]
+    return ([a for a in accepted if store.outputs(a.id)] or accepted)[-1]
 
 
 def model_files(store: Store, lineage: Lineage) -> list[Path]:

@@ -18,7 +18,7 @@ from trainmaster.backends.retry import retried
 from trainmaster.broker import failures, paths, states
 from trainmaster.broker.auditability import job_fault
 from trainmaster.broker.filekeeping import shared_outputs, shared_storage
-from trainmaster.broker.stages import dispatch
+from trainmaster.broker.stages import dispatch, refereeing
 from trainmaster.broker.stages.job_context import JobContext, NothingToDo, Parts
 from trainmaster.broker.stages.ledger_moves import end_attempt, record_cost
 from trainmaster.broker.stages.reactions import reachable, react
@@ -55,12 +55,19 @@ async def collect(ctx: JobContext, attempt: Attempt) -> None:
                                detail={"dropped": list(dropped)} if dropped else None)
         hashed_now = True
     verdict = None if hashed_now else final_verdict(ctx, attempt)  # stored before the process died
+    judged = None
+    if verdict is None and attempt.referee_pair:  # the refereed tier: the pair's ruling first
+        judged = await refereeing.judge(ctx, ctx.store.attempt(attempt.id), backend, handle)
+        if judged is None:
+            return  # its partner still runs: the lead waits, verifying
+        verdict = judged.verdict
     verdict = verdict or await verify(ctx, ctx.store.attempt(attempt.id), dest, backend, handle, hashed_now,
-                                      dropped_files(ctx, attempt))
+                                      dropped_files(ctx, attempt), judged)
     # judged with the rest (a pickle among them still rejects the attempt), never kept
     await asyncio.to_thread(kept_outputs.remove, dest, dropped_files(ctx, attempt))
     if verdict.outcome == "accepted":
         await share_outputs(ctx, attempt, dest)
+        await refereeing.accept_agreed(ctx, attempt)  # its agreed partner: accepted and paid too
         opaque = [item["path"] for item in (verdict.evidence.get("safety") or {}).get("opaque", [])]
         await end_attempt(ctx, attempt, "accepted", job_target="accepted",
                           detail={"verdict": verdict.outcome, **({"opaque": opaque} if opaque else {})})

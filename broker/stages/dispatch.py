@@ -38,7 +38,7 @@ async def dispatch(ctx: JobContext) -> None:
         return  # nothing left to dispatch on: the job failed with the plan's reasons
     if ledger_moves.budget_stands_in_the_way(ctx, ctx.ledger.refusal(
             backend=stored.offer.backend, workload=ctx.job.workload, project=ctx.job.project,
-            micro_usd=stored.expected_micro_usd)):
+            micro_usd=stored.total_micro_usd)):
         return  # waits for its budget (queued), or failed by it: before a machine is claimed
     offer = claimed(ctx, stored.offer, n)
     if offer is None:
@@ -52,9 +52,35 @@ async def dispatch(ctx: JobContext) -> None:
     if not offer.trusted:  # a fresh S_0 per attempt: another attempt's run never verifies as this one
         nonce = secrets.token_hex(16)
         seed = attempt_seed(seed, nonce)
+    paired = stored.partner is not None and not offer.trusted
     attempt = store.create_attempt(ctx.id, backend=offer.backend, offer_json=offer.model_dump_json(),
-                                   reserve_key=key, seed=seed, detail={"seed_nonce": nonce} if nonce else None)
+                                   reserve_key=key, seed=seed, detail={"seed_nonce": nonce} if nonce else None,
+                                   pair="self" if paired else None)
     await start(ctx, attempt)
+    if paired:
+        await start_partner(ctx.reread(), store.attempt(attempt.id))
+
+
+async def start_partner(ctx: JobContext, first: Attempt) -> None:
+    """The refereed tier's second miner (the stored plan's `partner`), started beside the pair's first attempt with
+    the same seed and nothing that names the other (broker/pairs.py). Idempotent: a dispatch that died between
+    the two is completed by the next `advance`; nothing is started beside a first attempt that has ended."""
+    from trainmaster.broker import pairs, states
+
+    stored = ctx.plan
+    if (first.referee_pair != first.id or first.state in states.ATTEMPT_ENDS or stored is None
+            or stored.partner is None or pairs.other(ctx.store, first) is not None):
+        return
+    n = ctx.store.next_attempt_number(ctx.id)
+    key = ledger_moves.reserve_partner(ctx, stored, n)
+    if key is None:
+        return  # a budget refused it now: the first attempt is judged alone (logged)
+    nonce = next(((e.detail or {}).get("seed_nonce") for e in ctx.store.events(ctx.id)
+                  if e.attempt_id == first.id and e.to_state == "dispatched" and e.detail), None)
+    partner = ctx.store.create_attempt(ctx.id, backend=stored.partner.backend, offer_json=stored.partner.model_dump_json(),
+                                       reserve_key=key, seed=first.seed, pair=first.id,
+                                       detail={"seed_nonce": nonce} if nonce else None)
+    await start(ctx, partner)
 
 
 def claimed(ctx: JobContext, offer: Offer, n: int) -> Offer | None:

@@ -40,28 +40,51 @@ def budget_stands_in_the_way(ctx: JobContext, refused: BudgetExceeded | None, *,
 
 def reserve(ctx: JobContext, stored: StoredPlan, offer: Offer, n: int) -> str | None:
     """Reserve attempt `n`'s planned cost (and, for an untrusted executor, the price agreed for its work); the
-    reservation's key, or None when a budget refused it (the job waits or failed, as `budget_stands_in_the_way`)."""
-    key = f"reserve:{ctx.id}.{n}.p{stored.seq}"
-    release_orphans(ctx, keep=key)
-    price = None if offer.trusted else agreed(offer, stored.hours)  # what an untrusted executor's work is paid
+    reservation's key, or None when a budget refused it (the job waits or failed, as `budget_stands_in_the_way`).
+    A refereed plan's partner (attempt `n + 1`) keeps the reservation it may already hold."""
+    key = reserve_key(ctx, stored, n)
+    release_orphans(ctx, keep={key, reserve_key(ctx, stored, n + 1)} if stored.partner else {key})
     try:
-        ctx.ledger.reserve(key, job_id=ctx.id, backend=offer.backend, workload=ctx.job.workload,
-                           project=ctx.job.project, micro_usd=stored.expected_micro_usd, rao=price.rao if price else 0,
-                           rate_micro_usd_per_tao=price.rate_micro_usd_per_tao if price else None,
-                           detail={"offer": offer.key, "hours": stored.hours,
-                                   **({"agreed_micro_usd": price.micro_usd} if price else {})})
+        _reserve(ctx, key, stored, offer, stored.expected_micro_usd)
     except BudgetExceeded as exc:
         budget_stands_in_the_way(ctx, exc, attempt_id=f"{ctx.id}.{n}")
         return None
     return key
 
 
-def release_orphans(ctx: JobContext, *, keep: str | None) -> None:
+def reserve_partner(ctx: JobContext, stored: StoredPlan, n: int) -> str | None:
+    """Reserve the refereed partner's cost as attempt `n` (idempotent: a dispatch that died after reserving it
+    finds it); None, logged on the job, when a budget refuses it now (the first attempt then runs alone)."""
+    key = reserve_key(ctx, stored, n)
+    try:
+        _reserve(ctx, key, stored, stored.partner, stored.partner_micro_usd)
+    except BudgetExceeded as exc:
+        ctx.log("error", {"message": f"the refereed partner could not be reserved ({exc}): the first miner's work is "
+                                     "audited alone (sampled tier)"})
+        return None
+    return key
+
+
+def reserve_key(ctx: JobContext, stored: StoredPlan, n: int) -> str:
+    return f"reserve:{ctx.id}.{n}.p{stored.seq}"
+
+
+def _reserve(ctx: JobContext, key: str, stored: StoredPlan, offer: Offer, micro_usd: int) -> None:
+    price = None if offer.trusted else agreed(offer, stored.hours)  # what an untrusted executor's work is paid
+    ctx.ledger.reserve(key, job_id=ctx.id, backend=offer.backend, workload=ctx.job.workload,
+                       project=ctx.job.project, micro_usd=micro_usd, rao=price.rao if price else 0,
+                       rate_micro_usd_per_tao=price.rate_micro_usd_per_tao if price else None,
+                       detail={"offer": offer.key, "hours": stored.hours,
+                               **({"agreed_micro_usd": price.micro_usd} if price else {})})
+
+
+def release_orphans(ctx: JobContext, *, keep: str | set[str] | None) -> None:
     """Release reservations a process made for this job before dying without creating the attempt
-    (a crash between `reserve` and `create_attempt`); the one about to be reused is kept."""
+    (a crash between `reserve` and `create_attempt`); the ones about to be reused are kept."""
     held = {a.reserve_key or legacy_reserve_key(a) for a in ctx.attempts()}
+    kept = {keep} if isinstance(keep, str) else set(keep or ())
     for reservation in ctx.ledger.outstanding():
-        if reservation.job_id == ctx.id and reservation.key != keep and reservation.key not in held:
+        if reservation.job_id == ctx.id and reservation.key not in kept and reservation.key not in held:
             ctx.ledger.release(f"release:{reservation.key}", reservation_key=reservation.key,
                                detail={"outcome": "never dispatched (the dispatching process died)"})
 

@@ -21,8 +21,10 @@ from trainmaster.broker.planning.estimate import own_estimate, past_run
 from trainmaster.broker.planning.fallback_reason import no_fallback_reason
 from trainmaster.broker.planning.offer_request import current_rate, offer_request
 from trainmaster.broker.planning.planner import Plan, gather_offers, plan as choose, reference_hours
+from trainmaster.broker.planning.referee_pair import pair_up
 from trainmaster.broker.planning.stored_plan import StoredPlan, requote
 from trainmaster.broker.planning.policy import Policy
+from trainmaster.broker.planning.tier import verification_tier
 from trainmaster.broker.stages.job_context import JobContext, Parts
 from trainmaster.broker.store import Attempt
 from trainmaster.jobs.spec import JobSpec
@@ -54,6 +56,8 @@ async def plan(parts: Parts, spec: JobSpec, policy: Policy, blocked: frozenset[s
                     own=own_estimate(spec, [past_run(a, spec_json) for a, spec_json
                                             in parts.store.accepted_runs(spec.name, HISTORY_RUNS)]))
     result.notes += [rate_problem] if rate_problem else []
+    if verification_tier(spec, policy) == "refereed":
+        pair_up(result, spec)  # two miners of different coldkeys, drawn at random (about 2x the cost)
     return result
 
 
@@ -64,7 +68,8 @@ def budget_refusal(parts: Parts, spec: JobSpec, policy: Policy, plan_: Plan) -> 
     offer = plan_.chosen.offer
     with Ledger(parts.store.db, budgets=policy.budgets) as ledger:
         refused = ledger.refusal(backend=offer.backend, workload=spec.workload, project=spec.project,
-                                 micro_usd=plan_.chosen.expected_micro_usd)
+                                 micro_usd=plan_.chosen.expected_micro_usd
+                                 + (plan_.partner.expected_micro_usd if plan_.partner else 0))
     return budget_wait.reason(refused) if refused else None
 
 

@@ -12,7 +12,7 @@ import asyncio
 import time
 
 from trainmaster.backends.base import Cause, Offer
-from trainmaster.broker import failures, states
+from trainmaster.broker import failures, pairs, states
 from trainmaster.broker.executors import ban_rejected
 from trainmaster.broker.stages.job_context import JobContext
 from trainmaster.broker.stages.ledger_moves import end_attempt
@@ -37,6 +37,10 @@ async def react(ctx: JobContext, attempt: Attempt, failure: failures.Failure, re
                      reason=reason, job_id=ctx.id, attempt_id=attempt.id)
     if reaction.attempt == "rejected":
         await asyncio.to_thread(record_fault_verdict, ctx, attempt, reason)
+    if pairs.partner_alive(ctx.store, attempt):  # a refereed pair's other attempt goes on, and the job with it
+        await end_attempt(ctx, attempt, reaction.attempt, job_target=None, reason=reason,
+                          detail={"cause": reaction.name}, started_at=started_at, ended_at=ended_at)
+        return
     after = reaction.job
     if after == "same_offer" and retries_left(ctx, attempt) <= 0:
         after = "fallback"

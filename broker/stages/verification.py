@@ -17,17 +17,18 @@ from trainmaster.backends.base import (
 )
 from trainmaster.backends.features import KeepsSegments, RunsUntrusted
 from trainmaster.backends.retry import ATTEMPTS, retried
-from trainmaster.broker import paths, verifying
+from trainmaster.broker import pairs, paths, verifying
 from trainmaster.broker.auditability import makes_commitment, untrusted_checks
 from trainmaster.broker.filekeeping import shared_bundles
 from trainmaster.broker.planning.policy import Policy
+from trainmaster.broker.planning.tier import verification_tier
 from trainmaster.broker.stages.job_context import JobContext
 from trainmaster.broker.store import Attempt, Job, Store
 from trainmaster.jobs.spec import JobSpec
 
 
 async def verify(ctx: JobContext, attempt: Attempt, outputs: Path, backend: Backend, handle: Handle,
-                 hashed_now: bool, dropped: tuple[str, ...]):
+                 hashed_now: bool, dropped: tuple[str, ...], judged=None):
     """The verification pipeline (in the audit pool's worker process), with the checks the job's policy sets for this
     kind of compute; for an untrusted executor, its signature and its openings of the challenge.
 
@@ -38,6 +39,8 @@ async def verify(ctx: JobContext, attempt: Attempt, outputs: Path, backend: Back
 
     offer = Offer.model_validate_json(attempt.offer_json)
     checks = checks_for(ctx.policy, ctx.spec, offer)
+    if judged is not None and not judged.replay and "replay" in checks:
+        checks.remove("replay")  # the refereed tier: its pair's agreement, or one replayed segment, stands for it
     signature, open_segments = None, None
     if not offer.trusted and isinstance(backend, RunsUntrusted) and makes_commitment(ctx.spec):
         try:
@@ -56,7 +59,9 @@ async def verify(ctx: JobContext, attempt: Attempt, outputs: Path, backend: Back
         envs_dir=ctx.parts.backends.envs_dir(), exact_replay=offer.trusted and backend.exact_replay,
         hotkey=attempt.executor_hotkey, signature=signature,
         outputs_hashed=hashed_now, seed=attempt.seed, previous_metrics=previous_metrics(ctx.store, ctx.job),
-        dropped=dropped,
+        dropped=dropped, referee=judged.evidence if judged is not None else None,
+        pair=tuple(a.id for a in pairs.members(ctx.store, attempt) if a.id != attempt.id),
+        tier=verification_tier(ctx.spec, ctx.policy),
     )
     settings = ctx.policy.verification
     return await verifying.verify(

@@ -12,9 +12,9 @@ import time
 
 from trainmaster.backends.base import BackendError, Phase
 from trainmaster.backends.retry import retried
-from trainmaster.broker import deadlines, failures, states
+from trainmaster.broker import deadlines, failures, pairs, states
 from trainmaster.broker.money import cost_cap
-from trainmaster.broker.stages import dispatch
+from trainmaster.broker.stages import dispatch, refereeing
 from trainmaster.broker.stages.collect import collect
 from trainmaster.broker.stages.job_context import JobContext
 from trainmaster.broker.stages.ledger_moves import end_attempt, record_cost
@@ -23,6 +23,15 @@ from trainmaster.broker.store import Attempt
 
 
 async def watch(ctx: JobContext, attempt: Attempt) -> None:
+    if attempt.referee_pair:  # a refereed pair (broker/pairs.py): the lead moves the job, its partner does not
+        attempt = ctx.store.attempt(attempt.id)  # its partner's step, earlier in this pass, may have moved it
+        if attempt.state in states.ATTEMPT_ENDS:
+            return
+        if pairs.waits_behind(ctx.store, attempt):
+            await refereeing.watch_partner(ctx, attempt)
+            return
+        await dispatch.start_partner(ctx, attempt)  # a dispatch that died between the two
+        refereeing.catch_up(ctx, attempt)  # a partner become the lead: the job comes to where it is
     if attempt.state in ("returned", "verifying"):
         await collect(ctx, attempt)
         return
@@ -70,8 +79,10 @@ async def over_cap(ctx: JobContext, attempt: Attempt) -> bool:
 
 
 async def stopped_at_cap(ctx: JobContext, attempt: Attempt, st) -> None:
-    """End the attempt and the job `failed` with the cap as the reason; what it spent is charged."""
+    """End the attempt and the job `failed` with the cap as the reason; what it spent is charged (a refereed
+    pair's partner is stopped and ended with it)."""
     await record_cost(ctx, attempt)
     why = cost_cap.reason(ctx.spec, cost_cap.spent(ctx.attempts(), time.time()))
+    await refereeing.stop_partner(ctx, attempt, why)
     await end_attempt(ctx, attempt, "failed", job_target="failed", reason=why,
                       started_at=st.started_at, ended_at=st.ended_at)

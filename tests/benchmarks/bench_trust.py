@@ -20,12 +20,23 @@ Figures (CPU, this shared 2-core VM; `run(smoke=True)` shrinks every size):
   ``1 − (1 − q/(n−2))·(1 − p_b)`` (q = 8; segment j−1 replayed, or the boundary check), the replay-only
   tier with ``q/(n−2)``. Within-τ poisoning and lr × 0.99 stay inside every bound the boundary checks
   apply (p_b = 0 by construction) and inside τ: neither tier catches them; that is the refereed tier's
-  job, which this version does not have. Skipped work is the replay's (docs/protocol.md §7).
+  job (below). Skipped work is the replay's (docs/protocol.md §7).
 * **False rejects**: honest runs of each shipped recipe (tiny-lm, dqn, ppo; 3 seeds, n = 20 each),
   every one checked under 100 challenges (300 audits per recipe; smoke: 1 seed, 2 challenges) with
   every boundary check on. Target: 0.
 * **Extra compute** of the sampled tier's boundary checks as a share of the run's training time, and
   **bytes opened per boundary**.
+* **The refereed tier** (``--only=referee``), *measured* end to end below the network: an honest tiny-LM run and
+  an attacked one of the same seed, at n = 20 and n = 400 (k = 2), bisected over the miners' own leaf openings
+  (``backends.segments.leaf_openings``, each checked against its root) to the first differing leaf, the agreed
+  state opened as the miner's challenge route would send it, and the one segment replayed
+  (``verify.referee_replay``). Attacks: a freeze, a swap and a backdoor at one interior boundary, within-τ poisoning
+  (every boundary's weights pushed by 1e-7), lr × 0.99 and skipped work (the second half's states copies of the
+  last trained one). Caught = the attacker refuted and the honest run upheld: 1 for every attack (the tier needs
+  both miners to collude to pass a cheat). Compute: the two runs plus the referee (the bisection's openings and
+  checks, both sides' work, and the one replayed segment with the trainer it builds), in units of one run; bytes
+  downloaded per dispute: both sides' leaf openings plus the agreed state's opening (S_{j−1} and S_j in full
+  and every segment's manifest, as the challenge route sends them).
 
 Run: python tests/benchmarks/bench_trust.py
 """
@@ -207,10 +218,102 @@ def detection_figures(tmp: Path, smoke: bool) -> dict[str, float]:
     for name in ("within-tau poisoning", "lr x 0.99"):
         for size in (20, 400):
             figures[f"{name}: caught at n={size}, sampled tier (analytic: inside every bound)"] = 0.0
+    # the refereed tier's rows are measured in referee_figures (--only=referee)
     figures["boundary checks s per run (n boundaries)"] = statistics.median(check_s)
     figures["boundary checks / training time"] = statistics.median(check_s) / train_s
     figures["boundary check ms per boundary"] = 1000 * statistics.median(check_s) / (n + 1)
     figures["bytes opened per boundary"] = statistics.median(opened)
+    return figures
+
+
+def _attacked(root: Path, honest: Path, n: int, k: int, seed: int, kind: str):
+    """A run of the same job and seed altered by `kind`, written like the runtime's (segments and commitment)."""
+    cfg = LM.config({"steps": n * k, **SMALL})
+    j = n // 2
+    if kind in ("freeze", "swap", "backdoor"):
+        shutil.copytree(honest / "ckpt", root / "ckpt")
+        for stale in range(j, n + 1):
+            shutil.rmtree(segment_dir(root / "ckpt", stale))
+        state = read_segment(segment_dir(honest / "ckpt", j)).state
+        before = read_segment(segment_dir(honest / "ckpt", j - 1)).state
+        if kind == "freeze":
+            rest = dict(before.rest)
+            rest.update({name: t.clone() for name, t in state.rest.items()
+                         if name == "runtime/step" or (name.endswith("/step") and "/state/" in name)})
+            state = TrainState(dict(before.weights), rest)
+        elif kind == "swap":
+            state = TrainState({name: t.flip(0) if t.dim() else t for name, t in state.weights.items()}, dict(state.rest))
+        else:
+            state = TrainState({name: t + 0.01 * torch.randn_like(t) for name, t in state.weights.items()},
+                               dict(state.rest))
+        _continue(root, state, j, n, k, seed)
+        return build_commitment(root / "ckpt", job_id="b", bundle_sha256="0" * 64, n=n, k=k, record_environment=True)
+    trainer = build_trainer(LM, cfg, seed)
+    if kind == "lr x 0.99":
+        scheduled = trainer.lr_at
+        trainer.lr_at = lambda step: 0.99 * scheduled(step)
+    current = full_state(trainer, LM, cfg, seed, 0).snapshot()
+    for i in range(n + 1):
+        log = DecisionLog()
+        if i < n:
+            for step in range(i * k, (i + 1) * k):
+                if not (kind == "skipped work" and i >= j):
+                    run_step(trainer, seed, step, log)
+        write_segment(root / "ckpt", i, current, (log.trace if i < n else DecisionTrace()).to_tensors(),
+                      job_id="b", recipe=LM.name, step=i * k, k=k)
+        if i < n:
+            current = full_state(trainer, LM, cfg, seed, (i + 1) * k).snapshot()
+            if kind == "within-tau poisoning":
+                pushed = {name: t + 1e-7 * torch.sign(t) for name, t in current.weights.items()}
+                restore(trainer, TrainState(pushed, dict(current.rest)))
+                current = full_state(trainer, LM, cfg, seed, (i + 1) * k).snapshot()
+    return build_commitment(root / "ckpt", job_id="b", bundle_sha256="0" * 64, n=n, k=k, record_environment=True)
+
+
+def referee_figures(tmp: Path, smoke: bool) -> dict[str, float]:
+    import asyncio
+    import json
+
+    from trainmaster.backends.segments import copy_segments, leaf_openings
+    from trainmaster.jobs.spec import JobSpec
+    from trainmaster.verify.referee import Bisection, check_opening, dispute, judge
+    from trainmaster.verify.referee_replay import DisputeReplay, replay_dispute
+
+    k, seed, figures = 2, 5, {}
+    attacks = ("freeze", "swap", "backdoor", "within-tau poisoning", "lr x 0.99", "skipped work")
+    for n in ([20] if smoke else [20, 400]):
+        honest, train_s = _train(tmp / f"h{n}", n * k, k, seed=seed)
+        options = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in SMALL.items())
+        spec = JobSpec(name="lm", entrypoint=f"python -m trainmaster.jobs.recipes.tiny_lm --steps {n * k} {options}",
+                       seed=seed, checkpoint={"segment_steps": k})
+        for kind in (attacks[::2] if smoke else attacks):
+            root = tmp / f"{kind.replace(' ', '-')}{n}"
+            bad = _attacked(root, tmp / f"h{n}", n, k, seed, kind)
+            started = time.perf_counter()
+            bisection, leaf_bytes = Bisection(n + 1), 0
+            while not bisection.done or bisection.needed():
+                for i in ([bisection.probe()] if not bisection.done else bisection.needed()):
+                    a, b = leaf_openings(tmp / f"h{n}" / "ckpt", [i])[0], leaf_openings(root / "ckpt", [i])[0]
+                    leaf_bytes += len(json.dumps(a)) + len(json.dumps(b))
+                    bisection.record(i, check_opening(honest.root, n + 1, i, a), check_opening(bad.root, n + 1, i, b))
+            found = dispute(bisection.first_differing, *bisection.opened[bisection.first_differing])
+            opened = tmp / "opened"
+            shutil.rmtree(opened, ignore_errors=True)
+            state_bytes = 0
+            if found.compared != "initial":  # the attacker opens the agreed state: it cannot change what it is
+                asyncio.run(copy_segments(root / "ckpt", [found.opened_state], opened, boundaries=False))
+                state_bytes = sum(f.stat().st_size for f in opened.rglob("*") if f.is_file())
+            replayed = replay_dispute(DisputeReplay(
+                spec_json=spec.model_dump_json(), seed=seed, compared=found.compared, segment=found.segment,
+                opened_state=found.opened_state, commitment=bad.canonical_json(), openings_dir=str(opened)))
+            referee_s = time.perf_counter() - started
+            sides = {"honest": bisection.opened[found.leaf][0], "attacker": bisection.opened[found.leaf][1]}
+            ruled = judge(found.compared, replayed, sides) if "failed" not in replayed else {}
+            caught = ruled == {"honest": "upheld", "attacker": "refuted"}
+            figures[f"{kind}: caught at n={n}, refereed tier"] = float(caught)
+            figures[f"{kind}: refereed compute at n={n} (x one run: two runs + the referee)"] = 2 + referee_s / train_s
+            figures[f"{kind}: bytes downloaded per dispute at n={n}"] = leaf_bytes + state_bytes
+            figures[f"{kind}: leaves opened per side at n={n}"] = len(bisection.opened)
     return figures
 
 
@@ -253,7 +356,7 @@ def run(smoke: bool = False) -> dict[str, float]:
         tmp = Path(scratch)
         figures = {}
         parts = (("disk", disk_figures), ("ckpt", checkpoint_figures), ("reopen", reopen_figures),
-                 ("detect", detection_figures), ("honest", false_reject_figures))
+                 ("detect", detection_figures), ("honest", false_reject_figures), ("referee", referee_figures))
         only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]
         for part, fn in parts:
             if only and part not in only:

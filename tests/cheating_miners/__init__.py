@@ -15,9 +15,13 @@ its model as 10 TB, `trickle` serves its outputs a byte a second, `short` serves
 well-formed answer, `short_range` answers a resume with less than its Content-Range, `mute` never answers again after
 the dispatch, `overrun` says it runs forever, `escapes` paints terminal escapes into its log and claims to have
 started 100 hours ago.
+For the refereed tier, `nudge` trains honestly but pushes its weights at one boundary by a step far inside any
+tolerance (within-τ poisoning, invisible to sampling), and `nudge_silent` / `nudge_garbage` do that and then,
+asked for leaves in a bisection, never answer / answer bytes that are not JSON.
 process.py starts one from a test.
 """
 
 KINDS = ("skip_half", "freeze", "reuse", "wrong_key", "replay", "silent", "vanish", "cut", "bad_hash", "huge", "trickle",
-         "short", "short_range", "mute", "overrun", "escapes")
-TRAINING = ("skip_half", "freeze", "reuse")
+         "short", "short_range", "mute", "overrun", "escapes", "nudge", "nudge_silent", "nudge_garbage")
+TRAINING = ("skip_half", "freeze", "reuse", "nudge", "nudge_silent", "nudge_garbage")
+"""Kinds that alter the job's training (train.py); a kind may also change a route (miners.py CHEATS)."""

@@ -38,15 +38,17 @@ STASH = "stash"
 def install(kind: str) -> None:
     if kind in TRAINING:
         runner.start = _altered(kind, runner.start)
-    else:
+    if kind in CHEATS:
         app.Miner = CHEATS[kind]
 
 
 def _altered(kind: str, start):
     """`runner.start` running the job's entrypoint inside train.py, which alters its training."""
 
+    training = kind.split("_")[0] if kind.startswith("nudge") else kind
+
     async def altered(local, home: Path, dispatch, spec, offer):
-        entrypoint = (f"python -m cheating_miners.train {kind} --stash {shlex.quote(str(home / STASH))} -- "
+        entrypoint = (f"python -m cheating_miners.train {training} --stash {shlex.quote(str(home / STASH))} -- "
                       f"{spec.entrypoint}")
         return await start(local, home, dispatch, spec.model_copy(update={"entrypoint": entrypoint}), offer)
 
@@ -251,6 +253,22 @@ class Escapes(Miner):
         return web.json_response(answer)
 
 
+class SilentLeaves(Miner):
+    """(With `nudge` training.) Asked to open leaves for a bisection, never answers."""
+
+    async def leaves(self, request: web.Request) -> web.Response:
+        self._attempt(request)
+        await asyncio.Event().wait()
+
+
+class GarbageLeaves(Miner):
+    """(With `nudge` training.) Asked to open leaves for a bisection, answers bytes that are not JSON."""
+
+    async def leaves(self, request: web.Request) -> web.Response:
+        self._attempt(request)
+        return web.Response(body=b"\x00\xffnot json {", content_type="application/json")
+
+
 def _start(request: web.Request) -> int:
     asked = request.headers.get("Range", "bytes=0-").strip()
     return int(asked.removeprefix("bytes=").split("-")[0] or 0)
@@ -264,4 +282,5 @@ def _resumed(request: web.Request) -> bool:
 CHEATS: dict[str, type[Miner]] = {"wrong_key": WrongKey, "replay": Replaying, "silent": Silent, "vanish": Vanishing,
                                   "cut": Cutting,
                                   "bad_hash": BadHash, "huge": Huge, "trickle": Trickle, "short": Short,
-                                  "short_range": ShortRange, "mute": Mute, "overrun": Overrun, "escapes": Escapes}
+                                  "short_range": ShortRange, "mute": Mute, "overrun": Overrun, "escapes": Escapes,
+                                  "nudge_silent": SilentLeaves, "nudge_garbage": GarbageLeaves}

@@ -11,7 +11,9 @@ the runtime's pieces wrapped:
 - freeze: the state at the end of segment FROZEN_AT has Adam's second moments inflated
   (tests/audit_support.py `frozen`) and training goes on from it, barely moving;
 - reuse: the first job trains honestly and its outputs and segments are kept in DIR; every later job
-  gets copies of them instead of training.
+  gets copies of them instead of training;
+- nudge: the state at the end of segment FROZEN_AT has every weight pushed by NUDGE (a ten-thousandth of a
+  typical update: within-τ poisoning, inside every bound sampling checks) and training goes on from it.
 
 The runtime's self-check (replaying the last segment in a fresh process) is switched off for skip_half,
 whose last segment is no training at all: a cheat does not check itself.
@@ -26,12 +28,13 @@ import sys
 from pathlib import Path
 
 FROZEN_AT = 2
-"""The segment boundary (S_i) whose Adam state the `freeze` cheat inflates."""
+"""The segment boundary (S_i) whose Adam state the `freeze` cheat inflates (and whose weights `nudge` pushes)."""
+NUDGE = 1e-7
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="cheating_miners.train")
-    parser.add_argument("kind", choices=["skip_half", "freeze", "reuse"])
+    parser.add_argument("kind", choices=["skip_half", "freeze", "reuse", "nudge"])
     parser.add_argument("--stash", type=Path, required=True)
     split = argv.index("--")
     args, command = parser.parse_args(argv[:split]), argv[split + 1:]
@@ -60,6 +63,8 @@ def _wrap_runtime(kind: str) -> None:
         if kind == "skip_half":
             check = None  # run() closes the one it started
             runtime.run_step = _skipping(runtime.run_step, half * k)
+        elif kind == "nudge":
+            runtime.full_state = _nudging(runtime.full_state, FROZEN_AT * k)
         else:
             runtime.full_state = _freezing(runtime.full_state, FROZEN_AT * k)
         return train(trainer, recipe, config, settings, resumed, start, check)
@@ -84,6 +89,24 @@ def _freezing(full_state, at_step: int):
             return state
         stalled = frozen(state.snapshot())
         restore(trainer, stalled)
+        return full_state(trainer, recipe, config, seed, step, world_size)
+
+    return captured
+
+
+def _nudging(full_state, at_step: int):
+    import torch
+
+    from trainmaster.jobs.execution import restore
+    from trainmaster.jobs.state import TrainState
+
+    def captured(trainer, recipe, config, seed, step, world_size=1):
+        state = full_state(trainer, recipe, config, seed, step, world_size)
+        if step != at_step:
+            return state
+        snap = state.snapshot()
+        pushed = {name: t + NUDGE * torch.sign(t) if t.is_floating_point() else t for name, t in snap.weights.items()}
+        restore(trainer, TrainState(pushed, dict(snap.rest)))
         return full_state(trainer, recipe, config, seed, step, world_size)
 
     return captured

@@ -71,6 +71,7 @@ class Miner:
         add.add_get(p.COMMITMENT, self.commitment)
         add.add_post(p.CHALLENGE, self.challenge)
         add.add_get(p.CHALLENGED_FILE, self.challenged_file)
+        add.add_post(p.LEAVES, self.leaves)
         add.add_get(p.OUTPUTS, self.outputs)
         add.add_get(p.OUTPUT_FILE, self.output_file)
         add.add_post(p.CANCEL, self.cancel)
@@ -271,13 +272,29 @@ class Miner:
         checkpoints = _workdir(attempt) / "checkpoints"
         try:  # states the run did not keep are re-made first, and only if they reproduce their leaves
             await reopen_dropped(checkpoints, asked.indices)
-            await open_boundaries(checkpoints, asked.indices, checkpoints)  # chunks of every boundary: chunks/
+            if asked.boundaries:  # the sampled tier: chunks of every boundary, in chunks/
+                await open_boundaries(checkpoints, asked.indices, checkpoints)
         except ReopenFailed as exc:
             raise refusal(web.HTTPConflict, f"cannot open the challenged segments: {exc}") from None
         except (OSError, ValueError, RuntimeError) as exc:  # the run's checkpoints are incomplete or unreadable
             raise refusal(web.HTTPConflict, f"cannot open the boundaries: {type(exc).__name__}: {exc}") from None
         found = await asyncio.to_thread(files.challenge_manifest, _workdir(attempt), asked.indices)
         return _model(protocol.Files(files=found))
+
+    async def leaves(self, request: web.Request) -> web.Response:
+        """The refereed tier's bisection: the committed leaves asked for, each with its inclusion proof."""
+        from trainmaster.backends.segments import LeavesUnreadable, leaf_openings
+
+        attempt = self._attempt(request)
+        asked = _parse(protocol.Leaves, request[BODY])
+        if attempt.concluded_at is not None:
+            raise refusal(web.HTTPConflict, "the attempt is concluded; its segments are removed")
+        await self._committed(attempt)
+        try:
+            found = await asyncio.to_thread(leaf_openings, _workdir(attempt) / "checkpoints", asked.indices)
+        except LeavesUnreadable as exc:
+            raise refusal(web.HTTPConflict, f"cannot open the leaves: {exc}") from None
+        return _model(protocol.LeafOpenings(leaves=found))
 
     async def challenged_file(self, request: web.Request) -> web.StreamResponse:
         root = files.real_dir(_workdir(self._attempt(request)), "checkpoints")
