@@ -9,6 +9,7 @@ A missing `ray` fails the test: it is in the dev extra.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -83,7 +84,7 @@ class RayCluster:
         from trainmaster.backends.ray.cluster import nodes
 
         deadline = time.monotonic() + IDLE_S
-        while sum(n.cpus for n in nodes(self.address, 5)) < CPUS:
+        while sum(n.cpus for n in asyncio.run(nodes(self.address, 5))) < CPUS:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the Ray cluster still has CPUs held after {IDLE_S:.0f} s")
             time.sleep(0.5)

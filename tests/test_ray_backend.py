@@ -156,7 +156,7 @@ def test_a_second_submit_finds_the_first_job_and_logs_and_outputs_read_back(clus
 
     assert [j.submission_id for j in JobSubmissionClient(cluster.address).list_jobs()].count("tm-direct-1") == 1
     with pytest.raises(BackendError, match="HTTP 404 .*Job tm-none does not exist"):
-        backend.jobs.info("tm-none")
+        asyncio.run(backend.jobs.info("tm-none"))
     whole = (cluster.storage / "attempts" / "direct-1" / "job.log").read_bytes()
     at = whole.index("é".encode()) + 1  # inside a character: offsets are bytes of the synced log, never shifted
     head, tail = asyncio.run(backend.logs(first, 0)), asyncio.run(backend.logs(first, at))
@@ -383,7 +383,7 @@ def test_a_cluster_that_stops_answering_loses_the_attempt_and_local_runs_the_job
         submit.kill()
         relay.stop()
         if attempt is not None:  # the job ran on, out of the broker's reach: stop it on the cluster itself
-            RayBackend(RayConfig(address=cluster.address)).jobs.stop("tm-" + attempt)
+            asyncio.run(RayBackend(RayConfig(address=cluster.address)).jobs.stop("tm-" + attempt))
             wait_for("the job's processes gone", lambda: not job_processes(cluster, attempt), timeout=30)
 
 

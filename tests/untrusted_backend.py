@@ -106,7 +106,7 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     async def cost(self, handle: Handle, offer: Offer) -> Cost:
         seconds = (await self.local.cost(self._inner(handle), offer)).billable_seconds
         rao = math.ceil(seconds * RAO_PER_HOUR / 3600)
-        rate = self.rates.current() if self.rates else Rate(micro_usd_per_tao=USD_PER_TAO_MICRO, taken_at=time.time(),
+        rate = await self.rates.current() if self.rates else Rate(micro_usd_per_tao=USD_PER_TAO_MICRO, taken_at=time.time(),
                                                             source="the harness's own $400")
         return Cost(micro_usd=rate.micro_usd(rao), rao=rao, rate_micro_usd_per_tao=rate.micro_usd_per_tao,
                     rate_at=rate.taken_at, billable_seconds=seconds, basis=f"{seconds:.1f} s × {RAO_PER_HOUR} rao/h")

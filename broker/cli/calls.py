@@ -49,6 +49,14 @@ def _daemon():
     return running()
 
 
+def _daemon_runs() -> bool:
+    """Whether this home's daemon process lives (its state file, the pid checked): the reads' test, which sends no
+    request, so `ls` and `status` import no HTTP client (broker/cli/daemon_client.py)."""
+    from trainmaster.broker.daemon import state_file
+
+    return state_file.read() is not None
+
+
 def _broker():
     from trainmaster.broker.cli.transfer_bar import TransferBar
     from trainmaster.broker.service import Broker
@@ -140,10 +148,9 @@ def status(job_ref: str, on_note: Callable[[str], None] | None = None):
 def _status(job_ref: str):
     if settled := _settled():
         return settled, settled.store.find_job(job_ref)
-    if daemon := _daemon():
-        from trainmaster.broker.cli import daemon_calls
-
-        return daemon_calls.status(daemon, job_ref)
+    if _daemon_runs():  # it keeps the jobs up to date
+        settled = Settled(_store())
+        return settled, settled.store.find_job(job_ref)
     broker = _broker()
 
     async def main():
@@ -211,7 +218,7 @@ def list_jobs(states: set[str] | None, limit: int, on_note: Callable[[str], None
 def _list_jobs(states: set[str] | None, limit: int, ended_since: float | None):
     if settled := _settled():
         return settled, _listed(settled.store, states, limit, ended_since)
-    if _daemon():  # it keeps the jobs up to date
+    if _daemon_runs():  # it keeps the jobs up to date
         settled = Settled(_store())
         return settled, _listed(settled.store, states, limit, ended_since)
     broker = _broker()
