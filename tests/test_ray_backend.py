@@ -1,5 +1,6 @@
 """The Ray backend end to end through the real CLI against a real Ray cluster on 127.0.0.1 (tests/ray_cluster.py:
-a head with 2 CPUs and a second node with 1, started once for this file): a tiny job accepted, run through the
+a head with 2 CPUs and a second node with 1, started once per test process for this file and bench_ray's smoke run:
+tests/conftest.py SHARED_GROUPS): a tiny job accepted, run through the
 Jobs API and the shared launcher; a 2-process gloo job on one node and a 2-node one (Ray Train's TorchTrainer,
 a worker per process); cancel stops every process of the job, on one node or two, even one that ignores SIGTERM; a
 `kill -9` of the job on its node is `lost`, retried from the last committed segment to the bits of an
@@ -58,13 +59,10 @@ dist.destroy_process_group()
 WRITES = "import os\nopen(os.path.join(os.environ['TRAINMASTER_OUTPUT_DIR'], 'done.txt'), 'w').write('done')\n"
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    found = RayCluster()
-    try:
-        yield found.start()
-    finally:
-        found.stop()
+@pytest.fixture
+def cluster(ray_cluster):
+    """The Ray cluster this worker shares with bench_ray's smoke run (tests/conftest.py SHARED_GROUPS)."""
+    return ray_cluster
 
 
 @pytest.fixture
@@ -181,8 +179,9 @@ def test_offers_come_from_what_the_nodes_have_free(cluster, tmp_path):
                          workdir=str(tmp_path / "attempt"))
     handle = asyncio.run(backend.submit(info.path, two, idle, ctx))  # holds the head's 2 CPUs while it sleeps
     try:
-        busy = wait_for("the usage report to show the job's CPUs held", lambda: (
-            (found := asyncio.run(backend.offers(OfferRequest(spec=two)))).reasons and found))
+        busy = wait_for("the usage report to show the job's CPUs held", lambda: (  # both: a report may show one
+            (found := asyncio.run(backend.offers(OfferRequest(spec=two)))).reasons  # held before the other
+            and "0 CPU(s) free" in found.reasons[0] and found))
         assert not busy.offers and "no node of the Ray cluster has 2 CPU(s)" in busy.reasons[0], busy
         assert "0 CPU(s) free" in busy.reasons[0] and "1 CPU(s) free" in busy.reasons[0], busy
         [small] = asyncio.run(backend.offers(OfferRequest(spec=spec.spec))).offers  # the second node's one CPU
