@@ -11,16 +11,18 @@ import pytest
 SPLIT_FILES = ("test_benchmarks_smoke.py",)
 """Files whose tests are spread one by one: each benchmark's smoke run is independent and the file as one unit
 (minutes of smoke runs) would be the longest pole of a parallel run."""
-SHARED_GROUPS = {"ray": ("tests/test_ray_backend.py", "tests/test_benchmarks_smoke.py::test_benchmark_smoke[bench_ray]")}
-"""Groups of tests (by file, or by test id) that share one server: they run together on one worker (and side by side
-with `-n 0`), so the server starts once for all of them and stops after the last (`pytest_runtest_teardown`).
+SHARED_GROUPS = {"ray": ("test_ray_backend.py", "test_benchmarks_smoke.py::test_benchmark_smoke[bench_ray]")}
+"""Groups of tests (by file name, or file name and test) that share one server: they run together on one worker (and
+side by side with `-n 0`), so the server starts once for all of them and stops after the last
+(`pytest_runtest_teardown`).
 ray: the two-node Ray cluster (tests/ray_cluster.py `shared`, the `ray_cluster` fixture), ~40 s to start."""
 
 
 def _group(nodeid: str) -> str:
     file = nodeid.split("::", 1)[0]
+    base = file.rsplit("/", 1)[-1]  # the file's name: the same in whichever folder it sits
     for name, members in SHARED_GROUPS.items():
-        if file in members or nodeid in members:
+        if base in members or base + nodeid[len(file):] in members:
             return name
     return nodeid if file.endswith(SPLIT_FILES) else file
 

@@ -7,8 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 
-BENCHMARKS = sorted((Path(__file__).parent / "benchmarks").glob("bench_*.py"))
+BENCHMARKS = sorted((TESTS / "benchmarks").glob("bench_*.py"))
 
 
 @pytest.mark.parametrize("path", BENCHMARKS, ids=[p.stem for p in BENCHMARKS])

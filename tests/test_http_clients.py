@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ("broker", "backends", "jobs", "verify", "wallet", "storage", "configs")
 OTHER_CLIENTS = ("urllib.request", "urllib.error", "urllib3", "http.client", "requests", "httpx", "httpcore",
                  "pycurl", "tornado.httpclient", "treq", "niquests")

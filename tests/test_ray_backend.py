@@ -29,7 +29,7 @@ import pytest
 from miner_support import shown, tm
 from ray_cluster import RayCluster, free_port
 from tcp_relay import Relay
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 from trainmaster.backends.base import AttemptContext, BackendError, Cause, Offer, OfferRequest, Phase
 from trainmaster.backends.ray.backend import RayBackend
 from trainmaster.backends.ray.config import RayConfig

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Phase,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Phase,
     Progress,
 )
 from trainmaster.backends.features import Acknowledgement, Conclusion, ExecutorIdentity, RunsUntrusted, SignedCommitment
@@ -262,6 +262,16 @@ class ReusingExecutor(LazyExecutor):
 
 EXECUTOR_DIR = "executor"
 """Where, in an attempt's work folder, the executor keeps what it was published and told."""
+
+
+class PlainScriptExecutor(UntrustedExecutor):
+    """The harness for a plain script: it sends no signed commitment, which a policy without the replay audit lets
+    through to the safety check."""
+
+    async def signed_commitment(self, handle):
+        if not (Path(handle.data["workdir"]) / "outputs" / "commitment.json").is_file():
+            raise BackendError("the run wrote no commitment.json")
+        return await super().signed_commitment(handle)
 
 
 def _publish(workdir: Path, digest: str | None) -> None:
