@@ -12,15 +12,53 @@ import pytest
 SPLIT_FILES = ("test_benchmarks_smoke.py",)
 """Files whose tests are spread one by one: each benchmark's smoke run is independent and the file as one unit
 (minutes of smoke runs) would be the longest pole of a parallel run."""
+SHARED_GROUPS = {"ray": ("test_ray_backend.py", "test_benchmarks_smoke.py::test_benchmark_smoke[bench_ray]")}
+"""Groups of tests (by file name, or file name and test) that share one server: they run together on one worker (and
+side by side with `-n 0`), so the server starts once for all of them and stops after the last
+(`pytest_runtest_teardown`).
+ray: the two-node Ray cluster (tests/ray_cluster.py `shared`, the `ray_cluster` fixture), ~40 s to start."""
+
+
+def _group(nodeid: str) -> str:
+    file = nodeid.split("::", 1)[0]
+    base = file.rsplit("/", 1)[-1]  # the file's name: the same in whichever folder it sits
+    for name, members in SHARED_GROUPS.items():
+        if base in members or base + nodeid[len(file):] in members:
+            return name
+    return nodeid if file.endswith(SPLIT_FILES) else file
 
 
 def pytest_collection_modifyitems(config, items):
-    """`./dev test` spreads groups over workers (`--dist loadgroup`): a file's tests form one group, so a session
-    server such as the Ray cluster starts once per worker that needs it, except in SPLIT_FILES."""
+    """`./dev test` spreads groups over workers (`--dist loadgroup`): a file's tests form one group, except in
+    SPLIT_FILES (one group each) and SHARED_GROUPS (one group for all their members, which are also moved next to
+    each other, where the first of them stood)."""
     for item in items:
-        file = item.nodeid.split("::", 1)[0]
-        group = item.nodeid if file.endswith(SPLIT_FILES) else file
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_group(item.nodeid)))
+    for name in SHARED_GROUPS:
+        members = [item for item in items if _group(item.nodeid) == name]
+        if members:
+            at = items.index(members[0])
+            rest = [item for item in items if _group(item.nodeid) != name]
+            items[:] = rest[:at] + members + rest[at:]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """A shared group's server stops once the next test on this worker is not of its group."""
+    import sys
+
+    if _group(item.nodeid) == "ray" and (nextitem is None or _group(nextitem.nodeid) != "ray"):
+        cluster = sys.modules.get("ray_cluster")
+        if cluster is not None:
+            cluster.stop_shared()
+
+
+@pytest.fixture
+def ray_cluster():
+    """The Ray cluster this worker's "ray" group shares (tests/ray_cluster.py): started by the first test that asks,
+    stopped after the group's last test; a missing `ray` fails the test."""
+    from ray_cluster import shared
+
+    return shared()
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -4,11 +4,13 @@ port chosen free, everything under one temp dir. (Ray registers both nodes under
 address, whatever `--node-ip-address 127.0.0.1` says: its traffic still never leaves the machine.) Stopped by what it started: the two `ray start` processes, every process
 below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine); then
 the temp dir is removed.
-A missing `ray` fails the test: it is in the dev extra.
+A missing `ray` fails the test: it is in the dev extra. The tests share one cluster per test process (`shared`,
+the `ray_cluster` fixture of tests/conftest.py, which stops it after the last test of its group).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -83,7 +85,7 @@ class RayCluster:
         from trainmaster.backends.ray.cluster import nodes
 
         deadline = time.monotonic() + IDLE_S
-        while sum(n.cpus for n in nodes(self.address, 5)) < CPUS:
+        while sum(n.cpus for n in asyncio.run(nodes(self.address, 5))) < CPUS:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the Ray cluster still has CPUs held after {IDLE_S:.0f} s")
             time.sleep(0.5)
@@ -131,3 +133,27 @@ class RayCluster:
         for start in self.starts:
             start.wait(timeout=STOP_GRACE_S)
         shutil.rmtree(self.root, ignore_errors=True)  # a requirements job's virtualenv there copies this venv: GBs
+
+
+_shared: RayCluster | None = None
+
+
+def shared() -> RayCluster:
+    """The cluster this test process shares, started on first use; `stop_shared` stops it."""
+    global _shared
+    if _shared is None:
+        cluster = RayCluster()
+        try:
+            cluster.start()
+        except BaseException:
+            cluster.stop()
+            raise
+        _shared = cluster
+    return _shared
+
+
+def stop_shared() -> None:
+    global _shared
+    if _shared is not None:
+        cluster, _shared = _shared, None
+        cluster.stop()

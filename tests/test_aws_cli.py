@@ -18,7 +18,7 @@ from clouds.aws_runner import SageMakerRunner
 from clouds.aws_server import BUCKET, REGION, ROLE, fail_next, training_job, training_jobs
 from miner_support import shown, tm
 from state_rows import state_rows
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 
 pytest_plugins = ["clouds.conftest_aws"]
 pytestmark = pytest.mark.slow

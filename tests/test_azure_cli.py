@@ -17,8 +17,9 @@ import pytest
 from clouds.azure_runner import AzureMLRunner
 from trainmaster.backends.managed.names import job_name
 from miner_support import shown, tm
+from repo_paths import TESTS
 from state_rows import state_rows
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 
 pytest_plugins = ["clouds.conftest_azure"]
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ FAILING = "import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n"
 @pytest.fixture
 def cli(azure, azure_config, tm_home, tmp_path, monkeypatch, test_image):
     """backends.yaml and a policy (azure, falling back to local); the runner playing Azure ML meanwhile."""
-    monkeypatch.setenv("PYTHONPATH", ":".join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", ":".join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     (tm_home / "config").mkdir(parents=True)
     section = {k: v for k, v in azure_config.model_dump(exclude_defaults=True).items()}
     (tm_home / "config" / "backends.yaml").write_text(json.dumps({"azure": {**section, "region": "eastus"}}))

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
+from cheater_support import BANNED, _caught, _cheater, _coldkey, _setup, started, wallets  # noqa: F401
 from cheating_miners.miners import SHORT_LOG
 from miner_support import shown as _shown, tm as _tm
-from test_bittensor_cheaters import BANNED, _caught, _cheater, _coldkey, _setup, started, wallets  # noqa: F401
 from state_rows import state_rows
 
 pytestmark = pytest.mark.slow
@@ -171,7 +171,7 @@ def test_a_miners_terminal_escapes_are_shown_as_text_and_its_claimed_start_is_no
 
 def test_bittensor_offers_read_at_80_columns(tmp_path, tm_home, wallets, started):
     from pty_run import in_terminal
-    from test_bittensor_cheaters import _honest
+    from cheater_support import _honest
 
     miners = [_honest(tmp_path, wallets, started), _cheater("cut", tmp_path, wallets, started)]
     spec, policy = _setup(tmp_path, tm_home, miners)

@@ -14,22 +14,16 @@ The tiny job has 4 segments and the spec's q = 8 challenges them all, so every c
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
+from cheater_support import BANNED, _caught, _cheater, _coldkey, _honest, _setup, started, wallets  # noqa: F401
 from cheating_miners.miners import CUT_LOG, REPLAY_TO_ENV, REPLAYS
-from cheating_miners.process import TESTS, CheaterProcess
 from miner_support import shown as _shown, tm as _tm
-from miner_support import MinerProcess, make_wallet
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
 from state_rows import state_rows
 
 pytestmark = pytest.mark.slow
 
-HONEST_PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}
-CHEAP_PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 1_000_000_000}}, "default_hours": 0.25}
-BANNED = "its executor is banned (trainmaster executors ls)"
 CAUGHT = {
     "skip_half": "the replay audit failed: segment 2: r = 1 exceeds τ = 0.01: the committed S_3 is not what",
     "freeze": "the replay audit failed: segment 1: S_2's optimizer/state/*/exp_avg_sq is not what these k steps "
@@ -39,75 +33,15 @@ CAUGHT = {
     "bad_hash": "differs from the announced",
 }
 """What the cheater's attempt is rejected for (its reason in `status --json`), by kind."""
-POLICY = ("name: tao\ndefault:\n  primary: bittensor\n  unreachable_after_s: {unreachable}\n"
-          "tao_rate:\n  usd_per_tao: 400\n"
-          "verification:\n  tau: 0.01\n  challenge_deadline_s: {deadline}\n")
 DEADLINE_S = {"silent": 15}
 """The policy's challenge_deadline_s: short where the miner goes silent (its attempt waits that long), generous
 elsewhere, so an honest answer on a loaded machine is never late."""
-
-
-@pytest.fixture
-def wallets(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    return tmp_path / "wallets"
-
-
-@pytest.fixture
-def started():
-    procs: list[MinerProcess] = []
-    yield lambda proc: procs.append(proc.start()) or proc
-    for proc in procs:
-        proc.stop()
-
-
-def _cheater(kind: str, tmp_path, wallets, started) -> CheaterProcess:
-    return started(CheaterProcess(kind, tmp_path / kind, make_wallet(wallets, kind), config=CHEAP_PRICES))
-
-
-def _honest(tmp_path, wallets, started) -> MinerProcess:
-    return started(MinerProcess(tmp_path / "honest", make_wallet(wallets, "honest"), config=HONEST_PRICES))
-
-
-def _setup(tmp_path, tm_home, listed: list[MinerProcess], deadline_s: float = 600, unreachable_s: float = 600):
-    make_wallet(tmp_path / "wallets", "broker")
-    job = tmp_path / "job"
-    job.mkdir(exist_ok=True)
-    (job / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=100)))
-    (job / "evaluate.py").write_text(EVALUATOR)
-    (tmp_path / "policy.yaml").write_text(POLICY.format(deadline=deadline_s, unreachable=unreachable_s))
-    lines = "".join(f"    - hotkey: {m.hotkey}\n      url: {m.url}\n      coldkey: {_coldkey(m)}\n" for m in listed)
-    (tm_home / "config").mkdir(parents=True, exist_ok=True)
-    (tm_home / "config" / "backends.yaml").write_text(
-        f"bittensor:\n  wallet:\n    name: broker\n    path: {tmp_path / 'wallets'}\n  quote_timeout_s: 5\n"
-        f"  miners:\n{lines}")
-    return job / "job.yaml", tmp_path / "policy.yaml"
-
-
-def _coldkey(miner: MinerProcess) -> str:
-    return miner.wallet.coldkeypub.ss58_address
 
 
 def _submit(spec, policy) -> dict:
     done = _tm("submit", str(spec), "--policy", str(policy), "--wait", "--json")
     shown = _shown(done)
     return _shown(_tm("status", shown["id"], "--json"))
-
-
-def _caught(tm_home, shown: dict, cheater: MinerProcess, spec, policy) -> dict:
-    """The cheater's attempt rejected with a reason, unpaid, the cheater banned (hotkey and coldkey) and left
-    out of the next job's offers with the ban as the reason; the attempt as `status --json` shows it."""
-    ran = {r["id"] for r in state_rows(tm_home, "SELECT id FROM attempts WHERE executor_hotkey = ?", cheater.hotkey)}
-    [attempt] = [a for a in shown["attempts"] if a["id"] in ran]
-    assert attempt["state"] == "rejected" and attempt["reason"], shown
-    assert not state_rows(tm_home, "SELECT * FROM payments WHERE attempt_id = ?", attempt["id"])
-    bans = _shown(_tm("executors", "ls", "--json"))["bans"]
-    assert {(b["kind"], b["key"]) for b in bans if b["active"]} >= {("hotkey", cheater.hotkey),
-                                                                      ("coldkey", _coldkey(cheater))}
-    offered = _shown(_tm("offers", str(spec), "--policy", str(policy), "--json"))
-    verdicts = {r["offer"]["instance"]: r["verdict"] for r in offered["considered"]}
-    assert verdicts[cheater.hotkey] == BANNED, offered
-    return attempt
 
 
 def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_to_an_honest_miner(

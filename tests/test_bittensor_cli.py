@@ -13,7 +13,7 @@ import pytest
 
 from miner_support import shown as _shown, tm as _tm
 from miner_support import MinerProcess, free_port, make_wallet
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 from trainmaster.wallet.keys import signed_by
 from state_rows import state_rows
 

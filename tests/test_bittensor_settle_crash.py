@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from miner_support import MinerProcess, make_wallet
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 from state_rows import state_rows
+from repo_paths import TESTS
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
 PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}
 POLICY = "name: tao\ndefault:\n  primary: bittensor\ntao_rate:\n  usd_per_tao: 400\nverification:\n  tau: 0.01\n"
 

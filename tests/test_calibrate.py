@@ -15,8 +15,6 @@ from trainmaster.jobs.spec import load_spec
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.verify.calibrate import CalibrationError, calibrate, calibrate_states, warm_state
 from trainmaster.verify.calibration import (
-    Base,
-    Calibration,
     FIELD_FLOOR,
     CalibrationPoint,
     UncalibratedError,
@@ -27,19 +25,8 @@ from trainmaster.verify.calibration import (
 from trainmaster.verify.recipe_run import NotReplayable, recipe_run
 
 from audit_support import TINY_LM, train
-
-
-def point(k: int, honest: float, cheat: float, margin: float = 0.0) -> CalibrationPoint:
-    return CalibrationPoint.from_measurements(
-        k, {"ulp": [honest / 2, honest]}, {"lr_x0.9": [cheat, 2 * cheat]}, [margin], [5.0, 7.0]
-    )
-
-
-def artifact(*points: CalibrationPoint, name: str = "tiny-lm-x") -> Calibration:
-    return Calibration(
-        job_class=name, recipe="tiny-lm", config={}, bases=[Base(seed=0, step=20)], created="2025-01-01T00:00:00+00:00",
-        environment={"torch": "x"}, points=list(points),
-    )
+from calibration_support import artifact, point
+from repo_paths import ROOT, TESTS
 
 
 def test_tau_is_the_geometric_mean_and_r_the_separation():
@@ -229,7 +216,7 @@ def test_cli_calibrates_a_jobs_own_recipe_in_a_child_process(tmp_path, tm_home):
     from pathlib import Path
 
     code = tmp_path / "job"
-    shutil.copytree(Path(__file__).parent / "gpu" / "gpt_job", code, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(TESTS / "gpu" / "gpt_job", code, ignore=shutil.ignore_patterns("__pycache__"))
     options = "--d-model 16 --heads 2 --layers 1 --seq-len 8 --batch-size 2 --vocab 8 --warmup 2"
     (code / "job.yaml").write_text(f"name: gpt\nentrypoint: python gpt.py --steps 40 {options}\nrecipe: gpt:RECIPE\n"
                                    "seed: 5\ncheckpoint:\n  segment_steps: 10\n")
@@ -291,7 +278,7 @@ def test_a_shipped_recipe_run_by_a_real_miner_is_audited_with_its_shipped_calibr
 
     from miner_support import MinerProcess, make_wallet, shown, tm
 
-    job = Path(shutil.copytree(Path(__file__).resolve().parents[1] / "configs" / "examples" / "tiny-lm", tmp_path / "job"))
+    job = Path(shutil.copytree(ROOT / "configs" / "examples" / "tiny-lm", tmp_path / "job"))
     spec = job / "job.yaml"
     spec.write_text(spec.read_text().replace("--steps 400", "--steps 100"))  # the run's length is not its class
     policy = tmp_path / "policy.yaml"

@@ -1,4 +1,4 @@
-"""#33 §8, the dashboard in headless Chromium (as tests/test_observe_browser.py drives it): a summary at the top
+"""#33 §8, the dashboard in headless Chromium (tests/browser_support.py): a summary at the top
 (running, queued, failed today, this month's spend against the budget), the jobs' table a page at a time (the spend
 and curves within reach, not 2,500 px down), labelled chart axes, a spend chart that is not a flat line when the
 budget's cap dwarfs the spend, and no backend shown for a job that never ran."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from browser_support import browser, page  # noqa: F401  (the Chromium fixtures)
 from observe_support import Filler, serve
-from test_observe_browser import browser, page  # noqa: F401  (the Chromium fixtures)
 from trainmaster.wallet.budget import Budget
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,8 @@ import re
 import sys
 import tomllib
 from importlib.metadata import distribution, packages_distributions
-from pathlib import Path
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("broker", "backends", "jobs", "verify", "wallet")
 
 

@@ -27,8 +27,9 @@ from trainmaster.jobs.state import TrainState
 from trainmaster.jobs.writer import SerializedState
 from trainmaster.verify.calibration import UncalibratedError, job_class
 from trainmaster.verify.verifier_device import AUDIT_DEVICE_ENV, choose
+from repo_paths import ROOT, TESTS
 
-GPT_DIR = Path(__file__).resolve().parent / "gpu" / "gpt_job"
+GPT_DIR = TESTS / "gpu" / "gpt_job"
 SMALL_GPT = ["--d-model", "32", "--heads", "4", "--layers", "2", "--seq-len", "16", "--batch-size", "4",
              "--vocab", "16", "--warmup", "4"]
 
@@ -206,7 +207,7 @@ def test_a_hidden_cursor_is_still_blamed_on_state(tmp_path):
 
 
 def test_a_gpu_executor_is_audited_on_this_cpu_with_the_cpu_calibration_standing_in(tmp_path, monkeypatch):
-    from test_calibrate import artifact, point
+    from calibration_support import artifact, point
 
     monkeypatch.delenv(AUDIT_DEVICE_ENV, raising=False)
     directory = tmp_path / "cal"
@@ -238,7 +239,7 @@ def test_the_shipped_recipes_come_calibrated_at_their_shipped_configs(tmp_path):
     from trainmaster.verify.calibration import calibration_for_pair
     from trainmaster.verify.recipe_run import recipe_run
 
-    examples = Path(__file__).resolve().parents[1] / "configs" / "examples"
+    examples = ROOT / "configs" / "examples"
     for name in ("dqn", "ppo", "tiny-lm"):
         run = recipe_run(load_spec(examples / name / "job.yaml"))
         for executor in ("cpu", "cuda"):  # a miner's GPU run is audited on this CPU
@@ -258,7 +259,7 @@ def test_a_gpu_committed_run_audited_on_this_cpu_passes_when_honest_and_every_ch
     from trainmaster.verify.variants import CHEATS, FREEZES, execute
 
     monkeypatch.delenv(AUDIT_DEVICE_ENV, raising=False)
-    shipped = recipe_run(load_spec(Path(__file__).resolve().parents[1] / "configs" / "examples" / "tiny-lm" / "job.yaml"))
+    shipped = recipe_run(load_spec(ROOT / "configs" / "examples" / "tiny-lm" / "job.yaml"))
     config, k, drawn = {**shipped.config, "steps": 4 * shipped.k}, shipped.k, 2
     choice = choose("cuda", shipped.job_class, calibration_dir=tmp_path / "none")
     assert (choice.device, choice.pair, choice.calibration.pair) == ("cpu", "cuda→cpu", "cpu→cpu")

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from cli_run import tm
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.slow
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "runtime.md"
+DOC = ROOT / "docs" / "runtime.md"
 
 
 def _section_blocks(title: str) -> dict[str, list[str]]:

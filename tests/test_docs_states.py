@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from trainmaster.broker import states
+from repo_paths import ROOT
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+DOC = ROOT / "docs" / "architecture.md"
 
 
 def documented(heading: str) -> dict[str, set[str]]:

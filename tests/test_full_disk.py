@@ -19,7 +19,7 @@ import time
 import pytest
 
 from miner_support import MinerProcess, make_wallet
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 
 pytestmark = pytest.mark.slow
 

@@ -24,6 +24,7 @@ from trainmaster.backends.base import Handle
 from trainmaster.backends.local.backend import LocalBackend
 from trainmaster.broker import paths
 from trainmaster.broker.cli import app
+from repo_paths import ROOT
 
 TINY_LM = """\
 name: lm
@@ -267,7 +268,7 @@ def test_a_backend_that_cannot_release_segments_has_nothing_reclaimed(tm_home, j
         broker.close()
 
 
-BROKER = Path(__file__).resolve().parents[1] / "broker"
+BROKER = ROOT / "broker"
 CREATES_THE_FOLDER = {
     ("paths.py", "attempt_dir"),  # its definition
     ("stages/dispatch.py", "attempt_context"),  # makes the attempt's work dir and hands it to the backend (AttemptContext.workdir)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from miner_support import shown, tm
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 
 from clouds.gcp_runner import VertexRunner
 from state_rows import state_rows

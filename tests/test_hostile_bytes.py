@@ -300,10 +300,10 @@ print("trained", flush=True)
 
 @pytest.mark.slow
 def test_the_live_status_line_survives_a_huge_step_and_a_fifo(job_factory, tmp_path):
-    from test_live_progress import _on_terminal
+    from pty_follow import on_terminal
 
     spec = job_factory(HOSTILE_METRICS_JOB, entrypoint="python train.py --steps 3")
-    code, shown = _on_terminal("submit", str(spec), "--wait", home=tmp_path / "home", timeout=120)
+    code, shown = on_terminal("submit", str(spec), "--wait", home=tmp_path / "home", timeout=120)
     assert code == 0, shown
     assert "Traceback" not in shown and "OverflowError" not in shown
     assert "running · step 1/3" in shown and "accepted" in shown

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from cli_run import tm
+from repo_paths import TESTS
 
 JOB = ("import os, pathlib\nprint('training once')\n"
        "pathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 'out.txt').write_text('ok')\n")
-HERE = Path(__file__).parent
+HERE = TESTS
 
 
 def _killed_submit(point: str, spec: Path, home: Path) -> subprocess.CompletedProcess:

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "trainmaster"
 LAYERS = ("broker", "backends", "jobs", "verify", "wallet", "storage", "configs")
 ALLOWED: dict[str, tuple[frozenset[str], str]] = {
@@ -377,7 +377,7 @@ BROKER_FOLDERS = {  # the broker's map (docs/architecture.md, "Layout"): each fo
 
 
 def test_the_broker_has_the_folders_its_map_names_and_no_others():
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     found = {p.parent.relative_to(root).as_posix() for p in (root / "broker").rglob("__init__.py")}
     assert found == set(BROKER_FOLDERS), f"broker/ folders not on the map (or gone from it): {found ^ set(BROKER_FOLDERS)}"
     page = (root / "docs" / "architecture.md").read_text(encoding="utf-8")

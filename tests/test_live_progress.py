@@ -7,18 +7,15 @@ import asyncio
 import io
 import json
 import os
-import pty
 import re
-import select
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from pty_follow import on_terminal, terminal_env
 from trainmaster.backends.base import Handle, Offer
 from trainmaster.backends.features import MetricsChunk
 from trainmaster.backends.local import LocalBackend
@@ -321,49 +318,9 @@ out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
 """
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE")}
-    return {**env, "TRAINMASTER_HOME": str(home), "COLUMNS": "200", "TERM": "xterm-256color"}
-
-
-def _on_terminal(*args: str, home: Path, timeout: float = 240.0,
-                 on_output: Callable[[str], None] = lambda shown: None,
-                 cli: str = "trainmaster.broker.cli") -> tuple[int, str]:
-    """`trainmaster ARGS` (the module `cli`) with a pseudo-terminal as stdin, stdout and stderr: its exit code
-    and what it drew. `on_output` sees everything drawn so far (escapes removed) after each read."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: exec at once, never back into pytest
-        try:
-            os.execve(sys.executable, [sys.executable, "-m", cli, *args], _env(home))
-        finally:
-            os._exit(127)
-    out, deadline = b"", time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if select.select([fd], [], [], 1.0)[0]:
-                try:
-                    data = os.read(fd, 65536)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not data:
-                    break
-                out += data
-                on_output(_plain(out))
-        else:
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), _plain(out)
-
-
-def _plain(drawn: bytes) -> str:
-    return ANSI.sub("", drawn.decode(errors="replace")).replace("\r", "\n")
-
-
 def _tm(*args: str, home: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
-                          env=_env(home), timeout=240)
+                          env=terminal_env(home), timeout=240)
 
 
 @pytest.mark.slow
@@ -377,7 +334,7 @@ def test_submit_wait_on_a_terminal_shows_the_status_line(job_factory, tmp_path):
         if re.search(r"running · step 50/100 · [\d,.]+ steps/s · ", shown):
             go.touch()
 
-    code, shown = _on_terminal("submit", str(spec), "--wait", home=tmp_path / "home", on_output=release)
+    code, shown = on_terminal("submit", str(spec), "--wait", home=tmp_path / "home", on_output=release)
     assert code == 0, shown
     assert go.exists(), shown  # state, step/T and a rate while it trains
     assert re.search(r"accepted · step 100/100 · [\d,.]+ steps/s · elapsed \d+:\d\d · cost \$", shown), shown
@@ -388,7 +345,7 @@ def test_submit_wait_on_a_terminal_shows_the_status_line(job_factory, tmp_path):
 def test_a_job_faster_than_the_samples_keeps_its_rate_on_the_last_line(job_factory, tmp_path):
     """100 steps written at once, before the first sample can see two of them: the final line has a rate."""
     spec = job_factory(METRICS_AT_ONCE, entrypoint="python train.py --steps 100")
-    code, shown = _on_terminal("submit", str(spec), "--wait", home=tmp_path / "home")
+    code, shown = on_terminal("submit", str(spec), "--wait", home=tmp_path / "home")
     assert code == 0, shown
     assert re.search(r"accepted · step 100/100 · [\d,.]+ steps/s · elapsed \d+:\d\d · cost \$", shown), shown
 
@@ -398,7 +355,7 @@ def test_logs_follow_on_a_terminal_shows_the_status_line(job_factory, tmp_path):
     home = tmp_path / "home"
     spec = job_factory(METRICS_SCRIPT)
     job = json.loads(_tm("submit", str(spec), "--json", home=home).stdout)
-    code, shown = _on_terminal("logs", "-f", job["id"], home=home)
+    code, shown = on_terminal("logs", "-f", job["id"], home=home)
     assert code == 0, shown
     assert "trained" in shown
     assert re.search(r"(?:running|verifying|accepted) · step \d+ · ", shown), shown  # no --steps: no T
@@ -412,7 +369,7 @@ def test_no_status_line_off_a_terminal_or_with_json(job_factory, tmp_path):
     assert piped.returncode == 0, piped.stderr
     assert "trained" in piped.stdout
     assert not STATUS_LINE.search(piped.stdout + piped.stderr) and "steps/s" not in piped.stdout
-    code, shown = _on_terminal("submit", str(spec), "--wait", "--json", home=home)
+    code, shown = on_terminal("submit", str(spec), "--wait", "--json", home=home)
     assert code == 0, shown
     assert not STATUS_LINE.search(shown) and "steps/s" not in shown
     assert json.loads(shown)["state"] == "accepted"

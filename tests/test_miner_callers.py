@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from bittensor.sp_core import Keypair
 from pydantic import ValidationError
 
-from test_metagraph import FakeSubtensor, _graph, _neuron, chain  # noqa: F401 (chain: the fixture)
+from metagraph_support import FakeSubtensor, _graph, _neuron, chain  # noqa: F401 (chain: the fixture)
 from trainmaster.backends.bittensor import auth, protocol
 from trainmaster.backends.bittensor.miner.app import Miner
 from trainmaster.backends.bittensor.miner.callers import Callers, Refused

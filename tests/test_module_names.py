@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("broker", "backends", "jobs", "verify", "wallet", "storage")
 PER_BACKEND = {"backend", "config", "check", "sdk"}
 COMMANDS = {p.stem for p in (ROOT / "broker" / "cli").glob("*.py")} & {"calibrate", "executors", "outputs"}

@@ -6,38 +6,13 @@ from __future__ import annotations
 
 import io
 import statistics
-from pathlib import Path
 
 import pytest
 
+from browser_support import VIEWPORT, browser, page  # noqa: F401  (the Chromium fixtures)
 from observe_support import HOSTILE
 
-CHROMIUM = Path("/usr/bin/chromium")
-VIEWPORT = {"width": 1280, "height": 800}
-
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: ./dev test installs it (Debian's chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport=VIEWPORT)
-    opened = context.new_page()
-    opened.dialogs = []
-    opened.on("dialog", lambda d: (opened.dialogs.append(d.message), d.dismiss()))
-    yield opened
-    context.close()
 
 
 def test_the_page_shows_the_jobs_and_charts_and_a_hostile_name_stays_text(served, page):

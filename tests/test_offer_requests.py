@@ -143,6 +143,38 @@ def test_an_unreadable_rate_source_leaves_tao_prices_unrated_and_says_why(tm_hom
     assert offered["quotes"]["bittensor"]["rate"] == {}
 
 
+def test_a_rate_source_url_is_read_over_http_and_a_failing_one_says_why(tm_home, tmp_path, harness):
+    """The policy's `tao_rate.source` as an http:// URL (wallet/rates.py over aiohttp, on the planner's loop)."""
+    from aiohttp import web
+
+    from served_app import ServedApp
+
+    taken = time.time()
+
+    async def rate(_):
+        return web.json_response({"micro_usd_per_tao": 300_000_000, "at": taken})
+
+    async def broken(_):
+        return web.Response(status=503, text="maintenance")
+
+    app = web.Application()
+    app.add_routes([web.get("/tao.json", rate), web.get("/broken.json", broken)])
+    served = ServedApp(app)
+    try:
+        (tmp_path / "job.yaml").write_text(JOB)
+        policy = policy_file(tmp_path, f"default:\n  primary: bittensor\ntao_rate:\n  source: {served.url}/tao.json\n")
+        offered = json.loads(_cli("offers", str(tmp_path / "job.yaml"), "--policy", str(policy), "--json").output)
+        assert offered["quotes"]["bittensor"]["rate"] == {"micro_usd_per_tao": 300_000_000, "rate_at": taken,
+                                                          "rate_source": f"{served.url}/tao.json", "rate_stale": False}
+        policy = policy_file(tmp_path, f"default:\n  primary: bittensor\ntao_rate:\n  source: {served.url}/broken.json\n")
+        offered = json.loads(_cli("offers", str(tmp_path / "job.yaml"), "--policy", str(policy), "--json").output)
+        assert any("TAO/USD rate:" in note and "broken.json: cannot read the rate: HTTP 503" in note
+                   for note in offered["notes"]), offered["notes"]
+        assert offered["quotes"]["bittensor"]["rate"] == {}
+    finally:
+        served.stop()
+
+
 @pytest.mark.slow
 def test_the_rate_is_recorded_at_offer_and_at_settle(tm_home, tmp_path, harness):
     (tmp_path / "job.yaml").write_text(JOB)

@@ -20,12 +20,10 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
+from cli_invoke import run_cli, submitted
 from conftest import write_job
-from trainmaster.backends.base import BackendError
 from trainmaster.broker import paths
-from trainmaster.broker.cli import app
 from trainmaster.jobs import outputs as kept_outputs
 from trainmaster.jobs.spec import JobSpec, load_spec
 from trainmaster.jobs.yamlfile import FileError
@@ -42,15 +40,6 @@ class Payload:
 
     def __reduce__(self):
         return open, (str(self.marker), "w")
-
-
-def run_cli(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def submitted(result) -> dict:
-    """The job JSON `submit --wait --json` printed (after any log lines)."""
-    return json.loads(result.output[result.output.index("{\n"):])
 
 
 def sb3_zip(path: Path, marker: Path, *, with_pth: bool = True) -> Path:
@@ -362,23 +351,13 @@ def test_verify_dir_of_an_empty_folder_is_rejected(tmp_path):
 # untrusted compute through the broker
 
 
-class PlainScriptExecutor(UntrustedExecutor):
-    """The untrusted harness (tests/untrusted_backend.py) for a plain script: it sends no signed
-    commitment, which a policy without the replay audit lets through to the safety check."""
-
-    async def signed_commitment(self, handle):
-        if not (Path(handle.data["workdir"]) / "outputs" / "commitment.json").is_file():
-            raise BackendError("the run wrote no commitment.json")
-        return await super().signed_commitment(handle)
-
-
 @pytest.mark.slow
 def test_untrusted_compute_returning_a_pt_file_is_rejected_with_the_file_and_not_paid(tm_home, tmp_path, monkeypatch):
     import dataclasses
 
     from trainmaster.backends import registry
 
-    harness = f"{__name__}:PlainScriptExecutor"
+    harness = "untrusted_backend:PlainScriptExecutor"
     monkeypatch.setitem(registry.REGISTRY, "bittensor", dataclasses.replace(registry.REGISTRY["bittensor"], target=harness))
     monkeypatch.setitem(registry.BACKENDS, "bittensor", harness)
     marker = tmp_path / "marker"

@@ -5,9 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def pyproject() -> dict:

@@ -25,14 +25,15 @@ from cli_with_chain import load, save
 from fake_chain import FakeSubstrate
 from miner_support import MinerProcess, free_port, make_wallet
 from pty_run import in_terminal
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
+from repo_paths import TESTS
 from trainmaster.broker.cli import background_start
 
 pytestmark = pytest.mark.slow
 
 PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}
 POLICY = "name: tao\ndefault:\n  primary: bittensor\ntao_rate:\n  usd_per_tao: 400\nverification:\n  tau: 0.01\n"
-HERE = Path(__file__).parent
+HERE = TESTS
 
 
 def _tm(home: Path, *args: str, chain: Path | None = None) -> subprocess.CompletedProcess:

@@ -183,10 +183,10 @@ def test_a_wrong_final_hash_does_not_hide_a_nan_tensor_or_a_corrupt_file(tmp_pat
 def test_untrusted_compute_returning_a_protocol_0_pickle_as_notes_txt_is_rejected(tm_home, tmp_path, monkeypatch):
     import dataclasses
 
-    from test_outputs_judged import run_cli, submitted
+    from cli_invoke import run_cli, submitted
     from trainmaster.backends import registry
 
-    harness = "test_outputs_judged:PlainScriptExecutor"
+    harness = "untrusted_backend:PlainScriptExecutor"
     monkeypatch.setitem(registry.REGISTRY, "bittensor", dataclasses.replace(registry.REGISTRY["bittensor"], target=harness))
     monkeypatch.setitem(registry.BACKENDS, "bittensor", harness)
     marker = tmp_path / "marker"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli_lazy_imports import imported
+from import_probe import imported
 from typer.testing import CliRunner
 
 from trainmaster.broker.cli import app

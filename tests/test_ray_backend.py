@@ -1,5 +1,6 @@
 """The Ray backend end to end through the real CLI against a real Ray cluster on 127.0.0.1 (tests/ray_cluster.py:
-a head with 2 CPUs and a second node with 1, started once for this file): a tiny job accepted, run through the
+a head with 2 CPUs and a second node with 1, started once per test process for this file and bench_ray's smoke run:
+tests/conftest.py SHARED_GROUPS): a tiny job accepted, run through the
 Jobs API and the shared launcher; a 2-process gloo job on one node and a 2-node one (Ray Train's TorchTrainer,
 a worker per process); cancel stops every process of the job, on one node or two, even one that ignores SIGTERM; a
 `kill -9` of the job on its node is `lost`, retried from the last committed segment to the bits of an
@@ -28,7 +29,7 @@ import pytest
 from miner_support import shown, tm
 from ray_cluster import RayCluster, free_port
 from tcp_relay import Relay
-from test_remote_harness import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 from trainmaster.backends.base import AttemptContext, BackendError, Cause, Offer, OfferRequest, Phase
 from trainmaster.backends.ray.backend import RayBackend
 from trainmaster.backends.ray.config import RayConfig
@@ -58,13 +59,10 @@ dist.destroy_process_group()
 WRITES = "import os\nopen(os.path.join(os.environ['TRAINMASTER_OUTPUT_DIR'], 'done.txt'), 'w').write('done')\n"
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    found = RayCluster()
-    try:
-        yield found.start()
-    finally:
-        found.stop()
+@pytest.fixture
+def cluster(ray_cluster):
+    """The Ray cluster this worker shares with bench_ray's smoke run (tests/conftest.py SHARED_GROUPS)."""
+    return ray_cluster
 
 
 @pytest.fixture
@@ -156,7 +154,7 @@ def test_a_second_submit_finds_the_first_job_and_logs_and_outputs_read_back(clus
 
     assert [j.submission_id for j in JobSubmissionClient(cluster.address).list_jobs()].count("tm-direct-1") == 1
     with pytest.raises(BackendError, match="HTTP 404 .*Job tm-none does not exist"):
-        backend.jobs.info("tm-none")
+        asyncio.run(backend.jobs.info("tm-none"))
     whole = (cluster.storage / "attempts" / "direct-1" / "job.log").read_bytes()
     at = whole.index("é".encode()) + 1  # inside a character: offsets are bytes of the synced log, never shifted
     head, tail = asyncio.run(backend.logs(first, 0)), asyncio.run(backend.logs(first, at))
@@ -181,8 +179,9 @@ def test_offers_come_from_what_the_nodes_have_free(cluster, tmp_path):
                          workdir=str(tmp_path / "attempt"))
     handle = asyncio.run(backend.submit(info.path, two, idle, ctx))  # holds the head's 2 CPUs while it sleeps
     try:
-        busy = wait_for("the usage report to show the job's CPUs held", lambda: (
-            (found := asyncio.run(backend.offers(OfferRequest(spec=two)))).reasons and found))
+        busy = wait_for("the usage report to show the job's CPUs held", lambda: (  # both: a report may show one
+            (found := asyncio.run(backend.offers(OfferRequest(spec=two)))).reasons  # held before the other
+            and "0 CPU(s) free" in found.reasons[0] and found))
         assert not busy.offers and "no node of the Ray cluster has 2 CPU(s)" in busy.reasons[0], busy
         assert "0 CPU(s) free" in busy.reasons[0] and "1 CPU(s) free" in busy.reasons[0], busy
         [small] = asyncio.run(backend.offers(OfferRequest(spec=spec.spec))).offers  # the second node's one CPU
@@ -383,7 +382,7 @@ def test_a_cluster_that_stops_answering_loses_the_attempt_and_local_runs_the_job
         submit.kill()
         relay.stop()
         if attempt is not None:  # the job ran on, out of the broker's reach: stop it on the cluster itself
-            RayBackend(RayConfig(address=cluster.address)).jobs.stop("tm-" + attempt)
+            asyncio.run(RayBackend(RayConfig(address=cluster.address)).jobs.stop("tm-" + attempt))
             wait_for("the job's processes gone", lambda: not job_processes(cluster, attempt), timeout=30)
 
 

@@ -5,6 +5,7 @@ a Ray Train run (workers, their shares, placement; GPUs beyond one node spanning
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -86,10 +87,10 @@ def test_a_dashboard_that_does_not_answer_is_transient_for_nodes_status_and_stop
         for call in (lambda: nodes(address, 0.5), lambda: Jobs(address, 0.5).info("tm-a"),
                      lambda: Jobs(address, 0.5).stop("tm-a")):
             with pytest.raises(TransientBackendError, match="does not answer"):
-                call()
+                asyncio.run(call())
         assert time.monotonic() - began < 5  # each bounded by the timeout, not held
     with pytest.raises(TransientBackendError, match="does not answer"):  # nothing listens there now
-        Jobs(address, 0.5).info("tm-a")
+        asyncio.run(Jobs(address, 0.5).info("tm-a"))
 
 
 def test_check_names_what_the_settings_lack_without_asking_the_cluster(tmp_path):

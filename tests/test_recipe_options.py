@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -21,8 +20,8 @@ from trainmaster.jobs.recipe import Recipe, RecipeConfig
 from trainmaster.jobs.recipes import MODULES, get_recipe
 from trainmaster.jobs.recipes.options import OptionsError, parse_options, parser_for
 from trainmaster.verify.recipe_run import NotReplayable, parse_config
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Act(enum.Enum):

@@ -17,8 +17,9 @@ from trainmaster.jobs.recipes import cli
 from trainmaster.jobs.recipes.options import parse_options
 from trainmaster.jobs.runtime import RuntimeSettings, run
 from trainmaster.jobs.spec import load_spec
+from repo_paths import ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
+EXAMPLES = ROOT / "configs" / "examples"
 
 # Learning thresholds (the CartPole-v1 maximum is 500; a random policy averages about 22).
 DQN_MIN_RETURN = 120.0

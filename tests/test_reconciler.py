@@ -9,15 +9,15 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from cli_run import tm
 
 from trainmaster.broker import paths
 from trainmaster.broker.daemon.leases import Leases
 from trainmaster.broker.store import Store
+from repo_paths import TESTS
 
-HERE = Path(__file__).parent
+HERE = TESTS
 
 
 def _open_job(store: Store, job_id: str) -> None:

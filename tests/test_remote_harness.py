@@ -24,29 +24,11 @@ from remote_executor.cli import TRUSTED_ENV
 from remote_executor.client import RemoteExecutor, TrustedRemoteExecutor
 from remote_executor.process import TESTS, ExecutorProcess
 from trainmaster.backends.base import BackendError, ExecutorFault, Handle
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 from untrusted_backend import RAO_PER_TAO, USD_PER_TAO_MICRO
 
 pytestmark = pytest.mark.slow
 
-TINY_LM = ("python -m trainmaster.jobs.recipes.tiny_lm --steps {steps} --d-model 32 --layers 1 --seq-len 16 "
-           "--batch-size 8 --warmup 10")
-JOB = """\
-name: lm
-entrypoint: {entrypoint}
-seed: 3
-checkpoint:
-  segment_steps: 25
-verification:
-  evaluator: python evaluate.py
-  thresholds: {{finite: 1.0}}
-"""
-EVALUATOR = """\
-import json, os
-from safetensors.torch import load_file
-weights = load_file(os.environ["TRAINMASTER_EVAL_CHECKPOINT"])
-print(json.dumps({"finite": float(all(bool(t.isfinite().all()) for t in weights.values())),
-                  "tensors": len(weights)}))
-"""
 UNTRUSTED = "name: untrusted\ndefault:\n  primary: bittensor\nverification:\n  tau: 0.01\n"
 TRUSTED = "name: trusted-remote\ndefault:\n  primary: local\n"
 
@@ -137,10 +119,10 @@ def test_an_honest_remote_executor_is_audited_evaluated_accepted_and_paid_in_rao
 
 def test_the_live_progress_line_shows_the_remote_runs_steps(tmp_path, executor):
     """`trainmaster submit --wait` on a terminal: the status line's step comes through the metrics capability."""
-    from test_live_progress import _on_terminal
+    from pty_follow import on_terminal
 
     spec = _job(tmp_path / "job", steps=100)
-    code, shown = _on_terminal("submit", str(spec), "--policy", str(spec.parent / "untrusted.yaml"), "--wait",
+    code, shown = on_terminal("submit", str(spec), "--policy", str(spec.parent / "untrusted.yaml"), "--wait",
                                home=tmp_path / "home", cli="remote_executor.cli")
     assert code == 0, shown
     assert "accepted · step 100/100 · " in shown and " steps/s · elapsed " in shown, shown

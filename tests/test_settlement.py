@@ -19,10 +19,10 @@ from background_support import polled
 from child_hooks import hook_env
 from trainmaster.broker import paths
 from untrusted_backend import EXECUTOR_DIR, RAO_PER_HOUR, USD_PER_TAO_MICRO, UntrustedExecutor, told_at
+from repo_paths import TESTS
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
 # 100 AdamW steps of a small transformer, k = 25: 4 segments, all audited; planned for 0.001 h of work
 JOB = """\
 name: lm

@@ -7,11 +7,10 @@ prints the same count.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from sql_owners import foreign_statements, table_owners
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_table_has_an_owner_that_creates_it():

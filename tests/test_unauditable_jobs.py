@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from broker_support import SyncBroker
+from repo_paths import ROOT
 from trainmaster.broker import paths
 from trainmaster.broker.auditability import UNTRUSTED_REASON, outcome_only, untrusted_refusal
 from trainmaster.broker.cli import app
@@ -23,7 +24,7 @@ from trainmaster.jobs.spec import JobSpec
 from trainmaster.verify.trust import NO_COMMITMENT, OUTCOME_ONLY_RISK
 from untrusted_backend import UntrustedExecutor
 
-DEMO = Path(__file__).resolve().parents[1] / "configs" / "examples" / "demo"
+DEMO = ROOT / "configs" / "examples" / "demo"
 POLICY = "name: tao\ndefault:\n  primary: bittensor\n  fallbacks: [local]\ntao_rate:\n  usd_per_tao: 400\n"
 UNTRUSTED_ONLY = "name: untrusted\ndefault:\n  primary: bittensor\n"
 EVALUATE = """\

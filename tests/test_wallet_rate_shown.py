@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from trainmaster.broker.cli.render import _event_text
 from trainmaster.wallet.rates import FixedRate, Rate
 
@@ -12,7 +14,7 @@ def _event(detail: dict) -> dict:
 
 
 def test_a_fresh_rate_shows_value_source_and_time():
-    rate = FixedRate(412_500_000, now=1_700_000_000.0).current()
+    rate = asyncio.run(FixedRate(412_500_000, now=1_700_000_000.0).current())
     text = _event_text(_event({"at": "settle", **rate.evidence(3600, now=1_700_000_060.0)}), set())
     assert text.startswith("TAO rate at settle: $412.50 per TAO from fixed, taken ") and "STALE" not in text
 

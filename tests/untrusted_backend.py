@@ -25,7 +25,7 @@ from pathlib import Path
 
 from trainmaster.backends import transfer
 from trainmaster.backends.base import (
-    AttemptContext, AttemptStatus, Backend, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Phase,
+    AttemptContext, AttemptStatus, Backend, BackendError, Cost, Handle, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Phase,
     Progress,
 )
 from trainmaster.backends.features import Acknowledgement, Conclusion, ExecutorIdentity, RunsUntrusted, SignedCommitment
@@ -106,7 +106,7 @@ class UntrustedExecutor(RunsUntrusted, Backend):
     async def cost(self, handle: Handle, offer: Offer) -> Cost:
         seconds = (await self.local.cost(self._inner(handle), offer)).billable_seconds
         rao = math.ceil(seconds * RAO_PER_HOUR / 3600)
-        rate = self.rates.current() if self.rates else Rate(micro_usd_per_tao=USD_PER_TAO_MICRO, taken_at=time.time(),
+        rate = await self.rates.current() if self.rates else Rate(micro_usd_per_tao=USD_PER_TAO_MICRO, taken_at=time.time(),
                                                             source="the harness's own $400")
         return Cost(micro_usd=rate.micro_usd(rao), rao=rao, rate_micro_usd_per_tao=rate.micro_usd_per_tao,
                     rate_at=rate.taken_at, billable_seconds=seconds, basis=f"{seconds:.1f} s × {RAO_PER_HOUR} rao/h")
@@ -262,6 +262,16 @@ class ReusingExecutor(LazyExecutor):
 
 EXECUTOR_DIR = "executor"
 """Where, in an attempt's work folder, the executor keeps what it was published and told."""
+
+
+class PlainScriptExecutor(UntrustedExecutor):
+    """The harness for a plain script: it sends no signed commitment, which a policy without the replay audit lets
+    through to the safety check."""
+
+    async def signed_commitment(self, handle):
+        if not (Path(handle.data["workdir"]) / "outputs" / "commitment.json").is_file():
+            raise BackendError("the run wrote no commitment.json")
+        return await super().signed_commitment(handle)
 
 
 def _publish(workdir: Path, digest: str | None) -> None:

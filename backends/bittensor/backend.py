@@ -239,15 +239,15 @@ class BittensorBackend(OpensLeaves, ReportsMetrics, SupportsMultiGpu, Backend):
         quote = protocol.SignedQuote.model_validate(handle.data["quote"]).parsed()
         st = await self.status(handle)
         seconds = max(0.0, (st.ended_at or time.time()) - st.started_at) if st.started_at else 0.0
-        rate = self._rate(offer)
+        rate = await self._rate(offer)
         return Cost(micro_usd=rate.micro_usd(quote.rao), rao=quote.rao, rate_micro_usd_per_tao=rate.micro_usd_per_tao,
                     rate_at=rate.taken_at, billable_seconds=seconds,
                     basis=f"the miner's signed quote {quote.quote_id}: {quote.rao} rao for the job's work "
                           f"({quote.hours:g} h at {quote.rao_per_hour} rao/h)")
 
-    def _rate(self, offer: Offer) -> Rate:
+    async def _rate(self, offer: Offer) -> Rate:
         if self.rates is not None:
-            return self.rates.current()
+            return await self.rates.current()
         if "micro_usd_per_tao" in offer.quote:
             return Rate(micro_usd_per_tao=offer.quote["micro_usd_per_tao"], taken_at=offer.quote["rate_at"],
                         source=str(offer.quote.get("rate_source", "the offer's quote")))

@@ -89,7 +89,7 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFrom
         if reasons:
             return OfferSet(backend=self.name, reasons=reasons)
         try:
-            live = await asyncio.to_thread(nodes, self.config.address, self.config.timeout_s)
+            live = await nodes(self.config.address, self.config.timeout_s)
         except BackendError as exc:
             return OfferSet(backend=self.name, reasons=[str(exc)])
         fitting = sorted((n for n in live if not _misfit(n, spec)), key=lambda n: (n.gpus, n.cpus, n.memory_mb))
@@ -171,7 +171,7 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFrom
         )
 
     async def _job(self, handle: Handle) -> RayJob:
-        return await asyncio.to_thread(self.jobs.info, handle.data["submission"])
+        return await self.jobs.info(handle.data["submission"])
 
     async def status(self, handle: Handle) -> AttemptStatus:
         job = await self._job(handle)
@@ -193,7 +193,7 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFrom
         """Ask Ray to stop the job and wait (bounded) until it has: Ray sends SIGTERM to the launcher, which
         passes it to the job, then SIGKILL past its grace, which takes the job's process with the launcher."""
         submission = handle.data["submission"]
-        await asyncio.to_thread(self.jobs.stop, submission)
+        await self.jobs.stop(submission)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while (await self._job(handle)).status not in ENDED and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)

@@ -1,19 +1,19 @@
 """The Ray cluster as the Ray backend talks to it, over its dashboard: its live nodes and what each has free
 (two HTTP GETs, Ray not imported: the state API's node list, and the autoscaler's per-node usage report, which
 the head's monitor refreshes every few seconds), and its jobs through the Jobs API: submitted with its client
-(`ray.job_submission`, imported on first use: it packs and uploads the working dir), read and stopped over
-its REST routes (`GET /api/jobs/<id>`, `POST /api/jobs/<id>/stop`), where every call has a timeout, so a head
-that stops answering fails the call rather than holding it. Every call blocks: the backend runs them with
-`asyncio.to_thread`. Errors are the core's: the dashboard unreachable, slow or answering 5xx →
-TransientBackendError; a refusal → BackendError saying what Ray said.
+(`ray.job_submission`, imported on first use: it packs and uploads the working dir; it blocks, so the backend
+runs it with `asyncio.to_thread`), read and stopped over its REST routes (`GET /api/jobs/<id>`,
+`POST /api/jobs/<id>/stop`). Our own requests go over aiohttp (the project's one HTTP client library), each
+with a timeout, so a head that stops answering fails the call rather than holding it. Errors are the core's:
+the dashboard unreachable, slow or answering 5xx → TransientBackendError; a refusal → BackendError saying what
+Ray said.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -53,11 +53,11 @@ class RayJob:
     ended_at: float | None
 
 
-def nodes(address: str, timeout: float) -> list[Node]:
+async def nodes(address: str, timeout: float) -> list[Node]:
     """The cluster's live nodes and what each has free; TransientBackendError when the dashboard does not answer.
     A node the usage report does not hold yet (it joined since the monitor's last round) counts as all free."""
-    listed = _request(address, NODES_PATH, timeout, "its node list")
-    report = _request(address, USAGE_PATH, timeout, "its cluster status")
+    listed = await _request(address, NODES_PATH, timeout, "its node list")
+    report = await _request(address, USAGE_PATH, timeout, "its cluster status")
     try:
         usage = (((report["data"].get("clusterStatus") or {}).get("loadMetricsReport") or {}).get("usageByNode")
                  or {})
@@ -67,19 +67,40 @@ def nodes(address: str, timeout: float) -> list[Node]:
         raise BackendError(f"the Ray dashboard at {address} sent a node list that does not read ({exc!r})") from None
 
 
-def _request(address: str, path: str, timeout: float, what: str, method: str = "GET") -> dict:
-    """The dashboard's JSON answer to one request."""
-    request = urllib.request.Request(address.rstrip("/") + path, method=method)
+async def _request(address: str, path: str, timeout: float, what: str, method: str = "GET") -> dict:
+    """The dashboard's JSON answer to one request, within `timeout` seconds in all."""
+    import aiohttp
+
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return json.loads(resp.read(MAX_BODY_BYTES))
-    except urllib.error.HTTPError as exc:
-        error = TransientBackendError if exc.code >= 500 else BackendError
-        said = _last_line(exc.read(MAX_RECORD_BYTES).decode(errors="replace"))
-        raise error(f"the Ray dashboard at {address} answered HTTP {exc.code} to {what}: {said}") from None
-    except (OSError, ValueError) as exc:
-        why = getattr(exc, "reason", None) or exc
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            async with session.request(method, address.rstrip("/") + path) as resp:
+                body = await _read(resp, MAX_BODY_BYTES if resp.status < 400 else MAX_RECORD_BYTES)
+                status = resp.status
+    except asyncio.TimeoutError:
+        raise TransientBackendError(f"the Ray dashboard at {address} does not answer: no answer to {what} "
+                                    f"within {timeout:g} s") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise TransientBackendError(f"the Ray dashboard at {address} does not answer: {why}") from None
+    if status >= 400:
+        error = TransientBackendError if status >= 500 else BackendError
+        said = _last_line(body.decode(errors="replace"))
+        raise error(f"the Ray dashboard at {address} answered HTTP {status} to {what}: {said}")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise TransientBackendError(f"the Ray dashboard at {address} does not answer: {what} is not JSON "
+                                    f"({exc})") from None
+
+
+async def _read(resp, limit: int) -> bytes:
+    """At most `limit` bytes of the answer's body (a larger one is cut there, and then does not read as JSON)."""
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk[:limit - len(body)]
+        if len(body) >= limit:
+            break
+    return bytes(body)
 
 
 def _node(item: dict, usage: dict) -> Node:
@@ -136,8 +157,8 @@ class Jobs:
             if "already exists" not in str(exc):
                 raise
 
-    def info(self, submission_id: str) -> RayJob:
-        info = _request(self.address, f"/api/jobs/{quote(submission_id)}", self.timeout, f"job {submission_id}")
+    async def info(self, submission_id: str) -> RayJob:
+        info = await _request(self.address, f"/api/jobs/{quote(submission_id)}", self.timeout, f"job {submission_id}")
         try:
             return RayJob(status=str(info["status"]), message=str(info.get("message") or ""),
                           error_type=info.get("error_type"),
@@ -147,9 +168,9 @@ class Jobs:
             raise BackendError(f"the Ray Jobs API sent job {submission_id} in a form that does not read "
                                f"({exc!r})") from None
 
-    def stop(self, submission_id: str) -> None:
+    async def stop(self, submission_id: str) -> None:
         """Ask Ray to stop the job (SIGTERM to its entrypoint, SIGKILL past Ray's grace); an ended job stays as it is."""
-        _request(self.address, f"/api/jobs/{quote(submission_id)}/stop", self.timeout, f"stop {submission_id}", "POST")
+        await _request(self.address, f"/api/jobs/{quote(submission_id)}/stop", self.timeout, f"stop {submission_id}", "POST")
 
     def _call(self, method, *args, **kwargs):
         try:

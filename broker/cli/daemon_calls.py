@@ -72,11 +72,6 @@ def follow(daemon: Daemon, job_id: str, on_log: Callable[[str], None], *, until_
         time.sleep(POLL_S)
 
 
-def status(daemon: Daemon, job_ref: str):
-    settled = _settled()
-    return settled, settled.store.job(daemon.call("GET", f"/v1/jobs/{job_ref}")["id"])
-
-
 def logs(daemon: Daemon, job_ref: str, *, follow_: bool, on_log: Callable[[str], None]) -> None:
     job_id = daemon.call("GET", f"/v1/jobs/{job_ref}")["id"]
     follow(daemon, job_id, on_log, until_end=follow_)

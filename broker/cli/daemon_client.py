@@ -1,32 +1,29 @@
 """The CLI's side of a running daemon: find it (its state file, then a cheap health check) and call its API.
 
-Plain `http.client` (TCP, or a unix socket), so a command that talks to the daemon imports neither
-aiohttp nor asyncio. An error the API answers is reported as the command's own would be: 400 exits 1
-(the thing asked about is bad), anything else 2.
+Over aiohttp, the project's one HTTP client library (docs/architecture.md, "One HTTP client library"): a
+session per call on a loop of its own (the commands that talk to a daemon are synchronous), over TCP or the
+daemon's unix socket. aiohttp and asyncio are imported inside the call, so a command that never talks to a
+daemon never imports them; the read-only commands answer from the store the daemon keeps and send no request.
+Every call has a timeout; a daemon that does not answer is `Unreachable` (an OSError: the command says
+so and exits 2). An error the API answers is reported as the command's own would be: 400 exits 1 (the
+thing asked about is bad), anything else 2.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
-import urllib.parse
 
 from trainmaster.broker.cli.exits import BAD, USAGE, fail
 
 HEALTH_TIMEOUT_S = 2.0
 CALL_TIMEOUT_S = 300.0
+CONNECT_TIMEOUT_S = 5.0
+MAX_ANSWER_BYTES = 64 << 20
+"""An answer larger than this is not the daemon's (its largest, a log chunk, is far smaller)."""
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
+class Unreachable(OSError):
+    """The daemon did not answer: refused, dropped, timed out, or not HTTP; the message says which."""
 
 
 class Daemon:
@@ -34,12 +31,6 @@ class Daemon:
 
     def __init__(self, address: str, token: str):
         self.address, self.token = address, token
-
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self.address.startswith("unix:"):
-            return _UnixConnection(self.address[len("unix:"):], timeout)
-        url = urllib.parse.urlsplit(self.address)
-        return http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
 
     def call(self, method: str, path: str, body: dict | None = None, *, timeout: float = CALL_TIMEOUT_S):
         """The decoded JSON answer; an error answer ends the command with its message and exit code."""
@@ -50,24 +41,54 @@ class Daemon:
         return answer
 
     def raw(self, method: str, path: str, body: dict | None = None, *, timeout: float = CALL_TIMEOUT_S):
-        """(status, decoded JSON) without judging the status."""
-        connection = self._connection(timeout)
+        """(status, decoded JSON) without judging the status; Unreachable when the daemon does not answer."""
+        import asyncio
+
+        return asyncio.run(self._request(method, path, body, timeout))
+
+    async def _request(self, method: str, path: str, body: dict | None, timeout: float):
+        import asyncio
+
+        import aiohttp
+
+        headers = {"Authorization": f"Bearer {self.token}"}
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self.address.startswith("unix:"):
+            connector, base = aiohttp.UnixConnector(path=self.address[len("unix:"):]), "http://localhost"
+        else:
+            connector, base = aiohttp.TCPConnector(), self.address.rstrip("/")
+        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, CONNECT_TIMEOUT_S))
+        where = f"the daemon at {self.address}"
         try:
-            headers = {"Authorization": f"Bearer {self.token}"}
-            data = None if body is None else json.dumps(body).encode()
-            if data is not None:
-                headers["Content-Type"] = "application/json"
-            connection.request(method, path, body=data, headers=headers)
-            response = connection.getresponse()
-            return response.status, json.loads(response.read() or b"null")
-        finally:
-            connection.close()
+            async with aiohttp.ClientSession(connector=connector, timeout=limits) as session:
+                async with session.request(method, base + path, data=data, headers=headers) as response:
+                    raw = bytearray()
+                    async for chunk in response.content.iter_chunked(1 << 16):
+                        raw += chunk
+                        if len(raw) > MAX_ANSWER_BYTES:
+                            raise Unreachable(f"{where} sent an answer over {MAX_ANSWER_BYTES >> 20} MiB to "
+                                              f"{method} {path}")
+                    status = response.status
+        except Unreachable:
+            raise
+        except asyncio.TimeoutError:
+            raise Unreachable(f"{where} did not answer {method} {path} within {timeout:g} s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise Unreachable(f"{where} did not answer {method} {path}: {why}") from None
+        try:
+            return status, json.loads(bytes(raw) or b"null")
+        except ValueError:
+            raise Unreachable(f"{where} answered {method} {path} with something that is not JSON "
+                              f"(HTTP {status})") from None
 
     def answers(self) -> bool:
         """Whether a server answers at the address at all (a refused token is an answer: the daemon is there)."""
         try:
             self.raw("GET", "/v1/health", timeout=HEALTH_TIMEOUT_S)
-        except (OSError, ValueError, http.client.HTTPException):
+        except Unreachable:
             return False
         return True
 
@@ -75,7 +96,7 @@ class Daemon:
         """The daemon's /v1/health, or None when it does not answer (in time, or at all)."""
         try:
             status, answer = self.raw("GET", "/v1/health", timeout=HEALTH_TIMEOUT_S)
-        except (OSError, ValueError, http.client.HTTPException):
+        except Unreachable:
             return None
         return answer if status == 200 else None
 

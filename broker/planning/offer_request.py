@@ -43,11 +43,11 @@ def provider_for(policy: Policy) -> RateProvider | None:
     return rate_provider(policy.tao_rate.usd_per_tao, policy.tao_rate.source)
 
 
-def current_rate(provider: RateProvider | None) -> tuple[Rate | None, str | None]:
+async def current_rate(provider: RateProvider | None) -> tuple[Rate | None, str | None]:
     """The provider's rate now, or None and why (a source that cannot be read leaves TAO prices unrated)."""
     if provider is None:
         return None, None
     try:
-        return provider.current(), None
+        return await provider.current(), None
     except RateError as exc:
         return None, f"TAO/USD rate: {exc}"

@@ -39,7 +39,7 @@ async def plan(parts: Parts, spec: JobSpec, policy: Policy, blocked: frozenset[s
     """Gather offers from every enabled backend (once) and choose by the policy; the offers of a banned
     hotkey or coldkey (`trainmaster executors ls`) are blocked like failed ones, in every job."""
     parts.offer_rounds += 1
-    rate, rate_problem = current_rate(parts.backends.rates(policy))
+    rate, rate_problem = await current_rate(parts.backends.rates(policy))
     request = offer_request(spec, policy, rate)
     enabled, refused = auditable_backends(spec, policy, parts.backends.enabled(spec, policy))  # refused: never asked
     unready = readiness.unready([n for n in enabled if n not in parts.backends.given],

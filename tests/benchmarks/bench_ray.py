@@ -126,10 +126,15 @@ def ray_home(root: Path, cluster: RayCluster) -> tuple[Path, Path]:
     return home, policy
 
 
-def run(smoke: bool = False) -> dict[str, float]:
+SMOKE_FIXTURES = ("ray_cluster",)
+"""The smoke run uses the Ray cluster the Ray backend's tests share (tests/conftest.py), not one of its own."""
+
+
+def run(smoke: bool = False, ray_cluster: RayCluster | None = None) -> dict[str, float]:
+    """The figures, on `ray_cluster` when given (left running), else on a cluster of its own (stopped after)."""
     repeat = 1 if smoke else 10
     root = Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    cluster = RayCluster().start()
+    cluster = ray_cluster or RayCluster().start()
     try:
         home, policy = ray_home(root, cluster)
         figures = {
@@ -147,7 +152,8 @@ def run(smoke: bool = False) -> dict[str, float]:
                         "DDP on Ray Train, 2 workers on 2 nodes (steps/s)": spread,
                         "scaling efficiency, 2 workers on 2 nodes (steps/s ratio)": spread / one})
     finally:
-        cluster.stop()
+        if ray_cluster is None:
+            cluster.stop()
     figures["trainmaster --help (s, median of 5)"] = median_seconds(
         lambda: subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", "--help"], capture_output=True,
                                check=True), 1 if smoke else 5)

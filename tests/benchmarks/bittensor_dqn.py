@@ -68,15 +68,20 @@ def one(db: Path, sql: str, *args):
         conn.close()
 
 
-def dqn_figures(root: Path, smoke: bool) -> dict[str, float]:
+def dqn_figures(root: Path, smoke: bool, miner: tuple | None = None) -> dict[str, float]:
+    """The figures on `miner` ((its process, its listing), from `miner_process`; one of its own when None)."""
+    if miner is None:
+        with miner_process(root, "dqn-miner") as started:
+            return dqn_figures(root, smoke, started)
+    root.mkdir(parents=True, exist_ok=True)
     wallet = broker_wallet(root)
-    with miner_process(root, "dqn-miner") as (proc, listed):
-        spec, policy, home = setup(root, wallet, listed, smoke)
-        shown = submit(spec, policy, home)
-        [attempt] = shown["attempts"]
-        outputs = proc.home / "jobs" / attempt["id"] / "outputs"
-        last_step = (outputs / "metrics.jsonl").stat().st_mtime
-        steps = json.loads((outputs / "result.json").read_text())["steps"]
+    proc, listed = miner
+    spec, policy, home = setup(root, wallet, listed, smoke)
+    shown = submit(spec, policy, home)
+    [attempt] = shown["attempts"]
+    outputs = proc.home / "jobs" / attempt["id"] / "outputs"
+    last_step = (outputs / "metrics.jsonl").stat().st_mtime
+    steps = json.loads((outputs / "result.json").read_text())["steps"]
     db = home / "state.db"
     [paid_at] = one(db, "SELECT created_at FROM payments WHERE attempt_id = ?", attempt["id"])
     [started_at] = one(db, "SELECT started_at FROM attempts WHERE id = ?", attempt["id"])

@@ -60,11 +60,14 @@ def one_run(root: Path, wallet, listed: dict, miner_home: Path, n: int) -> tuple
     return times["started"] - t0, times["started"] - submitted
 
 
-def overhead_figures(root: Path, smoke: bool) -> dict[str, float]:
+def overhead_figures(root: Path, smoke: bool, miner: tuple | None = None) -> dict[str, float]:
+    """The figures on `miner` ((its process, its listing), from `miner_process`; one of its own when None)."""
+    if miner is None:
+        with miner_process(root, "overhead-miner") as started:
+            return overhead_figures(root, smoke, started)
+    root.mkdir(parents=True, exist_ok=True)
     wallet = broker_wallet(root)
-    samples = []
-    with miner_process(root, "overhead-miner") as (proc, listed):
-        for n in range(1 if smoke else 5):
-            samples.append(one_run(root, wallet, listed, proc.home, n))
+    proc, listed = miner
+    samples = [one_run(root, wallet, listed, proc.home, n) for n in range(1 if smoke else 5)]
     return {"bittensor: submit → entrypoint start on the miner, median (s)": statistics.median(s[0] for s in samples),
             "bittensor: job recorded → entrypoint start on the miner, median (s)": statistics.median(s[1] for s in samples)}

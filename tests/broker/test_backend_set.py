@@ -3,6 +3,8 @@ bound once when made and never changed afterwards; backends.yaml read once; one 
 
 from __future__ import annotations
 
+import asyncio
+
 from trainmaster.backends.power import PowerModel
 from trainmaster.broker import paths
 from trainmaster.broker.backend_set import BackendSet, envs_dir
@@ -31,7 +33,7 @@ def test_a_rate_setting_of_its_own_gets_its_own_instance_with_its_own_provider(t
         update={"usd_per_tao": 400_000_000})})
     plain_one, fixed_one = backends.backend("local", _policy()), backends.backend("local", fixed)
     assert plain_one is not fixed_one
-    assert plain_one.rates is None and fixed_one.rates.current().micro_usd_per_tao == 400_000_000
+    assert plain_one.rates is None and asyncio.run(fixed_one.rates.current()).micro_usd_per_tao == 400_000_000
 
 
 def test_backends_yaml_is_read_once_per_broker(tm_home):
