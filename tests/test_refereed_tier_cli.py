@@ -23,7 +23,7 @@ import pytest
 from miner_support import MinerProcess, make_wallet
 from miner_support import shown as _shown, tm as _tm
 from state_rows import state_rows
-from test_bittensor_cheaters import (  # noqa: F401 — fixtures: the tests' environment and started miners
+from cheater_support import (  # noqa: F401 — fixtures: the tests' environment and started miners
     BANNED, CHEAP_PRICES, HONEST_PRICES, _cheater, _coldkey, _setup, started, wallets,
 )
 
