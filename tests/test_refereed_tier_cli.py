@@ -176,22 +176,15 @@ def test_a_broker_killed_in_the_bisection_resumes_it_and_pays_nothing_twice(tmp_
 
 def test_a_dispute_not_replayable_bit_for_bit_here_waits_unverified_until_verified_where_it_is(
         tmp_path, tm_home, wallets, started, monkeypatch):
-    """Both miners compute with torch's portable kernels (ATEN_CPU_CAPABILITY=default, passed to their jobs by
-    their local backends' inherit_env), the broker with this machine's own: a replay here cannot settle their
-    dispute bit for bit, so nothing is paid or banned; `verify --again` where the kernels match settles it."""
+    """The job computes with torch's portable kernels (its spec's `env: {ATEN_CPU_CAPABILITY: default}`), on both
+    miners; the broker's verifier with this machine's own: a replay here cannot settle their dispute bit for bit,
+    so nothing is paid or banned; `verify --again` where the kernels match settles it."""
     import torch
 
     assert torch.backends.cpu.get_cpu_capability() != "DEFAULT"  # this machine picks vector kernels of its own
-    portable = {"local": {"inherit_env": ["ATEN_CPU_CAPABILITY"]}}
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
-    honest = started(MinerProcess(tmp_path / "honest", make_wallet(wallets, "honest"),
-                                  config={**HONEST_PRICES, **portable}))
-    from cheating_miners.process import CheaterProcess
-
-    nudger = started(CheaterProcess("nudge", tmp_path / "nudge", make_wallet(wallets, "nudge"),
-                                    config={**CHEAP_PRICES, **portable}))
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    honest, nudger = _honest("honest", tmp_path, wallets, started), _cheater("nudge", tmp_path, wallets, started)
     spec, policy = _refereed(tmp_path, tm_home, [honest, nudger])
+    spec.write_text(spec.read_text() + "env:\n  ATEN_CPU_CAPABILITY: default\n")
     job, status, verdict = _run(spec, policy)
     assert status["state"] == "unverified", status
     assert verdict["outcome"] == "cannot_verify" and verdict["evidence"]["referee"]["outcome"] == "undecided"
@@ -203,4 +196,31 @@ def test_a_dispute_not_replayable_bit_for_bit_here_waits_unverified_until_verifi
     status = _shown(_tm("status", job["id"], "--json"))
     assert status["state"] == "accepted", status
     assert _by_miner(tm_home, status, nudger)["state"] == "rejected"
+    assert list(_payments(tm_home, job["id"])) == [_coldkey(honest)]
+
+
+def test_a_miner_of_another_environment_is_released_unbanned_when_its_partner_is_upheld(tmp_path, tm_home, wallets,
+                                                                                       started, monkeypatch):
+    """One miner's jobs compute with torch's portable kernels (ATEN_CPU_CAPABILITY=default, passed on by its local
+    backend's inherit_env), the other's with this machine's, the verifier's: their roots differ from W0 on (the
+    portable kernels draw other initial bits). The replay judges the side whose commitment names the verifier's
+    environment (upheld); the other's bits cannot be judged here: released unpaid, not banned, whichever led."""
+    honest = _honest("honest", tmp_path, wallets, started)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    from cheating_miners.process import CheaterProcess
+
+    other = started(CheaterProcess("nudge", tmp_path / "other", make_wallet(wallets, "other"),
+                                   config={**CHEAP_PRICES, "local": {"inherit_env": ["ATEN_CPU_CAPABILITY"]}}))
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    spec, policy = _refereed(tmp_path, tm_home, [honest, other])
+    job, status, verdict = _run(spec, policy)
+    assert status["state"] == "accepted", status
+    good, elsewhere = _by_miner(tm_home, status, honest), _by_miner(tm_home, status, other)
+    referee = verdict["evidence"]["referee"]
+    assert referee["findings"] == {good["id"]: "upheld", elsewhere["id"]: "released"}, referee
+    assert "cpu DEFAULT" in referee["environment"][elsewhere["id"]]
+    assert referee["environment"][good["id"]] == referee["replay"]["verifier"]
+    assert (good["state"], elsewhere["state"]) == ("accepted", "failed") and "released unpaid" in elsewhere["reason"]
+    assert verdict["attempt_id"] == good["id"] and "replay" not in verdict["checks"]
+    assert not _shown(_tm("executors", "ls", "--json"))["bans"]
     assert list(_payments(tm_home, job["id"])) == [_coldkey(honest)]

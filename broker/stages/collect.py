@@ -60,6 +60,9 @@ async def collect(ctx: JobContext, attempt: Attempt) -> None:
         judged = await refereeing.judge(ctx, ctx.store.attempt(attempt.id), backend, handle)
         if judged is None:
             return  # its partner still runs: the lead waits, verifying
+        if judged.release:  # its partner was upheld, its own bits cannot be judged here: unpaid, unbanned
+            await end_attempt(ctx, attempt, "failed", job_target=None, reason=judged.release)
+            return
         verdict = judged.verdict
     verdict = verdict or await verify(ctx, ctx.store.attempt(attempt.id), dest, backend, handle, hashed_now,
                                       dropped_files(ctx, attempt), judged)

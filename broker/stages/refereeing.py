@@ -9,19 +9,19 @@ run ended. When the lead has returned and is being verified, `judge` rules on th
    none, or a bad one, forfeits;
 2. equal roots: both **agreed** — the lead's outputs get every check but the replay audit (the two runs prove
    each other), and the partner is accepted and paid with the lead;
-3. different roots, with both commitments naming the same deterministic environment: the trees are bisected to
-   the first leaf j where they differ (verify/referee.py; one leaf opened per side per step, each tied to its
-   root), then the agreed state before it is opened in full by one of them and one segment is replayed in the
-   audit pool (verify/referee_replay.py): the side whose leaf is not the replay's bits is **refuted** (rejected,
-   unpaid, banned), the other **upheld** (its outputs get the remaining checks). A miner that does not answer a
-   step (a refusal, garbage, a proof that does not reach its root, silence past the policy's
-   `challenge_deadline_s`) **forfeits**: rejected, unpaid, banned, and the other is audited **alone** by the
-   sampled tier. The replay refutes both: neither is paid;
-4. a partner that ended without committing (it failed, was lost), or a pair whose environments differ (no bits
-   to compare: the partner is released unpaid, not banned), leaves the lead audited alone;
-5. when the replay could not run bit for bit here (this verifier is not the miners' environment, or the job's
-   own recipe), the ruling is **undecided**: the lead is `unverified` (nothing paid or banned) until
-   `trainmaster verify JOB --again` runs it where it can.
+3. different roots: the trees are bisected to the first leaf j where they differ (verify/referee.py; one leaf
+   opened per side per step, each tied to its root), then the agreed state before it is opened in full by one
+   of them and one segment is replayed in the audit pool (verify/referee_replay.py). Of the sides whose
+   commitment names the environment the replay ran in, the one whose leaf is not the replay's bits is
+   **refuted** (rejected, unpaid, banned), the other **upheld** (its outputs get the remaining checks); a side
+   naming another environment is not judged: **released** (unpaid, unbanned) when the other was upheld, else
+   audited alone. A miner that does not answer a step (a refusal, garbage, a proof that does not reach its
+   root, silence past the policy's `challenge_deadline_s`) **forfeits**: rejected, unpaid, banned, and the
+   other is audited **alone** by the sampled tier. The replay refutes both: neither is paid;
+4. a partner that ended without committing (it failed, was lost) leaves the lead audited alone;
+5. when no side names the replay's environment (this verifier is not the miners' GPU type or software) or the
+   replay cannot run here (the job's own recipe), the ruling is **undecided**: the lead is `unverified`
+   (nothing paid or banned) until `trainmaster verify JOB --again` runs it where it can.
 
 Every step is a `referee` event on the job (each bisection step with both openings, then the ruling), so a broker
 killed anywhere resumes from the last step recorded: no opening asked twice after it was recorded, no ruling made
@@ -61,6 +61,9 @@ class Judged:
     evidence: dict[str, Any]
     replay: bool = False
     verdict: Any = None
+    release: str | None = None
+    """Why the lead is released (its partner upheld, its own bits not judgeable here): it ends failed, unpaid and
+    unbanned, and the partner leads."""
 
 
 class _Settled(Exception):
@@ -191,13 +194,6 @@ async def _rule(ctx: JobContext, lead: Attempt, partner: Attempt | None) -> dict
     if ca.root == cb.root:
         return _ruling(lead, partner, "agreed", {lead.id: "agreed", partner.id: "agreed"},
                        {a.id: "its root equals its partner's" for a in sides}, roots=roots, environment=environment)
-    if ca.deterministic is None or ca.deterministic != cb.deterministic:
-        why = "their commitments name different deterministic environments" if ca.deterministic and cb.deterministic \
-            else "a commitment names no deterministic environment"
-        return _ruling(lead, partner, "alone", {lead.id: "alone", partner.id: "released"},
-                       {lead.id: f"{why}: no bits to compare; audited alone by the sampled tier",
-                        partner.id: f"{why}: released unpaid (not banned: nothing proves a fault)"},
-                       roots=roots, environment=environment)
     try:
         return await _bisect_and_replay(ctx, lead, partner, {lead.id: ca, partner.id: cb}, roots, environment)
     except _Settled as settled:
@@ -296,18 +292,29 @@ async def _bisect_and_replay(ctx: JobContext, lead: Attempt, partner: Attempt, c
                                       "leaves": {who: leaf.as_dict() for who, leaf in leaves.items()}},
                 "dispute": found.as_dict()}
     replayed = await _replay(ctx, lead, partner, found, commitments, evidence, meter)
-    if replayed.get("verifier") != environment[lead.id]:
-        _undecided(lead, partner, evidence, f"the replay ran in {replayed.get('verifier')!r}, not the miners' "
-                                            f"{environment[lead.id]!r}: settling their dispute needs a bit-for-bit "
-                                            "replay where they ran (run `trainmaster verify JOB --again` on such a "
-                                            "verifier)")
-    findings = findings_of(found.compared, replayed, leaves)
+    verifier = replayed.get("verifier")
     evidence["replay"] = replayed
+    # bits are judged only where they were computed: a side whose commitment names the verifier's environment
+    judged = {who: leaf for who, leaf in leaves.items() if environment[who] == verifier}
+    if not judged:
+        _undecided(lead, partner, evidence, f"the replay ran in {verifier!r}, not the miners' "
+                                            f"{' / '.join(sorted({str(e) for e in environment.values()}))}: settling "
+                                            "their dispute needs a bit-for-bit replay where they ran (run `trainmaster "
+                                            "verify JOB --again` on such a verifier)")
+    findings = findings_of(found.compared, replayed, judged)
     what = {"initial": "S_0 as the broker builds it", "state": f"S_{j} as segment {j - 1} replays from the agreed "
             f"S_{j - 1}", "trace": f"segment {j}'s decisions as it replays from the agreed S_{j}"}[found.compared]
     reasons = {who: (f"upheld: its leaf {j} is {what}, bit for bit" if finding == "upheld" else
                      f"refuted: its leaf {j} is not {what} (the replayed segment's bits differ)")
                for who, finding in findings.items()}
+    upheld = "upheld" in findings.values()
+    for who in leaves.keys() - judged.keys():  # it names another environment: its bits cannot be judged here
+        findings[who] = "released" if upheld else "alone"
+        reasons[who] = (f"its commitment names {environment[who]!r}, not {verifier!r} where the replay ran, so its "
+                        "bits are not judged here; " + ("its partner's were upheld: released unpaid (not banned: "
+                                                        "nothing proves a fault)" if upheld else
+                                                        "its partner's were refuted: audited alone by the sampled "
+                                                        "tier"))
     outcome = "refuted both" if set(findings.values()) == {"refuted"} else "decided"
     return _ruling(lead, partner, outcome, findings, reasons, **evidence)
 
@@ -469,6 +476,8 @@ def _for_lead(ctx: JobContext, lead: Attempt, ruling: dict[str, Any]) -> Judged:
         return Judged(ruling)
     if finding == "alone":
         return Judged(ruling, replay=True)
+    if finding == "released":
+        return Judged(ruling, release=f"the referee: {reason}")
     outcome = "cannot_verify" if finding == "undecided" else "rejected"
     return Judged(ruling, verdict=_record(ctx, lead, outcome, [f"the referee: {reason}"], ruling, lead=True))
 
