@@ -95,3 +95,23 @@ def reachable(ctx: JobContext, attempt: Attempt) -> None:
     """The attempt's backend answered: an unreachable mark it carried is cleared."""
     if attempt.unreachable_since is not None:
         ctx.store.mark_reachable(attempt.id)
+
+
+async def asked_status(ctx, attempt, handle):
+    """The backend's status of a live attempt, its reachability recorded; None when an overdue deadline or the
+    asking itself ended it (the reaction already taken). Shared by the watch of a job and of a refereed pair."""
+    from trainmaster.backends.base import BackendError
+    from trainmaster.backends.retry import retried
+    from trainmaster.broker import deadlines
+
+    backend = ctx.backend(attempt.backend)
+    if (why := deadlines.overdue(ctx.spec, attempt)) and (ended := await deadlines.judged(backend, handle, why)):
+        await react(ctx, attempt, *ended)  # an untrusted run past its time, on the broker's clock
+        return None
+    try:
+        st = await retried(backend.status, handle)
+    except BackendError as exc:
+        await react(ctx, attempt, exc, f"asking {attempt.backend} for the status: {exc}")
+        return None
+    reachable(ctx, attempt)
+    return st

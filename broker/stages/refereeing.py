@@ -41,11 +41,11 @@ from trainmaster.backends.base import (
 )
 from trainmaster.backends.features import OpensLeaves, RunsUntrusted
 from trainmaster.backends.retry import ATTEMPTS, retried
-from trainmaster.broker import audit_pool, deadlines, failures, pairs, paths, states
+from trainmaster.broker import audit_pool, failures, pairs, paths, states
 from trainmaster.broker.stages import dispatch
 from trainmaster.broker.stages.job_context import JobContext
 from trainmaster.broker.stages.ledger_moves import end_attempt
-from trainmaster.broker.stages.reactions import reachable, react
+from trainmaster.broker.stages.reactions import asked_status, react
 from trainmaster.broker.store import Attempt
 
 EVENT = "referee"
@@ -86,16 +86,8 @@ async def watch_partner(ctx: JobContext, attempt: Attempt) -> None:
     attempt = ctx.store.attempt(attempt.id)
     if handle is None or attempt.state in states.ATTEMPT_ENDS:
         return
-    backend = ctx.backend(attempt.backend)
-    if (why := deadlines.overdue(ctx.spec, attempt)) and (ended := await deadlines.judged(backend, handle, why)):
-        await react(ctx, attempt, *ended)
+    if (st := await asked_status(ctx, attempt, handle)) is None:
         return
-    try:
-        st = await retried(backend.status, handle)
-    except BackendError as exc:
-        await react(ctx, attempt, exc, f"asking {attempt.backend} for the status: {exc}")
-        return
-    reachable(ctx, attempt)
     if st.phase is Phase.running and attempt.state == "dispatched":
         ctx.store.move_attempt(attempt.id, "running", started_at=st.started_at)
     elif st.phase is Phase.succeeded:

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import time
 
-from trainmaster.backends.base import BackendError, Phase
+from trainmaster.backends.base import Phase
 from trainmaster.backends.retry import retried
-from trainmaster.broker import deadlines, failures, pairs, states
+from trainmaster.broker import failures, pairs, states
 from trainmaster.broker.money import cost_cap
 from trainmaster.broker.stages import dispatch, refereeing
 from trainmaster.broker.stages.collect import collect
 from trainmaster.broker.stages.job_context import JobContext
 from trainmaster.broker.stages.ledger_moves import end_attempt, record_cost
-from trainmaster.broker.stages.reactions import reachable, react
+from trainmaster.broker.stages.reactions import asked_status, react
 from trainmaster.broker.store import Attempt
 
 
@@ -41,16 +41,9 @@ async def watch(ctx: JobContext, attempt: Attempt) -> None:
         attempt = ctx.store.attempt(attempt.id)
     if handle is None or attempt.state in states.ATTEMPT_ENDS:
         return  # it could not be started (again): ended, or waiting, as its failure's reaction says
+    if (st := await asked_status(ctx, attempt, handle)) is None:
+        return
     backend = ctx.backend(attempt.backend)
-    if (why := deadlines.overdue(ctx.spec, attempt)) and (ended := await deadlines.judged(backend, handle, why)):
-        await react(ctx, attempt, *ended)  # an untrusted run past its time, on the broker's clock
-        return
-    try:
-        st = await retried(backend.status, handle)
-    except BackendError as exc:
-        await react(ctx, attempt, exc, f"asking {attempt.backend} for the status: {exc}")
-        return
-    reachable(ctx, attempt)
     if st.phase is Phase.running:
         if attempt.state == "dispatched":
             ctx.store.move_attempt(attempt.id, "running", job_target="running", started_at=st.started_at)
