@@ -148,6 +148,15 @@ class ResumesFromCheckpoints:
         raise NotImplementedError
 
 
+class NotesInRunLog:
+    """Keeps the run's log itself (the local backend's supervisor writes it), so the broker can say there why it
+    stopped the run: a user reading `trainmaster logs` sees the cost cap whichever of the two stopped it first."""
+
+    async def note(self, handle: Handle, line: str) -> None:
+        """`[trainmaster] line` appended to the attempt's log; nothing when the log is not a regular file."""
+        raise NotImplementedError
+
+
 class ReportsMetrics:
     """Serves the job's `metrics.jsonl` as it grows, for the live status line."""
 

@@ -208,7 +208,7 @@ def test_a_few_ulps_of_divergence_are_forgiven_and_such_updates_not_calibrated()
     assert d.r == pytest.approx(max(0.0, d.divergence - ROUNDING_ULPS * d.rounding) / d.update)
 
 
-def test_cli_calibrates_a_jobs_own_recipe_in_a_child_process(tmp_path, tm_home):
+def test_cli_calibrates_a_jobs_own_recipe_in_a_child_process(tmp_path, tm_home, monkeypatch):
     """`verify calibrate` for a spec's own `recipe:` imports it only in a child process, from its code bundled
     and extracted afresh, as its audit does; the calibration is stored under the job class its config makes."""
     import shutil
@@ -220,6 +220,7 @@ def test_cli_calibrates_a_jobs_own_recipe_in_a_child_process(tmp_path, tm_home):
     options = "--d-model 16 --heads 2 --layers 1 --seq-len 8 --batch-size 2 --vocab 8 --warmup 2"
     (code / "job.yaml").write_text(f"name: gpt\nentrypoint: python gpt.py --steps 40 {options}\nrecipe: gpt:RECIPE\n"
                                    "seed: 5\ncheckpoint:\n  segment_steps: 10\n")
+    monkeypatch.delitem(sys.modules, "gpt", raising=False)  # an earlier test of this worker may have imported one
     result = CliRunner().invoke(_app(), ["calibrate", str(code / "job.yaml"), "--k", "10", "--seeds", "1", "--bases", "2",
                                          "--json"])
     assert result.exit_code in (0, 1), result.output

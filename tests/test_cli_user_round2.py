@@ -95,7 +95,9 @@ def test_the_cost_cap_stop_says_cost_cap_in_the_log(tm_home, job_factory):
     shown = json.loads(tm("status", job["id"], "--json", home=tm_home).stdout)
     assert shown["state"] == "failed" and "cost cap" in shown["reason"], shown
     log = tm("logs", job["id"], home=tm_home).stdout
-    assert "[trainmaster] cost cap reached: the attempt's share of limits.max_usd" in log, log
+    said = [line for line in log.splitlines() if line.startswith("[trainmaster] cost cap reached: ")]
+    assert said and "limits.max_usd" in said[0], log  # whichever stopped it first: its own limit or
+    # the broker's watch (a background pass the submit started)
     assert "time limit reached" not in log
 
 

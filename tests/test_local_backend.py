@@ -192,3 +192,24 @@ def test_gpu_requests_are_matched_against_the_machine():
     [offer] = asyncio.run(local.offers(OfferRequest(spec=job(gpus=1, gpu_types=["L4"])))).offers
     assert (offer.gpu_type, offer.gpu_count, offer.detail["gpu_indices"]) == ("NVIDIA L4", 1, [1])
     assert offer.price_per_hour_micro_usd == ((120 + 300) * 150_000 + 999) // 1000
+
+
+def test_a_note_from_the_broker_is_appended_to_the_log_and_a_replaced_log_is_left_alone(tmp_path):
+    """The broker's cost-cap stop says why in the run's log (broker/stages/watch.py); a log the job swapped for a
+    link to a file of the user's is not written through."""
+    import asyncio
+
+    from trainmaster.backends.local.backend import LocalBackend
+    from trainmaster.backends.local.config import LocalConfig
+
+    backend = LocalBackend(LocalConfig())
+    honest, hostile = tmp_path / "honest", tmp_path / "hostile"
+    honest.mkdir(), hostile.mkdir()
+    (honest / "job.log").write_text("[trainmaster] $ python train.py\n")
+    victim = tmp_path / "users_file"
+    victim.write_text("mine\n")
+    (hostile / "job.log").symlink_to(victim)
+    for workdir in (honest, hostile):
+        asyncio.run(backend.note(Handle(backend="local", attempt_id="a1", data={"workdir": str(workdir)}), "cost cap reached: x"))
+    assert (honest / "job.log").read_text().splitlines()[-1] == "[trainmaster] cost cap reached: x"
+    assert victim.read_text() == "mine\n"

@@ -34,6 +34,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -46,7 +47,8 @@ from trainmaster.backends.base import (
     OfferRequest, OfferSet, OutputFile, Phase, Progress,
 )
 from trainmaster.backends.features import (
-    AllocatesMachine, CheckpointRef, HeldSegment, KeepsSegments, MetricsChunk, ReleasesSegments, ReportsMetrics,
+    AllocatesMachine, CheckpointRef, HeldSegment, KeepsSegments, MetricsChunk, NotesInRunLog, ReleasesSegments,
+    ReportsMetrics,
     ResumesFromCheckpoints, SupportsMultiGpu,
 )
 from trainmaster.backends.hardware import Gpu, Machine, this_host, this_machine
@@ -74,7 +76,7 @@ and could replace one with a 4 GB file or a FIFO, so each is read bounded and ne
 
 
 class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFromCheckpoints, ReportsMetrics,
-                   AllocatesMachine, Backend):
+                   AllocatesMachine, NotesInRunLog, Backend):
     name = "local"
     unsupported = {
         "multi_node": "runs on this machine only",
@@ -244,6 +246,9 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             data, more = b"", False
         text = data.decode(errors="replace")
         return LogChunk(text=text, offset=offset, next_offset=offset + len(data), complete=done and not more)
+
+    async def note(self, handle: Handle, line: str) -> None:
+        await asyncio.to_thread(_append_note, Path(handle.data["workdir"]) / sup.LOG, f"[trainmaster] {line}\n")
 
     async def cancel(self, handle: Handle) -> int:
         """Stop the attempt: SIGTERM to its process group while the supervisor lives (it records the
@@ -446,6 +451,22 @@ def _open_log(workdir: Path):
     """The attempt's log, opened when it is a regular file (:class:`HostileFile` otherwise, never opened)."""
     fd, _ = open_regular(workdir / sup.LOG)
     return os.fdopen(fd, "rb")
+
+
+def _append_note(path: Path, text: str) -> None:
+    """`text` appended to the log the supervisor writes (both append: lines do not interleave); a log the job
+    replaced by a link or a special file is left alone, as is one that is gone."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.write(fd, text.encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _read_json(path: Path) -> dict | None:

@@ -36,6 +36,13 @@ def reached(spec: JobSpec, attempts: Sequence[Attempt], now: float) -> bool:
     return spec.limits.max_usd is not None and spent(attempts, now) >= spec.limits.max_usd
 
 
+def log_line(spec: JobSpec, spent_micro_usd: int) -> str:
+    """What the run's log says when the broker stops it at the cap (the supervisor's own stop says
+    `cost cap reached: the attempt's share of limits.max_usd ...`)."""
+    return (f"cost cap reached: the job's limits.max_usd, ${format_usd(spec.limits.max_usd or 0)} "
+            f"(spent ${format_usd(spent_micro_usd)}); stopping the job")
+
+
 def reason(spec: JobSpec, spent_micro_usd: int) -> str:
     return (f"stopped at the cost cap limits.max_usd = ${format_usd(spec.limits.max_usd or 0)} "
             f"(spent ${format_usd(spent_micro_usd)})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from trainmaster.backends.base import Phase
+from trainmaster.backends.features import NotesInRunLog
 from trainmaster.backends.retry import retried
 from trainmaster.broker import failures, pairs, states
 from trainmaster.broker.money import cost_cap
@@ -49,6 +50,8 @@ async def watch(ctx: JobContext, attempt: Attempt) -> None:
             ctx.store.move_attempt(attempt.id, "running", job_target="running", started_at=st.started_at)
         spec = ctx.spec  # its attempts are read only for a job with a cap
         if spec.limits.max_usd is not None and cost_cap.reached(spec, ctx.attempts(), time.time()):
+            if isinstance(backend, NotesInRunLog):  # the log says why, as when the run's own limit stops it
+                await backend.note(handle, cost_cap.log_line(spec, cost_cap.spent(ctx.attempts(), time.time())))
             await retried(backend.cancel, handle)
             st = await retried(backend.status, handle)
             await stopped_at_cap(ctx, ctx.store.attempt(attempt.id), st)
