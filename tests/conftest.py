@@ -1,4 +1,9 @@
-"""Shared fixtures: every test gets its own TRAINMASTER_HOME, so state never leaks between tests."""
+"""Shared fixtures: every test gets its own TRAINMASTER_HOME, so state never leaks between tests; and how `./dev test`
+spreads the suite over its workers (the groups below).
+
+Test files mirror the package's folders (tests/repo/test_layout.py) and are imported by their file name
+(`--import-mode=prepend`); the helpers beside this file are importable from every folder (`pythonpath = ["tests"]`,
+pyproject.toml)."""
 
 from __future__ import annotations
 

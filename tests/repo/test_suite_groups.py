@@ -19,7 +19,7 @@ def test_the_groups():
     assert _group(smoke) == smoke
     assert _group("tests/benchmarks/test_benchmarks_smoke.py::test_benchmark_smoke[bench_ray]") == "ray"
     assert _group("tests/backends/ray/test_ray_backend.py::test_x") == "ray"
-    assert _group("tests/test_ray_backend.py::test_x[a/b::c]") == "ray"
+    assert _group("tests/backends/ray/test_ray_backend.py::test_x[a/b::c]") == "ray"
 
 
 def test_a_parallel_run_keeps_each_files_tests_on_one_worker():
