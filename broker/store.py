@@ -667,7 +667,7 @@ def _with_reason(detail: dict | None, reason: str | None) -> dict | None:
 
 # What others read of the store's tables (the daemon's views and notifications, the executors' records, settlement,
 # triggers), each on a connection the caller holds: the one place outside `Store` these tables are named in SQL
-# (tests/test_sql_owners.py).
+# (tests/repo/test_sql_owners.py).
 
 def job_counts(db) -> dict[str, int]:
     """Jobs per state that holds any."""

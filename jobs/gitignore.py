@@ -1,5 +1,5 @@
 """git's `.gitignore` matching, from `pathspec.GitIgnoreSpec`, with the few cases where it and `git check-ignore`
-disagree brought back to git (each one pinned by tests/test_ignore_git.py):
+disagree brought back to git (each one pinned by tests/jobs/test_ignore_git.py):
 
 - trailing spaces are dropped unless escaped, as git's `trim_trailing_spaces` does (`both\\  ` is `both\\ `;
   pathspec refuses it);

@@ -20,7 +20,7 @@ When the device has no memory left for the snapshot, the side stream copies stra
 tensors and the training stream waits for it (the GPU pauses for the transfer; the Python thread
 does not). CPU tensors of the same state are copied at once. Pinned buffers are reused once written
 (allocating pinned memory costs far more than the copy). The bytes are exactly
-:func:`trainmaster.jobs.canonical.serialize`'s (tests/test_host_copy.py).
+:func:`trainmaster.jobs.canonical.serialize`'s (tests/jobs/test_devices.py).
 """
 
 from __future__ import annotations

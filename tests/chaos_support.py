@@ -1,7 +1,7 @@
 """The daemon under kill -9: a folder trigger fed with new files while the daemon is killed at seeded random moments
 and started again, then the state database read for what a crash may have doubled or lost.
 
-Shared by `tests/test_daemon_chaos.py` (10 kills) and `tests/benchmarks/bench_daemon_chaos.py` (100 kills).
+Shared by `tests/broker/daemon/test_daemon_chaos.py` (10 kills) and `tests/benchmarks/bench_daemon_chaos.py` (100 kills).
 """
 
 from __future__ import annotations

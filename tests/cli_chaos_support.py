@@ -2,7 +2,7 @@
 the jobs brought to their ends by later commands and the state database read for what a crash doubled, lost or
 blamed on a job.
 
-Shared by `tests/test_cli_chaos.py` (a few kills) and `tests/benchmarks/bench_cli_chaos.py` (100 kills).
+Shared by `tests/broker/cli/test_cli_chaos.py` (a few kills) and `tests/benchmarks/bench_cli_chaos.py` (100 kills).
 """
 
 from __future__ import annotations

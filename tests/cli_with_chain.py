@@ -3,7 +3,7 @@ tests/fake_chain.py, kept in a JSON file between processes (so several CLI runs 
 
     python tests/cli_with_chain.py CHAIN.json [trainmaster args…]
 
-Only the SDK's `Substrate` object is replaced (as tests/test_tao_payments.py does): wallet/chain.py, the TAO
+Only the SDK's `Substrate` object is replaced (as tests/wallet/test_tao_payments.py does): wallet/chain.py, the TAO
 sender, the coldkey's signatures, the ledger and the settlement are the real ones. CHAIN.json holds the
 balances, nonces, head and landed transfers; it is made by `save(path, FakeSubstrate(...))`. The processes the CLI
 starts (a read's background pass, broker/cli/background.py) use the same chain (tests/child_site/sitecustomize.py).

@@ -1,4 +1,9 @@
-"""Shared fixtures: every test gets its own TRAINMASTER_HOME, so state never leaks between tests."""
+"""Shared fixtures: every test gets its own TRAINMASTER_HOME, so state never leaks between tests; and how `./dev test`
+spreads the suite over its workers (the groups below).
+
+Test files mirror the package's folders (tests/repo/test_layout.py) and are imported by their file name
+(`--import-mode=prepend`); the helpers beside this file are importable from every folder (`pythonpath = ["tests"]`,
+pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -28,25 +33,49 @@ def _group(nodeid: str) -> str:
     return nodeid if file.endswith(SPLIT_FILES) else file
 
 
+GROUP = pytest.StashKey[str]()
+"""An item's group (`_group`), kept on the item."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """`./dev test` spreads groups over workers (`--dist loadgroup`): a file's tests form one group, except in
-    SPLIT_FILES (one group each) and SHARED_GROUPS (one group for all their members, which are also moved next to
-    each other, where the first of them stood)."""
+    """Groups (`_group`): a file's tests form one, except in SPLIT_FILES (one each) and SHARED_GROUPS (one for all
+    their members). The items are ordered group by group, the groups with the most `slow` tests first (the order
+    in which `./dev test` hands them to the workers: the longest first, so none is left to run alone at the end),
+    each group where its first test stood otherwise."""
+    groups: dict[str, list] = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item.nodeid)))
-    for name in SHARED_GROUPS:
-        members = [item for item in items if _group(item.nodeid) == name]
-        if members:
-            at = items.index(members[0])
-            rest = [item for item in items if _group(item.nodeid) != name]
-            items[:] = rest[:at] + members + rest[at:]
+        item.stash[GROUP] = _group(item.nodeid)
+        groups.setdefault(item.stash[GROUP], []).append(item)
+    slow = {name: sum(1 for item in members if item.get_closest_marker("slow")) for name, members in groups.items()}
+    order = sorted(groups, key=lambda name: -slow[name])  # stable: collection order among equals
+    items[:] = [item for name in order for item in groups[name]]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (./dev test) with these groups, each sent whole to one worker in the order above. xdist's
+    own loadgroup reads `xdist_group` marks through a node id suffix that pytest 9 no longer keeps: with it every
+    test was a unit of its own, a file's tests ran on both workers, and a module-scoped fixture (a server, a trained
+    run) was set up again every time another file's test ran in between on the same worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # the collection's order: the longest groups first
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return Groups(config, log)
 
 
 def pytest_runtest_teardown(item, nextitem):
     """A shared group's server stops once the next test on this worker is not of its group."""
     import sys
 
-    if _group(item.nodeid) == "ray" and (nextitem is None or _group(nextitem.nodeid) != "ray"):
+    if item.stash.get(GROUP, None) == "ray" and (nextitem is None or nextitem.stash.get(GROUP, None) != "ray"):
         cluster = sys.modules.get("ray_cluster")
         if cluster is not None:
             cluster.stop_shared()

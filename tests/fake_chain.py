@@ -1,7 +1,7 @@
 """An in-memory Bittensor chain at the SDK's chain-access boundary (`bittensor.Substrate`): no chain is
 reachable in tests, so this answers the calls wallet/chain.py makes as the SDK's RPC backend would, with
 the SDK's own types (`bittensor.calls.Call`, `ExtrinsicResult`, real sr25519 signatures by the signer's
-`Keypair`). tests/test_tao_payments.py checks that every method here has the real method's signature.
+`Keypair`). tests/wallet/test_tao_payments.py checks that every method here has the real method's signature.
 
 Blocks are numbered from 1; each submitted transfer that is included gets a block of its own, final at once.
 A signed transfer is valid only at its signer's current nonce and up to `period` blocks after it was signed.

@@ -1,5 +1,5 @@
 """Hostile outputs folders, built cheaply (sparse files, one compressed member shared by many entries):
-what a malicious executor could leave for `trainmaster verify DIR`. Used by tests/test_hostile_bytes.py
+what a malicious executor could leave for `trainmaster verify DIR`. Used by tests/verify/test_hostile_bytes.py
 and tests/benchmarks/bench_hostile.py."""
 
 from __future__ import annotations

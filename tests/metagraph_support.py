@@ -1,6 +1,6 @@
 """A fake `bittensor.Subtensor` at the SDK boundary (its async client's `subnets.metagraph`), answering with the
 SDK's own `Metagraph`, `MetagraphNeuron` and `Balance` objects; the `chain` fixture resets and gives it
-(tests/test_metagraph.py checks its signatures against the SDK's)."""
+(tests/backends/bittensor/test_metagraph.py checks its signatures against the SDK's)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Jobs and protocol steps the miner tests share: a tiny runtime job that commits segments (the tiny LM
-recipe of tests/test_remote_harness.py), its bundle, and a quote → upload → dispatch sequence through a
+recipe of tests/e2e/test_remote_harness.py), its bundle, and a quote → upload → dispatch sequence through a
 MinerClient, with a broker-side conclusion (the secret, its digest, the signed receipt)."""
 
 from __future__ import annotations

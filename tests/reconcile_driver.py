@@ -1,4 +1,4 @@
-"""One reconciler process for tests/test_reconciler.py: a pass over the home's jobs whose `advance` only
+"""One reconciler process for tests/broker/daemon/test_reconciler.py: a pass over the home's jobs whose `advance` only
 records when it ran (job, pid, start, end) and sleeps, so two such processes show whether they overlap."""
 
 from __future__ import annotations

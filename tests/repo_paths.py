@@ -1,5 +1,5 @@
 """Where the repository and its tests are, for a test in any folder under tests/ (test files mirror the package's
-folders: tests/test_layout.py)."""
+folders: tests/repo/test_layout.py)."""
 
 from __future__ import annotations
 

@@ -207,7 +207,7 @@ class SecretStore:
 
 
 # What others read of the verdicts (the daemon's metrics, dashboard and notifications), each on a connection the
-# caller holds: the one place outside the stores above the table is named in SQL (tests/test_sql_owners.py).
+# caller holds: the one place outside the stores above the table is named in SQL (tests/repo/test_sql_owners.py).
 
 def verdict_counts(db) -> dict[str, int]:
     """Verdicts recorded per outcome that has any (a re-verification counts again)."""
@@ -231,7 +231,7 @@ def newest_verdict_id(db) -> int | None:
 
 
 # The commitments' rows, for verify/commitments.py (which checks what is stored and read): the one place the table
-# is named in SQL (tests/test_sql_owners.py).
+# is named in SQL (tests/repo/test_sql_owners.py).
 
 def other_commitments(db, job_id: str, attempt_id: str) -> list:
     """Rows (attempt_id, commitment_json) of the job's commitments by its other attempts."""

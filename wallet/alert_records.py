@@ -1,7 +1,7 @@
 """The budget alerts' records: each threshold a budget crossed in a period, once, with its webhook delivery
 (`ledger_alerts`, in the ledger's schema: wallet/ledger.py's migrations hold these statements). The ledger records
 an alert inside the movement's transaction; the outbox (wallet/outbox.py) delivers the pending ones. The one module
-that names the table in SQL (tests/test_sql_owners.py).
+that names the table in SQL (tests/repo/test_sql_owners.py).
 """
 
 from __future__ import annotations

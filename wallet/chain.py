@@ -4,7 +4,7 @@ chain-access contract (`bittensor.Substrate`; production: `bittensor.RpcSubstrat
 Every call here is one SDK call (`query`, `block_number`, `finalized_block_number`, `compose`, `account_next_index`,
 `sign_extrinsic`, `submit_signed`, `block_hash`, `find_extrinsic`), so a test replaces only the
 Substrate object, with a fake whose methods have the SDK's names and signatures
-(tests/test_tao_payments.py checks them with `inspect`). A transfer is signed first and submitted
+(tests/wallet/test_tao_payments.py checks them with `inspect`). A transfer is signed first and submitted
 after: its extrinsic hash (blake2b-256 of the signed bytes) and the mortal era it lives in are known
 before anything reaches the chain, so the caller records them first. Amounts are integer rao throughout.
 """

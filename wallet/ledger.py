@@ -442,7 +442,7 @@ def _record_alerts(db, budgets: list[Budget], now: float) -> list[Alert]:
 
 # What others read of the ledger's entries (the broker's invariants, the daemon's metrics and dashboard, a TAO
 # payment's check of its charge), each on a connection the caller holds: the one place outside `Ledger` the table is
-# named in SQL (tests/test_sql_owners.py). Each reads as empty while the ledger has made no table yet.
+# named in SQL (tests/repo/test_sql_owners.py). Each reads as empty while the ledger has made no table yet.
 
 def usage(db, budget: Budget, now: float) -> Usage:
     """What `budget` counts now: charged in its period, and held (reserved, neither charged nor released)."""

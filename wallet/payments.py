@@ -131,7 +131,7 @@ class Payments:
 
 
 # What others read of the payments (`trainmaster status` and `spend`, the daemon's metrics), on a connection the
-# caller holds: the one place outside `Payments` the table is named in SQL (tests/test_sql_owners.py).
+# caller holds: the one place outside `Payments` the table is named in SQL (tests/repo/test_sql_owners.py).
 
 def payment_rows(db, *, job_id: str | None = None, pending_only: bool = False) -> list:
     """Every payment's row (of `job_id` when given), oldest first; only the unsent ones with `pending_only`."""

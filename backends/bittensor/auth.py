@@ -4,7 +4,7 @@ miner's hotkey as receiver; the miner checks header shape, receiver, freshness, 
 
 The broker signs with `bittensor_core` (the SDK's Rust core, which `bittensor.sp_core` re-exports) and
 builds the btauth/1 payload itself, byte for byte `http_auth.build_payload` (pinned by
-tests/test_btauth_pin.py, which also checks every signed request against the real `http_auth.verify`):
+tests/backends/bittensor/test_btauth_pin.py, which also checks every signed request against the real `http_auth.verify`):
 `import bittensor` takes 0.25–0.5 s, a third of the broker's budget from submit to a job's start, and
 the core alone 7 ms. The miner verifies with `http_auth.verify` itself.
 

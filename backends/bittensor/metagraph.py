@@ -5,7 +5,7 @@ await client.subnets.metagraph(netuid, commitments=False)`, which returns the SD
 `neurons`: `MetagraphNeuron`s with hotkey, coldkey, stakes as `Balance`, and `axon`, the served
 "ip:port" or None). Of those, a miner is a neuron that serves an axon (`http://ip:port`) and whose
 total stake (as the metagraph reports it, in rao) is at least `min_stake_tao`; the largest stakes
-first, at most `max_miners`. Tests replace only the `Subtensor` object (tests/test_metagraph.py). The miner's
+first, at most `max_miners`. Tests replace only the `Subtensor` object (tests/backends/bittensor/test_metagraph.py). The miner's
 stake rule for its callers reads the same metagraph through `read_neurons` (miner/callers.py).
 """
 

@@ -5,14 +5,14 @@ run it); 2 usage or environment error (missing file, disk full, unreachable back
 
 Start-up matters (`trainmaster --help` ≤ 0.10 s): importing typer alone costs more than that, so
 `main` answers `trainmaster`, `--help`, `-h` and `--version` from a copy of the top-level help kept
-beside this file (`help.txt`, checked against the app by tests/test_cli_fast_paths.py) and
+beside this file (`help.txt`, checked against the app by tests/broker/cli/test_cli_fast_paths.py) and
 imports the app (`commands.py`) only for a real command. The reads `ls`, `status` and `spend` are answered
 before typer, and without Rich when stdout is no terminal (`lean.py`); they never advance a job (a daemon or
 the background pass a read starts does, `background.py`). A real command imports only what it uses:
 `ls` and `status` read the store without the Broker (`calls.py`, `job_client.py`), `exits.guarded` tells
 our exceptions apart without importing them, and typer is kept below 0.29, whose pydantic coercion of
 every option costs ~55 ms (tests/benchmarks/bench_cli.py prints each command's start-up;
-tests/test_cli_lazy_imports.py checks what each imports).
+tests/broker/cli/test_cli_lazy_imports.py checks what each imports).
 """
 
 from __future__ import annotations

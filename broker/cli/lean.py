@@ -15,7 +15,7 @@ import json
 import sys
 
 SPEND_GROUPS = ("backend", "class", "job", "project", "month")
-"""broker/cli/cost.py's, checked equal by tests/test_cli_lean_reads.py (that module imports typer)."""
+"""broker/cli/cost.py's, checked equal by tests/broker/cli/test_cli_lean_reads.py (that module imports typer)."""
 RECENT_S = 24 * 3600
 """broker/cli/jobs.py's `RECENT_S`."""
 

@@ -5,7 +5,7 @@ terminal (and neither `FORCE_COLOR` nor `TTY_COMPATIBLE=1` says otherwise). Each
 None when Rich would do something more than lay them out: a line longer than the width (Rich wraps or
 folds it), characters whose width is in doubt. The caller then prints with Rich, as before; so this module
 never decides what output looks like, it only spares Rich's import where the answer is already known
-(tests/test_cli_lean_reads.py checks it line for line against Rich).
+(tests/broker/cli/test_cli_lean_reads.py checks it line for line against Rich).
 
 The layouts copied: a Rich `Table(box=None)` (every cell padded one space each side, the title and caption
 centred over it), a `Padding(Text, (0, 0, 0, n))` (indented, then padded with spaces to the width), and

@@ -1,7 +1,7 @@
 """The conclusions' records: each untrusted attempt's signed receipt and, once its executor acknowledged it, the
 executor's countersignature. In the state database in their own table, with their own schema version row
 (`settlement_schema`); settlement (broker/money/settlement.py) writes them, the store asks which attempts still
-await one. The one module that names the table in SQL (tests/test_sql_owners.py).
+await one. The one module that names the table in SQL (tests/repo/test_sql_owners.py).
 """
 
 from __future__ import annotations

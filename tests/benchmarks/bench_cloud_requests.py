@@ -24,10 +24,13 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS), str(Path(__file__).parent)]
 from _common import print_figures  # noqa: E402
 
-CLOUD_TESTS = ["test_aws_s3.py", "test_aws_sagemaker.py", "test_aws_check.py", "test_aws_cli.py",
-               "test_gcp_store.py", "test_gcp_vertex.py", "test_gcp_backend.py", "test_gcp_cli.py",
-               "test_azure_blob.py", "test_azure_ml.py", "test_azure_backend.py", "test_azure_cli.py"]
-SMOKE = ["test_aws_sagemaker.py"]
+CLOUD_TESTS = ["backends/aws/test_aws_s3.py", "backends/aws/test_aws_sagemaker.py", "backends/aws/test_aws_check.py",
+               "backends/aws/test_aws_cli.py", "backends/gcp/test_gcp_store.py", "backends/gcp/test_gcp_vertex.py",
+               "backends/gcp/test_gcp_backend.py", "backends/gcp/test_gcp_cli.py", "backends/azure/test_azure_blob.py",
+               "backends/azure/test_azure_ml.py", "backends/azure/test_azure_backend.py",
+               "backends/azure/test_azure_cli.py"]
+"""The cloud tests, under tests/ (they mirror the package's folders)."""
+SMOKE = ["backends/aws/test_aws_sagemaker.py"]
 
 
 def run(smoke: bool = False) -> dict:

@@ -6,7 +6,7 @@ fresh wrapper process that reports the child's wall time and peak RSS (``RUSAGE_
 the fix a 3 GB commitment took 22.6 s and 3.4 GB, a sparse 50 GB one raised MemoryError, the
 200-entry zip took 49 s, a FIFO result.json hung, a 1,200-deep tree gave "cannot verify".
 Target for each case: at most 10 s and 500 MB, and the verdict `rejected` (the huge metrics step is
-data for `verify DIR`: `accepted`; the live status line's handling of it is in tests/test_hostile_bytes.py).
+data for `verify DIR`: `accepted`; the live status line's handling of it is in tests/verify/test_hostile_bytes.py).
 The CPU seconds (of the CLI and its children) and the harmless baseline (a folder of one log file:
 the CLI's own start-up and imports) show what the hostile case itself costs on a loaded machine.
 `run(smoke=True)` builds four small cases.

@@ -22,7 +22,7 @@ too little time is left, every result written to ``$OUT/gpu-check.json`` as it c
 8. ``gpt_cpu_audit`` — one segment of the 86M run re-executed on the CPU: its r, and the audit's cost
    as a fraction of the run's GPU time.
 
-``--rehearse`` runs the same stages on the CPU with small sizes (tests/test_gpu_check.py), so the
+``--rehearse`` runs the same stages on the CPU with small sizes (tests/repo/test_gpu_check.py), so the
 orchestration is tested where there is no GPU.
 """
 

@@ -1,7 +1,7 @@
 """One HTTP client library (docs/architecture.md, "One HTTP client library"): every HTTP request the package sends
 itself goes over aiohttp, and every aiohttp session it opens has a timeout.
 
-Checked on the source with `ast`, like tests/test_layering.py: an import of another HTTP client library anywhere in
+Checked on the source with `ast`, like tests/repo/test_layering.py: an import of another HTTP client library anywhere in
 the package fails, at module level or inside a function, under `if TYPE_CHECKING:` or by string
 (`importlib.import_module("requests")`). The cloud SDKs' own transports (boto3's urllib3, google-auth's requests,
 Azure's core pipeline, Ray's and MLflow's clients) are theirs, not ours; a module that must name one of their types

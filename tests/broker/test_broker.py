@@ -202,7 +202,7 @@ def test_a_budget_that_cannot_hold_the_estimate_refuses_the_dispatch(broker, job
 
 def test_a_pickle_among_trusted_outputs_is_kept_opaque_and_never_loaded(broker, job_factory, tmp_path):
     """Local compute is trusted: the pickle is recorded opaque (refused from untrusted compute:
-    tests/test_outputs_judged.py)."""
+    tests/verify/test_outputs_judged.py)."""
     marker = tmp_path / "pwned"
     script = f"""
         import os, pathlib, pickle

@@ -1,7 +1,7 @@
 """Where a new attempt resumes from: the reference an earlier attempt's backend reports (`last_checkpoint`),
 only from a trusted attempt that was not rejected (or an accepted one), only on the same backend, passed
 back as it is; the broker opens no folder of the backend's. End to end through the CLI with a remote
-executor: tests/test_remote_harness.py (resume after kill -9)."""
+executor: tests/e2e/test_remote_harness.py (resume after kill -9)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The miner's rule for its callers (backends/bittensor/miner/callers.py): a minimum stake on a subnet's metagraph,
 with its allowlist. In process: the real `Miner` app served by aiohttp's test server on 127.0.0.1, real btauth
-signatures by real sr25519 keys; only `bittensor.Subtensor` is a fake (tests/test_metagraph.py's, answering with the
+signatures by real sr25519 keys; only `bittensor.Subtensor` is a fake (tests/backends/bittensor/test_metagraph.py's, answering with the
 SDK's own Metagraph, MetagraphNeuron and Balance objects and counting its reads)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Data thresholds on `gs://` and `az://` prefixes, as tests/test_triggers_sources.py does `s3://` on moto: listed
+"""Data thresholds on `gs://` and `az://` prefixes, as tests/broker/daemon/triggers/test_triggers_sources.py does `s3://` on moto: listed
 through the GCS store on gcp-storage-emulator and the Blob store on Azurite, firing once per threshold of new
 objects since the last accepted run; a bucket or container that is not there is a problem, never a crash."""
 

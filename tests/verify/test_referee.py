@@ -1,4 +1,4 @@
-"""The refereed tier's parts (docs/protocol.md §3c), below the CLI (tests/test_refereed_tier_cli.py runs it end to
+"""The refereed tier's parts (docs/protocol.md §3c), below the CLI (tests/e2e/test_refereed_tier_cli.py runs it end to
 end): the bisection finds the first leaf where two trees differ in ⌈log₂ m⌉ openings, whatever happens after it;
 openings that do not stand are forfeits; the dispute's one replay upholds an honest run and refutes a tampered one
 bit for bit; the miner's leaf openings reach its signed root; the planner draws a pair of different coldkeys."""

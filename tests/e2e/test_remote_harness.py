@@ -4,7 +4,7 @@ own TRAINMASTER_HOME on 127.0.0.1 (tests/remote_executor), reached only through 
 Submit, the live progress line, cancel, resume after `kill -9` of the executor, the outcome check with an
 evaluator, the replay audit, acceptance and payment in rao. Resume is shown with the harness registered as
 a trusted backend: the core resumes only from trusted or accepted states, so an untrusted executor's
-crashed attempt is never resumed from (tests/test_untrusted_path.py holds that rule)."""
+crashed attempt is never resumed from (tests/e2e/test_untrusted_path.py holds that rule)."""
 
 from __future__ import annotations
 
