@@ -135,6 +135,10 @@ def test_a_miner_mute_after_its_dispatch_is_lost_in_bounded_time_and_not_banned(
     assert attempt["reason"].startswith("lost: unreachable"), attempt
     assert not _shown(_tm("executors", "ls", "--json"))["bans"]  # silence proves no fault
     _unpaid_shown_free(tm_home, shown)
+    began = time.monotonic()
+    logs = _tm("logs", shown["id"])  # a read of a log its miner never sends: one bounded wait, with a message
+    assert time.monotonic() - began < 20 and logs.returncode != 0, (time.monotonic() - began, logs.returncode)
+    assert "is unreachable" in logs.stderr and "Traceback" not in logs.stderr, logs.stderr[-2000:]
 
 
 def test_a_miner_that_says_it_runs_past_the_jobs_max_hours_is_ended_by_the_brokers_clock_and_banned(
