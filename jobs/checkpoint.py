@@ -16,10 +16,6 @@ A segment is written once, complete, when its trace is done: into ``segments/.<i
 file fsynced (in parallel, so the filesystem commits them together), the directory fsynced, then
 renamed to ``segments/<i>/`` and ``segments/`` fsynced. A segment directory that exists is whole.
 Nothing is ever pickled.
-
-A file is hashed and written in one pass over its bytes: each 4 MiB run of chunks is hashed on a
-pool thread (``jobs/chunks.py``, every core) and written by that same thread at its offset
-(``pwrite``) while it is still in the cache; nothing is copied and nothing is read back.
 """
 
 from __future__ import annotations
@@ -29,17 +25,17 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import files
 from .canonical import CanonicalError, deserialize, views
-from .chunks import chunk_hashes, digest_of, file_digest, tree_root
+from .chunks import file_digest
 from .priority import lower_thread_priority
 from .state import TrainState
 
@@ -53,12 +49,13 @@ REST = "rest.safetensors"
 DECISIONS = "decisions.safetensors"
 SEGMENTS = "segments"
 Buffers = Sequence[bytes | memoryview]
+T = TypeVar("T")
 
 _WRITEBACK_BYTES = 16 * 1024 * 1024
-"""The disk writeback of a file being written is started every this many bytes (``_start_writeback``)."""
 _PARALLEL_HASH_BYTES = 8 * 1024 * 1024
-"""A segment smaller than this is hashed and written on the calling thread (waking the pool costs more)."""
 
+
+_HASHERS = ThreadPoolExecutor(2, thread_name_prefix="trainmaster-hash", initializer=lower_thread_priority)
 _SYNCERS = ThreadPoolExecutor(8, thread_name_prefix="trainmaster-fsync", initializer=lower_thread_priority)
 
 
@@ -141,45 +138,22 @@ def _fsync_all(paths: Sequence[Path]) -> None:
 
 
 def _write_views(path: Path, buffers: Buffers) -> int:
-    """Write ``buffers`` to a new file (a manifest: small)."""
+    """Write ``buffers`` to a new file; start the disk writeback as the data goes in."""
     with open(path, "wb") as handle:
         for view in buffers:
             handle.write(view)
+            if len(view) >= _WRITEBACK_BYTES:
+                _start_writeback(handle, len(view))
         return handle.tell()
 
 
-def _write_hashed(path: Path | None, buffers: Buffers, parallel: bool) -> tuple[str, int]:
-    """The chunk digest of ``buffers`` end to end and their length, the file at ``path`` written with
-    them in the same pass (``path`` None: hashed only)."""
-    if path is None:
-        hashes, length = chunk_hashes(buffers, parallel=parallel)
-        return digest_of(tree_root(hashes), length), length
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        hashes, length = chunk_hashes(buffers, parallel=parallel, sink=lambda offset, data: _pwrite(fd, offset, data))
-    finally:
-        os.close(fd)
-    return digest_of(tree_root(hashes), length), length
-
-
-def _pwrite(fd: int, offset: int, data: memoryview | bytes) -> None:
-    """Write ``data`` at ``offset`` (all of it), and start the writeback of each whole
-    ``_WRITEBACK_BYTES`` window this write completes, so the final fsync has little left to wait for."""
-    view, done = memoryview(data), 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
-    end = offset + len(view)
-    if end // _WRITEBACK_BYTES > offset // _WRITEBACK_BYTES:
-        window = (end // _WRITEBACK_BYTES) * _WRITEBACK_BYTES
-        _start_writeback(fd, max(0, window - _WRITEBACK_BYTES), _WRITEBACK_BYTES)
-
-
-def _start_writeback(fd: int, offset: int, length: int) -> None:
-    """Ask the kernel to start writing ``length`` bytes at ``offset`` back to disk now (asynchronously).
-    On Linux POSIX_FADV_DONTNEED does that for dirty pages (and drops the pages once clean:
-    checkpoints are rarely read back); pages another thread has not written yet are left to the fsync."""
+def _start_writeback(handle, length: int) -> None:
+    """Ask the kernel to start writing the last ``length`` bytes back to disk now (asynchronously),
+    so the final fsync has little left to wait for. On Linux POSIX_FADV_DONTNEED does that for
+    dirty pages (and drops the pages once clean: checkpoints are rarely read back)."""
     if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        handle.flush()
+        os.posix_fadvise(handle.fileno(), handle.tell() - length, length, os.POSIX_FADV_DONTNEED)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -193,6 +167,19 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 def rest_of(rest_digest: str, trace_digest: str) -> str:
     """``rest_sha256 = sha256(digest(rest) ‖ digest(trace))`` over the raw 32-byte digests, as hex."""
     return hashlib.sha256(bytes.fromhex(rest_digest) + bytes.fromhex(trace_digest)).hexdigest()
+
+
+def _hash(fn: Callable[..., T], *args: Buffers, inline: bool) -> Future[T]:
+    """Run a hash beside the writes (its chunks spread over every core), or here for small data."""
+    if not inline:
+        return _HASHERS.submit(fn, *args)
+    future: Future[T] = Future()
+    future.set_result(fn(*args))
+    return future
+
+
+def _digests(weights: Buffers, rest: Buffers, trace: Buffers) -> tuple[str, str, str]:
+    return file_digest(weights), file_digest(rest), file_digest(trace, parallel=False)
 
 
 def write_segment(
@@ -231,25 +218,28 @@ def write_segment_bytes(
 ) -> SegmentManifest:
     """Write segment ``index`` from the canonical bytes of its three files, and publish it atomically.
 
-    Each file is hashed and written in one pass (the module docstring), on every core. With
-    ``keep=False`` the files are hashed and not written: the
+    The chunk digests are computed on worker threads over the same memory the writer reads, so the
+    cost is about ``max(write, hash)``. With ``keep=False`` the files are hashed and not written: the
     segment is its manifest alone. An I/O failure (a full disk) raises :class:`CheckpointError` and
     leaves every earlier segment as it was.
     """
     parts = {WEIGHTS: weights, REST: rest, DECISIONS: trace}
-    parallel = sum(len(view) for buffers in parts.values() for view in buffers) >= _PARALLEL_HASH_BYTES
+    inline = not keep or sum(len(view) for buffers in parts.values() for view in buffers) < _PARALLEL_HASH_BYTES
+    digests = _hash(_digests, weights, rest, trace, inline=inline)
     final = segment_dir(root, index)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        hashed = {name: _write_hashed(tmp / name if keep else None, buffers, parallel and name != DECISIONS)
-                  for name, buffers in parts.items()}
+        if keep:
+            sizes = {name: _write_views(tmp / name, buffers) for name, buffers in parts.items()}
+        else:
+            sizes = {name: sum(len(view) for view in buffers) for name, buffers in parts.items()}
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write segment {index} in {tmp}: {exc}") from exc
-    (weights_sha, _), (rest_file_sha, _), (trace_sha, _) = (hashed[name] for name in (WEIGHTS, REST, DECISIONS))
-    sizes = {name: size for name, (_, size) in hashed.items()}
+    finally:
+        weights_sha, rest_file_sha, trace_sha = digests.result()
     rest_sha = rest_of(rest_file_sha, trace_sha)
     shas = {WEIGHTS: weights_sha, REST: rest_file_sha, DECISIONS: trace_sha}
     manifest = SegmentManifest(

@@ -11,70 +11,35 @@ proof for chunk j (``jobs/merkle.py``'s ``PATH``) opens that chunk of that file 
 
 The chunk hashes are independent, so they are computed by a pool of threads over contiguous runs of
 chunks (``hashlib`` releases the GIL on buffers over 2 KiB): the whole machine hashes a checkpoint,
-where one sha256 stream ran on one core. The pool's threads run at the priority of the thread that
-asks (the runtime's writer at nice +10, a verifier or a benchmark at its own), one pool per niceness,
-one thread per core this process may use. A ``sink`` is handed each run's bytes on the thread that
-just hashed them, while they are still in its cache: the checkpoint writer writes them there, so a
-file is read from memory once, hashed and written in one pass. The tree is then built level by level
-(bottom-up pairing, an odd last node carried up unchanged, which is RFC 6962's tree for any size).
+where one sha256 stream ran on one core. The tree is then built level by level (bottom-up pairing,
+an odd last node carried up unchanged, which is RFC 6962's tree for any size).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import struct
-import sys
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from .merkle import leaf_hash, node_hash, verify_inclusion
+from .priority import lower_thread_priority
 
 CHUNK_BYTES = 64 * 1024
 """The chunk size: 16,384 float32 values, about 30 µs of sha256; a proof for a 1.2 GB state is 15 hashes."""
 DOMAIN = b"trainmaster-chunks-v1\x00"
 _RUN = 64
-"""Chunks hashed per task (4 MiB): amortises the pool's overhead, and stays in the cache between its
-hash and its write (``sink``). 1 MiB runs cost 1.5x the CPU per checkpoint here (finer interleaved writes)."""
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-Sink = Callable[[int, "memoryview | bytes"], None]
-"""``sink(offset, data)``: called with each run's bytes and their offset in the stream, after they are hashed."""
-
-
-def _niceness() -> int:
-    """The calling thread's niceness (Linux sets it per thread); 0 where it cannot be read."""
-    try:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    except (AttributeError, OSError):
-        return 0
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+"""Chunks hashed per task (4 MiB): amortises the pool's overhead."""
+_POOL: ThreadPoolExecutor | None = None
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The pool whose threads run at the caller's niceness, so hashing never outranks the thread that asks."""
-    nice = _niceness()
-    with _POOLS_LOCK:
-        if nice not in _POOLS:
-            _POOLS[nice] = ThreadPoolExecutor(
-                max(1, min(32, _cores())), thread_name_prefix=f"trainmaster-chunk-n{nice}",
-                initializer=_set_niceness, initargs=(nice,),
-            )
-        return _POOLS[nice]
-
-
-def _set_niceness(nice: int) -> None:
-    if nice > 0 and sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    global _POOL
+    if _POOL is None:
+        workers = max(1, min(32, os.cpu_count() or 1))
+        _POOL = ThreadPoolExecutor(workers, thread_name_prefix="trainmaster-chunk", initializer=lower_thread_priority)
+    return _POOL
 
 
 class Joined:
@@ -102,41 +67,25 @@ def chunk_count(length: int) -> int:
     return -(-length // CHUNK_BYTES)
 
 
-def chunk_hashes(
-    views: Sequence[bytes | bytearray | memoryview], *, parallel: bool = True, sink: Sink | None = None
-) -> tuple[list[bytes], int]:
-    """The RFC 6962 leaf hash of every chunk of the bytes ``views`` hold end to end, and their length.
-
-    With ``sink``, each run of chunks is passed to it once hashed, on the same thread (in any order
-    across runs; an exception in the sink is raised here)."""
+def chunk_hashes(views: Sequence[bytes | bytearray | memoryview], *, parallel: bool = True) -> tuple[list[bytes], int]:
+    """The RFC 6962 leaf hash of every chunk of the bytes ``views`` hold end to end, and their length."""
     joined = Joined(views)
     count = chunk_count(joined.length)
 
     def run(first: int) -> list[bytes]:
-        begin, end = first * CHUNK_BYTES, min(joined.length, (first + _RUN) * CHUNK_BYTES)
-        piece = memoryview(joined.piece(begin, end))
+        last = min(count, first + _RUN)
         out = []
-        for offset in range(0, end - begin, CHUNK_BYTES):
+        for j in range(first, last):
             hasher = hashlib.sha256(b"\x00")
-            hasher.update(piece[offset : offset + CHUNK_BYTES])
+            hasher.update(joined.piece(j * CHUNK_BYTES, min(joined.length, (j + 1) * CHUNK_BYTES)))
             out.append(hasher.digest())
-        if sink is not None:
-            sink(begin, piece)
         return out
 
     starts = range(0, count, _RUN)
     if not parallel or count <= _RUN:
         runs = [run(s) for s in starts]
     else:
-        futures = [_pool().submit(run, s) for s in starts]
-        try:
-            runs = [future.result() for future in futures]
-        except BaseException:
-            # No run may still be using the sink (the caller's file) once this returns.
-            for future in futures:
-                future.cancel()
-            wait(futures)
-            raise
+        runs = list(_pool().map(run, starts))
     return [h for r in runs for h in r], joined.length
 
 

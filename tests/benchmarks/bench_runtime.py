@@ -9,9 +9,8 @@ Figures:
   runtime's checkpoints are durable; a bare save_file is not). Median of 3 after a warm-up round,
   files removed between runs. Target: ratio to the bare save_file <= 1.5. Smoke: 1M parameters.
   Also printed, as a ratio to the bare save_file, the floor on this machine of any checkpoint that
-  sha256es every byte and writes it, with both spread perfectly over every core (the runtime's chunk
-  digests are hashed and written that way: jobs/checkpoint.py; tests/benchmarks/bench_trust.py pairs
-  rounds against save_file for issue 35's figure). And
+  sha256es every byte and writes it, with both spread perfectly over every core
+  (tests/benchmarks/bench_trust.py pairs rounds against save_file for issue 35's figure). And
   the part of a checkpoint the training loop waits for under the runtime (the canonical copy of
   the state; hashing, writing and fsync happen on the writer thread) against the bare save_file.
 * Steps/s of the DQN recipe under the runtime with a segment every k = 25 steps, against the same
