@@ -8,9 +8,9 @@ Figures:
   tensors (weights and optimizer state as two files), without and with an fsync of both files (the
   runtime's checkpoints are durable; a bare save_file is not). Median of 3 after a warm-up round,
   files removed between runs. Target: ratio to the bare save_file <= 1.5. Smoke: 1M parameters.
-  Also printed, as ratios to the bare save_file, two floors on this machine: any checkpoint that
-  sha256es every byte and writes it, with both spread perfectly over every core; and this format,
-  whose ``sha256(rest_i)`` is one sequential stream over the rest (docs/protocol.md §2). And
+  Also printed, as a ratio to the bare save_file, the floor on this machine of any checkpoint that
+  sha256es every byte and writes it, with both spread perfectly over every core
+  (tests/benchmarks/bench_trust.py pairs rounds against save_file for issue 35's figure). And
   the part of a checkpoint the training loop waits for under the runtime (the canonical copy of
   the state; hashing, writing and fsync happen on the writer thread) against the bare save_file.
 * Steps/s of the DQN recipe under the runtime with a segment every k = 25 steps, against the same
@@ -123,7 +123,6 @@ def _checkpoint_figures(params: int, repeats: int) -> dict[str, float]:
                 durable.append(synced - start)
                 ours.append(done - start_ours)
     size = sum(t.numel() * t.element_size() for part in (state.weights, state.rest) for t in part.values())
-    rest_size = sum(t.numel() * t.element_size() for t in state.rest.values())
     ours_s, bare_s, durable_s, blocked_s = (statistics.median(x) for x in (ours, bare, durable, blocked))
     rate, cores = _sha256_bytes_per_second(state), os.cpu_count() or 1
     return {
@@ -137,7 +136,6 @@ def _checkpoint_figures(params: int, repeats: int) -> dict[str, float]:
         "training thread blocked per checkpoint / save_file": blocked_s / bare_s,
         "sha256 GB/s, one core": rate / 1e9,
         "floor: (sha256 of every byte + save_file) on all cores / save_file": (size / rate + bare_s) / cores / bare_s,
-        "floor: sha256 of rest in one stream / save_file": rest_size / rate / bare_s,
     }
 
 
