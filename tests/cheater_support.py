@@ -36,6 +36,17 @@ def started():
         proc.stop()
 
 
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory) -> MinerProcess:
+    """One honest miner for all of a file's tests (a process started once, ~10 s on a loaded machine): it keeps
+    each job under its attempt's id and bans nobody, and every test has its own broker (home, wallet, state), so
+    the tests that list it never see each other's work through it."""
+    root = tmp_path_factory.mktemp("honest")
+    miner = MinerProcess(root / "miner", make_wallet(root / "wallets", "honest"), config=HONEST_PRICES).start()
+    yield miner
+    miner.stop()
+
+
 def _cheater(kind: str, tmp_path, wallets, started) -> CheaterProcess:
     return started(CheaterProcess(kind, tmp_path / kind, make_wallet(wallets, kind), config=CHEAP_PRICES))
 
@@ -44,11 +55,14 @@ def _honest(tmp_path, wallets, started) -> MinerProcess:
     return started(MinerProcess(tmp_path / "honest", make_wallet(wallets, "honest"), config=HONEST_PRICES))
 
 
-def _setup(tmp_path, tm_home, listed: list[MinerProcess], deadline_s: float = 600, unreachable_s: float = 600):
+def _setup(tmp_path, tm_home, listed: list[MinerProcess], deadline_s: float = 600, unreachable_s: float = 600,
+           job_yaml: str | None = None):
+    """The job (the tiny LM, 100 steps in 4 segments unless `job_yaml` says otherwise: tests/tiny_lm_job.py
+    `short_job`), the policy and backends.yaml listing `listed`; the spec's and the policy's paths."""
     make_wallet(tmp_path / "wallets", "broker")
     job = tmp_path / "job"
     job.mkdir(exist_ok=True)
-    (job / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=100)))
+    (job / "job.yaml").write_text(job_yaml or JOB.format(entrypoint=TINY_LM.format(steps=100)))
     (job / "evaluate.py").write_text(EVALUATOR)
     (tmp_path / "policy.yaml").write_text(POLICY.format(deadline=deadline_s, unreachable=unreachable_s))
     lines = "".join(f"    - hotkey: {m.hotkey}\n      url: {m.url}\n      coldkey: {_coldkey(m)}\n" for m in listed)

@@ -22,3 +22,15 @@ weights = load_file(os.environ["TRAINMASTER_EVAL_CHECKPOINT"])
 print(json.dumps({"finite": float(all(bool(t.isfinite().all()) for t in weights.values())),
                   "tensors": len(weights)}))
 """
+
+
+def short_job() -> str:
+    """The job.yaml of a shorter run of the same shape: 40 steps in 4 segments of 10 (as 100 steps in 4 of 25).
+    For tests whose proof is about the segments (how many, which are challenged, what a cheat does to the
+    second half of them) rather than about the training's length: each step costs ~0.1 s of CPU in the miner's
+    run, again in the audit's replay and in the runtime's self-check."""
+    return JOB.format(entrypoint=TINY_LM.format(steps=SHORT_STEPS)).replace(
+        "  segment_steps: 25\n", f"  segment_steps: {SHORT_SEGMENT_STEPS}\n")
+
+
+SHORT_STEPS, SHORT_SEGMENT_STEPS = 40, 10

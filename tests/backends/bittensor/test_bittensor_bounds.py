@@ -7,7 +7,8 @@ what to fix, nothing kept, nobody blamed); outputs trickled a byte a second miss
 completes with fewer bytes than announced, or a resume shorter than its Content-Range, is the miner's statement;
 a miner mute after its dispatch is lost within `unreachable_after_s`, not minutes per status call; one that says
 it runs past the job's max_hours is ended by the broker's own clock and banned; a log's terminal escapes are
-printed as visible text, and a miner's claimed start is not shown as the time it started.
+printed as visible text, and a miner's claimed start is not shown as the time it started. The job is the short
+tiny LM (tests/tiny_lm_job.py `short_job`): what is proved here is about what comes back, not the training's length.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cheater_support import BANNED, _caught, _cheater, _coldkey, _setup, started
 from cheating_miners.miners import SHORT_LOG
 from miner_support import shown as _shown, tm as _tm
 from state_rows import state_rows
+from tiny_lm_job import short_job
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +62,7 @@ def _unpaid_shown_free(tm_home, shown: dict) -> None:
 def test_an_output_announced_over_max_gb_is_refused_before_a_byte_and_the_miner_banned(
         tmp_path, tm_home, wallets, started):
     huge = _cheater("huge", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [huge])
+    spec, policy = _setup(tmp_path, tm_home, [huge], job_yaml=short_job())
     _spec_extra(spec, "outputs:\n  max_gb: 1\n")
     done, shown = _submitted(spec, policy)
     attempt = _caught(tm_home, shown, huge, spec, policy)
@@ -73,7 +75,7 @@ def test_an_output_announced_over_max_gb_is_refused_before_a_byte_and_the_miner_
 def test_an_output_larger_than_the_free_disk_waits_on_us_keeps_nothing_and_blames_nobody(
         tmp_path, tm_home, wallets, started):
     huge = _cheater("huge", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [huge])
+    spec, policy = _setup(tmp_path, tm_home, [huge], job_yaml=short_job())
     done, _ = _submitted(spec, policy)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "free some space, or set the job's outputs.max_gb" in done.stderr, done.stderr
@@ -91,7 +93,7 @@ def test_an_output_larger_than_the_free_disk_waits_on_us_keeps_nothing_and_blame
 
 def test_a_trickling_miner_is_rejected_at_its_download_deadline(tmp_path, tm_home, wallets, started):
     trickle = _cheater("trickle", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [trickle])
+    spec, policy = _setup(tmp_path, tm_home, [trickle], job_yaml=short_job())
     _configure(tm_home, download_grace_s=5)
     began = time.monotonic()
     done, shown = _submitted(spec, policy)
@@ -104,7 +106,7 @@ def test_a_trickling_miner_is_rejected_at_its_download_deadline(tmp_path, tm_hom
 
 def test_an_answer_complete_but_short_is_the_miners_statement_not_a_network_fault(tmp_path, tm_home, wallets, started):
     short = _cheater("short", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [short])
+    spec, policy = _setup(tmp_path, tm_home, [short], job_yaml=short_job())
     done, shown = _submitted(spec, policy)
     attempt = _caught(tm_home, shown, short, spec, policy)
     assert "its answer announces" in attempt["reason"] or "its answer ended whole after" in attempt["reason"], attempt
@@ -115,7 +117,7 @@ def test_an_answer_complete_but_short_is_the_miners_statement_not_a_network_faul
 
 def test_a_resume_shorter_than_its_content_range_is_refused(tmp_path, tm_home, wallets, started):
     cheat = _cheater("short_range", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [cheat])
+    spec, policy = _setup(tmp_path, tm_home, [cheat], job_yaml=short_job())
     done, shown = _submitted(spec, policy)
     attempt = _caught(tm_home, shown, cheat, spec, policy)
     assert "its answer announces" in attempt["reason"] and "bytes for the" in attempt["reason"], attempt
@@ -124,7 +126,7 @@ def test_a_resume_shorter_than_its_content_range_is_refused(tmp_path, tm_home, w
 
 def test_a_miner_mute_after_its_dispatch_is_lost_in_bounded_time_and_not_banned(tmp_path, tm_home, wallets, started):
     mute = _cheater("mute", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [mute], unreachable_s=20)
+    spec, policy = _setup(tmp_path, tm_home, [mute], unreachable_s=20, job_yaml=short_job())
     _configure(tm_home, status_timeout_s=2)
     began = time.monotonic()
     done, shown = _submitted(spec, policy)
@@ -144,11 +146,11 @@ def test_a_miner_mute_after_its_dispatch_is_lost_in_bounded_time_and_not_banned(
 def test_a_miner_that_says_it_runs_past_the_jobs_max_hours_is_ended_by_the_brokers_clock_and_banned(
         tmp_path, tm_home, wallets, started):
     overrun = _cheater("overrun", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [overrun])
-    _spec_extra(spec, "limits:\n  max_hours: 0.005\n")  # 18 s; the broker ends it 18 × 1.1 + 60 s after dispatch
+    spec, policy = _setup(tmp_path, tm_home, [overrun], job_yaml=short_job())
+    _spec_extra(spec, "limits:\n  max_hours: 0.001\n")  # 3.6 s; the broker ends it 3.6 × 1.1 + 60 s after dispatch
     done, shown = _submitted(spec, policy)
     attempt = _caught(tm_home, shown, overrun, spec, policy)
-    assert "past the job's limits.max_hours (0.005 h)" in attempt["reason"], attempt
+    assert "past the job's limits.max_hours (0.001 h)" in attempt["reason"], attempt
     assert "still running, past the time it was paid for" in attempt["reason"]
     _unpaid_shown_free(tm_home, shown)
 
@@ -156,7 +158,7 @@ def test_a_miner_that_says_it_runs_past_the_jobs_max_hours_is_ended_by_the_broke
 def test_a_miners_terminal_escapes_are_shown_as_text_and_its_claimed_start_is_not_shown_as_fact(
         tmp_path, tm_home, wallets, started):
     painter = _cheater("escapes", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [painter])
+    spec, policy = _setup(tmp_path, tm_home, [painter], job_yaml=short_job())
     done, shown = _submitted(spec, policy)
     assert shown["state"] == "accepted", shown
     logs = _tm("logs", shown["id"])

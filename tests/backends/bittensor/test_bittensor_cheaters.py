@@ -8,7 +8,8 @@ unpaid (no payment row, `spend` shows nothing paid to it), banned (`executors ls
 coldkey), and left out of later jobs with the ban as the reason. A miner that replays the broker's signed
 dispatch is refused by the miners it replays to and gains nothing; a download cut halfway resumes; a miner
 that vanishes after committing is lost (no ban: nothing proves a fault) and the job goes to another miner.
-The tiny job has 4 segments and the spec's q = 8 challenges them all, so every cheat is sampled.
+The tiny job (tests/tiny_lm_job.py `short_job`: 40 steps) has 4 segments and the spec's q = 8 challenges them
+all, so every cheat is sampled.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import json
 
 import pytest
 
-from cheater_support import BANNED, _caught, _cheater, _coldkey, _honest, _setup, started, wallets  # noqa: F401
+from cheater_support import BANNED, _caught, _cheater, _coldkey, _setup, honest, started, wallets  # noqa: F401
 from cheating_miners.miners import CUT_LOG, REPLAY_TO_ENV, REPLAYS
 from miner_support import shown as _shown, tm as _tm
 from state_rows import state_rows
+from tiny_lm_job import short_job
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +35,15 @@ CAUGHT = {
     "bad_hash": "differs from the announced",
 }
 """What the cheater's attempt is rejected for (its reason in `status --json`), by kind."""
-DEADLINE_S = {"silent": 15}
+DEADLINE_S = {"silent": 5}
 """The policy's challenge_deadline_s: short where the miner goes silent (its attempt waits that long), generous
 elsewhere, so an honest answer on a loaded machine is never late."""
+
+
+def _jobs(miner) -> set[str]:
+    """The attempts a miner has taken on (a folder each in its home's jobs/)."""
+    jobs = miner.home / "jobs"
+    return {p.name for p in jobs.iterdir()} if jobs.is_dir() else set()
 
 
 def _submit(spec, policy) -> dict:
@@ -45,9 +53,9 @@ def _submit(spec, policy) -> dict:
 
 
 def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_to_an_honest_miner(
-        tmp_path, tm_home, wallets, started):
-    cheater, honest = _cheater("skip_half", tmp_path, wallets, started), _honest(tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [cheater, honest])
+        tmp_path, tm_home, wallets, started, honest):
+    cheater = _cheater("skip_half", tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [cheater, honest], job_yaml=short_job())
     shown = _submit(spec, policy)
     assert shown["state"] == "accepted", shown
     first, second = shown["attempts"]
@@ -62,7 +70,7 @@ def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_t
 @pytest.mark.parametrize("kind", ["freeze", "wrong_key", "silent", "bad_hash"])
 def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallets, started):
     cheater = _cheater(kind, tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [cheater], DEADLINE_S.get(kind, 600))
+    spec, policy = _setup(tmp_path, tm_home, [cheater], DEADLINE_S.get(kind, 600), job_yaml=short_job())
     shown = _submit(spec, policy)
     assert CAUGHT[kind] in _caught(tm_home, shown, cheater, spec, policy)["reason"], shown
     assert shown["state"] == "failed" and BANNED in shown["reason"], shown  # no other miner to go to
@@ -73,7 +81,7 @@ def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallet
 
 def test_a_download_cut_halfway_resumes_and_the_honest_work_is_paid_once(tmp_path, tm_home, wallets, started):
     cutter = _cheater("cut", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [cutter])
+    spec, policy = _setup(tmp_path, tm_home, [cutter], job_yaml=short_job())
     shown = _submit(spec, policy)
     assert shown["state"] == "accepted", shown
     [attempt] = shown["attempts"]
@@ -86,11 +94,11 @@ def test_a_download_cut_halfway_resumes_and_the_honest_work_is_paid_once(tmp_pat
 
 
 def test_a_replayed_dispatch_is_refused_by_every_miner_and_gains_nothing(tmp_path, tm_home, wallets, started,
-                                                                         monkeypatch):
-    honest = _honest(tmp_path, wallets, started)
+                                                                         honest, monkeypatch):
     monkeypatch.setenv(REPLAY_TO_ENV, honest.url)
     replayer = _cheater("replay", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [replayer])
+    spec, policy = _setup(tmp_path, tm_home, [replayer], job_yaml=short_job())
+    honest_jobs = _jobs(honest)  # what the file's honest miner ran for other tests
     shown = _submit(spec, policy)
     assert shown["state"] == "accepted", shown
     [attempt] = shown["attempts"]
@@ -98,7 +106,7 @@ def test_a_replayed_dispatch_is_refused_by_every_miner_and_gains_nothing(tmp_pat
     assert [(r["to"], r["status"], r["error"]) for r in replays] == [
         (replayer.url, 401, "ReplayedRequest"),  # its own nonce store has seen it
         (honest.url, 401, "WrongReceiver")]  # signed for the replayer only
-    assert not (honest.home / "jobs").exists() or not any((honest.home / "jobs").iterdir())
+    assert _jobs(honest) == honest_jobs  # it ran nothing for the replay
     payments = state_rows(tm_home, "SELECT payee, attempt_id FROM payments")
     assert [tuple(p) for p in payments] == [(_coldkey(replayer), attempt["id"])]  # once, for its one attempt
     assert len(state_rows(tm_home, "SELECT * FROM ledger_entries WHERE kind = 'charge'")) == 1
@@ -107,7 +115,7 @@ def test_a_replayed_dispatch_is_refused_by_every_miner_and_gains_nothing(tmp_pat
 def test_returning_another_jobs_run_is_rejected_unpaid_and_banned_after_an_honest_first_job(
         tmp_path, tm_home, wallets, started):
     reuser = _cheater("reuse", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [reuser])
+    spec, policy = _setup(tmp_path, tm_home, [reuser], job_yaml=short_job())
     first = _submit(spec, policy)
     assert first["state"] == "accepted", first  # its first run is its own, honest
     second = _submit(spec, policy)
@@ -124,9 +132,9 @@ def test_returning_another_jobs_run_is_rejected_unpaid_and_banned_after_an_hones
 
 
 def test_a_miner_that_vanishes_after_committing_is_lost_unpaid_unbanned_and_the_job_goes_elsewhere(
-        tmp_path, tm_home, wallets, started):
-    vanisher, honest = _cheater("vanish", tmp_path, wallets, started), _honest(tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [vanisher, honest], unreachable_s=3)
+        tmp_path, tm_home, wallets, started, honest):
+    vanisher = _cheater("vanish", tmp_path, wallets, started)
+    spec, policy = _setup(tmp_path, tm_home, [vanisher, honest], unreachable_s=3, job_yaml=short_job())
     shown = _submit(spec, policy)
     assert shown["state"] == "accepted", shown
     first, second = shown["attempts"]

@@ -13,7 +13,7 @@ import pytest
 
 from miner_support import shown as _shown, tm as _tm
 from miner_support import MinerProcess, free_port, make_wallet
-from tiny_lm_job import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM, short_job
 from trainmaster.wallet.keys import signed_by
 from state_rows import state_rows
 
@@ -23,10 +23,13 @@ PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours
 POLICY = "name: tao\ndefault:\n  primary: bittensor\ntao_rate:\n  usd_per_tao: 400\nverification:\n  tau: 0.01\n"
 
 
-@pytest.fixture
-def miners(tmp_path):
-    wallets = tmp_path / "wallets"
-    procs = [MinerProcess(tmp_path / f"miner{i}", make_wallet(wallets, f"miner{i}"), config=PRICES).start()
+@pytest.fixture(scope="module")
+def miners(tmp_path_factory):
+    """Two honest miners for both tests (processes started once, ~10 s each on a loaded machine): each keeps a
+    job under its attempt's id and every test has its own broker (home, wallet, state), so the tests never see
+    each other's work through them."""
+    root = tmp_path_factory.mktemp("miners")
+    procs = [MinerProcess(root / f"miner{i}", make_wallet(root / "wallets", f"miner{i}"), config=PRICES).start()
              for i in range(2)]
     yield procs
     for proc in procs:
@@ -58,6 +61,7 @@ def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_
     down = make_wallet(tmp_path / "wallets", "gone")
     listed = [{"hotkey": down.hotkey.ss58_address, "url": f"http://127.0.0.1:{free_port()}"}, *map(_listed, miners)]
     _, spec, policy = _setup(tmp_path, tm_home, listed)
+    spec.write_text(short_job())  # 4 segments of 10 steps: the whole walk, on a shorter run
     offered = _shown(_tm("offers", str(spec), "--policy", str(policy), "--json"))
     assert {r["offer"]["instance"] for r in offered["considered"]} == {m.hotkey for m in miners}
     [gone] = offered["unavailable"]["bittensor"]  # the miner that is down, with its reason

@@ -47,13 +47,25 @@ def _context(tmp_path, attempt_id: str, sha256: str) -> AttemptContext:
 
 
 @pytest.fixture
-def miner(tmp_path):
+def own_miner(tmp_path):
+    """A miner of the test's own: the test runs a job on it and kills it."""
     proc = MinerProcess(tmp_path / "miner", make_wallet(tmp_path / "wallets", "miner"), config=PRICES).start()
     yield proc
     proc.stop()
 
 
-def test_a_run_is_resent_refused_when_busy_followed_cancelled_and_unreachable_after_kill_9(tmp_path, miner):
+@pytest.fixture(scope="module")
+def miner(tmp_path_factory):
+    """One miner for the tests that only ask it (a quote, a hello) and run nothing on it: started once (~10 s on a
+    loaded machine); each test signs as a broker wallet of its own."""
+    root = tmp_path_factory.mktemp("miner")
+    proc = MinerProcess(root / "miner", make_wallet(root / "wallets", "miner"), config=PRICES).start()
+    yield proc
+    proc.stop()
+
+
+def test_a_run_is_resent_refused_when_busy_followed_cancelled_and_unreachable_after_kill_9(tmp_path, own_miner):
+    miner = own_miner
     make_wallet(tmp_path / "wallets", "broker")
     backend = _backend(tmp_path, {"hotkey": miner.hotkey, "url": miner.url,
                                   "coldkey": miner.wallet.coldkeypub.ss58_address})

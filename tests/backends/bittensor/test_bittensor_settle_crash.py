@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from miner_support import MinerProcess, make_wallet
-from tiny_lm_job import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, short_job
 from state_rows import state_rows
 from repo_paths import TESTS
 
@@ -37,7 +37,7 @@ def _setup(tmp_path: Path, tm_home: Path, miner: MinerProcess) -> tuple[Path, Pa
     make_wallet(tmp_path / "wallets", "broker")
     job = tmp_path / "job"
     job.mkdir()
-    (job / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=100)))
+    (job / "job.yaml").write_text(short_job())  # 4 segments of 10 steps: the crashes are after the run
     (job / "evaluate.py").write_text(EVALUATOR)
     (tmp_path / "policy.yaml").write_text(POLICY)
     (tm_home / "config").mkdir(parents=True)

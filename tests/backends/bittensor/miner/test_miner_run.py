@@ -21,14 +21,24 @@ pytestmark = pytest.mark.slow
 PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}
 
 
-@pytest.fixture
-def wallets(tmp_path):
-    path = tmp_path / "wallets"
+@pytest.fixture(scope="module")
+def wallets(tmp_path_factory):
+    path = tmp_path_factory.mktemp("wallets")
     return make_wallet(path, "miner"), make_wallet(path, "broker")
 
 
+@pytest.fixture(scope="module")
+def miner(tmp_path_factory, wallets):
+    """One miner for the tests that run an attempt of their own on it and leave it serving (started once, ~10 s
+    on a loaded machine): each test's attempt has an id of its own and ends before the test does."""
+    proc = MinerProcess(tmp_path_factory.mktemp("miner"), wallets[0], config=PRICES).start()
+    yield proc
+    proc.stop()
+
+
 @pytest.fixture
-def miner(tmp_path, wallets):
+def own_miner(tmp_path, wallets):
+    """A miner of the test's own: the test kills it."""
     proc = MinerProcess(tmp_path / "miner", wallets[0], config=PRICES).start()
     yield proc
     proc.stop()
@@ -97,7 +107,8 @@ def test_a_conclusion_with_a_wrong_secret_or_signature_is_refused(tmp_path, wall
     assert wait_done(client, "a2")["phase"] == "cancelled"  # a run still going when concluded is stopped
 
 
-def test_a_miner_killed_and_restarted_answers_for_its_attempts_and_refuses_replays(tmp_path, wallets, miner):
+def test_a_miner_killed_and_restarted_answers_for_its_attempts_and_refuses_replays(tmp_path, wallets, own_miner):
+    miner = own_miner
     client = MinerClient(miner, wallets[1])
     start(client, tmp_path, "a3", entrypoint=SLEEPER)
     status = protocol.route(protocol.STATUS, attempt_id="a3")
