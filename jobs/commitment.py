@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from .checkpoint import WEIGHTS, read_manifest, segment_dir
+from .segment_layout import WEIGHTS, read_manifest, segment_dir
 from .files import HostileFile, read_regular
 from .merkle import inclusion_proof, merkle_root
 

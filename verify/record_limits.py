@@ -12,7 +12,8 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable
 
-from trainmaster.jobs import checkpoint, commitment
+from trainmaster.jobs import commitment
+from trainmaster.jobs import segment_layout as checkpoint
 from trainmaster.jobs.output_tree import Entry
 
 from .outcome import MAX_RESULT_BYTES, RESULT_FILE

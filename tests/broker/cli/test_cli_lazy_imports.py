@@ -82,3 +82,16 @@ def test_status_of_an_accepted_job_reads_its_verdict_without_the_models(tm_home,
     job_id = json.loads(done.stdout)["id"]
     modules, out = imported(["status", job_id, "--json"], (*HEAVY, "trainmaster.verify.verdict", "pydantic"))
     assert modules == [] and json.loads(out)["attempts"][0]["opaque"] == []
+
+
+def test_verifying_plain_files_does_not_import_torch(tm_home, tmp_path):
+    """The checks of a run without a checkpoint (integrity, safety: what every local `submit --wait` waits for in the
+    audit pool's fresh worker) read the checkpoint layout's names without torch (jobs/segment_layout.py): importing
+    torch there had cost each such verification seconds."""
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    (folder / "model.txt").write_text("weights\n")
+    modules, out = imported(["verify", "show", str(folder), "--trusted"],
+                            ("torch", "trainmaster.verify.pipeline", "trainmaster.verify.record_limits"))
+    assert "ACCEPTED" in out and "safety" in out, out
+    assert modules == ["trainmaster.verify.pipeline", "trainmaster.verify.record_limits"], modules
