@@ -31,7 +31,8 @@ from _common import print_figures  # noqa: E402
 EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
 TARGET, BUDGET_S = 300, 900.0
 STEPS = {"tiny-lm": 400, "dqn": 2000, "ppo": 2560}
-SMOKE_STEPS = {"tiny-lm": 50}
+SMOKE_STEPS = {"tiny-lm": 25}
+"""The smoke run: one segment (k = 25) per honest variant, each a segment that updates the weights, audited."""
 H200_CUDA_TO_CPU_R = 2.0e-5
 """The largest cuda→cpu r on the weights the issue measured (86M transformer, k = 25, H200 vs CPU)."""
 

@@ -72,7 +72,7 @@ REHEARSAL = Sizes(
     gpt={"d-model": 32, "layers": 2, "heads": 4, "seq-len": 16, "batch-size": 4, "vocab": 16},
     gpt_steps=50,
     shipped_steps={"tiny_lm": 50, "dqn": 550, "ppo": 512},
-    calibration_steps={"tiny_lm": 100, "dqn": 600, "ppo": 600},
+    calibration_steps={"tiny_lm": 50, "dqn": 600, "ppo": 600},
     calibration_bases=1,
     audit_segments=3,
 )

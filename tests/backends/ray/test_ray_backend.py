@@ -196,20 +196,52 @@ def test_a_bundle_that_does_not_match_is_refused_on_the_node(cluster, tmp_path):
     assert "the bundle is refused" in end.reason, end
 
 
-def test_a_tiny_job_runs_on_the_cluster_and_is_accepted(ray_home, tmp_path):
-    done = tm("submit", str(lm_job(tmp_path / "lm", steps=50)), "--policy", str(tmp_path / "policy.yaml"),
-              "--wait", "--json")
-    job = shown(done)
+class Accepted:
+    """A job the CLI ran on the cluster to `accepted`: its home, the submit's finished process and JSON."""
+
+    def __init__(self, home: Path, done: subprocess.CompletedProcess):
+        self.home, self.done, self.job = home, done, shown(done)
+
+
+@pytest.fixture(scope="module")
+def accepted_lm(tmp_path_factory):
+    """One tiny-lm job of 300 steps on one node submitted through the CLI (`submit --wait --json`) with the file's
+    policy, run on the cluster to the end: the job the one-node kill test's uninterrupted run is (the bits its
+    killed run must resume to; 300 steps, so that run is killed between its segments), and the accepted Ray job
+    whose log, offer, cost and outputs the tiny-job test reads. One job on the cluster instead of two."""
+    from background_support import stop_background
+    from ray_cluster import shared
+
+    cluster = shared()
+    cluster.wait_idle()
+    root = tmp_path_factory.mktemp("accepted")
+    home = root / "home"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "backends.yaml").write_text(
+        f"ray:\n  address: {cluster.address}\n  storage_path: {cluster.storage}\n  python: {sys.executable}\n")
+    (root / "policy.yaml").write_text(POLICY)
+    spec = lm_job(root / "lm", steps=300)
+    spec.write_text(spec.read_text() + "resources:\n  nodes: 1\n")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TRAINMASTER_HOME", str(home))
+        done = tm("submit", str(spec), "--policy", str(root / "policy.yaml"), "--wait", "--json")
+    yield Accepted(home, done)
+    stop_background(home)
+
+
+def test_a_tiny_job_runs_on_the_cluster_and_is_accepted(accepted_lm, monkeypatch):
+    job, done = accepted_lm.job, accepted_lm.done
     assert job["state"] == "accepted", job
     assert " INFO " not in done.stderr and "Uploading package" not in done.stderr, done.stderr  # Ray's own lines
     [attempt] = job["attempts"]
     assert attempt["backend"] == "ray", attempt
+    monkeypatch.setenv("TRAINMASTER_HOME", str(accepted_lm.home))
     log = tm("logs", job["id"]).stdout
     assert "node 0 of 1" in log and "tiny_lm" in log, log
-    db = sqlite3.connect(ray_home / "state.db")
+    db = sqlite3.connect(accepted_lm.home / "state.db")
     offer, cost = db.execute("SELECT offer_json, cost_micro_usd FROM attempts WHERE job_id = ?", (job["id"],)).fetchone()
     assert json.loads(offer)["quote"]["source"] == "power model" and cost > 0
-    assert (ray_home / "jobs" / job["id"] / "outputs" / "model.safetensors").is_file()
+    assert (accepted_lm.home / "jobs" / job["id"] / "outputs" / "model.safetensors").is_file()
 
 
 def test_a_ray_job_whose_policy_asks_for_the_replay_audit_is_audited_within_tau(ray_home, tmp_path):
@@ -244,14 +276,23 @@ def test_cancel_stops_every_process_of_the_job(cluster, ray_home, tmp_path, node
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
-def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, ray_home, tmp_path, nodes):
-    """On one node, the launcher and its job; on two (Ray Train), every worker's: killed as with their machines."""
+def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, ray_home, tmp_path, nodes, request):
+    """On one node, the launcher and its job; on two (Ray Train), every worker's: killed as with their machines.
+    The uninterrupted run to match: on one node the module's accepted run of the same job (`accepted_lm`), on two
+    one of its own."""
     policy = str(tmp_path / "policy.yaml")
     jobs = [lm_job(tmp_path / name, steps=300) for name in ("plain", "killed")]
     for spec in jobs:
         spec.write_text(spec.read_text() + f"resources:\n  nodes: {nodes}\n")
-    plain = shown(tm("submit", str(jobs[0]), "--policy", policy, "--wait", "--json"))
-    assert plain["state"] == "accepted", plain
+    if nodes == 1:
+        accepted = request.getfixturevalue("accepted_lm")
+        assert accepted.job["state"] == "accepted", accepted.job
+        plain_hash = model_hash(accepted.home, accepted.job["id"])
+        cluster.wait_idle()
+    else:
+        plain = shown(tm("submit", str(jobs[0]), "--policy", policy, "--wait", "--json"))
+        assert plain["state"] == "accepted", plain
+        plain_hash = model_hash(ray_home, plain["id"])
     before = set((cluster.storage / "attempts").iterdir())
     submit = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(jobs[1]), "--policy",
                                policy, "--wait", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -272,7 +313,7 @@ def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, 
     [detail] = db.execute("SELECT detail FROM events WHERE attempt_id = ? AND to_state = 'failed'", (first["id"],)).fetchone()
     assert json.loads(detail)["cause"] == "lost", detail
     assert (cluster.storage / "attempts" / second["id"] / "checkpoints" / "segments" / "00000001").is_dir()
-    assert model_hash(ray_home, job["id"]) == model_hash(ray_home, plain["id"])
+    assert model_hash(ray_home, job["id"]) == plain_hash
 
 
 def test_a_two_process_gloo_job_runs_under_torchrun_on_one_node(ray_home, tmp_path):
