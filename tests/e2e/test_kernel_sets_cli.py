@@ -15,7 +15,10 @@ import json
 
 import pytest
 
-from cheater_support import CHEAP_PRICES, HONEST_PRICES, _caught, _coldkey, _setup, started, wallets  # noqa: F401
+from cheater_support import (  # noqa: F401 — fixtures: the tests' environment and started miners
+    BANNED, CHEAP_PRICES, HONEST_PRICES, _caught, _coldkey, _setup, started, wallets,
+)
+from cheating_miners.process import CheaterProcess
 from miner_support import MinerProcess, make_wallet
 from miner_support import shown as _shown, tm as _tm
 from state_rows import state_rows
@@ -54,7 +57,30 @@ def test_an_honest_miner_on_the_portable_kernels_is_accepted_and_paid(tmp_path, 
     initial = replay["initial_state"]
     assert initial["kernels"] == "DEFAULT" and initial["rebuilt"] == "child" and initial["matched"], initial
     assert "cpu DEFAULT" in _commitment(miner, attempt["id"])["deterministic"]
+    text = _tm("verify", "show", shown["id"]).stdout
+    assert "S_0 rebuilt with the executor's CPU kernels (DEFAULT; this verifier: " in text and "): equal" in text, text
     assert not _shown(_tm("executors", "ls", "--json"))["bans"]
+
+
+def test_a_miner_on_the_portable_kernels_with_a_w0_of_its_own_is_rejected_unpaid_and_banned(
+        tmp_path, tm_home, wallets, started, monkeypatch):
+    """The `w0` cheat (tests/cheating_miners: another seed's model as W0, honest training from it) on the portable
+    kernels: its commitment names `cpu DEFAULT`, the verifier's child rebuilds that kernel set's S_0, and the cheat's
+    is not it."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    cheater = started(CheaterProcess("w0", tmp_path / "w0", make_wallet(wallets, "w0"), config={**CHEAP_PRICES, **PORTABLE}))
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    spec, policy = _setup(tmp_path, tm_home, [cheater])
+    shown = _submit(spec, policy)
+    attempt = _caught(tm_home, shown, cheater, spec, policy)
+    assert ("the replay audit failed: segment 0: S_0's weights are not the W0 the spec's recipe and seed produce with "
+            "the CPU kernel set DEFAULT") in attempt["reason"], shown
+    assert shown["state"] == "failed" and BANNED in shown["reason"], shown
+    assert not state_rows(tm_home, "SELECT * FROM payments")
+    verdict = _shown(_tm("verify", "show", shown["id"], "--json"))
+    initial = verdict["evidence"]["replay"]["initial_state"]
+    assert (initial["kernels"], initial["rebuilt"], initial["matched"]) == ("DEFAULT", "child", False), initial
+    assert "cpu DEFAULT" in _commitment(cheater, attempt["id"])["deterministic"]
 
 
 def _commitment(miner: MinerProcess, attempt_id: str) -> dict:

@@ -216,3 +216,14 @@ def test_the_pipeline_says_cannot_verify_for_an_unjudged_s0():
     with pytest.raises(VerificationError) as caught:
         pipeline._raise_for(report)
     assert caught.value.kind == "cannot_verify" and "cannot be completed here" in caught.value.reason
+
+
+def test_a_jobs_own_recipe_is_rebuilt_from_its_import_path(tmp_path, monkeypatch):
+    """A spec's `recipe: module:attr` (audited in recipe_audit's child, whose import path holds the bundle): the
+    rebuild imports it the same way."""
+    (tmp_path / "own_recipe.py").write_text("from trainmaster.jobs.recipes.tiny_lm import RECIPE\nNOT_ONE = 3\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    config = get_recipe("tiny-lm").config(TINY_LM).model_dump(mode="json")
+    assert rebuild("own_recipe:RECIPE", config, SEED, "DEFAULT") == rebuild("tiny-lm", config, SEED, "DEFAULT")
+    with pytest.raises(RebuildError, match="failed to rebuild it.*not a Recipe"):
+        rebuild("own_recipe:NOT_ONE", config, SEED, "DEFAULT")
