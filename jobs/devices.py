@@ -156,16 +156,28 @@ def fingerprint(kind: str) -> str:
         parts += [f"cuda {found['cuda']}", f"cudnn {found['cudnn']}", found["gpu"],
                   f"cublas {os.environ.get(CUBLAS_WORKSPACE, CUBLAS_DETERMINISTIC)}"]
     else:
-        parts.append(f"cpu {_cpu_capability()}")
+        parts.append(f"cpu {cpu_capability()}")
     text = "; ".join(parts)
     return "".join(c if " " <= c <= "~" else "?" for c in text)[:200]
 
 
-def _cpu_capability() -> str:
+def cpu_capability() -> str:
+    """The CPU kernel set torch picked at start-up (``DEFAULT``, ``AVX2``, ``AVX512``, …): its vectorized kernels
+    (``normal_`` of 16 or more elements among them) draw other bits than the portable ones. ``ATEN_CPU_CAPABILITY``
+    chooses a lower one for a process; ``unknown`` when this torch does not tell."""
     try:
         return str(torch.backends.cpu.get_cpu_capability())
     except (AttributeError, RuntimeError):  # an older torch: the kernels' choice is not told
         return "unknown"
+
+
+def fingerprint_cpu_kernels(text: str | None) -> str | None:
+    """The CPU kernel set a :func:`fingerprint` names (``torch …; cpu AVX2`` → ``AVX2``); None when it names none
+    (a GPU run's, or no fingerprint). The text is an executor's: only a plain name (capitals, digits, ``_``) counts."""
+    import re
+
+    found = re.search(r"(?:^|; )cpu ([A-Z][A-Z0-9_]{0,31})(?:;|$)", text or "")
+    return found[1] if found is not None else None
 
 
 def synchronize(device: torch.device | str | None = None) -> None:

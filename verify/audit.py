@@ -68,7 +68,8 @@ from trainmaster.jobs.state import TrainState
 from .calibration import Calibration, UncalibratedError, job_class
 from .distance import weight_distance
 from .errors import VerificationError
-from .evidence import AuditReport, FieldEvidence, SegmentEvidence, SegmentHashes
+from .evidence import AuditReport, FieldEvidence, InitialStateEvidence, SegmentEvidence, SegmentHashes
+from .initial_state import expected_initial
 from .learner import DEFAULT_MARGIN_TOL, DecisionEvidence
 from .openings import (
     CheckedOpening,
@@ -160,9 +161,12 @@ def run_audit(
     device: str | None = None,
     calibration_note: str | None = None,
     boundary_chunks: int | None = None,
+    recipe_target: str | None = None,
 ) -> AuditReport:
     """Audit the challenged ``segments`` of a committed run (see the module docstring). With
-    ``boundary_chunks`` (the sampled tier), every boundary is also spot-checked (verify/boundaries.py)."""
+    ``boundary_chunks`` (the sampled tier), every boundary is also spot-checked (verify/boundaries.py).
+    ``recipe_target``: a job's own recipe as ``module:attr``, for rebuilding S_0 with another CPU kernel set in a
+    child process (verify/initial_state.py); a shipped recipe is found by its name."""
     indices = sorted(set(segments))
     if not indices:
         raise ValueError("no segments to audit")
@@ -171,9 +175,15 @@ def run_audit(
     with _torch_threads_kept(), replaying_on(device):
         job = _job(recipe, config, seed, commitment.k)
         limits = _thresholds(job, tau=tau, calibration=calibration, trusted_exact=trusted_exact, margin_tol=margin_tol)
-        evidence = [_audit_segment(i, job, commitment, openings, limits) for i in indices]
+        initial = _expected_initial(job, commitment, recipe, recipe_target, device) if indices[0] == 0 else None
+        evidence = [_audit_segment(i, job, commitment, openings, limits, initial) for i in indices]
         boundaries = None if boundary_chunks is None else _boundaries(job, commitment, openings, indices, boundary_chunks)
     reasons = [f"segment {e.index}: {reason}" for e in evidence for reason in e.reasons]
+    passed = all(e.passed for e in evidence) and (boundaries is None or boundaries.passed)
+    cannot_judge = None
+    if passed and initial is not None and initial.matched is None:  # never a silent accept of an unjudged S_0
+        passed, cannot_judge = False, initial.reason or "S_0 was not judged"
+        reasons.append("segment 0: " + cannot_judge)
     return AuditReport(
         tier="replay" if boundaries is None else "sampled",
         boundaries=boundaries,
@@ -181,7 +191,9 @@ def run_audit(
         executor_device=commitment.device_kind,
         calibration_pair=calibration.pair if calibration is not None and limits.source == "calibration" else None,
         calibration_note=calibration_note,
-        passed=all(e.passed for e in evidence) and (boundaries is None or boundaries.passed),
+        passed=passed,
+        cannot_judge=cannot_judge,
+        initial_state=initial,
         reasons=reasons + (["boundary checks: " + r for r in boundaries.reasons] if boundaries is not None else []),
         recipe=job.recipe.name,
         k=job.k,
@@ -268,8 +280,20 @@ def _job(recipe: str | Recipe, config: Mapping[str, Any] | RecipeConfig, seed: i
                       spec_of(run, initial, limits.rest_bytes))
 
 
+def _expected_initial(job: AuditedJob, commitment: Commitment, recipe: str | Recipe, target: str | None,
+                      device: str | None) -> InitialStateEvidence:
+    """The S_0 the executor's must equal: the spec's with the CPU kernel set its commitment names."""
+    from trainmaster.jobs.recipes import MODULES, get_recipe
+
+    if target is None and job.recipe.name in MODULES and (isinstance(recipe, str) or get_recipe(job.recipe.name) is recipe):
+        target = job.recipe.name  # a shipped recipe: the child finds it by its name
+    return expected_initial(commitment, weights_sha256=job.initial.weights_sha256, rest_sha256=job.initial.rest_sha256,
+                            recipe=target, config=job.config, seed=job.seed, device=device)
+
+
 def _audit_segment(
-    index: int, job: AuditedJob, commitment: Commitment, openings: Openings, limits: Thresholds
+    index: int, job: AuditedJob, commitment: Commitment, openings: Openings, limits: Thresholds,
+    initial: InitialStateEvidence | None = None,
 ) -> SegmentEvidence:
     evidence = SegmentEvidence(
         index=index, tau=limits.tau, update_floor=limits.update_floor, update_ceiling=limits.update_ceiling
@@ -281,7 +305,7 @@ def _audit_segment(
             evidence.hashes = SegmentHashes.of(exc.hashes)
         return evidence.reject(exc.reason)
     evidence.hashes = SegmentHashes.of(opening.hashes)
-    if problems := _identity_problems(opening.state, job, index):
+    if problems := _identity_problems(opening.state, job, index, initial):
         return evidence.reject(*problems)
     if bad := non_finite_entries(job.recipe.rules, opening.state.rest):
         return evidence.reject(f"S_{index} holds NaN or Inf in {', '.join(bad[:3])}")
@@ -306,7 +330,8 @@ def _audit_segment(
     return evidence
 
 
-def _identity_problems(state: TrainState, job: AuditedJob, index: int) -> list[str]:
+def _identity_problems(state: TrainState, job: AuditedJob, index: int,
+                       initial: InitialStateEvidence | None = None) -> list[str]:
     """Whether S_i belongs to this job at this point (a replayed result from another job fails here)."""
     try:
         info = state_info(state)
@@ -326,7 +351,7 @@ def _identity_problems(state: TrainState, job: AuditedJob, index: int) -> list[s
     if _layout(state.weights) != job.initial.layout:
         problems.append(f"S_{index}'s weights are not the tensors (names, dtypes, shapes) of the spec's model")
     if index == 0 and not problems:
-        problems += _initial_state_problems(state, job)
+        problems += _initial_state_problems(state, job, initial)
     return problems
 
 
@@ -334,13 +359,22 @@ def _layout(weights: Mapping[str, torch.Tensor]) -> dict[str, tuple]:
     return {name: (t.dtype, tuple(t.shape)) for name, t in weights.items()}
 
 
-def _initial_state_problems(state: TrainState, job: AuditedJob) -> list[str]:
-    """S_0 must be the state the broker builds itself from the spec (W0 is never the executor's choice)."""
+def _initial_state_problems(state: TrainState, job: AuditedJob, initial: InitialStateEvidence | None = None) -> list[str]:
+    """S_0 must be the state the broker builds itself from the spec (W0 is never the executor's choice): with the CPU
+    kernel set the executor's commitment names (``initial``, verify/initial_state.py; None: the audit's own S_0).
+    An S_0 that kernel set cannot be rebuilt with here is not judged (``initial.matched`` stays None)."""
+    if initial is not None and initial.weights_sha256 is None:
+        return []
+    weights = initial.weights_sha256 if initial is not None else job.initial.weights_sha256
+    rest = initial.rest_sha256 if initial is not None else job.initial.rest_sha256
+    named = f" with the CPU kernel set {initial.kernels}" if initial is not None and initial.kernels else ""
     problems = []
-    if state_sha256(state.weights) != job.initial.weights_sha256:
-        problems.append("S_0's weights are not the W0 the spec's recipe and seed produce")
-    if state_sha256(state.rest) != job.initial.rest_sha256:
-        problems.append("S_0's optimizer, data or environment state is not the one the spec produces")
+    if state_sha256(state.weights) != weights:
+        problems.append(f"S_0's weights are not the W0 the spec's recipe and seed produce{named}")
+    if state_sha256(state.rest) != rest:
+        problems.append(f"S_0's optimizer, data or environment state is not the one the spec produces{named}")
+    if initial is not None:
+        initial.matched = not problems
     return problems
 
 

@@ -70,6 +70,23 @@ class SegmentEvidence(BaseModel):
         return self
 
 
+class InitialStateEvidence(BaseModel):
+    """Which S_0 the executor's opened S_0 was compared with (verify/initial_state.py): the one the spec's recipe and
+    seed produce with the CPU kernel set the signed commitment names."""
+
+    kernels: str | None = Field(description="the CPU kernel set the executor's commitment names (None: none, a GPU run)")
+    verifier_kernels: str = Field(description="the kernel set this verifier's process computes with")
+    rebuilt: Literal["here", "child"] = Field(description="here: the audit's own S_0; child: rebuilt by a process "
+                                              "running the executor's kernel set")
+    weights_sha256: str | None = None
+    rest_sha256: str | None = None
+    matched: bool | None = Field(None, description="S_0 equals it bit for bit; None: not judged (see reason)")
+    reason: str | None = Field(None, description="why S_0 is not judged here")
+
+    def not_judged(self, reason: str) -> InitialStateEvidence:
+        return self.model_copy(update={"matched": None, "reason": reason})
+
+
 class AuditReport(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="strings")
     passed: bool
@@ -89,3 +106,6 @@ class AuditReport(BaseModel):
     executor_device: str = Field("cpu", description="the device kind the executor trained on (its signed commitment)")
     calibration_pair: str | None = Field(None, description="executor→verifier pair of the calibration that set τ")
     calibration_note: str | None = Field(None, description="why that pair's calibration applies to another pair")
+    initial_state: InitialStateEvidence | None = Field(None, description="what S_0 was compared with, across kernel sets")
+    cannot_judge: str | None = Field(None, description="every check passed but S_0 could not be judged here (not "
+                                     "passed: the verification cannot be completed on this machine)")

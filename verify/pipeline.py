@@ -563,9 +563,17 @@ def _replay(run: _Run, settings: AuditSettings, audit: Audit | None) -> dict[str
             boundary_chunks=chunks,
         )
     run.evidence["replay"] = {"challenge": challenge.message(), **report.model_dump(mode="json")}
+    _raise_for(report)
+    return run.evidence["replay"]
+
+
+def _raise_for(report: AuditReport) -> None:
+    """A report that did not pass: rejected, or — every check passed but S_0 could not be judged on this machine
+    (another CPU kernel set, verify/initial_state.py) — cannot_verify: unpaid, unbanned, to verify again elsewhere."""
+    if report.cannot_judge is not None:
+        raise VerificationError("the replay audit cannot be completed here: " + report.cannot_judge, kind="cannot_verify")
     if not report.passed:
         raise VerificationError("the replay audit failed: " + "; ".join(report.reasons[:5]))
-    return run.evidence["replay"]
 
 
 def _audit_own_recipe(run: _Run, own: UserRecipeRun, segments, settings: AuditSettings,

@@ -310,6 +310,7 @@ def _audit(recipe, config: dict, request: AuditRequest, commitment: Commitment, 
             recipe=recipe, config=config, seed=request.seed, tau=request.tau,
             calibration=None if request.trusted_exact else choice.calibration, trusted_exact=request.trusted_exact,
             device=choice.device, calibration_note=choice.note, boundary_chunks=request.boundary_chunks,
+            recipe_target=request.target,
         )
     except UncalibratedError as exc:
         raise _Refused("cannot_verify", str(exc)) from exc

@@ -282,11 +282,21 @@ def _replay_and_trust(evidence: dict) -> list[str]:
         line = (f"replayed on {replay['device']} (executor trained on {replay.get('executor_device', 'cpu')}; "
                 f"τ from {'the ' + pair + ' calibration' if pair else replay.get('tau_source', '?')})")
         lines.append(line + (f"; {replay['calibration_note']}" if replay.get("calibration_note") else ""))
+    lines += _initial_lines(replay.get("initial_state") or {})
     lines += _tier_lines(replay)
     trust = evidence.get("trust") or {}
     if trust.get("risk"):
         lines.append(f"warning: {trust['risk']}")
     return lines
+
+
+def _initial_lines(initial: dict) -> list[str]:
+    """Which S_0 the executor's was compared with: built with the kernel set its commitment names (docs/audit.md)."""
+    if initial.get("rebuilt") != "child":
+        return []
+    judged = {True: "equal", False: "differs"}.get(initial.get("matched"), f"not judged: {initial.get('reason')}")
+    return [f"S_0 rebuilt with the executor's CPU kernels ({initial.get('kernels')}; this verifier: "
+            f"{initial.get('verifier_kernels')}): {judged}"]
 
 
 def _fail(message: str) -> None:

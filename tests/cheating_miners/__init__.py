@@ -17,11 +17,12 @@ the dispatch, `overrun` says it runs forever, `escapes` paints terminal escapes 
 started 100 hours ago.
 For the refereed tier, `nudge` trains honestly but pushes its weights at one boundary by a step far inside any
 tolerance (within-τ poisoning, invisible to sampling), and `nudge_silent` / `nudge_garbage` do that and then,
-asked for leaves in a bisection, never answer / answer bytes that are not JSON.
+asked for leaves in a bisection, never answer / answer bytes that are not JSON. `w0` starts its run from a W0 of
+its own choosing (another seed's model) and trains honestly from there.
 process.py starts one from a test.
 """
 
 KINDS = ("skip_half", "freeze", "reuse", "wrong_key", "replay", "silent", "vanish", "cut", "bad_hash", "huge", "trickle",
-         "short", "short_range", "mute", "overrun", "escapes", "nudge", "nudge_silent", "nudge_garbage")
-TRAINING = ("skip_half", "freeze", "reuse", "nudge", "nudge_silent", "nudge_garbage")
+         "short", "short_range", "mute", "overrun", "escapes", "nudge", "nudge_silent", "nudge_garbage", "w0")
+TRAINING = ("skip_half", "freeze", "reuse", "nudge", "nudge_silent", "nudge_garbage", "w0")
 """Kinds that alter the job's training (train.py); a kind may also change a route (miners.py CHEATS)."""

@@ -13,7 +13,9 @@ the runtime's pieces wrapped:
 - reuse: the first job trains honestly and its outputs and segments are kept in DIR; every later job
   gets copies of them instead of training;
 - nudge: the state at the end of segment FROZEN_AT has every weight pushed by NUDGE (a ten-thousandth of a
-  typical update: within-τ poisoning, inside every bound sampling checks) and training goes on from it.
+  typical update: within-τ poisoning, inside every bound sampling checks) and training goes on from it;
+- w0: the run starts from a W0 of its own choosing (the recipe's model built with another seed) instead of the one
+  the spec's recipe and seed produce, and trains honestly from it (S_0 commits that W0).
 
 The runtime's self-check (replaying the last segment in a fresh process) is switched off for skip_half,
 whose last segment is no training at all: a cheat does not check itself.
@@ -34,7 +36,7 @@ NUDGE = 1e-7
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="cheating_miners.train")
-    parser.add_argument("kind", choices=["skip_half", "freeze", "reuse", "nudge"])
+    parser.add_argument("kind", choices=["skip_half", "freeze", "reuse", "nudge", "w0"])
     parser.add_argument("--stash", type=Path, required=True)
     split = argv.index("--")
     args, command = parser.parse_args(argv[:split]), argv[split + 1:]
@@ -65,6 +67,8 @@ def _wrap_runtime(kind: str) -> None:
             runtime.run_step = _skipping(runtime.run_step, half * k)
         elif kind == "nudge":
             runtime.full_state = _nudging(runtime.full_state, FROZEN_AT * k)
+        elif kind == "w0":
+            runtime.full_state = _choosing_w0(runtime.full_state)
         else:
             runtime.full_state = _freezing(runtime.full_state, FROZEN_AT * k)
         return train(trainer, recipe, config, settings, resumed, start, check)
@@ -107,6 +111,21 @@ def _nudging(full_state, at_step: int):
         snap = state.snapshot()
         pushed = {name: t + NUDGE * torch.sign(t) if t.is_floating_point() else t for name, t in snap.weights.items()}
         restore(trainer, TrainState(pushed, dict(snap.rest)))
+        return full_state(trainer, recipe, config, seed, step, world_size)
+
+    return captured
+
+
+def _choosing_w0(full_state):
+    from trainmaster.jobs.execution import build_trainer, restore
+    from trainmaster.jobs.state import TrainState
+
+    def captured(trainer, recipe, config, seed, step, world_size=1):
+        state = full_state(trainer, recipe, config, seed, step, world_size)
+        if step != 0:
+            return state
+        chosen = full_state(build_trainer(recipe, config, seed + 1), recipe, config, seed + 1, 0).snapshot().weights
+        restore(trainer, TrainState(dict(chosen), dict(state.snapshot().rest)))
         return full_state(trainer, recipe, config, seed, step, world_size)
 
     return captured

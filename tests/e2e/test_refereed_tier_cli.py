@@ -148,7 +148,7 @@ def test_a_miner_that_does_not_answer_the_bisection_forfeits_and_the_other_is_pa
 def test_a_broker_killed_in_the_bisection_resumes_it_and_pays_nothing_twice(tmp_path, tm_home, wallets, started):
     honest, nudger = _honest("honest", tmp_path, wallets, started), _cheater("nudge", tmp_path, wallets, started)
     spec, policy = _refereed(tmp_path, tm_home, [honest, nudger])
-    killed = subprocess.run([sys.executable, str(Path(__file__).parent / "cli_kill_at.py"), "referee-step", "submit",
+    killed = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "cli_kill_at.py"), "referee-step", "submit",
                              str(spec), "--policy", str(policy), "--wait"], capture_output=True, text=True,
                             env=dict(os.environ), timeout=280)
     assert killed.returncode == -9, killed.stdout + killed.stderr

@@ -3,7 +3,7 @@ JOB --wait` with backends.yaml listing the cheater (the cheapest miner where an 
 
 Each cheat that runs training runs it for real, altered (skipping half the segments, freezing through Adam's
 state, returning another job's run); the others sign with another hotkey, go silent when challenged, or
-serve bytes other than the sha256 they announced. Each is rejected with its reason in `status --json`,
+serve bytes other than the sha256 they announced; one starts from a W0 of its own choosing. Each is rejected with its reason in `status --json`,
 unpaid (no payment row, `spend` shows nothing paid to it), banned (`executors ls --json`: hotkey and
 coldkey), and left out of later jobs with the ban as the reason. A miner that replays the broker's signed
 dispatch is refused by the miners it replays to and gains nothing; a download cut halfway resumes; a miner
@@ -33,6 +33,8 @@ CAUGHT = {
     "wrong_key": "the commitment signature is not valid for the dispatched hotkey",
     "silent": "did not open the challenged segments",
     "bad_hash": "differs from the announced",
+    "w0": "the replay audit failed: segment 0: S_0's weights are not the W0 the spec's recipe and seed produce with "
+          "the CPU kernel set ",
 }
 """What the cheater's attempt is rejected for (its reason in `status --json`), by kind."""
 DEADLINE_S = {"silent": 5}
@@ -67,7 +69,7 @@ def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_t
     assert [c["rao"] for c in charges] == [p["rao"] for p in state_rows(tm_home, "SELECT rao FROM payments")]
 
 
-@pytest.mark.parametrize("kind", ["freeze", "wrong_key", "silent", "bad_hash"])
+@pytest.mark.parametrize("kind", ["freeze", "wrong_key", "silent", "bad_hash", "w0"])
 def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallets, started):
     cheater = _cheater(kind, tmp_path, wallets, started)
     spec, policy = _setup(tmp_path, tm_home, [cheater], DEADLINE_S.get(kind, 600), job_yaml=short_job())
