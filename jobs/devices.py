@@ -148,15 +148,15 @@ def describe_device(kind: str) -> dict[str, str]:
 def fingerprint(kind: str) -> str:
     """The environment a run's deterministic mode computed in, as the commitment records it (``deterministic``):
     ``torch 2.13.0+cpu; cpu AVX2`` on a CPU (the instruction set selects the kernels), and on a GPU
-    ``torch …; cuda 12.8; cudnn 91002; NVIDIA H200; cublas :4096:8``. Two runs of a job with the same
-    fingerprint reach the same bits (the refereed tier compares their roots). Printable ASCII, ≤ 200 chars."""
+    ``torch …; cuda 12.8; cudnn 91002; NVIDIA H200; cublas :4096:8; cpu AVX512``: a GPU run's W0 is initialised on
+    the CPU, so the CPU kernel set that drew it is named too (verify/initial_state.py). Two runs of a job with the
+    same fingerprint reach the same bits (the refereed tier compares their roots). Printable ASCII, ≤ 200 chars."""
     parts = [f"torch {torch.__version__}"]
     if kind == "cuda" and cuda_available():
         found = describe_device("cuda")
         parts += [f"cuda {found['cuda']}", f"cudnn {found['cudnn']}", found["gpu"],
                   f"cublas {os.environ.get(CUBLAS_WORKSPACE, CUBLAS_DETERMINISTIC)}"]
-    else:
-        parts.append(f"cpu {cpu_capability()}")
+    parts.append(f"cpu {cpu_capability()}")  # a GPU run's too: its W0 is drawn on the CPU
     text = "; ".join(parts)
     return "".join(c if " " <= c <= "~" else "?" for c in text)[:200]
 
@@ -172,8 +172,8 @@ def cpu_capability() -> str:
 
 
 def fingerprint_cpu_kernels(text: str | None) -> str | None:
-    """The CPU kernel set a :func:`fingerprint` names (``torch …; cpu AVX2`` → ``AVX2``); None when it names none
-    (a GPU run's, or no fingerprint). The text is an executor's: only a plain name (capitals, digits, ``_``) counts."""
+    """The CPU kernel set a :func:`fingerprint` names (``torch …; cpu AVX2`` → ``AVX2``, a GPU run's last part
+    alike); None when it names none (a GPU run committed before it did, or no fingerprint). The text is an executor's: only a plain name (capitals, digits, ``_``) counts."""
     import re
 
     found = re.search(r"(?:^|; )cpu ([A-Z][A-Z0-9_]{0,31})(?:;|$)", text or "")

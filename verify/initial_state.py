@@ -7,7 +7,8 @@ choose a lower one with ``ATEN_CPU_CAPABILITY``), and the vectorized kernels dra
 from the same recipe and seed. The runtime's commitment records the kernel set it computed with
 (``deterministic``: ``torch …; cpu DEFAULT``, jobs/devices.py ``fingerprint``), signed before the challenge. So:
 
-* the commitment names no CPU kernel set (a GPU run's fingerprint, or none), or this process's own: S_0 is the one
+* the commitment names no CPU kernel set (a GPU run's fingerprint from before it did, or none), or this process's own
+  (a GPU run's names the kernel set of the CPU that drew its W0): S_0 is the one
   the audit built in process (``rebuilt: here``);
 * it names another: S_0 is rebuilt in a child process started with ``ATEN_CPU_CAPABILITY`` set to that kernel set
   (:mod:`trainmaster.verify.initial_child`) and compared bit for bit (``rebuilt: child``). The executor's choice of
@@ -44,9 +45,8 @@ MAX_ANSWER_BYTES = 4096
 
 
 def claimed_kernels(commitment: Commitment) -> str | None:
-    """The CPU kernel set the executor's commitment says its run computed with; None for a GPU run or none named."""
-    if commitment.device_kind != "cpu":
-        return None
+    """The CPU kernel set the executor's commitment says its run's W0 was drawn with (a GPU run's W0 is initialised
+    on the CPU too: its fingerprint names that set last); None when it names none."""
     return fingerprint_cpu_kernels(commitment.deterministic)
 
 

@@ -103,7 +103,8 @@ def test_this_machine_selects_vector_kernels():
 @pytest.mark.parametrize(("text", "kernels"), [
     ("torch 2.13.0+cpu; cpu DEFAULT", "DEFAULT"),
     ("torch 2.13.0+cpu; cpu AVX512", "AVX512"),
-    ("torch 2.13.0+cu128; cuda 12.8; cudnn 91002; NVIDIA H200; cublas :4096:8", None),
+    ("torch 2.13.0+cu128; cuda 12.8; cudnn 91002; NVIDIA H200; cublas :4096:8", None),  # before it named one
+    ("torch 2.13.0+cu128; cuda 12.8; cudnn 91002; NVIDIA H200; cublas :4096:8; cpu AVX512", "AVX512"),
     (None, None),
     ("torch 2.13.0+cpu; cpu unknown", None),  # an older torch that does not tell
     ("torch 2.13.0+cpu; cpu default", None),  # not a name torch reports
@@ -116,6 +117,25 @@ def test_the_kernel_set_is_read_from_the_commitments_fingerprint(text, kernels):
 
 def test_this_processs_fingerprint_names_its_kernel_set():
     assert fingerprint_cpu_kernels(fingerprint("cpu")) == cpu_capability()
+
+
+def test_a_gpu_runs_fingerprint_names_the_cpu_kernels_that_drew_its_w0(monkeypatch):
+    """A GPU job initialises its W0 on the CPU: an AVX-512 GPU miner's W0 is not an AVX2 verifier's, so its
+    commitment names that kernel set too, and the S_0 rule reads it (rebuilt, or not judged: never a reject)."""
+    from trainmaster.jobs import devices
+    from trainmaster.verify.initial_state import claimed_kernels
+
+    monkeypatch.setattr(devices, "cuda_available", lambda: True)
+    monkeypatch.setattr(devices, "describe_device", lambda kind: {"cuda": "12.8", "cudnn": 91002, "gpu": "NVIDIA H200"})
+    text = devices.fingerprint("cuda")
+    assert text.startswith("torch ") and "; cuda 12.8; cudnn 91002; NVIDIA H200; cublas " in text, text
+    assert text.endswith(f"; cpu {cpu_capability()}") and fingerprint_cpu_kernels(text) == cpu_capability()
+
+    class GpuCommitment:
+        device_kind = "cuda"
+        deterministic = text.replace(f"cpu {cpu_capability()}", "cpu AVX512")
+
+    assert claimed_kernels(GpuCommitment()) == "AVX512"
 
 
 def test_the_portable_kernels_draw_another_w0_which_the_child_rebuilds_bit_for_bit(portable):
