@@ -75,7 +75,9 @@ from trainmaster.verify.boundaries import check_boundaries, spec_of
 from trainmaster.verify.recipe_run import RecipeRun
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 from _common import print_figures  # noqa: E402
+from tampered_runs import continue_from  # noqa: E402
 
 LM = get_recipe("tiny-lm")
 SMALL = {"d_model": 16, "heads": 2, "seq_len": 8, "batch_size": 2}
@@ -215,21 +217,9 @@ def reopen_figures(tmp: Path, smoke: bool) -> dict[str, float]:
     return figures
 
 
-def _continue(root: Path, state: TrainState, j: int, n: int, k: int, seed: int):
-    cfg = LM.config({"steps": n * k, **SMALL})
-    trainer = build_trainer(LM, cfg, seed)
-    restore(trainer, state)
-    current = full_state(trainer, LM, cfg, seed, j * k).snapshot()
-    for i in range(j, n + 1):
-        log = DecisionLog()
-        if i < n:
-            for step in range(i * k, (i + 1) * k):
-                run_step(trainer, seed, step, log)
-        write_segment(root / "ckpt", i, current, (log.trace if i < n else DecisionTrace()).to_tensors(),
-                      job_id="b", recipe=LM.name, step=i * k, k=k)
-        if i < n:
-            current = full_state(trainer, LM, cfg, seed, (i + 1) * k).snapshot()
-    return build_commitment(root / "ckpt", job_id="b", bundle_sha256="0" * 64, n=n, k=k)
+def _continue(root: Path, state: TrainState, j: int, n: int, k: int, seed: int, record_environment: bool = False):
+    return continue_from(root / "ckpt", LM, LM.config({"steps": n * k, **SMALL}), state, j, n=n, k=k, seed=seed,
+                         job_id="b", record_environment=record_environment)
 
 
 def detection_figures(tmp: Path, smoke: bool) -> dict[str, float]:
@@ -322,8 +312,7 @@ def _attacked(root: Path, honest: Path, n: int, k: int, seed: int, kind: str):
         else:
             state = TrainState({name: t + 0.01 * torch.randn_like(t) for name, t in state.weights.items()},
                                dict(state.rest))
-        _continue(root, state, j, n, k, seed)
-        return build_commitment(root / "ckpt", job_id="b", bundle_sha256="0" * 64, n=n, k=k, record_environment=True)
+        return _continue(root, state, j, n, k, seed, record_environment=True)
     trainer = build_trainer(LM, cfg, seed)
     if kind == "lr x 0.99":
         scheduled = trainer.lr_at

@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from trainmaster.jobs.boundary_chunks import write_openings
-from trainmaster.jobs.checkpoint import read_segment, segment_dir, write_segment
-from trainmaster.jobs.commitment import build_commitment
-from trainmaster.jobs.decisions import DecisionLog, DecisionTrace
-from trainmaster.jobs.execution import build_trainer, full_state, restore, run_step
+from trainmaster.jobs.checkpoint import read_segment, segment_dir
+from trainmaster.jobs.execution import build_trainer, full_state, restore
 from trainmaster.jobs.recipes import get_recipe
 from trainmaster.jobs.runtime import run
 from trainmaster.jobs.settings import RuntimeSettings
 from trainmaster.jobs.state import TrainState
 from trainmaster.verify.boundaries import check_boundaries, spec_of
+
+from tampered_runs import continue_from
 from trainmaster.verify.recipe_run import RecipeRun
 
 K, N, SEED, TAMPERED = 2, 100, 5, 60
@@ -60,20 +60,7 @@ def _audit(root: Path, commitment, segments=SEGMENTS):
 
 def _continue_from(root: Path, state: TrainState, j: int):
     """The executor writes the tampered S_j, then trains honestly from it to the end, and commits."""
-    cfg = RECIPE.config(CONFIG)
-    trainer = build_trainer(RECIPE, cfg, SEED)
-    restore(trainer, state)
-    current = full_state(trainer, RECIPE, cfg, SEED, j * K).snapshot()
-    for i in range(j, N + 1):
-        log = DecisionLog()
-        if i < N:
-            for step in range(i * K, (i + 1) * K):
-                run_step(trainer, SEED, step, log)
-        write_segment(root / "ckpt", i, current, (log.trace if i < N else DecisionTrace()).to_tensors(),
-                      job_id="b", recipe=RECIPE.name, step=i * K, k=K)
-        if i < N:
-            current = full_state(trainer, RECIPE, cfg, SEED, (i + 1) * K).snapshot()
-    return build_commitment(root / "ckpt", job_id="b", bundle_sha256="0" * 64, n=N, k=K)
+    return continue_from(root / "ckpt", RECIPE, RECIPE.config(CONFIG), state, j, n=N, k=K, seed=SEED, job_id="b")
 
 
 def _tampered(honest, tmp_path, make):

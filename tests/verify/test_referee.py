@@ -18,10 +18,7 @@ from trainmaster.backends.base import Offer
 from trainmaster.backends.segments import LeavesUnreadable, leaf_openings
 from trainmaster.broker.planning.planner import CHOSEN, Considered, Plan
 from trainmaster.broker.planning.referee_pair import PARTNER, pair_up
-from trainmaster.jobs.checkpoint import read_segment, segment_dir, write_segment
-from trainmaster.jobs.commitment import build_commitment
-from trainmaster.jobs.decisions import DecisionLog, DecisionTrace
-from trainmaster.jobs.execution import build_trainer, full_state, restore, run_step
+from trainmaster.jobs.checkpoint import read_segment, segment_dir
 from trainmaster.jobs.merkle import inclusion_proof, merkle_root
 from trainmaster.jobs.runtime import run
 from trainmaster.jobs.settings import RuntimeSettings
@@ -30,6 +27,8 @@ from trainmaster.jobs.state import TrainState
 from trainmaster.verify.recipe_run import recipe_run
 from trainmaster.verify.referee import Bisection, Forfeit, OpenedLeaf, check_opening, dispute, judge, leaf_of
 from trainmaster.verify.referee_replay import DisputeReplay, replay_dispute
+
+from tampered_runs import continue_from
 
 # the bisection, on synthetic trees
 
@@ -122,19 +121,9 @@ def _nudged(honest: Path, root: Path):
     for stale in range(J, N + 1):
         shutil.rmtree(segment_dir(root / "ckpt", stale))
     state = read_segment(segment_dir(honest / "ckpt", J)).state
-    trainer = build_trainer(recipe, cfg, SEED)
-    restore(trainer, TrainState({n: t + 1e-7 * torch.sign(t) for n, t in state.weights.items()}, dict(state.rest)))
-    current = full_state(trainer, recipe, cfg, SEED, J * K).snapshot()
-    for i in range(J, N + 1):
-        log = DecisionLog()
-        if i < N:
-            for step in range(i * K, (i + 1) * K):
-                run_step(trainer, SEED, step, log)
-        write_segment(root / "ckpt", i, current, (log.trace if i < N else DecisionTrace()).to_tensors(),
-                      job_id="j", recipe=recipe.name, step=i * K, k=K)
-        if i < N:
-            current = full_state(trainer, recipe, cfg, SEED, (i + 1) * K).snapshot()
-    return build_commitment(root / "ckpt", job_id="j", bundle_sha256="0" * 64, n=N, k=K, record_environment=True)
+    nudged = TrainState({n: t + 1e-7 * torch.sign(t) for n, t in state.weights.items()}, dict(state.rest))
+    return continue_from(root / "ckpt", recipe, cfg, nudged, J, n=N, k=K, seed=SEED, job_id="j",
+                         record_environment=True)
 
 
 @pytest.fixture(scope="module")
