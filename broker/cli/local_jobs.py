@@ -54,10 +54,15 @@ def listed(store, states: set[str] | None, limit: int, ended_since: float | None
     return jobs if limit < 0 else jobs[:limit]
 
 
-def _background(broker) -> None:
-    from trainmaster.broker.cli.reads import advance_in_background
+def _ran(broker, main, *, then_background: bool):
+    """`main` run on this command's loop; with `then_background` (the job is left unfinished: no `--wait`, or a
+    read), the detached background pass that takes it on is started, never waited for (broker/cli/background.py)."""
+    done = run(main)
+    if then_background:
+        from trainmaster.broker.cli.reads import advance_in_background
 
-    advance_in_background(broker.store)
+        advance_in_background(broker.store)
+    return done
 
 
 def new_broker():
@@ -119,10 +124,7 @@ class LocalJobClient:
             on_submitted(job, left_out(broker, job.id))
             return broker, await _waited(broker, job, wait, on_log, shown)
 
-        done = run(main)
-        if not wait:
-            _background(broker)
-        return done
+        return _ran(broker, main, then_background=not wait)
 
     def status(self, job_ref: str):
         return read_status(job_ref)
@@ -151,9 +153,7 @@ class LocalJobClient:
                 raise BackendError(f"the backend holding {job.id}'s log did not answer within {LOGS_TIMEOUT_S:.0f} s;"
                                    " try again later") from None
 
-        run(main)
-        if not follow:
-            _background(broker)
+        _ran(broker, main, then_background=not follow)
 
     def cancel(self, job_ref: str):
         broker = new_broker()
@@ -177,10 +177,7 @@ class LocalJobClient:
             on_resumed(job, point)
             return broker, await _waited(broker, job, wait, on_log, shown)
 
-        done = run(main)
-        if not wait:
-            _background(broker)
-        return done
+        return _ran(broker, main, then_background=not wait)
 
     def verify_again(self, job_ref: str):
         broker = new_broker()
