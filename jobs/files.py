@@ -163,3 +163,21 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> None:
 def write_json_atomic(path: Path | str, obj: Any) -> None:
     """Write ``obj`` as JSON (sorted keys, indent 2, a final newline, UTF-8) with :func:`write_bytes_atomic`."""
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def try_exclusive_lock(path: Path | str) -> int | None:
+    """An open descriptor holding an exclusive `flock` on `path` (created 0600 when missing), or None when another
+    process holds it; closing the descriptor, or the process ending however it ends, lets it go. Any other
+    `OSError` (opening the file, a filesystem without locks) propagates."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

@@ -59,15 +59,9 @@ def main(workdir: Path) -> int:
 
 def hold_lock(workdir: Path) -> int | None:
     """The attempt's keeper lock, taken (its fd); None when another keeper holds it."""
-    import fcntl
+    from trainmaster.jobs.files import try_exclusive_lock
 
-    fd = os.open(workdir / KEEPER_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return try_exclusive_lock(workdir / KEEPER_LOCK)
 
 
 def wait_for(pid: int) -> int:

@@ -34,18 +34,12 @@ def _lock_path(home) -> str:
 
 def try_lock(home) -> int | None:
     """An open descriptor holding the home's background lock, or None when another process holds it."""
-    import fcntl
+    from trainmaster.jobs.files import try_exclusive_lock
 
     try:
-        fd = os.open(_lock_path(home), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return try_exclusive_lock(_lock_path(home))
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def running(home) -> bool:

@@ -113,3 +113,20 @@ def test_concurrent_writers_of_one_path_use_separate_temporaries(tmp_path, monke
     files.write_bytes_atomic(tmp_path / "x", b"2")
     assert len(set(seen)) == 2
     assert (tmp_path / "x").read_bytes() == b"2"
+
+
+def test_an_exclusive_lock_is_refused_to_a_second_process_until_the_first_lets_go(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from trainmaster.jobs.files import try_exclusive_lock
+
+    path = tmp_path / "held.lock"
+    probe = [sys.executable, "-c", "import sys; from trainmaster.jobs.files import try_exclusive_lock as t; "
+             "print(t(sys.argv[1]) is None)", str(path)]
+    fd = try_exclusive_lock(path)
+    assert fd is not None and (os.stat(path).st_mode & 0o777) == 0o600
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "True"
+    os.close(fd)
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "False"
