@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import print_figures  # noqa: E402
-from bench_cli import _copy, _timed, trainmaster_command
+from bench_cli import _timed, ended_jobs_home, trainmaster_command
 from bench_cli import _job as tiny_job  # noqa: E402
 
 FINISHED = 1000
@@ -58,17 +58,7 @@ def running_home(home: Path, root: Path, n: int) -> list[str]:
 
 
 def finished_home(home: Path, root: Path, n: int) -> str:
-    _tm(home, "submit", str(tiny_job(root / "tiny")), "--wait")
-    from trainmaster.broker.store import Store
-
-    store = Store(home.absolute() / "state.db")
-    try:
-        [job] = store.jobs(limit=1)
-        for i in range(n - 1):
-            _copy(store, job, f"{job.id}-{i:04d}")
-    finally:
-        store.close()
-    return job.id
+    return ended_jobs_home(home, tiny_job(root / "tiny"), n)
 
 
 def registry_down(home: Path, root: Path) -> str:
