@@ -1,0 +1,130 @@
+"""The test suite's own budget (issue #34 item 6): a fresh clone's `./dev test`, install included, on this machine's
+cores, and where its time goes.
+
+Prints the wall time of the whole command, split into the install (and collection) and the tests' run, the
+worker-seconds the tests took in all, and the ten slowest test files by worker-seconds (the sum of their tests'
+setup, call and teardown, from pytest's JUnit XML). Target: the whole command within 20 minutes on 2 cores.
+
+Run:
+    python tests/benchmarks/bench_suite.py                # a fresh clone of HEAD into a temporary folder, `./dev test`
+                                                          # there (its own .venv: pinned CPU torch, trainmaster[dev])
+    python tests/benchmarks/bench_suite.py --junit F.xml  # only the summary, of a run already made with --junitxml
+
+The smoke run times this checkout's tests/repo/test_layout.py in the current interpreter (no clone, no install) and
+summarises it the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import print_figures  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET_S = 20 * 60
+SHOWN = 10
+SMOKE_FILE = "tests/repo/test_layout.py"
+
+
+def _file_of(classname: str) -> str:
+    """`tests.repo.test_layout.TestX` -> `tests/repo/test_layout.py` (JUnit's xunit2 names no file)."""
+    parts = classname.split(".")
+    while len(parts) > 1 and parts[-1][:1].isupper():
+        parts.pop()
+    return "/".join(parts) + ".py"
+
+
+def per_file(junit: Path) -> tuple[dict[str, float], dict[str, int], float]:
+    """Worker-seconds and outcome counts by test file, and the run's own time, from a JUnit XML report."""
+    seconds: dict[str, float] = defaultdict(float)
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    root = ET.parse(junit).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    for case in root.iter("testcase"):
+        path = case.get("file") or _file_of(case.get("classname", "?"))
+        seconds[path] += float(case.get("time") or 0.0)
+        if case.find("failure") is not None or case.find("error") is not None:
+            counts["failed"] += 1
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return dict(seconds), counts, sum(float(s.get("time") or 0.0) for s in suites)
+
+
+def _fresh_clone(folder: Path) -> Path:
+    clone = folder / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+    return clone
+
+
+def _timed(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, float]:
+    start = time.perf_counter()
+    code = subprocess.call(argv, cwd=cwd, env=env)
+    return code, time.perf_counter() - start
+
+
+def summarise(junit: Path, wall_s: float | None, quiet: bool) -> dict[str, float]:
+    seconds, counts, tests_s = per_file(junit)
+    slowest = sorted(seconds.items(), key=lambda item: -item[1])[:SHOWN]
+    figures: dict[str, float] = {}
+    if wall_s is not None:
+        figures["suite_wall_s"] = round(wall_s, 1)
+        figures["install_and_collection_s"] = round(max(wall_s - tests_s, 0.0), 1)
+    figures.update({
+        "tests_run_s": round(tests_s, 1),
+        "worker_seconds": round(sum(seconds.values()), 1),
+        "test_files": len(seconds),
+        "passed": counts["passed"],
+        "failed": counts["failed"],
+        "skipped": counts["skipped"],
+        "cores": os.cpu_count() or 1,
+    })
+    if not quiet:
+        print_figures("test suite", figures, {"suite_wall_s": f"≤ {BUDGET_S} s on 2 cores, install included",
+                                              "failed": "0", "skipped": "0"})
+        print(f"\nthe {len(slowest)} slowest files (worker-seconds: setup + call + teardown of their tests)")
+        for path, spent in slowest:
+            print(f"  {spent:8.1f} s  {path}")
+    for i, (_, spent) in enumerate(slowest, 1):
+        figures[f"slowest_file_{i}_s"] = round(spent, 1)
+    return figures
+
+
+def run(smoke: bool = False, junit: Path | None = None) -> dict[str, float]:
+    if junit is not None:
+        return summarise(junit, None, quiet=False)
+    with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
+        report = Path(tmp) / "junit.xml"
+        if smoke:
+            argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", SMOKE_FILE,
+                    f"--junitxml={report}", f"--basetemp={Path(tmp) / 'basetemp'}"]
+            code, wall = _timed(argv, ROOT)
+            if code != 0:
+                raise SystemExit(f"the smoke run of tests/repo failed (exit {code})")
+            return summarise(report, wall, quiet=True)
+        clone = _fresh_clone(Path(tmp))
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "TRAINMASTER_VENV", "PYTHONPATH")}
+        code, wall = _timed(["./dev", "test", "-p", "no:cacheprovider", f"--junitxml={report}"], clone, env)
+        print(f"\n`./dev test` in a fresh clone exited {code} after {wall:.0f} s")
+        return summarise(report, wall, quiet=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--junit", type=Path, help="summarise this JUnit XML report instead of running the suite")
+    args = parser.parse_args()
+    run(junit=args.junit)
+
+
+if __name__ == "__main__":
+    main()
