@@ -17,6 +17,14 @@ from tiny_lm_job import EVALUATOR, JOB, TINY_LM
 HONEST_PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 2_000_000_000}}, "default_hours": 0.25}
 CHEAP_PRICES = {"prices": {"rao_per_gpu_hour": {"cpu": 1_000_000_000}}, "default_hours": 0.25}
 BANNED = "its executor is banned (trainmaster executors ls)"
+IDLE_JOB = JOB.format(entrypoint="python -c 'import time; time.sleep(30)'")
+"""A job that trains and commits nothing (a user's job may be any command): for a miner whose cheat is that it never
+says how its run went, or says it runs forever, the broker never gets as far as what the run made."""
+MADE_JOB = JOB.format(entrypoint="python -c \"import os; open(os.path.join(os.environ['TRAINMASTER_OUTPUT_DIR'], "
+                                 "'model.safetensors'), 'wb').write(os.urandom(4096))\"")
+"""A job that trains nothing and ends with one output (4 kB under the name of a model): for a miner whose cheat is in
+how it announces or serves its outputs, refused during their download, before anything verifies what they are (a
+run of the tiny LM, its training and its self-check, would cost ~10 s of CPU and prove nothing more there)."""
 POLICY = ("name: tao\ndefault:\n  primary: bittensor\n  unreachable_after_s: {unreachable}\n"
           "tao_rate:\n  usd_per_tao: 400\n"
           "verification:\n  tau: 0.01\n  challenge_deadline_s: {deadline}\n")

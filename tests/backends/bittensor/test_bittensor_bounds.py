@@ -8,7 +8,11 @@ completes with fewer bytes than announced, or a resume shorter than its Content-
 a miner mute after its dispatch is lost within `unreachable_after_s`, not minutes per status call; one that says
 it runs past the job's max_hours is ended by the broker's own clock and banned; a log's terminal escapes are
 printed as visible text, and a miner's claimed start is not shown as the time it started. The job is the short
-tiny LM (tests/tiny_lm_job.py `short_job`): what is proved here is about what comes back, not the training's length.
+tiny LM (tests/tiny_lm_job.py `short_job`): what is proved here is about what comes back, not the training's length;
+the miners whose cheat is in their outputs' download, or who go mute or say they run forever, are given a job that
+trains nothing (MADE_JOB, IDLE_JOB): the broker refuses them before it looks at what the run made (a download is
+checked against the size and sha256 its miner announced, before any verification), so a run of the tiny LM (its
+training and its self-check, ~10 s of CPU each) would prove nothing more there.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import time
 
 import pytest
 
-from cheater_support import BANNED, _caught, _cheater, _coldkey, _setup, started, wallets  # noqa: F401
+from cheater_support import (BANNED, IDLE_JOB, MADE_JOB, _caught, _cheater, _coldkey, _setup,  # noqa: F401
+                             started, wallets)
 from cheating_miners.miners import SHORT_LOG
 from miner_support import shown as _shown, tm as _tm
 from state_rows import state_rows
@@ -62,7 +67,7 @@ def _unpaid_shown_free(tm_home, shown: dict) -> None:
 def test_an_output_announced_over_max_gb_is_refused_before_a_byte_and_the_miner_banned(
         tmp_path, tm_home, wallets, started):
     huge = _cheater("huge", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [huge], job_yaml=short_job())
+    spec, policy = _setup(tmp_path, tm_home, [huge], job_yaml=MADE_JOB)
     _spec_extra(spec, "outputs:\n  max_gb: 1\n")
     done, shown = _submitted(spec, policy)
     attempt = _caught(tm_home, shown, huge, spec, policy)
@@ -75,7 +80,7 @@ def test_an_output_announced_over_max_gb_is_refused_before_a_byte_and_the_miner_
 def test_an_output_larger_than_the_free_disk_waits_on_us_keeps_nothing_and_blames_nobody(
         tmp_path, tm_home, wallets, started):
     huge = _cheater("huge", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [huge], job_yaml=short_job())
+    spec, policy = _setup(tmp_path, tm_home, [huge], job_yaml=MADE_JOB)
     done, _ = _submitted(spec, policy)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "free some space, or set the job's outputs.max_gb" in done.stderr, done.stderr
@@ -93,7 +98,7 @@ def test_an_output_larger_than_the_free_disk_waits_on_us_keeps_nothing_and_blame
 
 def test_a_trickling_miner_is_rejected_at_its_download_deadline(tmp_path, tm_home, wallets, started):
     trickle = _cheater("trickle", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [trickle], job_yaml=short_job())
+    spec, policy = _setup(tmp_path, tm_home, [trickle], job_yaml=MADE_JOB)
     _configure(tm_home, download_grace_s=5)
     began = time.monotonic()
     done, shown = _submitted(spec, policy)
@@ -106,7 +111,7 @@ def test_a_trickling_miner_is_rejected_at_its_download_deadline(tmp_path, tm_hom
 
 def test_an_answer_complete_but_short_is_the_miners_statement_not_a_network_fault(tmp_path, tm_home, wallets, started):
     short = _cheater("short", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [short], job_yaml=short_job())
+    spec, policy = _setup(tmp_path, tm_home, [short], job_yaml=MADE_JOB)
     done, shown = _submitted(spec, policy)
     attempt = _caught(tm_home, shown, short, spec, policy)
     assert "its answer announces" in attempt["reason"] or "its answer ended whole after" in attempt["reason"], attempt
@@ -117,7 +122,7 @@ def test_an_answer_complete_but_short_is_the_miners_statement_not_a_network_faul
 
 def test_a_resume_shorter_than_its_content_range_is_refused(tmp_path, tm_home, wallets, started):
     cheat = _cheater("short_range", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [cheat], job_yaml=short_job())
+    spec, policy = _setup(tmp_path, tm_home, [cheat], job_yaml=MADE_JOB)
     done, shown = _submitted(spec, policy)
     attempt = _caught(tm_home, shown, cheat, spec, policy)
     assert "its answer announces" in attempt["reason"] and "bytes for the" in attempt["reason"], attempt
@@ -126,7 +131,7 @@ def test_a_resume_shorter_than_its_content_range_is_refused(tmp_path, tm_home, w
 
 def test_a_miner_mute_after_its_dispatch_is_lost_in_bounded_time_and_not_banned(tmp_path, tm_home, wallets, started):
     mute = _cheater("mute", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [mute], unreachable_s=20, job_yaml=short_job())
+    spec, policy = _setup(tmp_path, tm_home, [mute], unreachable_s=5, job_yaml=IDLE_JOB)
     _configure(tm_home, status_timeout_s=2)
     began = time.monotonic()
     done, shown = _submitted(spec, policy)
@@ -146,7 +151,7 @@ def test_a_miner_mute_after_its_dispatch_is_lost_in_bounded_time_and_not_banned(
 def test_a_miner_that_says_it_runs_past_the_jobs_max_hours_is_ended_by_the_brokers_clock_and_banned(
         tmp_path, tm_home, wallets, started):
     overrun = _cheater("overrun", tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [overrun], job_yaml=short_job())
+    spec, policy = _setup(tmp_path, tm_home, [overrun], job_yaml=IDLE_JOB)
     _spec_extra(spec, "limits:\n  max_hours: 0.001\n")  # 3.6 s; the broker ends it 3.6 × 1.1 + 60 s after dispatch
     done, shown = _submitted(spec, policy)
     attempt = _caught(tm_home, shown, overrun, spec, policy)

@@ -9,7 +9,8 @@ coldkey), and left out of later jobs with the ban as the reason. A miner that re
 dispatch is refused by the miners it replays to and gains nothing; a download cut halfway resumes; a miner
 that vanishes after committing is lost (no ban: nothing proves a fault) and the job goes to another miner.
 The tiny job (tests/tiny_lm_job.py `short_job`: 40 steps) has 4 segments and the spec's q = 8 challenges them
-all, so every cheat is sampled.
+all, so every cheat is sampled; the one refused while its outputs download (bad_hash) is given a job that trains
+nothing (tests/cheater_support.py `MADE_JOB`), since it is refused before anything looks at what its run made.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import json
 
 import pytest
 
-from cheater_support import BANNED, _caught, _cheater, _coldkey, _setup, honest, started, wallets  # noqa: F401
+from cheater_support import (BANNED, MADE_JOB, _caught, _cheater, _coldkey, _setup, honest,  # noqa: F401
+                             started, wallets)
 from cheating_miners.miners import CUT_LOG, REPLAY_TO_ENV, REPLAYS
 from miner_support import shown as _shown, tm as _tm
 from state_rows import state_rows
@@ -40,6 +42,9 @@ CAUGHT = {
 DEADLINE_S = {"silent": 5}
 """The policy's challenge_deadline_s: short where the miner goes silent (its attempt waits that long), generous
 elsewhere, so an honest answer on a loaded machine is never late."""
+JOBS = {"bad_hash": MADE_JOB}
+"""The job by kind: the tiny LM's short run (4 segments) unless the cheat is refused in its outputs' download, before
+anything verifies what they are (tests/cheater_support.py `MADE_JOB`: one output, no training)."""
 
 
 def _jobs(miner) -> set[str]:
@@ -72,7 +77,7 @@ def test_skipping_half_the_segments_is_rejected_unpaid_banned_and_the_job_goes_t
 @pytest.mark.parametrize("kind", ["freeze", "wrong_key", "silent", "bad_hash", "w0"])
 def test_a_cheater_is_rejected_unpaid_and_banned(kind, tmp_path, tm_home, wallets, started):
     cheater = _cheater(kind, tmp_path, wallets, started)
-    spec, policy = _setup(tmp_path, tm_home, [cheater], DEADLINE_S.get(kind, 600), job_yaml=short_job())
+    spec, policy = _setup(tmp_path, tm_home, [cheater], DEADLINE_S.get(kind, 600), job_yaml=JOBS.get(kind, short_job()))
     shown = _submit(spec, policy)
     assert CAUGHT[kind] in _caught(tm_home, shown, cheater, spec, policy)["reason"], shown
     assert shown["state"] == "failed" and BANNED in shown["reason"], shown  # no other miner to go to
