@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import signal
@@ -295,24 +296,33 @@ def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, 
     before = set((cluster.storage / "attempts").iterdir())
     submit = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(spec), "--policy",
                                policy, "--wait", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sync = wait_for("the attempt's synced folder", lambda: set((cluster.storage / "attempts").iterdir()) - before)
-    [sync] = sync
-    wait_for("a committed segment", lambda: (sync / "checkpoints" / "segments" / "00000001" / "manifest.json").is_file())
-    killed = job_processes(cluster, sync.name)  # the nodes' side of the job dies at once, as with its machines
-    assert sum("trainmaster.jobs.launcher" in p.cmdline() for p in killed) == nodes, killed
-    for proc in killed:
-        proc.send_signal(signal.SIGKILL)
-    out, err = submit.communicate(timeout=WAIT_S * 2)
-    job = json.loads(out[out.index("{"):]) if "{" in out else pytest.fail(out + err)
-    assert job["state"] == "accepted", job
-    first, second = job["attempts"]
-    assert first["backend"] == second["backend"] == "ray", job["attempts"]
-    assert first["state"] == "failed" and "its node or driver died" in first["reason"], first
-    db = sqlite3.connect(ray_home / "state.db")
-    [detail] = db.execute("SELECT detail FROM events WHERE attempt_id = ? AND to_state = 'failed'", (first["id"],)).fetchone()
-    assert json.loads(detail)["cause"] == "lost", detail
-    assert (cluster.storage / "attempts" / second["id"] / "checkpoints" / "segments" / "00000001").is_dir()
-    assert model_hash(ray_home, job["id"]) == plain_hash
+    try:
+        sync = wait_for("the attempt's synced folder", lambda: set((cluster.storage / "attempts").iterdir()) - before)
+        [sync] = sync
+        segment = sync / "checkpoints" / "segments" / "00000001" / "manifest.json"  # on two nodes Ray Train starts
+        wait_for("a committed segment", segment.is_file, timeout=WAIT_S * 2)  # its controller's actors first
+        killed = job_processes(cluster, sync.name)  # the nodes' side of the job dies at once, as with its machines
+        assert sum("trainmaster.jobs.launcher" in p.cmdline() for p in killed) == nodes, killed
+        for proc in killed:
+            proc.send_signal(signal.SIGKILL)
+        out, err = submit.communicate(timeout=WAIT_S * 2)
+        job = json.loads(out[out.index("{"):]) if "{" in out else pytest.fail(out + err)
+        assert job["state"] == "accepted", job
+        first, second = job["attempts"]
+        assert first["backend"] == second["backend"] == "ray", job["attempts"]
+        assert first["state"] == "failed" and "its node or driver died" in first["reason"], first
+        db = sqlite3.connect(ray_home / "state.db")
+        [detail] = db.execute("SELECT detail FROM events WHERE attempt_id = ? AND to_state = 'failed'",
+                              (first["id"],)).fetchone()
+        assert json.loads(detail)["cause"] == "lost", detail
+        assert (cluster.storage / "attempts" / second["id"] / "checkpoints" / "segments" / "00000001").is_dir()
+        assert model_hash(ray_home, job["id"]) == plain_hash
+    finally:  # a failure above leaves no job holding the shared cluster's CPUs for the tests after this one
+        if submit.poll() is None:
+            submit.kill()
+            for attempt in set((cluster.storage / "attempts").iterdir()) - before:
+                with contextlib.suppress(BackendError):  # one never submitted
+                    asyncio.run(RayBackend(RayConfig(address=cluster.address)).jobs.stop("tm-" + attempt.name))
 
 
 def test_a_two_process_gloo_job_runs_under_torchrun_on_one_node(ray_home, tmp_path):
