@@ -25,10 +25,13 @@ from pathlib import Path
 
 import psutil
 
-START_S = 90.0
+START_S = 180.0  # a bound only: a loaded machine (the suite on 2 cores) may take past 90 s
 IDLE_S = 30.0
 CPUS = 3  # the head's 2 and the second node's 1
 STOP_GRACE_S = 10.0
+START_TRIES = 2
+"""A node's `ray start` gives up when its raylet has not registered within Ray's own 30 s (not configurable), which
+a loaded machine can exceed: the cluster is started again once."""
 
 
 def free_port() -> int:
@@ -141,14 +144,16 @@ _shared: RayCluster | None = None
 def shared() -> RayCluster:
     """The cluster this test process shares, started on first use; `stop_shared` stops it."""
     global _shared
-    if _shared is None:
+    for tries in range(START_TRIES, 0, -1):
+        if _shared is not None:
+            break
         cluster = RayCluster()
         try:
-            cluster.start()
-        except BaseException:
+            _shared = cluster.start()
+        except BaseException as exc:
             cluster.stop()
-            raise
-        _shared = cluster
+            if tries == 1 or not isinstance(exc, RuntimeError):
+                raise
     return _shared
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import signal
@@ -40,6 +41,9 @@ pytestmark = pytest.mark.slow
 
 POLICY = "name: ray\ndefault:\n  primary: ray\n  fallbacks: [local]\n  retries: 1\n"
 WAIT_S = 90
+LM_STEPS = 100
+"""The tiny-lm job's steps (4 segments of 25): the kill tests kill it once segment 1 is committed (step 50), so it
+still has 50 steps to run then (~5 s of CPU a process), and it resumes from there."""
 DIST = """\
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -205,10 +209,11 @@ class Accepted:
 
 @pytest.fixture(scope="module")
 def accepted_lm(tmp_path_factory):
-    """One tiny-lm job of 300 steps on one node submitted through the CLI (`submit --wait --json`) with the file's
-    policy, run on the cluster to the end: the job the one-node kill test's uninterrupted run is (the bits its
-    killed run must resume to; 300 steps, so that run is killed between its segments), and the accepted Ray job
-    whose log, offer, cost and outputs the tiny-job test reads. One job on the cluster instead of two."""
+    """One tiny-lm job of LM_STEPS steps on one node submitted through the CLI (`submit --wait --json`) with the
+    file's policy, run on the cluster to the end: the uninterrupted run both kill tests' killed runs must resume
+    to (the bits; on two nodes too: each process of the job trains the whole model, the recipe is not
+    data-parallel), and the accepted Ray job whose log, offer, cost and outputs the tiny-job test reads. One job
+    on the cluster instead of three."""
     from background_support import stop_background
     from ray_cluster import shared
 
@@ -220,7 +225,7 @@ def accepted_lm(tmp_path_factory):
     (home / "config" / "backends.yaml").write_text(
         f"ray:\n  address: {cluster.address}\n  storage_path: {cluster.storage}\n  python: {sys.executable}\n")
     (root / "policy.yaml").write_text(POLICY)
-    spec = lm_job(root / "lm", steps=300)
+    spec = lm_job(root / "lm", steps=LM_STEPS)
     spec.write_text(spec.read_text() + "resources:\n  nodes: 1\n")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("TRAINMASTER_HOME", str(home))
@@ -276,44 +281,48 @@ def test_cancel_stops_every_process_of_the_job(cluster, ray_home, tmp_path, node
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
-def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, ray_home, tmp_path, nodes, request):
+def test_a_job_killed_on_its_node_is_lost_and_resumes_to_the_same_bits(cluster, ray_home, tmp_path, nodes,
+                                                                       accepted_lm):
     """On one node, the launcher and its job; on two (Ray Train), every worker's: killed as with their machines.
-    The uninterrupted run to match: on one node the module's accepted run of the same job (`accepted_lm`), on two
-    one of its own."""
+    The uninterrupted run to match: the module's accepted run of the same training on one node (`accepted_lm`):
+    on two nodes each process trains the whole model too (the recipe is not data-parallel), so the job's bits
+    are the same as on one (rank 0 writes them), and a resume that lost or repeated a step would differ."""
     policy = str(tmp_path / "policy.yaml")
-    jobs = [lm_job(tmp_path / name, steps=300) for name in ("plain", "killed")]
-    for spec in jobs:
-        spec.write_text(spec.read_text() + f"resources:\n  nodes: {nodes}\n")
-    if nodes == 1:
-        accepted = request.getfixturevalue("accepted_lm")
-        assert accepted.job["state"] == "accepted", accepted.job
-        plain_hash = model_hash(accepted.home, accepted.job["id"])
-        cluster.wait_idle()
-    else:
-        plain = shown(tm("submit", str(jobs[0]), "--policy", policy, "--wait", "--json"))
-        assert plain["state"] == "accepted", plain
-        plain_hash = model_hash(ray_home, plain["id"])
+    spec = lm_job(tmp_path / "killed", steps=LM_STEPS)
+    spec.write_text(spec.read_text() + f"resources:\n  nodes: {nodes}\n")
+    assert accepted_lm.job["state"] == "accepted", accepted_lm.job
+    plain_hash = model_hash(accepted_lm.home, accepted_lm.job["id"])
+    cluster.wait_idle()
     before = set((cluster.storage / "attempts").iterdir())
-    submit = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(jobs[1]), "--policy",
+    submit = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(spec), "--policy",
                                policy, "--wait", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sync = wait_for("the attempt's synced folder", lambda: set((cluster.storage / "attempts").iterdir()) - before)
-    [sync] = sync
-    wait_for("a committed segment", lambda: (sync / "checkpoints" / "segments" / "00000001" / "manifest.json").is_file())
-    killed = job_processes(cluster, sync.name)  # the nodes' side of the job dies at once, as with its machines
-    assert sum("trainmaster.jobs.launcher" in p.cmdline() for p in killed) == nodes, killed
-    for proc in killed:
-        proc.send_signal(signal.SIGKILL)
-    out, err = submit.communicate(timeout=WAIT_S * 2)
-    job = json.loads(out[out.index("{"):]) if "{" in out else pytest.fail(out + err)
-    assert job["state"] == "accepted", job
-    first, second = job["attempts"]
-    assert first["backend"] == second["backend"] == "ray", job["attempts"]
-    assert first["state"] == "failed" and "its node or driver died" in first["reason"], first
-    db = sqlite3.connect(ray_home / "state.db")
-    [detail] = db.execute("SELECT detail FROM events WHERE attempt_id = ? AND to_state = 'failed'", (first["id"],)).fetchone()
-    assert json.loads(detail)["cause"] == "lost", detail
-    assert (cluster.storage / "attempts" / second["id"] / "checkpoints" / "segments" / "00000001").is_dir()
-    assert model_hash(ray_home, job["id"]) == plain_hash
+    try:
+        sync = wait_for("the attempt's synced folder", lambda: set((cluster.storage / "attempts").iterdir()) - before)
+        [sync] = sync
+        segment = sync / "checkpoints" / "segments" / "00000001" / "manifest.json"  # on two nodes Ray Train starts
+        wait_for("a committed segment", segment.is_file, timeout=WAIT_S * 2)  # its controller's actors first
+        killed = job_processes(cluster, sync.name)  # the nodes' side of the job dies at once, as with its machines
+        assert sum("trainmaster.jobs.launcher" in p.cmdline() for p in killed) == nodes, killed
+        for proc in killed:
+            proc.send_signal(signal.SIGKILL)
+        out, err = submit.communicate(timeout=WAIT_S * 2)
+        job = json.loads(out[out.index("{"):]) if "{" in out else pytest.fail(out + err)
+        assert job["state"] == "accepted", job
+        first, second = job["attempts"]
+        assert first["backend"] == second["backend"] == "ray", job["attempts"]
+        assert first["state"] == "failed" and "its node or driver died" in first["reason"], first
+        db = sqlite3.connect(ray_home / "state.db")
+        [detail] = db.execute("SELECT detail FROM events WHERE attempt_id = ? AND to_state = 'failed'",
+                              (first["id"],)).fetchone()
+        assert json.loads(detail)["cause"] == "lost", detail
+        assert (cluster.storage / "attempts" / second["id"] / "checkpoints" / "segments" / "00000001").is_dir()
+        assert model_hash(ray_home, job["id"]) == plain_hash
+    finally:  # a failure above leaves no job holding the shared cluster's CPUs for the tests after this one
+        if submit.poll() is None:
+            submit.kill()
+            for attempt in set((cluster.storage / "attempts").iterdir()) - before:
+                with contextlib.suppress(BackendError):  # one never submitted
+                    asyncio.run(RayBackend(RayConfig(address=cluster.address)).jobs.stop("tm-" + attempt.name))
 
 
 def test_a_two_process_gloo_job_runs_under_torchrun_on_one_node(ray_home, tmp_path):
