@@ -7,6 +7,9 @@ The portable kernels draw other initial bits (W0) from the same recipe and seed,
 verifier's own; the verifier rebuilds S_0 with the kernel set the signed commitment names (a child process) and
 compares it bit for bit (docs/audit.md, "Kernel sets"). The honest miner is accepted and paid; a miner that starts
 from a W0 of its own choosing, whichever kernel set it names, is still rejected at S_0 and banned.
+
+The job is the short tiny LM (tests/tiny_lm_job.py `short_job`): what is proved is about S_0, not the training's
+length.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from cheating_miners.process import CheaterProcess
 from miner_support import MinerProcess, make_wallet
 from miner_support import shown as _shown, tm as _tm
 from state_rows import state_rows
+from tiny_lm_job import short_job
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +48,7 @@ def test_an_honest_miner_on_the_portable_kernels_is_accepted_and_paid(tmp_path, 
     miner = started(MinerProcess(tmp_path / "portable", make_wallet(wallets, "portable"),
                                  config={**HONEST_PRICES, **PORTABLE}))
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    spec, policy = _setup(tmp_path, tm_home, [miner])
+    spec, policy = _setup(tmp_path, tm_home, [miner], job_yaml=short_job())
     shown = _submit(spec, policy)
     assert shown["state"] == "accepted", shown
     [attempt] = shown["attempts"]
@@ -70,7 +74,7 @@ def test_a_miner_on_the_portable_kernels_with_a_w0_of_its_own_is_rejected_unpaid
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     cheater = started(CheaterProcess("w0", tmp_path / "w0", make_wallet(wallets, "w0"), config={**CHEAP_PRICES, **PORTABLE}))
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    spec, policy = _setup(tmp_path, tm_home, [cheater])
+    spec, policy = _setup(tmp_path, tm_home, [cheater], job_yaml=short_job())
     shown = _submit(spec, policy)
     attempt = _caught(tm_home, shown, cheater, spec, policy)
     assert ("the replay audit failed: segment 0: S_0's weights are not the W0 the spec's recipe and seed produce with "

@@ -3,8 +3,13 @@
 the broker's bisection and one replayed segment, the ledger, and the verdict (`verify show`, `--json`).
 
 Both miners run the same job (the same seed) in the runtime's deterministic mode on this machine, so honest ones
-reach the same root. The tiny job has 4 segments (5 leaves); which miner leads the pair is drawn at random, so each
-test finds its miners by hotkey. Cheats (tests/cheating_miners): `nudge` pushes its weights at boundary 2 by far
+reach the same root. The tiny job is the short one (tests/tiny_lm_job.py `short_job`: 40 steps in 4 segments of 10,
+5 leaves): what is proved is about the segments and the leaves, not the training's length. Which miner leads the
+pair is drawn at random, so each test finds its miners by hotkey.
+
+The honest miners and the `nudge` cheater are processes started once for the file (module-scoped): every test has a
+broker of its own (home, wallet, state, bans), and a miner keeps each job under its attempt's id, so no test sees
+another's work through them. Cheats (tests/cheating_miners): `nudge` pushes its weights at boundary 2 by far
 less than any tolerance (within-τ poisoning, which no sampled check sees) and trains on honestly from there;
 `nudge_silent` also never answers the bisection.
 """
@@ -20,25 +25,45 @@ from pathlib import Path
 
 import pytest
 
+from cheating_miners.process import TESTS, CheaterProcess
 from miner_support import MinerProcess, make_wallet
 from miner_support import shown as _shown, tm as _tm
 from state_rows import state_rows
 from cheater_support import (  # noqa: F401 — fixtures: the tests' environment and started miners
-    BANNED, CHEAP_PRICES, HONEST_PRICES, _cheater, _coldkey, _setup, started, wallets,
+    BANNED, CHEAP_PRICES, HONEST_PRICES, _cheater, _coldkey, _setup, honest, started, wallets,
 )
+from tiny_lm_job import short_job
 
 pytestmark = pytest.mark.slow
 
 TIER = "  verification:\n    tier: refereed\n"
 
 
-def _honest(name: str, tmp_path, wallets, started) -> MinerProcess:
-    return started(MinerProcess(tmp_path / name, make_wallet(wallets, name), config=HONEST_PRICES))
+@pytest.fixture(scope="module")
+def second(tmp_path_factory) -> MinerProcess:
+    """A second honest miner (its own coldkey) for the file's tests, beside cheater_support's `honest`."""
+    root = tmp_path_factory.mktemp("second")
+    miner = MinerProcess(root / "miner", make_wallet(root / "wallets", "second"), config=HONEST_PRICES).start()
+    yield miner
+    miner.stop()
+
+
+@pytest.fixture(scope="module")
+def nudger(tmp_path_factory) -> CheaterProcess:
+    """The `nudge` cheater for the file's tests (it bans nobody and keeps each job under its attempt's id; each
+    test's broker bans it in its own state). Its jobs import tests/cheating_miners: tests/ on its PYTHONPATH."""
+    root = tmp_path_factory.mktemp("nudge")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        miner = CheaterProcess("nudge", root / "miner", make_wallet(root / "wallets", "nudge"),
+                               config=CHEAP_PRICES).start()
+    yield miner
+    miner.stop()
 
 
 def _refereed(tmp_path, tm_home, miners, deadline_s: float = 600):
-    """backends.yaml listing `miners`, and the policy's default class choosing the refereed tier."""
-    spec, policy = _setup(tmp_path, tm_home, miners, deadline_s)
+    """backends.yaml listing `miners`, and the policy's default class choosing the refereed tier; the short job."""
+    spec, policy = _setup(tmp_path, tm_home, miners, deadline_s, job_yaml=short_job())
     text = policy.read_text()
     policy.write_text(text.replace("default:\n", "default:\n" + TIER, 1))
     return spec, policy
@@ -66,8 +91,8 @@ def _payments(tm_home, job_id: str) -> dict[str, int]:
     return {r["payee"]: r["rao"] for r in rows}
 
 
-def test_offers_say_the_refereed_pair_costs_about_twice(tmp_path, tm_home, wallets, started):
-    one, two = _honest("one", tmp_path, wallets, started), _honest("two", tmp_path, wallets, started)
+def test_offers_say_the_refereed_pair_costs_about_twice(tmp_path, tm_home, honest, second):
+    one, two = honest, second
     spec, policy = _refereed(tmp_path, tm_home, [one, two])
     offered = _shown(_tm("offers", str(spec), "--policy", str(policy), "--json"))
     verdicts = {r["offer"]["instance"]: r["verdict"] for r in offered["considered"]}
@@ -81,8 +106,8 @@ def test_offers_say_the_refereed_pair_costs_about_twice(tmp_path, tm_home, walle
     assert sum(costs) > max(costs)
 
 
-def test_two_honest_miners_reach_the_same_root_and_both_are_paid(tmp_path, tm_home, wallets, started):
-    one, two = _honest("one", tmp_path, wallets, started), _honest("two", tmp_path, wallets, started)
+def test_two_honest_miners_reach_the_same_root_and_both_are_paid(tmp_path, tm_home, honest, second):
+    one, two = honest, second
     spec, policy = _refereed(tmp_path, tm_home, [one, two])
     job, status, verdict = _run(spec, policy)
     assert status["state"] == "accepted", status
@@ -99,8 +124,7 @@ def test_two_honest_miners_reach_the_same_root_and_both_are_paid(tmp_path, tm_ho
     assert not _shown(_tm("executors", "ls", "--json"))["bans"]
 
 
-def test_a_miner_poisoning_within_tolerance_is_refuted_by_one_replayed_segment(tmp_path, tm_home, wallets, started):
-    honest, nudger = _honest("honest", tmp_path, wallets, started), _cheater("nudge", tmp_path, wallets, started)
+def test_a_miner_poisoning_within_tolerance_is_refuted_by_one_replayed_segment(tmp_path, tm_home, honest, nudger):
     spec, policy = _refereed(tmp_path, tm_home, [honest, nudger])
     job, status, verdict = _run(spec, policy)
     assert status["state"] == "accepted", status
@@ -128,8 +152,8 @@ FORFEITED = {"nudge_silent": "did not open leaves [3] within 10 s", "nudge_garba
 
 @pytest.mark.parametrize("kind", ["nudge_silent", "nudge_garbage"])
 def test_a_miner_that_does_not_answer_the_bisection_forfeits_and_the_other_is_paid(kind, tmp_path, tm_home, wallets,
-                                                                                   started):
-    honest, silent = _honest("honest", tmp_path, wallets, started), _cheater(kind, tmp_path, wallets, started)
+                                                                                   started, honest):
+    silent = _cheater(kind, tmp_path, wallets, started)
     spec, policy = _refereed(tmp_path, tm_home, [honest, silent], deadline_s=10)
     job, status, verdict = _run(spec, policy)
     assert status["state"] == "accepted", status
@@ -145,8 +169,7 @@ def test_a_miner_that_does_not_answer_the_bisection_forfeits_and_the_other_is_pa
     assert json.dumps(referee).count("forfeited") >= 1
 
 
-def test_a_broker_killed_in_the_bisection_resumes_it_and_pays_nothing_twice(tmp_path, tm_home, wallets, started):
-    honest, nudger = _honest("honest", tmp_path, wallets, started), _cheater("nudge", tmp_path, wallets, started)
+def test_a_broker_killed_in_the_bisection_resumes_it_and_pays_nothing_twice(tmp_path, tm_home, honest, nudger):
     spec, policy = _refereed(tmp_path, tm_home, [honest, nudger])
     killed = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "cli_kill_at.py"), "referee-step", "submit",
                              str(spec), "--policy", str(policy), "--wait"], capture_output=True, text=True,
@@ -175,14 +198,13 @@ def test_a_broker_killed_in_the_bisection_resumes_it_and_pays_nothing_twice(tmp_
 
 
 def test_a_dispute_not_replayable_bit_for_bit_here_waits_unverified_until_verified_where_it_is(
-        tmp_path, tm_home, wallets, started, monkeypatch):
+        tmp_path, tm_home, honest, nudger, monkeypatch):
     """The job computes with torch's portable kernels (its spec's `env: {ATEN_CPU_CAPABILITY: default}`), on both
     miners; the broker's verifier with this machine's own: a replay here cannot settle their dispute bit for bit,
     so nothing is paid or banned; `verify --again` where the kernels match settles it."""
     import torch
 
     assert torch.backends.cpu.get_cpu_capability() != "DEFAULT"  # this machine picks vector kernels of its own
-    honest, nudger = _honest("honest", tmp_path, wallets, started), _cheater("nudge", tmp_path, wallets, started)
     spec, policy = _refereed(tmp_path, tm_home, [honest, nudger])
     spec.write_text(spec.read_text() + "env:\n  ATEN_CPU_CAPABILITY: default\n")
     job, status, verdict = _run(spec, policy)
@@ -200,15 +222,12 @@ def test_a_dispute_not_replayable_bit_for_bit_here_waits_unverified_until_verifi
 
 
 def test_a_miner_of_another_environment_is_released_unbanned_when_its_partner_is_upheld(tmp_path, tm_home, wallets,
-                                                                                       started, monkeypatch):
+                                                                                       started, honest, monkeypatch):
     """One miner's jobs compute with torch's portable kernels (ATEN_CPU_CAPABILITY=default, passed on by its local
     backend's inherit_env), the other's with this machine's, the verifier's: their roots differ from W0 on (the
     portable kernels draw other initial bits). The replay judges the side whose commitment names the verifier's
     environment (upheld); the other's bits cannot be judged here: released unpaid, not banned, whichever led."""
-    honest = _honest("honest", tmp_path, wallets, started)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
-    from cheating_miners.process import CheaterProcess
-
     other = started(CheaterProcess("nudge", tmp_path / "other", make_wallet(wallets, "other"),
                                    config={**CHEAP_PRICES, "local": {"inherit_env": ["ATEN_CPU_CAPABILITY"]}}))
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")

@@ -24,7 +24,7 @@ from remote_executor.cli import TRUSTED_ENV
 from remote_executor.client import RemoteExecutor, TrustedRemoteExecutor
 from remote_executor.process import TESTS, ExecutorProcess
 from trainmaster.backends.base import BackendError, ExecutorFault, Handle
-from tiny_lm_job import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, SHORT_STEPS, TINY_LM, short_job
 from untrusted_backend import RAO_PER_TAO, USD_PER_TAO_MICRO
 
 pytestmark = pytest.mark.slow
@@ -43,9 +43,11 @@ def executor(tmp_path, monkeypatch):
     proc.stop()
 
 
-def _job(root: Path, steps: int) -> Path:
+def _job(root: Path, steps: int | None = None) -> Path:
+    """The tiny LM of `steps` steps in segments of 25; the short one (tests/tiny_lm_job.py `short_job`: 40 steps in 4
+    segments of 10) by default, for tests whose proof is not about the training's length."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=steps)))
+    (root / "job.yaml").write_text(short_job() if steps is None else JOB.format(entrypoint=TINY_LM.format(steps=steps)))
     (root / "evaluate.py").write_text(EVALUATOR)
     (root / "untrusted.yaml").write_text(UNTRUSTED)
     (root / "trusted.yaml").write_text(TRUSTED)
@@ -92,7 +94,7 @@ def _files_mentioning(root: Path, needle: str) -> list[Path]:
 
 
 def test_an_honest_remote_executor_is_audited_evaluated_accepted_and_paid_in_rao(tm_home, tmp_path, executor):
-    spec = _job(tmp_path / "job", steps=100)
+    spec = _job(tmp_path / "job")
     done = _tm("submit", str(spec), "--policy", str(spec.parent / "untrusted.yaml"), "--wait", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     shown = _shown(done)
@@ -121,11 +123,11 @@ def test_the_live_progress_line_shows_the_remote_runs_steps(tmp_path, executor):
     """`trainmaster submit --wait` on a terminal: the status line's step comes through the metrics capability."""
     from pty_follow import on_terminal
 
-    spec = _job(tmp_path / "job", steps=100)
+    spec = _job(tmp_path / "job")
     code, shown = on_terminal("submit", str(spec), "--policy", str(spec.parent / "untrusted.yaml"), "--wait",
                                home=tmp_path / "home", cli="remote_executor.cli")
     assert code == 0, shown
-    assert "accepted · step 100/100 · " in shown and " steps/s · elapsed " in shown, shown
+    assert f"accepted · step {SHORT_STEPS}/{SHORT_STEPS} · " in shown and " steps/s · elapsed " in shown, shown
 
 
 def test_cancel_stops_the_remote_run(tm_home, tmp_path, executor):
@@ -150,7 +152,7 @@ def test_after_kill_9_of_the_executor_resume_continues_from_its_last_checkpoint(
     killed once the run has committed a few segments; started again on the same home and port, it reports
     the run lost; `trainmaster resume` starts a new attempt from the first one's last checkpoint (asked of
     the executor, passed back opaquely) and ends on the final hash of an uninterrupted run."""
-    spec = _job(tmp_path / "job", steps=400)
+    spec = _job(tmp_path / "job", steps=200)  # killed past step 50: 150 steps left to resume
     policy = str(spec.parent / "trusted.yaml")
     job = _shown(_tm("submit", str(spec), "--policy", policy, "--json", trusted=True, check=True))
     [first] = job["attempts"]
