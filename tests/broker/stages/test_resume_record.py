@@ -79,7 +79,8 @@ def test_resume_after_kill_9_keeps_every_metrics_line_says_where_and_raises_limi
     shown = json.loads(resumed.output[resumed.output.index("{"):])
     assert shown["state"] == "accepted" and [a["state"] for a in shown["attempts"]] == ["failed", "accepted"]
     point = shown["resumes_from"]
-    assert point["attempt"] == 1 and point["step"] == SEGMENT_STEPS * point["segment"] and point["step"] >= 2 * SEGMENT_STEPS
+    assert point["attempt"] == 1 and point["step"] == SEGMENT_STEPS * point["segment"]
+    assert point["step"] >= 2 * SEGMENT_STEPS
     assert (paths.job_dir(job_id) / "outputs" / "metrics.jsonl").read_bytes() == uninterrupted  # every line, as one run
     log = (paths.attempt_dir(job_id, 2) / "job.log").read_text()
     assert f"[trainmaster] resumed at step {point['step']} of {STEPS} from segment {point['segment']}" in log
