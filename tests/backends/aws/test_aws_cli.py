@@ -18,7 +18,7 @@ from clouds.aws_runner import SageMakerRunner
 from clouds.aws_server import BUCKET, REGION, ROLE, fail_next, training_job, training_jobs
 from miner_support import shown, tm
 from state_rows import state_rows
-from tiny_lm_job import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM, short_job
 
 pytest_plugins = ["clouds.conftest_aws"]
 pytestmark = pytest.mark.slow
@@ -50,9 +50,11 @@ def cloud(aws, tm_home, tmp_path, test_image):
         yield runner
 
 
-def lm_job(root: Path, steps: int = 100) -> Path:
+def lm_job(root: Path, steps: int | None = None) -> Path:
+    """The tiny LM's job folder: `steps` steps in segments of 25, or by default the short run (tests/tiny_lm_job.py:
+    40 steps in 4 segments of 10), enough for an interruption after a segment and a resume from it."""
     root.mkdir(parents=True)
-    (root / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=steps)))
+    (root / "job.yaml").write_text(short_job() if steps is None else JOB.format(entrypoint=TINY_LM.format(steps=steps)))
     (root / "evaluate.py").write_text(EVALUATOR)
     return root / "job.yaml"
 

@@ -19,7 +19,7 @@ from trainmaster.backends.managed.names import job_name
 from miner_support import shown, tm
 from repo_paths import TESTS
 from state_rows import state_rows
-from tiny_lm_job import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, JOB, TINY_LM, short_job
 
 pytest_plugins = ["clouds.conftest_azure"]
 pytestmark = pytest.mark.slow
@@ -103,12 +103,12 @@ def expected_cost(azure, azure_config, attempt: dict, price: int) -> int:
 
 def test_a_preempted_spot_run_resumes_to_an_uninterrupted_runs_bytes_and_is_verified_and_charged(
         cli, azure, azure_config, tm_home, tmp_path):
-    plain = submit(job(tmp_path, TINY_LM.format(steps=100), name="plain"), tmp_path)
+    plain = submit(job(tmp_path, "", name="plain", text=short_job()), tmp_path)  # 4 segments of 10 steps
     assert plain["state"] == "accepted", plain
     uninterrupted = {f["path"]: f["sha256"] for f in plain["attempts"][0]["outputs"]}["model.safetensors"]
 
     cli.preempt_at_segment = 2
-    done = submit(job(tmp_path, TINY_LM.format(steps=100)), tmp_path)
+    done = submit(job(tmp_path, "", text=short_job()), tmp_path)
     assert done["state"] == "accepted", done
     first, second = done["attempts"]
     assert first["backend"] == second["backend"] == "azure"
@@ -154,7 +154,7 @@ def test_a_two_node_gloo_job_runs_on_two_instances(cli, azure, tmp_path):
 def test_throttling_and_5xx_are_retried_until_the_job_runs(cli, azure, tmp_path):
     azure.fake.faults.extend([("GET", 429, "TooManyRequests", "slow down")]
                              + [("PUT", 503, "ServiceUnavailable", "busy")] * 5)  # past the SDK's own 3 retries
-    done = submit(job(tmp_path, TINY_LM.format(steps=50)), tmp_path)
+    done = submit(job(tmp_path, TINY_LM.format(steps=25)), tmp_path)
     assert done["state"] == "accepted", done
     [attempt] = done["attempts"]
     assert attempt["backend"] == "azure"
@@ -166,7 +166,7 @@ def test_a_quota_refused_at_submit_ends_azure_once_and_falls_back_to_local(cli, 
     """A quota is the set-up's, not the offer's: the azure attempt ends once with the service's words, azure is not
     planned again for the job (no loop over its other offers), and the policy's fallback runs it."""
     azure.fake.refusing = "InsufficientQuota: the subscription has no quota for NCASv3_T4 in eastus"
-    done = submit(job(tmp_path, TINY_LM.format(steps=50)), tmp_path)
+    done = submit(job(tmp_path, TINY_LM.format(steps=25)), tmp_path)
     assert done["state"] == "accepted", done
     refused, ran = done["attempts"]
     assert ran["backend"] == "local" and ran["state"] == "accepted"

@@ -25,7 +25,7 @@ from cli_with_chain import load, save
 from fake_chain import FakeSubstrate
 from miner_support import MinerProcess, free_port, make_wallet
 from pty_run import in_terminal
-from tiny_lm_job import EVALUATOR, JOB, TINY_LM
+from tiny_lm_job import EVALUATOR, short_job
 from repo_paths import TESTS
 from trainmaster.broker.cli import background_start
 
@@ -54,7 +54,7 @@ def test_a_payment_the_chain_cannot_take_now_is_pending_then_paid_once(tmp_path,
     broker = make_wallet(tmp_path / "wallets", "broker")
     job = tmp_path / "job"
     job.mkdir()
-    (job / "job.yaml").write_text(JOB.format(entrypoint=TINY_LM.format(steps=100)))
+    (job / "job.yaml").write_text(short_job())  # what is paid does not depend on the run's length
     (job / "evaluate.py").write_text(EVALUATOR)
     (tmp_path / "policy.yaml").write_text(POLICY)
     (tm_home / "config").mkdir(parents=True)
