@@ -92,7 +92,11 @@ def test_the_cost_cap_stop_says_cost_cap_in_the_log(tm_home, job_factory):
     deadline = time.time() + 120
     while not exit_json.exists() and time.time() < deadline:
         time.sleep(0.5)
-    shown = json.loads(tm("status", job["id"], "--json", home=tm_home).stdout)
+    while True:  # the run has stopped; the background pass a read starts records it (a read never does)
+        shown = json.loads(tm("status", job["id"], "--json", home=tm_home).stdout)
+        if shown["state"] != "running" or time.time() > deadline:
+            break
+        time.sleep(0.5)
     assert shown["state"] == "failed" and "cost cap" in shown["reason"], shown
     log = tm("logs", job["id"], home=tm_home).stdout
     said = [line for line in log.splitlines() if line.startswith("[trainmaster] cost cap reached: ")]
