@@ -26,8 +26,9 @@ SEGMENT_STEPS = "TRAINMASTER_SEGMENT_STEPS"
 BUNDLE_SHA256 = "TRAINMASTER_BUNDLE_SHA256"
 KEEP_EVERY = "TRAINMASTER_KEEP_EVERY"
 MAX_DISK_GB = "TRAINMASTER_MAX_DISK_GB"
+SELFCHECK = "TRAINMASTER_SELFCHECK"
 
-ALL = (JOB_ID, OUTPUT_DIR, CHECKPOINT_DIR, RESUME_FROM, SEED, SEGMENT_STEPS, BUNDLE_SHA256, KEEP_EVERY, MAX_DISK_GB)
+ALL = (JOB_ID, OUTPUT_DIR, CHECKPOINT_DIR, RESUME_FROM, SEED, SEGMENT_STEPS, BUNDLE_SHA256, KEEP_EVERY, MAX_DISK_GB, SELFCHECK)
 
 
 def job_environment(
@@ -41,6 +42,7 @@ def job_environment(
     resume_from: Path | None = None,
     keep_every: int = 1,
     max_disk_gb: float | None = None,
+    selfcheck: bool = True,
 ) -> dict[str, str]:
     """The variables a backend sets for one attempt of a job (strings, ready for `os.environ`)."""
     return {
@@ -53,6 +55,7 @@ def job_environment(
         BUNDLE_SHA256: bundle_sha256,
         KEEP_EVERY: str(keep_every),
         MAX_DISK_GB: "" if max_disk_gb is None else repr(float(max_disk_gb)),
+        SELFCHECK: "1" if selfcheck else "0",
     }
 
 

@@ -5,7 +5,8 @@ checkpoints ``<output>/checkpoints``, seed 0, k 25, job id ``local``, no bundle 
 
 ``selfcheck``: whether the run ends by replaying its last segment in a fresh process
 (:mod:`trainmaster.jobs.selfcheck`). Settings read from the environment — every job — have it on
-unless the script asks ``RuntimeSettings.from_env(selfcheck=False)``; settings built by hand (tests,
+unless the job's spec says ``checkpoint.selfcheck: false`` (``TRAINMASTER_SELFCHECK=0``) or the
+script asks ``RuntimeSettings.from_env(selfcheck=False)``; settings built by hand (tests,
 benchmarks, embedding the runtime) have it off unless they say ``selfcheck=True``.
 """
 
@@ -69,7 +70,7 @@ class RuntimeSettings:
             rank=_int(env, "RANK", 0),
             world_size=_int(env, "WORLD_SIZE", 1),
             local_rank=_int(env, "LOCAL_RANK", 0),
-            selfcheck=selfcheck,
+            selfcheck=selfcheck and _flag(env, environment.SELFCHECK, True),
             keep_every=_int(env, environment.KEEP_EVERY, 1),
             max_disk_gb=_float(env, environment.MAX_DISK_GB),
         )
@@ -80,6 +81,15 @@ class RuntimeSettings:
         if settings.max_disk_gb is not None and not settings.max_disk_gb > 0:
             raise SettingsError(f"{environment.MAX_DISK_GB} must be a positive number of GB")
         return settings
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name)
+    if not value:
+        return default
+    if value not in ("0", "1"):
+        raise SettingsError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _float(env: Mapping[str, str], name: str) -> float | None:

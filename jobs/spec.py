@@ -117,6 +117,12 @@ class Checkpointing(Model):
         None, gt=0, description="The kept states may take at most this many GB (10^9 bytes); the run stops with "
         "the reason when they would take more.",
     )
+    selfcheck: bool = Field(
+        True, description="End the run by replaying its last segment in a fresh process and comparing the state "
+        "it reaches with the committed one bit for bit, before committing (docs/runtime.md, the self-check): a "
+        "state() that misses something fails the run here, not in an audit. It costs a second start-up of the "
+        "job's Python and one segment of steps on the job's compute; false skips it (a recipe already checked).",
+    )
 
 
 class Verification(Model):

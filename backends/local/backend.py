@@ -201,6 +201,7 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
             seed=ctx.seed, segment_steps=spec.checkpoint.segment_steps, bundle_sha256=ctx.bundle_sha256,
             resume_from=Path(ctx.resume_from) if ctx.resume_from else None,
             keep_every=spec.checkpoint.keep_every, max_disk_gb=spec.checkpoint.max_disk_gb,
+            selfcheck=spec.checkpoint.selfcheck,
         ), "PYTHONUNBUFFERED": "1"}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in offer.detail.get("gpu_indices", []))
         launcher = resolve_launcher(spec.launcher, nproc)

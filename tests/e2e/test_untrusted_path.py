@@ -17,13 +17,15 @@ from untrusted_backend import RAO_PER_HOUR, RAO_PER_TAO, USD_PER_TAO_MICRO, Lazy
 pytestmark = pytest.mark.slow
 
 # 40 AdamW steps of a small transformer, k = 10: 4 segments, all audited (q = 8 > n − 2). What is proved is about
-# the segments, the audit, the keys and the money, not the training's length (tests/tiny_lm_job.py `short_job`).
+# the segments, the audit, the keys and the money, not the training's length (tests/tiny_lm_job.py `short_job`);
+# the runtime's self-check is off, as there, for the same reason.
 JOB = """\
 name: lm
 entrypoint: python -m trainmaster.jobs.recipes.tiny_lm --steps 40 --d-model 32 --layers 1 --seq-len 16 --batch-size 8 --warmup 10
 seed: 3
 checkpoint:
   segment_steps: 10
+  selfcheck: false
 """
 POLICY = """\
 name: untrusted

@@ -102,8 +102,21 @@ def test_settings_from_the_job_environment():
     assert RuntimeSettings.from_env({environment.RESUME_FROM: ""}).resume_from is None
 
 
+def test_the_self_check_is_on_unless_the_spec_or_the_script_says_off():
+    def env(**kw):
+        return environment.job_environment(job_id="j1", output_dir=Path("/o"), checkpoint_dir=Path("/c"), seed=9,
+                                           segment_steps=10, bundle_sha256="ab" * 32, **kw)
+
+    assert env()[environment.SELFCHECK] == "1" and env(selfcheck=False)[environment.SELFCHECK] == "0"
+    assert RuntimeSettings.from_env(env()).selfcheck and RuntimeSettings.from_env({}).selfcheck
+    assert not RuntimeSettings.from_env(env(selfcheck=False)).selfcheck  # checkpoint.selfcheck: false
+    assert not RuntimeSettings.from_env(env(), selfcheck=False).selfcheck  # the script's own opt-out wins
+    assert not RuntimeSettings().selfcheck  # settings built by hand: off unless asked
+
+
 @pytest.mark.parametrize(
-    "env", [{environment.SEED: "x"}, {environment.SEGMENT_STEPS: "0"}, {environment.BUNDLE_SHA256: "abc"}]
+    "env", [{environment.SEED: "x"}, {environment.SEGMENT_STEPS: "0"}, {environment.BUNDLE_SHA256: "abc"},
+            {environment.SELFCHECK: "no"}]
 )
 def test_bad_settings_are_refused(env):
     with pytest.raises(SettingsError):

@@ -61,7 +61,8 @@ def test_a_job_is_quoted_run_audited_accepted_concluded_and_paid_once_by_a_real_
     down = make_wallet(tmp_path / "wallets", "gone")
     listed = [{"hotkey": down.hotkey.ss58_address, "url": f"http://127.0.0.1:{free_port()}"}, *map(_listed, miners)]
     _, spec, policy = _setup(tmp_path, tm_home, listed)
-    spec.write_text(short_job())  # 4 segments of 10 steps: the whole walk, on a shorter run
+    spec.write_text(short_job(selfcheck=True))  # 4 segments of 10 steps: the whole walk, on a shorter run; the
+    # runtime's self-check on, as a user's job has it
     offered = _shown(_tm("offers", str(spec), "--policy", str(policy), "--json"))
     assert {r["offer"]["instance"] for r in offered["considered"]} == {m.hotkey for m in miners}
     [gone] = offered["unavailable"]["bittensor"]  # the miner that is down, with its reason

@@ -70,7 +70,8 @@ def test_a_job_printing_its_environment_sees_no_secret_and_its_outputs_are_not_w
 
 JOB_VARIABLES = {"TRAINMASTER_JOB_ID", "TRAINMASTER_OUTPUT_DIR", "TRAINMASTER_CHECKPOINT_DIR", "TRAINMASTER_RESUME_FROM",
                  "TRAINMASTER_SEED", "TRAINMASTER_SEGMENT_STEPS", "TRAINMASTER_BUNDLE_SHA256",
-                 "TRAINMASTER_KEEP_EVERY", "TRAINMASTER_MAX_DISK_GB"}  # #35: which states the runtime keeps
+                 "TRAINMASTER_KEEP_EVERY", "TRAINMASTER_MAX_DISK_GB",  # #35: which states the runtime keeps
+                 "TRAINMASTER_SELFCHECK"}  # whether the run ends with its self-check (checkpoint.selfcheck)
 
 
 def test_the_allowlist_keeps_what_a_job_needs_and_drops_what_looks_secret():

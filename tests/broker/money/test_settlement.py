@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 # 40 AdamW steps of a small transformer, k = 10: 4 segments, all audited; planned for 0.001 h of work (what is paid
 # and concluded does not depend on the run's length: the short run of tests/tiny_lm_job.py, each step costing CPU in
-# the run, its self-check and the audit's replay)
+# the run and the audit's replay; the runtime's self-check is off, as in tests/tiny_lm_job.py, as it proves nothing here)
 JOB = """\
 name: lm
 entrypoint: python -m trainmaster.jobs.recipes.tiny_lm --steps 40 --d-model 32 --layers 1 --seq-len 16 --batch-size 8 --warmup 10
@@ -33,6 +33,7 @@ seed: 3
 estimated_hours: 0.001
 checkpoint:
   segment_steps: 10
+  selfcheck: false
 verification:
   evaluator: python evaluate.py
   thresholds:

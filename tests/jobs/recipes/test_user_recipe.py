@@ -198,6 +198,23 @@ def test_a_state_that_misses_a_hidden_iterator_fails_the_self_check(tm_home, tmp
 
 
 @pytest.mark.slow
+def test_with_the_self_check_off_the_same_run_commits_and_its_audit_rejects_it(tm_home, tmp_path):
+    """`checkpoint.selfcheck: false` reaches the runtime on the user's path: the run ends without its self-check
+    (no line of it in the log), commits, and the replay audit is what refuses the state() that misses something."""
+    spec = _job(tmp_path, attr="HIDDEN")
+    spec.write_text(spec.read_text().replace("  segment_steps: 25\n", "  segment_steps: 25\n  selfcheck: false\n"))
+    out, job = _submit(spec, "--wait")
+    assert out.exit_code == 1, out.output
+    assert job["state"] == "failed" and job["reason"].startswith("rejected: the replay audit failed"), job["reason"]
+    assert job["attempts"][0]["state"] == "rejected", job["attempts"]
+    assert (paths.attempt_dir(job["id"], 1) / "outputs" / "commitment.json").exists()
+    log = (paths.attempt_dir(job["id"], 1) / "job.log").read_text()
+    assert "self-check" not in log, log[-2000:]
+    verdict = json.loads((paths.job_dir(job["id"]) / "verdict.json").read_text())
+    assert verdict["outcome"] == "rejected" and "optimizer/state/0/momentum_buffer" in json.dumps(verdict), verdict
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["UntrustedExecutor", "LazyOwnRecipeExecutor"])
 def test_an_own_recipe_on_untrusted_compute_is_audited_and_a_cheat_rejected(tm_home, tmp_path, monkeypatch, executor):
     from trainmaster.backends import registry
