@@ -8,6 +8,7 @@ setup, call and teardown, from pytest's JUnit XML). Target: the whole command wi
 Run:
     python tests/benchmarks/bench_suite.py                # a fresh clone of HEAD into a temporary folder, `./dev test`
                                                           # there (its own .venv: pinned CPU torch, trainmaster[dev])
+    python tests/benchmarks/bench_suite.py --save F.xml   # the same, keeping the fresh clone's JUnit XML report in F.xml
     python tests/benchmarks/bench_suite.py --junit F.xml  # only the summary, of a run already made with --junitxml
 
 The smoke run times this checkout's tests/repo/test_layout.py in the current interpreter (no clone, no install) and
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -100,7 +102,7 @@ def summarise(junit: Path, wall_s: float | None, quiet: bool) -> dict[str, float
     return figures
 
 
-def run(smoke: bool = False, junit: Path | None = None) -> dict[str, float]:
+def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None) -> dict[str, float]:
     if junit is not None:
         return summarise(junit, None, quiet=False)
     with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
@@ -116,14 +118,17 @@ def run(smoke: bool = False, junit: Path | None = None) -> dict[str, float]:
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "TRAINMASTER_VENV", "PYTHONPATH")}
         code, wall = _timed(["./dev", "test", "-p", "no:cacheprovider", f"--junitxml={report}"], clone, env)
         print(f"\n`./dev test` in a fresh clone exited {code} after {wall:.0f} s")
+        if save is not None and report.is_file():
+            shutil.copyfile(report, save)
         return summarise(report, wall, quiet=False)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--junit", type=Path, help="summarise this JUnit XML report instead of running the suite")
+    parser.add_argument("--save", type=Path, help="keep the fresh clone's JUnit XML report here")
     args = parser.parse_args()
-    run(junit=args.junit)
+    run(junit=args.junit, save=args.save)
 
 
 if __name__ == "__main__":
