@@ -24,6 +24,9 @@ No orphans: a supervisor found dead without having recorded the end has the rest
 stopped (processes.py) and the end recorded here, once, in `exit.json`: when the last process
 was stopped, or the supervisor's last heartbeat when nothing was left, so every later status()
 and cost() agree. `cancel` stops whatever of an attempt still runs, whatever its recorded state.
+An attempt has ended once its supervisor has, not when its job's process did: the supervisor records the job's
+end, then stops what the job left running and takes a confined job's folders back, and until it exits status()
+says running, so nothing fetches outputs a leftover process may still change.
 """
 
 from __future__ import annotations
@@ -335,6 +338,10 @@ def _carry_metrics(resume_from: Path, outputs: Path) -> None:
 def _status(workdir: Path) -> AttemptStatus:
     ended = _read_json(workdir / sup.EXIT)
     started = _read_json(workdir / sup.SUPERVISOR)
+    if ended is not None and started is not None and _alive(started["pid"], started["create_time"]):
+        # the job has ended, its supervisor not yet: it is stopping what the job left running and taking a confined
+        # job's folders back (supervisor.py), so its outputs are not final and nobody may fetch them yet
+        return AttemptStatus(phase=Phase.running, started_at=started["started_at"])
     if ended is not None:
         if ended["cancelled"]:
             phase = Phase.cancelled

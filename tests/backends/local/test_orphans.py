@@ -182,6 +182,42 @@ def test_cancel_stops_what_still_runs_of_a_job_that_already_ended(tm_home, job_f
     assert again["state"] == "failed" and again["stopped"] == []  # nothing left, nothing claimed
 
 
+# ignores SIGTERM, writes its pid, then keeps adding to a file of the job's outputs
+TICKER = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+          "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); os.rename(sys.argv[1] + '.tmp', sys.argv[1]); "
+          "f = open(sys.argv[2], 'a')\n"
+          "while True: f.write('.'); f.flush(); time.sleep(0.01)")
+
+
+def test_an_attempt_ends_only_once_what_its_job_left_running_is_stopped(tm_home, job_factory):
+    """The job exits 0 leaving a daemon that ignores SIGTERM and keeps writing into the job's outputs. The attempt
+    stays running while its supervisor stops the daemon (SIGTERM, the grace, SIGKILL), so once `submit --wait` has
+    fetched and accepted the outputs nothing of the job runs, the log says what was stopped, and the outputs no
+    longer change (before, the attempt ended with the job's process and its outputs were fetched meanwhile)."""
+    script = f"""
+        import os, pathlib, sys, time
+        out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
+        if os.fork() == 0:
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, "-c", {TICKER!r}, str(out / "pid.daemon"),
+                                          str(out / "ticks.txt")])
+            os._exit(0)
+        os.wait()
+        while not (out / "ticks.txt").exists():
+            time.sleep(0.01)
+    """
+    result = cli("submit", job_factory(script), "--wait", "--json")
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.output[result.output.index("{"):])
+    assert job["state"] == "accepted", job
+    out = paths.attempt_dir(job["id"], 1) / "outputs"
+    assert not alive(int((out / "pid.daemon").read_text()))
+    assert "the job left 1 process(es) running" in (paths.attempt_dir(job["id"], 1) / "job.log").read_text()
+    size = (out / "ticks.txt").stat().st_size
+    time.sleep(0.3)
+    assert (out / "ticks.txt").stat().st_size == size
+
+
 def test_a_finished_job_leaves_nothing_running(tm_home, job_factory):
     script = """
         import os, pathlib, subprocess, sys
