@@ -126,11 +126,9 @@ def test_full_disk_while_fetching_leaves_the_attempt_returned_and_a_retry_succee
         pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"], "big.dat").write_bytes(b"x" * 3_000_000)
     """
     job = broker.submit(job_factory(script))
-    supervisor_done = paths.attempt_dir(job.id, 1) / "exit.json"
-    import time
-    deadline = time.time() + 30
-    while not supervisor_done.exists() and time.time() < deadline:
-        time.sleep(0.05)
+    from local_attempt import wait_ended
+
+    wait_ended(paths.attempt_dir(job.id, 1), 30)
     out = subprocess.run([sys.executable, "-c", FETCH_WITH_SMALL_DISK, job.id], capture_output=True, text=True)
     assert "ERROR fetching the outputs from local: no space left while writing to" in out.stdout, out.stdout + out.stderr
     assert broker.store.job(job.id).state == "returned"

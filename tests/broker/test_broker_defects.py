@@ -38,10 +38,9 @@ def _ledger_rows(job_id):
 
 
 def _exit_recorded(job_id: str, n: int = 1, timeout: float = 30.0) -> None:
-    deadline = time.time() + timeout
-    while not (paths.attempt_dir(job_id, n) / "exit.json").exists():
-        assert time.time() < deadline, "the job did not finish"
-        time.sleep(0.05)
+    from local_attempt import wait_ended
+
+    wait_ended(paths.attempt_dir(job_id, n), timeout)
 
 
 @pytest.mark.parametrize("cost_moved", [False, True], ids=["same-plan", "plan-moved"])

@@ -203,12 +203,9 @@ def test_the_store_refuses_to_end_a_job_with_an_unfinished_attempt(tm_home, job_
 
 
 def _exit_recorded(job_id: str) -> None:
-    import time
+    from local_attempt import wait_ended
 
-    deadline = time.time() + 60
-    while not (paths.attempt_dir(job_id, 1) / "exit.json").exists():
-        assert time.time() < deadline, "the job did not finish"
-        time.sleep(0.05)
+    wait_ended(paths.attempt_dir(job_id, 1))
 
 
 @pytest.mark.parametrize("state", ["returned", "verifying"])
