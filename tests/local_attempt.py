@@ -4,19 +4,16 @@ that waited for `exit.json` alone could read the attempt while the supervisor st
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from trainmaster.backends.local.backend import _alive
+from trainmaster.backends.local.backend import _status
 
 
 def wait_ended(workdir: Path, timeout: float = 60.0) -> None:
+    """Until the backend's own status of the attempt in `workdir` is an end (asked only once `exit.json` exists, so
+    the wait never reaps an attempt itself: that stays the broker's)."""
     deadline = time.time() + timeout
-    while True:
-        if (workdir / "exit.json").exists():
-            started = json.loads((workdir / "supervisor.json").read_text())
-            if not _alive(started["pid"], started["create_time"]):
-                return
-        assert time.time() < deadline, "the job did not finish"
+    while not ((workdir / "exit.json").exists() and _status(workdir).phase.done):
+        assert time.time() < deadline, f"the attempt in {workdir} did not end within {timeout:.0f} s"
         time.sleep(0.05)

@@ -146,10 +146,20 @@ def test_cancel_crash_restart_keeps_the_invariants(job_factory, tmp_path, pair, 
 
     with tempfile.TemporaryDirectory(dir=tmp_path) as home, pytest.MonkeyPatch.context() as env:
         env.setenv("TRAINMASTER_HOME", home)  # each example on a state of its own
-        _cancel_crash_restart(job_factory, tmp_path, pair, trusted, at, after)
+        seen = _cancel_crash_restart(job_factory, tmp_path, pair, trusted, at, after)
+    assert seen["violations_after_crash"] == []  # whatever step it died at
+    assert seen["job"] == "cancelled" and seen["violations_after_restart"] == []
+    assert set(seen["attempts"]) <= {"cancelled", "failed"}  # none of the pairs before dispatch has one
+    assert bool(seen["attempts"]) == (pair[1] is not None)
+    assert set(seen["settled"]) == seen["reserved"] and set(seen["settled"].values()) <= {1}  # each settled, once
+    if pair[1] in ("dispatched", "running"):  # stopped at its backend before it ended
+        assert seen["backend_cancelled"]
 
 
-def _cancel_crash_restart(job_factory, tmp_path, pair, trusted: bool, at: int, after: bool) -> None:
+def _cancel_crash_restart(job_factory, tmp_path, pair, trusted: bool, at: int, after: bool) -> dict:
+    """A job brought to `pair`, cancelled with a crash at the `at`-th step, then a restarted broker finishing it:
+    what the test checks (the store's invariant violations after the crash and after the restart, the job's and
+    its attempts' states, the reservations and how often each was settled, whether the backend was told)."""
     from trainmaster.broker.service import Broker
 
     script = Script()
@@ -166,7 +176,7 @@ def _cancel_crash_restart(job_factory, tmp_path, pair, trusted: bool, at: int, a
             broker.cancel(job_id)
         except Crash:
             pass
-    assert broker.store.violations(job_id) == []  # whatever step it died at
+    violations_after_crash = broker.store.violations(job_id)
     broker.close()
 
     restarted = SyncBroker(Broker(backends=_backends(trusted, script)))
@@ -175,15 +185,13 @@ def _cancel_crash_restart(job_factory, tmp_path, pair, trusted: bool, at: int, a
         restarted.cancel(job_id)  # died before the request was recorded: the user cancels again
     else:
         restarted.advance(job_id)  # any later command finishes the cancel
-    job = restarted.store.job(job_id)
-    attempts = restarted.store.attempts(job_id)
-    assert job.state == "cancelled" and restarted.store.violations(job_id) == []
-    assert all(a.state in ("cancelled", "failed") for a in attempts)
     reserved, settled = _settlements(restarted.store, job_id)
-    assert set(settled) == reserved and set(settled.values()) <= {1}  # every reservation settled, once
-    if pair[1] in ("dispatched", "running"):  # stopped at its backend before it ended
-        assert "cancel" in script.calls
+    seen = {"violations_after_crash": violations_after_crash, "job": restarted.store.job(job_id).state,
+            "violations_after_restart": restarted.store.violations(job_id),
+            "attempts": [a.state for a in restarted.store.attempts(job_id)], "reserved": reserved,
+            "settled": settled, "backend_cancelled": "cancel" in script.calls}
     restarted.close()
+    return seen
 
 
 def test_the_store_refuses_to_end_a_job_with_an_unfinished_attempt(tm_home, job_factory, tmp_path):
