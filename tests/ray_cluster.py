@@ -3,7 +3,7 @@ API on 127.0.0.1) and a second node (1 CPU), each a `ray start --block` process 
 port chosen free, everything under one temp dir. (Ray registers both nodes under this host's own interface
 address, whatever `--node-ip-address 127.0.0.1` says: its traffic still never leaves the machine.) Stopped by what it started: the two `ray start` processes, every process
 below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine); then
-the temp dir is removed.
+the temp dir is removed (by a process of its own, never waited for: `remove_in_background`).
 A missing `ray` fails the test: it is in the dev extra. The tests share one cluster per test process (`shared`,
 the `ray_cluster` fixture of tests/conftest.py, which stops it after the last test of its group).
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -135,7 +134,16 @@ class RayCluster:
                 continue
         for start in self.starts:
             start.wait(timeout=STOP_GRACE_S)
-        shutil.rmtree(self.root, ignore_errors=True)  # a requirements job's virtualenv there copies this venv: GBs
+        remove_in_background(self.root)
+
+
+def remove_in_background(folder: Path) -> None:
+    """`rm -rf folder` in a session of its own, never waited for. A requirements job's virtualenv under the cluster's
+    folder is a copy of this venv (Ray's pip environment clones the virtualenv its node runs in): GBs, which a
+    loaded CI machine was still removing when the last test's time limit ran out (pytest-timeout's 300 s counts
+    the teardown that stops the shared cluster)."""
+    subprocess.Popen(["rm", "-rf", "--", str(folder)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 _shared: RayCluster | None = None
