@@ -26,10 +26,11 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
+from .canonical_header import FORMAT, header_for
+
 if sys.byteorder != "little":  # tensors are written from memory as they are
     raise ImportError("trainmaster.jobs.canonical needs a little-endian platform")
 
-FORMAT = "trainmaster-canonical-v1"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 HEADER_DEPTH = 3
 """A canonical header nests ``{name: {"shape": [...]}}``: deeper is refused before parsing."""
@@ -117,16 +118,8 @@ def header_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
 
 
 def _header(entries: Iterable[tuple[str, torch.dtype, list[int]]]) -> bytes:
-    """:func:`header_bytes` from each tensor's name, dtype and shape alone."""
-    header: dict[str, object] = {"__metadata__": {"format": FORMAT}}
-    offset = 0
-    for name, dtype, shape in entries:
-        size = math.prod(shape) * dtype.itemsize
-        header[name] = {"data_offsets": [offset, offset + size], "dtype": DTYPES[dtype], "shape": shape}
-        offset += size
-    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text
+    """:func:`header_bytes` from each tensor's name, dtype and shape alone (``canonical_header.header_for``)."""
+    return header_for((name, DTYPES[dtype], shape) for name, dtype, shape in entries)
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:

@@ -34,10 +34,9 @@ from typing import Literal
 
 import torch
 
+from .recipe_config import DeviceOption  # re-exported: recipes outside the package name it here
 from .settings import SettingsError
 
-DeviceOption = Literal["auto", "cpu", "cuda"]
-"""A recipe config's ``device`` field."""
 DeviceKind = Literal["cpu", "cuda"]
 KINDS: tuple[str, ...] = ("cpu", "cuda")
 CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG"

@@ -15,19 +15,11 @@ from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from .decisions import DecisionLog
+from .recipe_config import RecipeConfig
 from .seeding import step_generator, step_rng
 from .state import TrainState
-
-
-class RecipeConfig(BaseModel):
-    """Hyperparameters of a recipe. Stored in every state, so a replay rebuilds the same trainer."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    steps: int = Field(gt=0, description="total training steps T (a multiple of k)")
-    threads: int = Field(1, ge=1, description="torch intra-op threads; a bit-exact replay needs the same")
 
 
 @dataclass(frozen=True)

@@ -376,11 +376,13 @@ def _expected_fields(attempt: Attempt, commitment, replay: bool) -> dict[str, An
 
 
 def _recipe_steps(attempt: Attempt) -> int | None:
-    """T from the recipe config, when the spec runs a shipped recipe (a job's own is never imported here)."""
-    from .recipe_run import NotReplayable
+    """T from the recipe config, when the spec runs a shipped recipe (a job's own is never imported here), read
+    without importing the recipe: a check that replays nothing never imports torch for it."""
+    from .recipe_run import NotReplayable, recipe_config
 
     try:
-        return int(_recipe_run(attempt).config["steps"])
+        config = attempt.recipe_run.config if attempt.recipe_run is not None else recipe_config(attempt.spec)
+        return int(config["steps"])
     except NotReplayable:
         return None
 

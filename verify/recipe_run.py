@@ -24,6 +24,7 @@ from .errors import VerificationError
 
 if TYPE_CHECKING:
     from trainmaster.jobs.recipe import Recipe
+    from trainmaster.jobs.recipes.options import Configurable
 
 RECIPES_PACKAGE = SHIPPED_RECIPES
 PRECISIONS = {"fp32"}
@@ -79,9 +80,30 @@ def user_recipe(spec: LoadedSpec | JobSpec) -> UserRecipeRun | None:
 
 def recipe_run(spec: LoadedSpec | JobSpec) -> RecipeRun:
     """The run of a shipped recipe a spec describes; :class:`NotReplayable` when it is not one."""
-    from trainmaster.jobs.recipes import MODULES, get_recipe
+    from trainmaster.jobs.recipes import get_recipe
 
     job = spec.spec if isinstance(spec, LoadedSpec) else spec
+    name, module, options = _shipped(job)
+    recipe = get_recipe(name)
+    config = parse_config(recipe, options, module)
+    return RecipeRun(recipe, config, job.seed, job.checkpoint.segment_steps)
+
+
+def recipe_config(spec: LoadedSpec | JobSpec) -> dict[str, Any]:
+    """The config (JSON form) of the shipped recipe a spec runs, as :func:`recipe_run` gives it, read without
+    importing the recipe (and so torch): what the broker and the verification need of it, T above all, at the cost
+    of a few milliseconds where the recipe's module costs seconds. :class:`NotReplayable` when it runs none."""
+    from trainmaster.jobs.recipes import shipped_config
+
+    job = spec.spec if isinstance(spec, LoadedSpec) else spec
+    name, module, options = _shipped(job)
+    return parse_config(shipped_config(name), options, module)
+
+
+def _shipped(job: JobSpec) -> tuple[str, str, list[str]]:
+    """The shipped recipe's name, its module and the entrypoint's options; NotReplayable when it runs none."""
+    from trainmaster.jobs.recipes import MODULES
+
     if job.bundle_recipe is not None:
         raise NotReplayable(f"recipe {job.recipe} is the job's own: it is audited in a child process, from the bundle")
     argv = _argv(job)
@@ -99,13 +121,10 @@ def recipe_run(spec: LoadedSpec | JobSpec) -> RecipeRun:
         raise NotReplayable(f"{RECIPES_PACKAGE}{module} is not a known recipe module ({', '.join(sorted(names))})")
     if job.recipe is not None and job.recipe.partition(":")[2] != "RECIPE":
         raise NotReplayable(f"recipe {job.recipe}: a shipped recipe module holds its recipe as RECIPE")
-    options = _replayable(job)
-    recipe = get_recipe(names[module])
-    config = parse_config(recipe, options, module)
-    return RecipeRun(recipe, config, job.seed, job.checkpoint.segment_steps)
+    return names[module], module, _replayable(job)
 
 
-def parse_config(recipe: Recipe, options: list[str], module: str | None = None) -> dict[str, Any]:
+def parse_config(recipe: Configurable, options: list[str], module: str | None = None) -> dict[str, Any]:
     """The recipe config (JSON form) that ``options`` give on the recipe's command line; NotReplayable if invalid."""
     from trainmaster.jobs.recipes.options import OptionsError, parse_options
 

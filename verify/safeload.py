@@ -31,13 +31,14 @@ from typing import BinaryIO
 
 import numpy as np
 
+from trainmaster.jobs.canonical_header import ITEM_SIZES
+
 from .errors import VerificationError
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
 SUFFIX = ".safetensors"
 
-ITEM_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 NUMPY_FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
 FLOATS = {*NUMPY_FLOATS, "BF16"}
 """The dtypes whose values can be NaN or ±Inf (integers have no invalid values; bools are checked apart)."""
@@ -148,15 +149,12 @@ def check_declared_size(name: str, declared: int, max_bytes: int) -> None:
 
 def canonical_header_matches(path: Path) -> bool:
     """Whether ``path``'s header is byte-identical to the canonical header (``jobs.canonical``) of its tensors."""
-    import torch
-
-    from trainmaster.jobs.canonical import DTYPES, header_bytes
+    from trainmaster.jobs.canonical_header import header_for
 
     header = inspect(path)
-    codes = {code: dtype for dtype, code in DTYPES.items()}
-    meta = {t.name: torch.empty(t.shape, dtype=codes[t.dtype], device="meta") for t in sorted(header.tensors, key=lambda t: t.name)}
+    entries = [(t.name, t.dtype, t.shape) for t in sorted(header.tensors, key=lambda t: t.name)]
     with _open(Path(path)) as handle:
-        return handle.read(header.data_start) == header_bytes(meta)
+        return handle.read(header.data_start) == header_for(entries)
 
 
 # isolation (docs/protocol.md §12 rule 5)

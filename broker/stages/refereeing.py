@@ -238,10 +238,10 @@ def _store(ctx: JobContext, side: Attempt, commitment, signature: str, sides) ->
 
 def _expected_n(ctx: JobContext, commitment) -> int:
     """n = T / k from the spec's recipe (a job whose T the spec does not fix: the commitment's own)."""
-    from trainmaster.verify.recipe_run import NotReplayable, recipe_run
+    from trainmaster.verify.recipe_run import NotReplayable, recipe_config
 
     try:
-        return int(recipe_run(ctx.spec).config["steps"]) // ctx.spec.checkpoint.segment_steps
+        return int(recipe_config(ctx.spec)["steps"]) // ctx.spec.checkpoint.segment_steps
     except (NotReplayable, KeyError, ValueError):
         return commitment.n
 

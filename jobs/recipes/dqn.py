@@ -18,12 +18,11 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
 from ..decisions import argmax_margin, entry_bytes
-from ..devices import DeviceOption, resolve_device
-from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
+from ..devices import resolve_device
+from ..recipe import Recipe, StateRules, StepContext
 from ..seeding import derive_seed
 from ..state import (
     TrainState,
@@ -37,29 +36,9 @@ from ..state import (
     section,
 )
 from . import cli
+from .hyperparameters import DQNConfig
 from .cartpole import GROWTH_BYTES, OBS_DIM, CartPole
-from .options import DEVICE_DEFAULT, DEVICE_HELP
 from .prioritized_replay import PrioritizedReplay
-
-
-class DQNConfig(RecipeConfig):
-    steps: int = Field(10_000, gt=0, description="environment (and training) steps T")
-    lr: float = Field(5e-4, gt=0, description="Adam learning rate")
-    gamma: float = Field(0.99, gt=0, le=1, description="discount")
-    batch_size: int = Field(64, gt=0, description="minibatch size")
-    buffer_size: int = Field(20_000, gt=0, description="replay capacity")
-    learning_starts: int = Field(500, ge=0, description="steps of pure collection before learning")
-    train_every: int = Field(1, gt=0, description="steps between gradient steps")
-    hidden: int = Field(64, gt=0, description="width of the two hidden layers")
-    tau: float = Field(0.01, gt=0, le=1, description="soft target update rate")
-    eps_start: float = Field(1.0, ge=0, le=1, description="initial exploration rate")
-    eps_end: float = Field(0.02, ge=0, le=1, description="final exploration rate")
-    eps_fraction: float = Field(0.1, gt=0, le=1, description="fraction of the run over which epsilon decays")
-    alpha: float = Field(0.6, ge=0, description="priority exponent")
-    beta_start: float = Field(0.4, ge=0, le=1, description="initial importance-sampling exponent (annealed to 1)")
-    priority_eps: float = Field(1e-6, gt=0, description="added to |TD error| for priorities")
-    grad_clip: float = Field(10.0, gt=0, description="max gradient norm")
-    device: DeviceOption = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
 
 
 class DuelingQ(nn.Module):

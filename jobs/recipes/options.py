@@ -20,13 +20,12 @@ import os
 import sys
 import types
 from collections.abc import Mapping, Sequence, Set
-from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NoReturn, Protocol, Union, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from ..recipe import Recipe, RecipeConfig
-
+from ..recipe_config import RecipeConfig
 NULL = "null"
 DEVICE_DEFAULT = "auto"
 DEVICE_HELP = (
@@ -38,6 +37,17 @@ _ANY = TypeAdapter(Any)
 _CONTAINERS = (list, tuple, set, frozenset, dict, Sequence, Mapping, Set)
 
 
+class Configurable(Protocol):
+    """What the parser reads of a recipe: its name and its config type. A :class:`Recipe` is one; so is a shipped
+    recipe's ``ShippedConfig`` (``jobs/recipes/__init__.py``), which parses a spec's options without torch."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config_type(self) -> type[RecipeConfig]: ...
+
+
 class OptionsError(ValueError):
     """The words are not a valid config of the recipe (the message names the option and why)."""
 
@@ -47,7 +57,7 @@ class _Parser(argparse.ArgumentParser):
         raise OptionsError(message)
 
 
-def parser_for(recipe: Recipe, module: str | None = None, *, add_help: bool = True) -> argparse.ArgumentParser:
+def parser_for(recipe: Configurable, module: str | None = None, *, add_help: bool = True) -> argparse.ArgumentParser:
     """The recipe's options, each kept as its text; ``module``: a shipped recipe's module (None: the script run)."""
     parser = _Parser(
         prog=f"python -m trainmaster.jobs.recipes.{module}" if module else os.path.basename(sys.argv[0]),
@@ -64,7 +74,7 @@ def parser_for(recipe: Recipe, module: str | None = None, *, add_help: bool = Tr
     return parser
 
 
-def parse_options(recipe: Recipe, argv: Sequence[str], module: str | None = None, *, add_help: bool = False) -> RecipeConfig:
+def parse_options(recipe: Configurable, argv: Sequence[str], module: str | None = None, *, add_help: bool = False) -> RecipeConfig:
     """The recipe's config from its command-line words; OptionsError naming the option when they are not one."""
     parser = parser_for(recipe, module, add_help=add_help)
     known, unknown = parser.parse_known_args(list(argv))

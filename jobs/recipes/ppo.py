@@ -15,12 +15,11 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
 from ..decisions import entry_bytes, interval_margin
-from ..devices import DeviceOption, resolve_device
-from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
+from ..devices import resolve_device
+from ..recipe import Recipe, StateRules, StepContext
 from ..seeding import derive_seed
 from ..state import (
     TrainState,
@@ -34,26 +33,9 @@ from ..state import (
     section,
 )
 from . import cli
+from .hyperparameters import PPOConfig
 from .cartpole import GROWTH_BYTES, OBS_DIM, CartPole
-from .options import DEVICE_DEFAULT, DEVICE_HELP
 from .running_std import RunningMeanStd
-
-
-class PPOConfig(RecipeConfig):
-    steps: int = Field(40_000, gt=0, description="environment steps T (the global step counter's end)")
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
-    rollout: int = Field(256, gt=0, description="environment steps per update")
-    epochs: int = Field(4, gt=0, description="passes over each rollout")
-    minibatch: int = Field(64, gt=0, description="minibatch size")
-    gamma: float = Field(0.99, gt=0, le=1, description="discount")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda")
-    clip: float = Field(0.2, gt=0, description="policy ratio clip range")
-    value_coef: float = Field(0.5, ge=0, description="value loss weight")
-    entropy_coef: float = Field(0.01, ge=0, description="entropy bonus weight")
-    max_grad_norm: float = Field(0.5, gt=0, description="max gradient norm")
-    hidden: int = Field(64, gt=0, description="width of the hidden layers")
-    reward_clip: float = Field(10.0, gt=0, description="clip of the scaled reward")
-    device: DeviceOption = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
 
 
 def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:

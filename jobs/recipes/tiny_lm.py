@@ -22,12 +22,11 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from ..devices import DeviceOption, resolve_device
+from ..devices import resolve_device
 from ..hash_dropout import DropoutKeys, HashDropout
-from ..recipe import Recipe, RecipeConfig, StateRules, StepContext
+from ..recipe import Recipe, StateRules, StepContext
 from ..seeding import derive_seed, step_rng
 from ..state import (
     TrainState,
@@ -40,25 +39,9 @@ from ..state import (
     section,
 )
 from . import cli
-from .options import DEVICE_DEFAULT, DEVICE_HELP
+from .hyperparameters import TinyLMConfig
 
 RECENT = 20  # steps averaged for the reported final loss
-
-
-class TinyLMConfig(RecipeConfig):
-    steps: int = Field(400, gt=0, description="optimizer steps T")
-    vocab: int = Field(32, gt=1, description="vocabulary size")
-    concentration: float = Field(0.1, gt=0, description="Dirichlet concentration of the chain's rows")
-    d_model: int = Field(64, gt=0, le=128, description="model width")
-    heads: int = Field(4, gt=0, description="attention heads")
-    layers: int = Field(2, gt=0, description="transformer blocks")
-    seq_len: int = Field(64, gt=1, description="tokens per sequence")
-    batch_size: int = Field(16, gt=0, description="sequences per batch")
-    lr: float = Field(3e-3, gt=0, description="peak AdamW learning rate")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
-    warmup: int = Field(40, ge=0, description="linear warm-up steps")
-    dropout: float = Field(0.1, ge=0, lt=1, description="dropout (masks hashed from seed and step: the same on every device)")
-    device: DeviceOption = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
 
 
 class MarkovChain:
