@@ -26,6 +26,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from ..recipe_config import RecipeConfig
+
 NULL = "null"
 DEVICE_DEFAULT = "auto"
 DEVICE_HELP = (
