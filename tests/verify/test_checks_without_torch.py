@@ -108,3 +108,10 @@ def test_the_torch_free_header_is_the_canonical_one():
                "d": torch.arange(6, dtype=torch.int16).reshape(2, 3)}
     codes = {"a": "F32", "b": "BF16", "c": "BOOL", "d": "I16"}
     assert header_for((name, codes[name], list(t.shape)) for name, t in tensors.items()) == header_bytes(tensors)
+
+
+def test_the_torch_free_dtype_table_is_the_canonical_forms():
+    from trainmaster.jobs.canonical import DTYPES
+    from trainmaster.jobs.canonical_header import ITEM_SIZES
+
+    assert {code: dtype.itemsize for dtype, code in DTYPES.items()} == ITEM_SIZES

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -137,6 +140,20 @@ def test_throttling_and_5xx_are_retried(cloud, tm_home, tmp_path):
     job = submit(lm_job(tmp_path / "j", steps=25), tmp_path / "policy.yaml")
     assert job["state"] == "accepted", job
     assert [a["backend"] for a in job["attempts"]] == ["aws"]
+
+
+def test_a_sagemaker_run_is_fetched_verified_and_accepted_without_the_cli_importing_torch(cloud, tm_home, tmp_path):
+    """A trusted run whose policy asks for no replay: its verification (in the CLI's process and its pool's, which
+    inherit `-X importtime` and write to the CLI's stderr) reads T from the spec and the final weights' header
+    without torch. The training itself (the runner's container) does import it, elsewhere."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "trainmaster.broker.cli", "submit",
+                           str(lm_job(tmp_path / "j", steps=25)), "--policy", str(tmp_path / "policy.yaml"), "--wait",
+                           "--json"], capture_output=True, text=True, env=dict(os.environ), timeout=280)
+    job = shown(done)
+    assert job["state"] == "accepted" and [a["backend"] for a in job["attempts"]] == ["aws"], job
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "trainmaster.verify.pipeline" in imported and "trainmaster.verify.safeload" in imported
+    assert not {name for name in imported if name == "torch" or name.startswith("torch.")}
 
 
 def test_capacity_refused_at_submit_blocks_the_offer_and_falls_back_to_local(cloud, tm_home, tmp_path):
