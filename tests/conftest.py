@@ -71,6 +71,18 @@ def pytest_xdist_make_scheduler(config, log):
     return Groups(config, log)
 
 
+def pytest_configure(config):
+    """With `TRAINMASTER_SUITE_CPU` set (tests/benchmarks/bench_suite.py), each test's CPU is recorded there
+    (tests/suite_cpu.py)."""
+    import os
+
+    folder = os.environ.get("TRAINMASTER_SUITE_CPU")
+    if folder:
+        from suite_cpu import Recorder
+
+        config.pluginmanager.register(Recorder(Path(folder)), "suite_cpu")
+
+
 def pytest_runtest_teardown(item, nextitem):
     """A shared group's server stops once the next test on this worker is not of its group."""
     import sys

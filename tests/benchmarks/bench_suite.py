@@ -5,6 +5,12 @@ Prints the wall time of the whole command, split into the install (and collectio
 worker-seconds the tests took in all, and the ten slowest test files by worker-seconds (the sum of their tests'
 setup, call and teardown, from pytest's JUnit XML). Target: the whole command within 20 minutes on 2 cores.
 
+And where the CPU goes (a fresh clone's run): the seconds this machine's cores were busy during the command
+(/proc/stat; with 2 cores, the tests need at least half that in wall time however they are spread), and the ten
+test files that used the most CPU in their own worker and in the processes they waited for (tests/suite_cpu.py;
+a local job's detached supervisor and training process, and servers kept for several tests, are in the machine's
+figure only).
+
 Run:
     python tests/benchmarks/bench_suite.py                # a fresh clone of HEAD into a temporary folder, `./dev test`
                                                           # there (its own .venv: pinned CPU torch, trainmaster[dev])
@@ -29,6 +35,8 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parents[1]))
+import suite_cpu  # noqa: E402
 from _common import print_figures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,10 +77,34 @@ def _fresh_clone(folder: Path) -> Path:
     return clone
 
 
-def _timed(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, float]:
-    start = time.perf_counter()
+def _timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, float, float | None]:
+    """The command's exit code, its wall time and the CPU seconds this machine was busy meanwhile (None: unknown)."""
+    busy, start = suite_cpu.machine_busy_s(), time.perf_counter()
     code = subprocess.call(argv, cwd=cwd, env=env)
-    return code, time.perf_counter() - start
+    wall, after = time.perf_counter() - start, suite_cpu.machine_busy_s()
+    return code, wall, (after - busy if busy is not None and after is not None else None)
+
+
+def cpu_by_file(folder: Path) -> tuple[dict[str, float], float]:
+    """CPU seconds by test file (their tests' workers and the children those waited for), and their sum."""
+    spent: dict[str, float] = defaultdict(float)
+    for line in suite_cpu.read(folder):
+        spent[line["id"].split("::", 1)[0]] += line["self_s"] + line["children_s"]
+    return dict(spent), sum(spent.values())
+
+
+def summarise_cpu(folder: Path, busy_s: float | None, quiet: bool) -> dict[str, float]:
+    spent, total = cpu_by_file(folder)
+    most = sorted(spent.items(), key=lambda item: -item[1])[:SHOWN]
+    figures = {"tests_cpu_s": round(total, 1)}
+    if busy_s is not None:
+        figures["machine_busy_s"] = round(busy_s, 1)
+    if not quiet:
+        print_figures("where the CPU goes", figures, {})
+        print(f"\nthe {len(most)} files that used the most CPU (their workers and the processes they waited for)")
+        for path, cpu in most:
+            print(f"  {cpu:8.1f} s  {path}")
+    return figures
 
 
 def summarise(junit: Path, wall_s: float | None, quiet: bool) -> dict[str, float]:
@@ -110,17 +142,22 @@ def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None
         if smoke:
             argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", SMOKE_FILE,
                     f"--junitxml={report}", f"--basetemp={Path(tmp) / 'basetemp'}"]
-            code, wall = _timed(argv, ROOT)
+            cpu_folder = Path(tmp) / "cpu"
+            code, wall, busy = _timed(argv, ROOT, {**os.environ, suite_cpu.ENV: str(cpu_folder)})
             if code != 0:
                 raise SystemExit(f"the smoke run of tests/repo failed (exit {code})")
-            return summarise(report, wall, quiet=True)
+            return {**summarise(report, wall, quiet=True), **summarise_cpu(cpu_folder, busy, quiet=True)}
         clone = _fresh_clone(Path(tmp))
+        cpu_folder = Path(tmp) / "cpu"
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "TRAINMASTER_VENV", "PYTHONPATH")}
-        code, wall = _timed(["./dev", "test", "-p", "no:cacheprovider", f"--junitxml={report}"], clone, env)
+        env[suite_cpu.ENV] = str(cpu_folder)
+        code, wall, busy = _timed(["./dev", "test", "-p", "no:cacheprovider", f"--junitxml={report}"], clone, env)
         print(f"\n`./dev test` in a fresh clone exited {code} after {wall:.0f} s")
         if save is not None and report.is_file():
             shutil.copyfile(report, save)
-        return summarise(report, wall, quiet=False)
+        figures = summarise(report, wall, quiet=False)
+        figures.update(summarise_cpu(cpu_folder, busy, quiet=False))
+        return figures
 
 
 def main() -> None:
