@@ -73,14 +73,18 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_configure(config):
     """With `TRAINMASTER_SUITE_CPU` set (tests/benchmarks/bench_suite.py), each test's CPU is recorded there
-    (tests/suite_cpu.py)."""
+    (tests/suite_cpu.py). A process that runs tests (an xdist worker, or a run without workers) then drops the
+    variable, so a pytest a test starts (tests/repo/test_suite_groups.py, bench_cloud_requests.py) records nothing
+    twice: its CPU is already the starting test's."""
     import os
 
-    folder = os.environ.get("TRAINMASTER_SUITE_CPU")
-    if folder:
-        from suite_cpu import Recorder
+    import suite_cpu
 
-        config.pluginmanager.register(Recorder(Path(folder)), "suite_cpu")
+    folder = os.environ.get(suite_cpu.ENV)
+    if folder:
+        config.pluginmanager.register(suite_cpu.Recorder(Path(folder)), "suite_cpu")
+        if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+            del os.environ[suite_cpu.ENV]
 
 
 def pytest_runtest_teardown(item, nextitem):

@@ -46,7 +46,8 @@ class Recorder:
 
 
 def machine_busy_s() -> float | None:
-    """CPU seconds every core of this machine has been busy since boot (/proc/stat; None where there is none)."""
+    """CPU seconds every core of this machine has been busy since boot (/proc/stat: all but idle and iowait, steal
+    included; None where there is none)."""
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     except (OSError, ValueError, IndexError):

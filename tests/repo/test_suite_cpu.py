@@ -45,6 +45,25 @@ def test_every_test_of_a_run_is_recorded_once_when_the_variable_names_a_folder(t
     assert untouched.returncode == 0 and len(suite_cpu.read(folder)) == len(lines)  # without it, nothing is recorded
 
 
+def test_a_pytest_a_recorded_test_starts_records_nothing_twice(tmp_path):
+    """The nested run's one test starts a process that reports whether it got the variable: it must not (the
+    conftest drops it once the recorder is registered), and only that one test is recorded."""
+    folder = tmp_path / "cpu"
+    target = "tests/repo/test_suite_cpu.py::test_what_a_test_starts_does_not_get_the_variable"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", target,
+                           f"--basetemp={tmp_path / 'basetemp'}"], cwd=ROOT, env={**os.environ, suite_cpu.ENV: str(folder)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line["id"] for line in suite_cpu.read(folder)] == [target]
+
+
+def test_what_a_test_starts_does_not_get_the_variable():
+    """Run by the test above under a recorded session (elsewhere the variable is not set at all)."""
+    seen = subprocess.run([sys.executable, "-c", f"import os; print(os.environ.get({suite_cpu.ENV!r}))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert seen == "None", seen
+
+
 def test_the_machines_busy_seconds_only_grow():
     before = suite_cpu.machine_busy_s()
     exec(BURN)
