@@ -16,6 +16,10 @@ import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .spec import Checkpointing
 
 JOB_ID = "TRAINMASTER_JOB_ID"
 OUTPUT_DIR = "TRAINMASTER_OUTPUT_DIR"
@@ -52,12 +56,29 @@ def job_environment(
         CHECKPOINT_DIR: str(checkpoint_dir),
         RESUME_FROM: str(resume_from) if resume_from else "",
         SEED: str(seed),
-        SEGMENT_STEPS: str(segment_steps),
         BUNDLE_SHA256: bundle_sha256,
+        **checkpoint_environment(segment_steps=segment_steps, keep_every=keep_every, max_disk_gb=max_disk_gb,
+                                 selfcheck=selfcheck),
+    }
+
+
+def checkpoint_environment(*, segment_steps: int, keep_every: int = 1, max_disk_gb: float | None = None,
+                           selfcheck: bool = True) -> dict[str, str]:
+    """The spec's `checkpoint:` section as the runtime reads it. A backend whose launcher sets the paths on the
+    executor's side (the managed clouds, Ray) sends these alone; every backend sends all four, so `keep_every`,
+    `max_disk_gb` and `selfcheck: false` mean the same wherever the job runs."""
+    return {
+        SEGMENT_STEPS: str(segment_steps),
         KEEP_EVERY: str(keep_every),
         MAX_DISK_GB: "" if max_disk_gb is None else repr(float(max_disk_gb)),
         SELFCHECK: "1" if selfcheck else "0",
     }
+
+
+def spec_checkpoint_environment(checkpoint: Checkpointing) -> dict[str, str]:
+    """`checkpoint_environment` of a spec's `checkpoint:` section."""
+    return checkpoint_environment(segment_steps=checkpoint.segment_steps, keep_every=checkpoint.keep_every,
+                                  max_disk_gb=checkpoint.max_disk_gb, selfcheck=checkpoint.selfcheck)
 
 
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})")

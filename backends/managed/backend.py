@@ -46,7 +46,7 @@ from trainmaster.backends.managed.training_service import ServiceJob, ServiceSta
 from trainmaster.backends.object_store import ObjectStore
 from trainmaster.backends.time_limit import max_seconds
 from trainmaster.jobs import launch_plan as plan
-from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS
+from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, spec_checkpoint_environment
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import JobSpec
 
@@ -176,7 +176,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
             service=self.service_name, entrypoint=spec.entrypoint, launcher=spec.launcher, nproc=res.nproc,
             nodes=res.nodes, bundle=self.store.uri(bundle_key) if self.service_name == "vertex" else "",
             bundle_sha256=ctx.bundle_sha256, sync="",
-            env={**spec.env, JOB_ID: ctx.job_id, SEED: str(ctx.seed), SEGMENT_STEPS: str(spec.checkpoint.segment_steps),
+            env={**spec.env, JOB_ID: ctx.job_id, SEED: str(ctx.seed), **spec_checkpoint_environment(spec.checkpoint),
                  BUNDLE_SHA256: ctx.bundle_sha256, "PYTHONUNBUFFERED": "1"},
         )
 

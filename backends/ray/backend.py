@@ -47,7 +47,7 @@ from trainmaster.backends.ray.config import RayConfig
 from trainmaster.backends.ray.trainer import RUN
 from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.bundle import BundleError, read_member
-from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, SEGMENT_STEPS
+from trainmaster.jobs.environment import BUNDLE_SHA256, JOB_ID, SEED, spec_checkpoint_environment
 from trainmaster.jobs.files import HostileFile, read_regular
 from trainmaster.jobs.metrics import FILENAME as METRICS_FILE
 from trainmaster.jobs.spec import JobSpec
@@ -166,7 +166,7 @@ class RayBackend(SupportsMultiGpu, SupportsMultiNode, KeepsSegments, ResumesFrom
             nodes=spec.resources.nodes,
             bundle=BUNDLE_NAME, bundle_sha256=ctx.bundle_sha256, sync=str(sync),
             env={OMP_THREADS: str(max(1, node_cpus(spec) // spec.resources.nproc)), **spec.env, JOB_ID: ctx.job_id,
-                 SEED: str(ctx.seed), SEGMENT_STEPS: str(spec.checkpoint.segment_steps),
+                 SEED: str(ctx.seed), **spec_checkpoint_environment(spec.checkpoint),
                  BUNDLE_SHA256: ctx.bundle_sha256, "PYTHONUNBUFFERED": "1"},
         )
 

@@ -156,6 +156,79 @@ def test_a_sagemaker_run_is_fetched_verified_and_accepted_without_the_cli_import
     assert not {name for name in imported if name == "torch" or name.startswith("torch.")}
 
 
+HIDDEN = """\
+import torch
+from trainmaster.jobs.recipe import Recipe, RecipeConfig
+from trainmaster.jobs.runtime import RuntimeSettings, run
+from trainmaster.jobs.state import TrainState
+
+
+class Config(RecipeConfig):
+    steps: int = 40
+
+
+class Hidden:
+    \"\"\"Its steps read a counter its state() leaves out: the self-check, when it runs, fails the run by name.\"\"\"
+
+    def __init__(self, config, seed):
+        self.calls, self.w = 0, {"w": torch.zeros(3)}
+
+    def step(self, ctx):
+        self.calls += 1
+        self.w["w"] += torch.randn(3, generator=ctx.generator("w")) + self.calls
+
+    def state(self):
+        return TrainState(weights=self.w, rest={})
+
+    def load_state(self, state):
+        self.w = {name: t.clone() for name, t in state.weights.items()}
+
+    def result(self):
+        return {}
+
+
+HIDDEN = Recipe(name="hidden", config_type=Config, build=Hidden)
+if __name__ == "__main__":
+    run(HIDDEN, Config(), RuntimeSettings.from_env())
+"""
+KEPT_AND_UNCHECKED = """\
+name: hidden
+entrypoint: python train.py
+checkpoint:
+  segment_steps: 10
+  keep_every: 2
+  selfcheck: false
+verification:
+  evaluator: python evaluate.py
+  thresholds: {finite: 1.0}
+"""
+
+
+def test_the_specs_keep_every_and_selfcheck_hold_on_sagemaker_as_on_local(cloud, aws, tm_home, tmp_path):
+    """`checkpoint.keep_every: 2` and `selfcheck: false` reach the runtime in SageMaker's container (they were
+    dropped there: it kept every state and always ran the self-check). The recipe hides a counter from state(), so
+    a self-check would fail the run on aws and the policy would fall back to local; S_1 is the one state of the
+    four segments the run does not keep (S_0, every second, S_{n-1} and S_n are kept)."""
+    root = tmp_path / "hidden"
+    root.mkdir()
+    (root / "train.py").write_text(HIDDEN)
+    (root / "job.yaml").write_text(KEPT_AND_UNCHECKED)
+    (root / "evaluate.py").write_text(EVALUATOR)
+    job = submit(root / "job.yaml", tmp_path / "policy.yaml")
+    assert job["state"] == "accepted" and [a["backend"] for a in job["attempts"]] == ["aws"], job
+    s3 = aws.client("s3")
+    prefix = f"trainmaster/attempts/{job['attempts'][0]['id']}/sync/checkpoints/segments/"
+    files: dict[str, set[str]] = {}
+    for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]:
+        segment, name = item["Key"][len(prefix):].split("/", 1)
+        files.setdefault(segment, set()).add(name)
+    assert sorted(files) == [f"{i:08d}" for i in range(5)], sorted(files)
+    assert files["00000001"] == {"manifest.json"}, files  # hashed into its leaf, then dropped
+    assert all(len(files[f"{i:08d}"]) > 1 for i in (0, 2, 3, 4)), files
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "00000001/manifest.json")["Body"].read())
+    assert manifest["kept"] is False
+
+
 def test_capacity_refused_at_submit_blocks_the_offer_and_falls_back_to_local(cloud, tm_home, tmp_path):
     fail_next("CreateTrainingJob", *["ResourceLimitExceeded"] * 8)
     job = submit(lm_job(tmp_path / "j", steps=25), tmp_path / "policy.yaml")

@@ -13,6 +13,7 @@ import pytest
 
 from trainmaster.backends.base import AttemptContext, BackendError, Cause, ExecutorFault, Offer, Phase
 from trainmaster.backends.managed.training_service import ServiceState
+from trainmaster.jobs import environment
 from trainmaster.jobs import launch_plan as plan
 from trainmaster.jobs.spec import JobSpec
 
@@ -79,6 +80,19 @@ def test_submit_uploads_a_bundle_once_and_starts_one_job_per_attempt(backend, bu
     assert job.sync_uri.endswith("attempts/att2/sync/") and job.input_uri.endswith("attempts/att2/input/")
     assert (inputs / "runtime.zip").read_bytes() == (backend.store.root / shared[1]).read_bytes()
     assert plan.VARIABLE not in job.env  # the plan is a file of the input, never a variable
+
+
+def test_the_specs_checkpoint_section_travels_in_the_launch_plan(backend, bundle):
+    """keep_every, max_disk_gb and selfcheck: false reach the runtime in the container as on local (the managed
+    backends sent segment_steps alone, so the runtime there kept every state and always ran its self-check)."""
+    job = JobSpec.model_validate({"name": "t", "entrypoint": "python train.py", "checkpoint": {
+        "segment_steps": 10, "keep_every": 2, "max_disk_gb": 1.5, "selfcheck": False}})
+    asyncio.run(backend.submit(bundle, job, offer(), ctx("att1")))
+    launch = plan.LaunchPlan.model_validate_json((backend.store.root / "attempts/att1/input/launch.json").read_text())
+    assert {k: v for k, v in launch.env.items() if k in environment.ALL} == {
+        "TRAINMASTER_JOB_ID": "job1", "TRAINMASTER_SEED": "7", "TRAINMASTER_BUNDLE_SHA256": SHA,
+        "TRAINMASTER_SEGMENT_STEPS": "10", "TRAINMASTER_KEEP_EVERY": "2", "TRAINMASTER_MAX_DISK_GB": "1.5",
+        "TRAINMASTER_SELFCHECK": "0"}  # the folders and the resume point are the launcher's, on its side
 
 
 def test_the_setup_travels_as_a_script_of_the_input(tmp_path, bundle):

@@ -111,6 +111,21 @@ def test_each_process_gets_its_share_of_the_cpus_unless_the_spec_says(tmp_path):
     assert RayBackend._plan(own, ctx, tmp_path).env["OMP_NUM_THREADS"] == "3"
 
 
+def test_the_specs_checkpoint_section_reaches_the_runtime_on_ray(tmp_path):
+    """keep_every, max_disk_gb and selfcheck: false travel in the launch plan's env as on local (they were dropped)."""
+    from trainmaster.backends.base import AttemptContext
+    from trainmaster.backends.ray.backend import RayBackend
+
+    ctx = AttemptContext(job_id="j", attempt_id="j.1", bundle_sha256="0" * 64, seed=1, workdir=str(tmp_path))
+    spec = JobSpec.model_validate({"name": "j", "entrypoint": "python t.py", "checkpoint": {
+        "segment_steps": 5, "keep_every": 3, "max_disk_gb": 2, "selfcheck": False}})
+    env = RayBackend._plan(spec, ctx, tmp_path).env
+    assert {k: env[k] for k in ("TRAINMASTER_SEGMENT_STEPS", "TRAINMASTER_KEEP_EVERY", "TRAINMASTER_MAX_DISK_GB",
+                                "TRAINMASTER_SELFCHECK")} == {
+        "TRAINMASTER_SEGMENT_STEPS": "5", "TRAINMASTER_KEEP_EVERY": "3", "TRAINMASTER_MAX_DISK_GB": "2.0",
+        "TRAINMASTER_SELFCHECK": "0"}
+
+
 def test_a_job_across_nodes_is_one_ray_train_worker_per_process_with_its_share(tmp_path):
     from trainmaster.backends.ray.backend import RayBackend
 
