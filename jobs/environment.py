@@ -64,9 +64,9 @@ def job_environment(
 
 def checkpoint_environment(*, segment_steps: int, keep_every: int = 1, max_disk_gb: float | None = None,
                            selfcheck: bool = True) -> dict[str, str]:
-    """The spec's `checkpoint:` section as the runtime reads it. A backend whose launcher sets the paths on the
-    executor's side (the managed clouds, Ray) sends these alone; every backend sends all four, so `keep_every`,
-    `max_disk_gb` and `selfcheck: false` mean the same wherever the job runs."""
+    """The spec's `checkpoint:` section as the runtime reads it. Every backend sends all four (the managed clouds
+    and Ray beside the job id, seed and bundle hash, their launcher setting the folders on the executor's side),
+    so `keep_every`, `max_disk_gb` and `selfcheck: false` mean the same wherever the job runs."""
     return {
         SEGMENT_STEPS: str(segment_steps),
         KEEP_EVERY: str(keep_every),
