@@ -14,9 +14,11 @@ import hashlib
 import heapq
 import io
 import os
+import platform
 import posixpath
 import shutil
 import stat
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -396,6 +398,7 @@ def extract_bundle(
     line of defence, into a temporary sibling of `dest` that is renamed into place. On refusal
     nothing is left at `dest` or in the temporary directory.
     """
+    require_extraction_filters()
     tar_path, dest = Path(tar_path), Path(dest)
     if os.path.lexists(dest):
         raise BundleError(f"extraction destination {dest} already exists")
@@ -588,6 +591,16 @@ def _check_hardlink(
     target = members.get(target_name)
     if target is None or not target.isreg() or order[target_name] >= order[name]:
         raise BundleError(f"{label} does not point to an earlier regular file in the bundle")
+
+
+def require_extraction_filters() -> None:
+    """Refuse, saying why, on a Python without tarfile's extraction filters (PEP 706: 3.12, and backported to
+    3.10.12 and 3.11.4; Debian 12's own 3.11.2 has none), which every extracted member passes as a second check."""
+    if not hasattr(tarfile, "data_filter"):
+        raise BundleError(
+            f"this Python ({platform.python_version()}, {sys.executable}) has no tarfile extraction filters (PEP 706), "
+            "which every extracted member passes: trainmaster needs Python 3.10.12+, 3.11.4+ or 3.12+"
+        )
 
 
 def _extract_atomically(

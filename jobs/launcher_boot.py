@@ -6,8 +6,8 @@ the job's input (SageMaker's `trainmaster` channel, the attempt's `input/` folde
 and `runtime.zip` (backends/managed/runtime_pack.py: trainmaster's `jobs` package and the pure-Python and
 binary dependencies it imports that a stock PyTorch image may lack). It
 
-1. checks the image: its Python (3.10 or newer) and its torch (installed, 2.0 or newer), never touching either:
-   nothing is installed into the image's Python;
+1. checks the image: its Python (3.10 or newer, with tarfile's extraction filters: 3.10.12+, 3.11.4+) and its
+   torch (installed, 2.0 or newer), never touching either: nothing is installed into the image's Python;
 2. unpacks `runtime.zip` into a fresh folder of the temp dir and puts trainmaster's package first on the
    path; pydantic (with pydantic-core, built for one Python) comes from the pack unless the image has a
    pydantic 2 that trainmaster accepts; PyYAML from the image when it has one, else the pack's (pure Python);
@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -109,10 +110,16 @@ def _version(distribution):
         return None
 
 
-def check_python(version):
+def check_python(version, filters=None):
+    """`filters`: whether tarfile has its extraction filters (PEP 706: 3.12, backported to 3.10.12 and 3.11.4),
+    which the launcher extracts the job's code with (this Python's, when not given)."""
     if tuple(version[:2]) < MIN_PYTHON:
         raise Refused("the image's Python %d.%d is older than %d.%d, which the trainmaster runtime needs; use an "
                       "image with a newer Python" % (version[0], version[1], MIN_PYTHON[0], MIN_PYTHON[1]))
+    if not (hasattr(tarfile, "data_filter") if filters is None else filters):
+        raise Refused("the image's Python %d.%d.%d has no tarfile extraction filters (PEP 706), which the trainmaster "
+                      "runtime extracts the job's code with: it needs Python 3.10.12+, 3.11.4+ or 3.12+; use an image "
+                      "with a newer Python" % tuple(version[:3]))
 
 
 def check_torch(version):

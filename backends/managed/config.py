@@ -11,8 +11,9 @@ from trainmaster.backends.base import BackendConfig
 
 class ManagedConfig(BackendConfig):
     image: str | None = Field(None, description="The container image jobs run in; default: the service's own "
-                                                "PyTorch training image for the region. Any image with Python 3.10+ "
-                                                "and torch 2.0+ runs jobs: trainmaster travels with the job.")
+                                                "PyTorch training image for the region. Any image with Python 3.10.12+ "
+                                                "(3.11.4+, 3.12+) and torch 2.0+ runs jobs: trainmaster travels "
+                                                "with the job.")
     image_python: str | None = Field(None, pattern=r"^3\.\d{1,2}$",
                                      description="The image's Python (3.11): pydantic-core, which trainmaster's "
                                                  "runtime needs, is shipped built for it. Default: the default "

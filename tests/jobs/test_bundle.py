@@ -199,6 +199,18 @@ def test_build_then_extract_gives_identical_contents(code: Path, tmp_path: Path)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_python_without_tarfiles_extraction_filters_extracts_nothing_and_says_which_it_needs(
+        code: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python before 3.10.12 / 3.11.4 (Debian 12's own 3.11.2) has no PEP 706 filters: a clear refusal, not an
+    AttributeError from the `except tarfile.FilterError` clause."""
+    info = build_bundle(code, SPEC, tmp_path / "out")
+    monkeypatch.delattr(tarfile, "data_filter")
+    monkeypatch.delattr(tarfile, "FilterError")
+    with pytest.raises(BundleError, match=r"has no tarfile extraction filters \(PEP 706\).*3\.10\.12\+, 3\.11\.4\+"):
+        extract_bundle(info.path, tmp_path / "x", expected_sha256=info.sha256)
+    assert not (tmp_path / "x").exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_an_existing_bundle_is_reused_and_no_temp_file_is_left(code: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = build_bundle(code, SPEC, out)

@@ -33,10 +33,11 @@ def _says(sync, text: str) -> bool:
     return text in synced_log(sync)
 
 
-def _run(tmp_path, entrypoint: str, files: dict | None = None, *, sha256: str | None = None, sync=None):
+def _run(tmp_path, entrypoint: str, files: dict | None = None, *, sha256: str | None = None, sync=None,
+         env: dict | None = None):
     bundle, digest = make_bundle(tmp_path / "in", files or {}, entrypoint)
     opt_ml = sagemaker_instance(tmp_path, bundle.parent)
-    done = launch(plan("sagemaker", entrypoint, sha256 or digest, **({"sync": str(sync)} if sync else {})), {},
+    done = launch(plan("sagemaker", entrypoint, sha256 or digest, **({"sync": str(sync)} if sync else {})), env or {},
                   tmp_path / "tmp", opt_ml=opt_ml)
     return done, tmp_path / "opt_ml" / "checkpoints"
 
@@ -79,6 +80,23 @@ def test_a_wrong_sha256_is_refused_before_anything_runs(tmp_path):
     assert ended["exit_code"] == 2 and "the bundle is refused" in ended["reason"] and "sha256" in ended["reason"]
     assert not (sync / "outputs" / "ran").exists()
     assert "$ python job.py" not in synced_log(sync)
+
+
+def test_a_python_without_tarfiles_extraction_filters_is_refused_with_the_python_it_needs(tmp_path):
+    """As in an image whose Python predates PEP 706 (3.10.8, or Debian 12's own 3.11.2): tarfile has no
+    extraction filters there (made so here by a sitecustomize), and the launcher refuses before anything runs,
+    saying which Python it needs, instead of failing on a missing attribute."""
+    old_python = tmp_path / "old-python"
+    old_python.mkdir()
+    (old_python / "sitecustomize.py").write_text("import tarfile\ndel tarfile.data_filter, tarfile.FilterError\n")
+    script = "import os, pathlib\npathlib.Path(os.environ['TRAINMASTER_OUTPUT_DIR'], 'ran').write_text('yes')\n"
+    path = os.pathsep.join(filter(None, [str(old_python), os.environ.get("PYTHONPATH")]))
+    done, sync = _run(tmp_path, "python job.py", {"job.py": script}, env={"PYTHONPATH": path})
+    assert done.returncode == 2, done.stdout + done.stderr
+    reason = read_json(sync / "exit.json")["reason"]
+    assert "has no tarfile extraction filters (PEP 706)" in reason and "3.10.12+, 3.11.4+ or 3.12+" in reason, reason
+    assert "Traceback" not in done.stdout + done.stderr and "AttributeError" not in reason
+    assert not (sync / "outputs" / "ran").exists() and "$ python job.py" not in synced_log(sync)
 
 
 @pytest.mark.parametrize("launch_json, said", [

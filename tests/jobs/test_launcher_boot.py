@@ -143,6 +143,11 @@ def test_an_old_python_is_refused_with_the_reason():
     with pytest.raises(launcher_boot.Refused, match="Python 3.8 is older than 3.10"):
         launcher_boot.check_python((3, 8, 10))
     launcher_boot.check_python((3, 12, 1))
+    # an image's Python before tarfile's extraction filters (PEP 706) could not extract the job's code
+    with pytest.raises(launcher_boot.Refused, match=r"Python 3\.10\.8 has no tarfile extraction filters \(PEP 706\).*"
+                                                    r"3\.10\.12\+, 3\.11\.4\+ or 3\.12\+"):
+        launcher_boot.check_python((3, 10, 8), filters=False)
+    launcher_boot.check_python((3, 11, 4), filters=True)
     assert launcher_boot._numbers("2.5.1+cu121") == (2, 5, 1) and launcher_boot._numbers("2.6.0a0") == (2, 6, 0)
 
 
