@@ -208,13 +208,14 @@ class BittensorBackend(OpensLeaves, ReportsMetrics, SupportsMultiGpu, Backend):
             until = fetch_bounds.deadline(dest, total, bounds)
             if time.time() >= until:
                 raise fetch_bounds.too_slow(client.who, have, total, bounds)
-            try:
-                async with asyncio.timeout(until - time.time()):
-                    for f in files:
-                        await transfer.download(client.reader(self._at(protocol.OUTPUT_FILE, handle, path=f.path),
-                                                              f.size),
-                                                tmp / f.path, size=f.size, sha256=f.sha256, progress=progress)
-            except TimeoutError:
+            async def every_file() -> None:
+                for f in files:
+                    await transfer.download(client.reader(self._at(protocol.OUTPUT_FILE, handle, path=f.path), f.size),
+                                            tmp / f.path, size=f.size, sha256=f.sha256, progress=progress)
+
+            try:  # (asyncio.wait_for, not asyncio.timeout: Python 3.10 has no asyncio.timeout)
+                await asyncio.wait_for(every_file(), until - time.time())
+            except asyncio.TimeoutError:  # (3.10's is not the builtin TimeoutError)
                 raise fetch_bounds.too_slow(client.who, await asyncio.to_thread(fetch_bounds.partial_bytes, tmp),
                                             total, bounds) from None
         except (ExecutorFault, LocalEnvironmentError):

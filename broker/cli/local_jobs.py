@@ -143,11 +143,13 @@ class LocalJobClient:
                 await _reconciler(broker).scoped_pass(job.id)
                 await _follow(broker, job.id, on_log, shown)
                 return
-            try:  # a read: the log as the backend holds it now, the job not advanced
-                async with asyncio.timeout(LOGS_TIMEOUT_S):
-                    async for text in broker.logs(job.id):
-                        on_log(text)
-            except TimeoutError:
+            async def every_part() -> None:
+                async for text in broker.logs(job.id):
+                    on_log(text)
+
+            try:  # a read: the log as the backend holds it now, the job not advanced (asyncio.wait_for and its
+                await asyncio.wait_for(every_part(), LOGS_TIMEOUT_S)  # TimeoutError: 3.10 has no asyncio.timeout)
+            except asyncio.TimeoutError:
                 from trainmaster.backends.base import BackendError
 
                 raise BackendError(f"the backend holding {job.id}'s log did not answer within {LOGS_TIMEOUT_S:.0f} s;"

@@ -125,3 +125,23 @@ def test_a_capacity_failure_reported_with_an_exit_code_falls_back(tm_home, job_f
     assert shown["state"] == "accepted"
     assert [(a["backend"], a["state"]) for a in shown["attempts"]] == [("local", "failed"), ("aws", "accepted")]
     assert shown["attempts"][0]["reason"] == "no GPU left on the node"
+
+
+def test_a_log_read_from_a_backend_that_never_answers_ends_in_bounded_time_with_a_message(
+        tm_home, job_factory, tmp_path, registered, monkeypatch):
+    """`trainmaster logs` (a read) waits LOGS_TIMEOUT_S for the backend's log, then says so: no hang, no traceback."""
+    import asyncio
+
+    from trainmaster.broker.cli import local_jobs
+
+    async def never(self, handle, offset=0):
+        await asyncio.sleep(3600)
+
+    registered.ScriptedLocal.script.status = scripted.RUNNING
+    monkeypatch.setattr(registered.ScriptedLocal, "logs", never)
+    monkeypatch.setattr(local_jobs, "LOGS_TIMEOUT_S", 0.5)
+    code, shown = tm("submit", str(job_factory("print(1)\n")), "--policy", policy(tmp_path, "local"), "--json")
+    assert code == 0 and shown["state"] in ("dispatched", "running"), shown
+    code, said = tm("logs", shown["id"])
+    assert code != 0 and f"the backend holding {shown['id']}'s log did not answer within 0 s" in said, said
+    assert "Traceback" not in said

@@ -281,3 +281,23 @@ def test_a_folder_named_default_where_the_daemon_started_changes_nothing(tm_home
         assert json.loads(out.stdout)["policy"] == str(caller / "mine.yaml")
     finally:
         kill(pid)
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408_saying_so(monkeypatch):
+    """The API's `_body` (every POST's body): one that never completes ends in 408 after api.BODY_TIMEOUT_S."""
+    import asyncio
+
+    from aiohttp import web
+
+    from trainmaster.broker.daemon import api
+
+    class Stalled:  # a request whose body never completes
+        async def json(self):
+            await asyncio.sleep(3600)
+
+    monkeypatch.setattr(api, "BODY_TIMEOUT_S", 0.3)
+    began = time.monotonic()
+    with pytest.raises(web.HTTPRequestTimeout) as refused:
+        asyncio.run(api._body(Stalled(), {"spec"}))
+    assert time.monotonic() - began < 5
+    assert json.loads(refused.value.text) == {"error": "the body did not arrive within 0 s"}

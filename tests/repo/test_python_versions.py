@@ -1,0 +1,36 @@
+"""The Pythons trainmaster runs on: what pyproject.toml's requires-python admits is what the code needs.
+
+The floor is 3.10.12 / 3.11.4 (tarfile's extraction filters, PEP 706, extract every bundle: jobs/bundle.py); the
+code itself must run on 3.10, checked statically by vermin (the suite runs on one Python only): the broker on the
+Pythons pip installs it on, and the runtime (jobs/) in a cloud image whose Python is 3.10 (the default Vertex AI and
+Azure ML images), where jobs/launcher_boot.py checks the same floor before the job starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from repo_paths import ROOT
+
+from trainmaster.jobs import launcher_boot
+
+PACKAGES = ("backends", "broker", "jobs", "verify", "wallet", "storage")
+
+
+def test_requires_python_admits_exactly_the_pythons_with_extraction_filters():
+    admitted = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    refused = ["3.9.18", "3.10.0", "3.10.11", "3.11.0", "3.11.2", "3.11.3"]  # 3.11.2: Debian 12's own
+    assert [v for v in refused if Version(v) in admitted] == []
+    assert all(Version(v) in admitted for v in ["3.10.12", "3.10.16", "3.11.4", "3.11.7", "3.12.0", "3.13.1"])
+    assert launcher_boot.MIN_PYTHON == (3, 10)  # the images' floor is the same minor
+
+
+def test_the_code_needs_nothing_newer_than_python_3_10():
+    vermin = Path(sys.executable).with_name("vermin")
+    done = subprocess.run([str(vermin), "--no-tips", "--eval-annotations", "--target=3.10-", "--violations",
+                           *PACKAGES], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
