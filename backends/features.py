@@ -181,11 +181,21 @@ class AllocatesMachine:
         raise NotImplementedError
 
 
+OVERRUN_GRACE_S = 60.0
+"""The default of RunsUntrusted.overrun_grace_s."""
+
+
 class RunsUntrusted(KeepsSegments):
     """Runs on compute we do not control. Its work is paid only after the replay audit accepts it, so
     the backend gives the broker what the audit needs: who ran it, the signed commitment, and, only
     after the commitment is stored, the segments the challenge names (docs/verification.md); after the
     verdict it is told its conclusion and countersigns the receipt (broker/money/settlement.py)."""
+
+    @property
+    def overrun_grace_s(self) -> float:
+        """Seconds a run may take past its limit (the spec's max_hours or the hours it quoted, plus a tenth) to
+        start and upload before the broker ends it on its own clock (broker/deadlines.py)."""
+        return OVERRUN_GRACE_S
 
     async def executor(self, handle: Handle) -> ExecutorIdentity:
         raise NotImplementedError

@@ -16,13 +16,14 @@ from __future__ import annotations
 import time
 
 from trainmaster.backends.base import BackendError, Cause, ExecutorFault, Offer
+from trainmaster.backends.features import OVERRUN_GRACE_S
 from trainmaster.backends.retry import retried
 from trainmaster.broker.store import Attempt
 from trainmaster.jobs.spec import JobSpec
 
-GRACE_S = 60.0
 GRACE_FRACTION = 0.1
-"""Past the limit, an attempt gets GRACE_S plus this fraction of its limit before the broker ends it."""
+"""Past the limit, an attempt gets this fraction of its limit plus its backend's overrun_grace_s (Bittensor's
+`overrun_grace_s` setting, 60 s by default) before the broker ends it."""
 
 
 def limit_s(spec: JobSpec, offer: Offer) -> tuple[float, str] | None:
@@ -36,8 +37,9 @@ def limit_s(spec: JobSpec, offer: Offer) -> tuple[float, str] | None:
     return min(limits, key=lambda found: found[0]) if limits else None  # the spec's own limit on a tie
 
 
-def overdue(spec: JobSpec, attempt: Attempt, now: float | None = None) -> str | None:
-    """Why an untrusted attempt that has not returned is past its time, or None."""
+def overdue(spec: JobSpec, attempt: Attempt, now: float | None = None, grace_s: float = OVERRUN_GRACE_S) -> str | None:
+    """Why an untrusted attempt that has not returned is past its time (its limit, a tenth of it and `grace_s`),
+    or None."""
     offer = Offer.model_validate_json(attempt.offer_json)
     if offer.trusted or attempt.state not in ("dispatched", "running"):
         return None
@@ -46,7 +48,7 @@ def overdue(spec: JobSpec, attempt: Attempt, now: float | None = None) -> str | 
         return None
     seconds, what = found
     elapsed = (time.time() if now is None else now) - attempt.created_at
-    if elapsed <= seconds * (1 + GRACE_FRACTION) + GRACE_S:
+    if elapsed <= seconds * (1 + GRACE_FRACTION) + grace_s:
         return None
     return f"still not returned {elapsed:,.0f} s after its dispatch, past {what}"
 

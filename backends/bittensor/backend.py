@@ -232,6 +232,10 @@ class BittensorBackend(OpensLeaves, ReportsMetrics, SupportsMultiGpu, Backend):
                                    floor_bytes_per_s=int(self.config.download_floor_kb_s * 1000),
                                    grace_s=self.config.download_grace_s)
 
+    @property
+    def overrun_grace_s(self) -> float:
+        return self.config.overrun_grace_s
+
     def _status_timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=self.config.status_timeout_s, sock_connect=5)
 

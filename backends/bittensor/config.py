@@ -77,6 +77,9 @@ class BittensorConfig(BackendConfig):
         "The slowest a miner may deliver its outputs (kB/s): with download_grace_s, the deadline of a fetch, from "
         "the size it announced; a miner past it is rejected."))
     download_grace_s: float = Field(120.0, gt=0, description="Added to every fetch's deadline (seconds).")
+    overrun_grace_s: float = Field(60.0, gt=0, le=86400, description=(
+        "How long a miner's run may go past its limit (the spec's max_hours or the hours it quoted, plus a tenth) "
+        "to start and upload before the broker ends it: one that still says it runs is rejected (seconds)."))
     max_miners: int = Field(256, ge=1, description="At most this many miners are asked for a quote per plan.")
     payments: Literal["receipt", "tao"] = Field(
         "receipt", description="How an accepted miner is paid: `receipt` (the amount in its signed receipt only) "

@@ -105,7 +105,9 @@ async def asked_status(ctx, attempt, handle):
     from trainmaster.broker import deadlines
 
     backend = ctx.backend(attempt.backend)
-    if (why := deadlines.overdue(ctx.spec, attempt)) and (ended := await deadlines.judged(backend, handle, why)):
+    grace_s = getattr(backend, "overrun_grace_s", deadlines.OVERRUN_GRACE_S)  # (RunsUntrusted's; others: trusted)
+    if (why := deadlines.overdue(ctx.spec, attempt, grace_s=grace_s)) and (
+            ended := await deadlines.judged(backend, handle, why)):
         await react(ctx, attempt, *ended)  # an untrusted run past its time, on the broker's clock
         return None
     try:

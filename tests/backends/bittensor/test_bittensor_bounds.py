@@ -152,8 +152,11 @@ def test_a_miner_that_says_it_runs_past_the_jobs_max_hours_is_ended_by_the_broke
         tmp_path, tm_home, wallets, started):
     overrun = _cheater("overrun", tmp_path, wallets, started)
     spec, policy = _setup(tmp_path, tm_home, [overrun], job_yaml=IDLE_JOB)
-    _spec_extra(spec, "limits:\n  max_hours: 0.001\n")  # 3.6 s; the broker ends it 3.6 × 1.1 + 60 s after dispatch
+    _configure(tm_home, overrun_grace_s=5)  # (60 s by default)
+    _spec_extra(spec, "limits:\n  max_hours: 0.001\n")  # 3.6 s; the broker ends it 3.6 × 1.1 + 5 s after dispatch
+    began = time.monotonic()
     done, shown = _submitted(spec, policy)
+    assert time.monotonic() - began < 50  # the setting's grace, not the default's 60 s
     attempt = _caught(tm_home, shown, overrun, spec, policy)
     assert "past the job's limits.max_hours (0.001 h)" in attempt["reason"], attempt
     assert "still running, past the time it was paid for" in attempt["reason"]
