@@ -11,6 +11,11 @@ test files that used the most CPU in their own worker and in the processes they 
 a local job's detached supervisor and training process, and servers kept for several tests, are in the machine's
 figure only).
 
+And how fast the machine was meanwhile, since a shared VM's speed drifts by the hour (the same binary's work took
+19 % more CPU at one hour than at another, here): a yardstick, the CPU seconds of `import torch, torch._dynamo` (what
+hundreds of the suite's processes do first; median of 5), before and after the run, and the suite's wall time in
+yardsticks, a figure to compare runs by.
+
 Run:
     python tests/benchmarks/bench_suite.py                # a fresh clone of HEAD into a temporary folder, `./dev test`
                                                           # there (its own .venv: pinned CPU torch, trainmaster[dev])
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
+import statistics
 import shutil
 import subprocess
 import sys
@@ -75,6 +82,29 @@ def _fresh_clone(folder: Path) -> Path:
     clone = folder / "clone"
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
     return clone
+
+
+YARDSTICK = "import torch, torch._dynamo"
+
+
+def yardstick_s(repeat: int = 5) -> float:
+    """The median CPU seconds (user + system) of a fresh `python -c YARDSTICK` in this interpreter."""
+    samples = []
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", YARDSTICK], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        samples.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(samples)
+
+
+def speed_figures(before_s: float, after_s: float, wall_s: float, quiet: bool) -> dict[str, float]:
+    figures = {"yardstick_before_s": round(before_s, 2), "yardstick_after_s": round(after_s, 2),
+               "suite_wall_in_yardsticks": round(wall_s / ((before_s + after_s) / 2), 1)}
+    if not quiet:
+        print_figures(f"the machine's speed (yardstick: CPU seconds of `python -c '{YARDSTICK}'`, median of 5)",
+                      figures, {})
+    return figures
 
 
 def _timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, float, float | None]:
@@ -143,20 +173,24 @@ def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None
             argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", SMOKE_FILE,
                     f"--junitxml={report}", f"--basetemp={Path(tmp) / 'basetemp'}"]
             cpu_folder = Path(tmp) / "cpu"
+            before = yardstick_s(1)
             code, wall, busy = _timed(argv, ROOT, {**os.environ, suite_cpu.ENV: str(cpu_folder)})
             if code != 0:
                 raise SystemExit(f"the smoke run of tests/repo failed (exit {code})")
-            return {**summarise(report, wall, quiet=True), **summarise_cpu(cpu_folder, busy, quiet=True)}
+            return {**summarise(report, wall, quiet=True), **summarise_cpu(cpu_folder, busy, quiet=True),
+                    **speed_figures(before, yardstick_s(1), wall, quiet=True)}
         clone = _fresh_clone(Path(tmp))
         cpu_folder = Path(tmp) / "cpu"
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "TRAINMASTER_VENV", "PYTHONPATH")}
         env[suite_cpu.ENV] = str(cpu_folder)
+        before = yardstick_s()
         code, wall, busy = _timed(["./dev", "test", "-p", "no:cacheprovider", f"--junitxml={report}"], clone, env)
         print(f"\n`./dev test` in a fresh clone exited {code} after {wall:.0f} s")
         if save is not None and report.is_file():
             shutil.copyfile(report, save)
         figures = summarise(report, wall, quiet=False)
         figures.update(summarise_cpu(cpu_folder, busy, quiet=False))
+        figures.update(speed_figures(before, yardstick_s(), wall, quiet=False))
         return figures
 
 
