@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .files import fsync_dir
+from .launcher_boot import FILTERS_PYTHONS
 from .ignore import IGNORE_FILE, VENV_MARKER, IgnoreRules, always_ignored
 
 SPEC_MEMBER = ".trainmaster/spec.json"
@@ -599,7 +600,7 @@ def require_extraction_filters() -> None:
     if not hasattr(tarfile, "data_filter"):
         raise BundleError(
             f"this Python ({platform.python_version()}, {sys.executable}) has no tarfile extraction filters (PEP 706), "
-            "which every extracted member passes: trainmaster needs Python 3.10.12+, 3.11.4+ or 3.12+"
+            f"which every extracted member passes: trainmaster needs Python {FILTERS_PYTHONS}"
         )
 
 

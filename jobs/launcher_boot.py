@@ -34,6 +34,8 @@ import zipfile
 
 REFUSED = 2
 MIN_PYTHON = (3, 10)
+FILTERS_PYTHONS = "3.10.12+, 3.11.4+ or 3.12+"
+"""The Pythons with tarfile's extraction filters (PEP 706), which every bundle is extracted with (jobs/bundle.py)."""
 MIN_TORCH = (2, 0)
 """The runtime and its recipes use torch 2 APIs (scaled_dot_product_attention, the foreach optimizer ops)."""
 PACK = "runtime.zip"
@@ -118,8 +120,8 @@ def check_python(version, filters=None):
                       "image with a newer Python" % (version[0], version[1], MIN_PYTHON[0], MIN_PYTHON[1]))
     if not (hasattr(tarfile, "data_filter") if filters is None else filters):
         raise Refused("the image's Python %d.%d.%d has no tarfile extraction filters (PEP 706), which the trainmaster "
-                      "runtime extracts the job's code with: it needs Python 3.10.12+, 3.11.4+ or 3.12+; use an image "
-                      "with a newer Python" % tuple(version[:3]))
+                      "runtime extracts the job's code with: it needs Python %s; use an image with a newer Python"
+                      % (tuple(version[:3]) + (FILTERS_PYTHONS,)))
 
 
 def check_torch(version):

@@ -11,8 +11,8 @@ test files that used the most CPU in their own worker and in the processes they 
 a local job's detached supervisor and training process, and servers kept for several tests, are in the machine's
 figure only).
 
-And how fast the machine was meanwhile, since a shared VM's speed drifts by the hour (the same binary's work took
-19 % more CPU at one hour than at another, here): a yardstick, the CPU seconds of `import torch, torch._dynamo` (what
+And how fast the machine was meanwhile, since a shared VM's speed drifts by the hour (the yardstick below took
+2.94 s of CPU at one hour and 3.14 s at another, the machine quiet both times, here): a yardstick, the CPU seconds of `import torch, torch._dynamo` (what
 hundreds of the suite's processes do first; median of 5), before and after the run, and the suite's wall time in
 yardsticks, a figure to compare runs by.
 

@@ -7,6 +7,7 @@ Azure ML images), where jobs/launcher_boot.py checks the same floor before the j
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -34,3 +35,20 @@ def test_the_code_needs_nothing_newer_than_python_3_10():
     done = subprocess.run([str(vermin), "--no-tips", "--eval-annotations", "--target=3.10-", "--violations",
                            *PACKAGES], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_dev_refuses_a_python_without_the_filters_before_making_anything(tmp_path):
+    """`./dev demo` (the README's first command) with such a Python: one line saying what to use, no .venv made."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import tarfile\ndel tarfile.data_filter, tarfile.FilterError\n")
+    old = tmp_path / "python3"  # this interpreter, as one that predates PEP 706
+    old.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    old.chmod(0o755)
+    venv = tmp_path / "venv"
+    done = subprocess.run([str(ROOT / "dev"), "demo"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": str(old), "TRAINMASTER_VENV": str(venv)})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "has no tarfile extraction filters (PEP 706): trainmaster needs Python 3.10.12+, 3.11.4+ or 3.12+" \
+        in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not venv.exists()
