@@ -41,15 +41,17 @@ def small_disk(tmp_path):
 
 
 def _fill(path, leave_bytes: int) -> None:
-    """Write `path` until the disk holding it has `leave_bytes` free (0: until the disk is full)."""
-    with open(path, "ab") as f:
+    """Write `path` until the disk holding it has `leave_bytes` free (0: until the disk is full).
+
+    Unbuffered: with a buffer, the bytes a full disk refused stayed in it and closing the file raised ENOSPC again
+    (the broker's background pass may take the last pages between the free-space reading and the write)."""
+    with open(path, "ab", buffering=0) as f:
         while True:
             free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
             if free <= leave_bytes:
                 return
             try:
                 f.write(b"\0" * min(free - leave_bytes, 8 << 20))
-                f.flush()
             except OSError:
                 return
 
