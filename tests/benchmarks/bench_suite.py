@@ -12,9 +12,9 @@ a local job's detached supervisor and training process, and servers kept for sev
 figure only).
 
 And how fast the machine was meanwhile, since a shared VM's speed drifts by the hour (the yardstick below took
-2.94 s of CPU at one hour and 3.14 s at another, the machine quiet both times, here): a yardstick, the CPU seconds of `import torch, torch._dynamo` (what
-hundreds of the suite's processes do first; median of 5), before and after the run, and the suite's wall time in
-yardsticks, a figure to compare runs by.
+2.94 s of CPU at one hour and 3.14 s at another, the machine quiet both times, here): a yardstick, the CPU seconds
+of `import torch, torch._dynamo` (what hundreds of the suite's processes do first; median of 5), before and after
+the run, and the suite's wall time in yardsticks, a figure to compare runs by.
 
 Run:
     python tests/benchmarks/bench_suite.py                # a fresh clone of HEAD into a temporary folder, `./dev test`
