@@ -6,7 +6,8 @@ run). Each test's setup, call and teardown are measured in the process that runs
 `subprocess.run`, and whatever that CLI waited for in turn). Processes nobody in the test's tree waits for, such as a
 local job's detached supervisor and its training process, or a server a fixture keeps for several tests, are not in a
 test's figure: the machine's own count (`machine_busy_s`, /proc/stat) is the whole of it. One JSON line per test in
-`<folder>/<worker>.jsonl`: `{"id", "self_s", "children_s", "wall_s"}`.
+`<folder>/<worker>.jsonl`: `{"id", "self_s", "children_s", "wall_s", "at"}` (`at`: the test's start, Unix time, to line
+its figures up with a sampling of the machine's load).
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ class Recorder:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        own, children, start = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), time.monotonic()
+        own, children, start, at = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), time.monotonic(), time.time()
         yield
         line = {"id": item.nodeid, "self_s": round(_cpu(resource.RUSAGE_SELF) - own, 3),
                 "children_s": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),
-                "wall_s": round(time.monotonic() - start, 3)}
+                "wall_s": round(time.monotonic() - start, 3), "at": round(at, 3)}
         with self.path.open("a") as out:
             out.write(json.dumps(line) + "\n")
 
