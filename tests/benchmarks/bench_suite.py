@@ -6,7 +6,8 @@ worker-seconds the tests took in all, and the ten slowest test files by worker-s
 setup, call and teardown, from pytest's JUnit XML). Target: the whole command within 20 minutes on 2 cores.
 
 And where the CPU goes (a fresh clone's run): the seconds this machine's cores were busy during the command
-(/proc/stat; with 2 cores, the tests need at least half that in wall time however they are spread), and the ten
+(/proc/stat; with 2 cores, the tests need at least half that in wall time however they are spread: printed as
+`cpu_floor_wall_s`, with `cores_busy_share`, how full the cores were over the command), and the ten
 test files that used the most CPU in their own worker and in the processes they waited for (tests/suite_cpu.py;
 a local job's detached supervisor and training process, and servers kept for several tests, are in the machine's
 figure only).
@@ -123,12 +124,18 @@ def cpu_by_file(folder: Path) -> tuple[dict[str, float], float]:
     return dict(spent), sum(spent.values())
 
 
-def summarise_cpu(folder: Path, busy_s: float | None, quiet: bool) -> dict[str, float]:
+def summarise_cpu(folder: Path, busy_s: float | None, wall_s: float, quiet: bool) -> dict[str, float]:
+    """The tests' CPU and the machine's; with the latter, how full the cores were (`cores_busy_share`: busy over
+    cores × wall) and the wall time no spreading of the tests over workers can go below (`cpu_floor_wall_s`: busy
+    over cores): when the cores were nearly always busy, only less CPU makes the suite faster."""
     spent, total = cpu_by_file(folder)
     most = sorted(spent.items(), key=lambda item: -item[1])[:SHOWN]
     figures = {"tests_cpu_s": round(total, 1)}
+    cores = os.cpu_count() or 1
     if busy_s is not None:
         figures["machine_busy_s"] = round(busy_s, 1)
+        figures["cores_busy_share"] = round(busy_s / (cores * wall_s), 3) if wall_s > 0 else 0.0
+        figures["cpu_floor_wall_s"] = round(busy_s / cores, 1)
     if not quiet:
         print_figures("where the CPU goes", figures, {})
         print(f"\nthe {len(most)} files that used the most CPU (their workers and the processes they waited for)")
@@ -177,7 +184,7 @@ def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None
             code, wall, busy = _timed(argv, ROOT, {**os.environ, suite_cpu.ENV: str(cpu_folder)})
             if code != 0:
                 raise SystemExit(f"the smoke run of tests/repo failed (exit {code})")
-            return {**summarise(report, wall, quiet=True), **summarise_cpu(cpu_folder, busy, quiet=True),
+            return {**summarise(report, wall, quiet=True), **summarise_cpu(cpu_folder, busy, wall, quiet=True),
                     **speed_figures(before, yardstick_s(1), wall, quiet=True)}
         clone = _fresh_clone(Path(tmp))
         cpu_folder = Path(tmp) / "cpu"
@@ -189,7 +196,7 @@ def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None
         if save is not None and report.is_file():
             shutil.copyfile(report, save)
         figures = summarise(report, wall, quiet=False)
-        figures.update(summarise_cpu(cpu_folder, busy, quiet=False))
+        figures.update(summarise_cpu(cpu_folder, busy, wall, quiet=False))
         figures.update(speed_figures(before, yardstick_s(), wall, quiet=False))
         return figures
 
