@@ -27,13 +27,14 @@ import struct
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, BinaryIO
 
 from trainmaster.jobs.canonical_header import ITEM_SIZES
 
 from .errors import VerificationError
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where tensor data is read: a verification with no safetensors file needs none
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -258,8 +259,13 @@ def _serve_isolated() -> None:
 
 
 def limit_self(memory_bytes: int, cpu_seconds: int) -> None:
-    """Allow this process ``memory_bytes`` more address space and ``cpu_seconds`` more CPU time."""
+    """Allow this process ``memory_bytes`` more address space and ``cpu_seconds`` more CPU time. numpy, which the
+    checks read tensor data and .npy headers with, is loaded first: a shared library mapped after the limit may not
+    fit under it."""
+    import importlib
     import resource
+
+    importlib.import_module("numpy")
 
     with open("/proc/self/statm") as handle:
         mapped = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -459,6 +465,8 @@ def _few(names: list[str]) -> str:
 
 def _chunks(handle: BinaryIO, header: Header, entry: TensorEntry, buffer: bytearray) -> Iterator[np.ndarray]:
     """``entry``'s bytes as uint8 arrays over ``buffer``, each a whole number of elements."""
+    import numpy as np
+
     handle.seek(header.data_start + entry.begin)
     step = len(buffer) - len(buffer) % ITEM_SIZES[entry.dtype]
     remaining = entry.nbytes
@@ -485,6 +493,8 @@ def _check_values(path: Path, entry: TensorEntry, raw: np.ndarray) -> None:
     numpy, not torch: ``np.isfinite`` runs at memory speed where ``torch.isfinite`` was ~10× slower on CPU.
     bf16, which numpy lacks, is checked on its bits: exponent all ones is ±Inf (mantissa 0) or NaN.
     """
+    import numpy as np
+
     if entry.dtype in NUMPY_FLOATS:
         values = raw.view(NUMPY_FLOATS[entry.dtype])
         if not np.isfinite(values).all():
