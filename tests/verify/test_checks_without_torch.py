@@ -1,8 +1,8 @@
 """A verification that replays nothing never imports torch: T comes from the shipped recipe's config without its
 module (verify/recipe_run.py `recipe_config`, jobs/recipes/hyperparameters.py) and the final weights' header is
 compared with the canonical one without torch (jobs/canonical_header.py). Before, every such check imported the
-recipe's module and torch, ~2 s of CPU in each verification process. Each case runs in a fresh interpreter, which
-then reports what it imported."""
+recipe's module and torch, ~2 s of CPU in each verification process. One that reads no tensor data (a plain job's
+outputs) imports no numpy either. Each case runs in a fresh interpreter, which then reports what it imported."""
 
 from __future__ import annotations
 
@@ -115,3 +115,30 @@ def test_the_torch_free_dtype_table_is_the_canonical_forms():
     from trainmaster.jobs.canonical_header import ITEM_SIZES
 
     assert {code: dtype.itemsize for dtype, code in DTYPES.items()} == ITEM_SIZES
+
+
+PLAIN = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from trainmaster.jobs.spec import JobSpec
+    from trainmaster.verify.pipeline import TRUSTED_CHECKS, Attempt, verify_attempt
+    spec = JobSpec(name="plain", entrypoint="python train.py")
+    attempt = Attempt(job_id="j", attempt_id="a", outputs=Path(sys.argv[1]), bundle_sha256="ab" * 32, trusted=True,
+                      spec=spec)
+    verdict = verify_attempt(attempt, checks=TRUSTED_CHECKS, write_verdict=False)
+    print(json.dumps({"outcome": verdict.outcome, "reasons": verdict.reasons, "numpy": "numpy" in sys.modules,
+                      "torch": "torch" in sys.modules}))
+""")
+
+
+def test_a_plain_jobs_outputs_are_judged_without_numpy_or_torch(tmp_path):
+    """A verification with no tensor data to read (a plain script's text outputs, an audit-pool worker's usual job)
+    loads neither numpy nor torch: numpy alone was ~0.2 of the worker's 0.5 CPU-s."""
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    (folder / "metrics.json").write_text('{"score": 1.0}')
+    (folder / "notes.txt").write_text("trained\n")
+    done = subprocess.run([sys.executable, "-c", PLAIN, str(folder)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"outcome": "accepted", "reasons": result["reasons"], "numpy": False, "torch": False}, result
