@@ -37,7 +37,8 @@ class Recorder:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        own, children, start, at = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), time.monotonic(), time.time()
+        own, children = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+        start, at = time.monotonic(), time.time()
         yield
         line = {"id": item.nodeid, "self_s": round(_cpu(resource.RUSAGE_SELF) - own, 3),
                 "children_s": round(_cpu(resource.RUSAGE_CHILDREN) - children, 3),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ BURN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() 
 
 def test_a_waited_childs_cpu_is_the_tests_and_not_the_workers_own(tmp_path):
     recorder = suite_cpu.Recorder(tmp_path)
+    started = time.time()
     protocol = recorder.pytest_runtest_protocol(SimpleNamespace(nodeid="tests/x/test_y.py::test_z"), None)
     next(protocol)
     subprocess.run([sys.executable, "-c", BURN], check=True)
@@ -26,6 +28,7 @@ def test_a_waited_childs_cpu_is_the_tests_and_not_the_workers_own(tmp_path):
     assert line["id"] == "tests/x/test_y.py::test_z"
     assert line["children_s"] >= 0.25 and line["self_s"] < line["children_s"], line
     assert line["wall_s"] >= 0.25
+    assert started - 1 <= line["at"] <= started + 1, line  # the test's start, to line up with a load sampling
 
 
 def test_every_test_of_a_run_is_recorded_once_when_the_variable_names_a_folder(tmp_path):

@@ -142,3 +142,24 @@ def test_a_plain_jobs_outputs_are_judged_without_numpy_or_torch(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"outcome": "accepted", "reasons": result["reasons"], "numpy": False, "torch": False}, result
+
+
+def test_submit_wait_of_a_plain_job_verifies_it_without_loading_numpy(tmp_path, tm_home):
+    """The same through the user's path: `trainmaster submit --wait` of a plain script, with Python's import log on
+    (PYTHONPROFILEIMPORTTIME, which the CLI's audit-pool worker inherits and writes to the CLI's stderr). The job is
+    accepted after its verification, and no process of the command imported numpy."""
+    from cli_run import tm
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text('import os, pathlib\n'
+                                   '(pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"]) / "notes.txt").write_text("x")\n')
+    (code / "job.yaml").write_text("name: plain\nentrypoint: python train.py\n")
+    done = tm("submit", str(code / "job.yaml"), "--wait", "--json", home=tm_home,
+              extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    job = json.loads(done.stdout[done.stdout.index("{"):])
+    assert job["state"] == "accepted" and job["attempts"][-1]["state"] == "accepted", job
+    imported = [line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert "trainmaster.verify.pipeline" in imported  # the verification's imports are in the log
+    assert not [name for name in imported if name == "numpy" or name.startswith("numpy.")], "numpy was imported"
