@@ -16,10 +16,15 @@ from typing import Any, Literal, Protocol, get_args
 import numpy as np
 import torch
 
+from . import lazy_dynamo
 from .decisions import DecisionLog
 from .recipe_config import RecipeConfig
 from .seeding import step_generator, step_rng
 from .state import TrainState
+
+# Wherever a recipe trains (a run, a self-check, an audit's re-execution), its optimizer would import
+# torch._dynamo to compile nothing: 1.5 CPU-s a process. Deferred until something compiles (lazy_dynamo.py).
+lazy_dynamo.defer()
 
 
 @dataclass(frozen=True)

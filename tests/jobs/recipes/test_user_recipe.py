@@ -36,6 +36,13 @@ if os.environ.get("RECIPE_MARKER"):  # who imports this module: the job, its sel
     with open(os.environ["RECIPE_MARKER"], "a") as marker:
         marker.write(f"{os.getpid()} {' '.join(sys.argv)}\\n")
 
+    def _report():  # and, as each ends, whether it loaded torch's compiler stack (torch._dynamo)
+        with open(os.environ["RECIPE_MARKER"], "a") as marker:
+            marker.write(f"{os.getpid()} exit dynamo={'torch._dynamo.eval_frame' in sys.modules}\\n")
+
+    import atexit
+    atexit.register(_report)
+
 
 class LinConfig(RecipeConfig):
     lr: float = 0.05
@@ -163,6 +170,10 @@ def test_an_own_recipe_is_audited_in_a_child_process_and_accepted(tm_home, tmp_p
     assert any("train.py" in line for line in lines)
     assert any("selfcheck" in line for line in lines)
     assert any("recipe_audit" in line for line in lines)
+    # each of them stepped torch's SGD without loading torch._dynamo (jobs/lazy_dynamo.py): 1.5 CPU-s a process
+    started = {line.split()[0] for line in lines if " exit " not in line}
+    ended = {line.split()[0]: line.rsplit("=", 1)[1] for line in lines if " exit " in line}
+    assert started == set(ended) and set(ended.values()) == {"False"}, lines
 
 
 @pytest.mark.slow
