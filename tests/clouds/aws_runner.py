@@ -14,10 +14,11 @@ folder tarred to `<S3OutputPath>/<job>/output/model.tar.gz`) or Failed with /opt
 FailureReason (`AlgorithmError: …`), with BillableTimeInSeconds and TrainingTimeInSeconds. A stop request
 (`Stopping`) sends the instances SIGTERM (Stopped).
 
-`interrupt` plays a managed-spot interruption of the next job: once the synced checkpoints hold a segment, the
-instances are killed (`Interrupted`); with "restart", after a pause the job starts again from the checkpoints
-restored from S3, as SageMaker does (the pause is not billed, so BillableTimeInSeconds < TrainingTimeInSeconds);
-with "end" the job ends `Stopped/Interrupted` (the broker sees it preempted and resumes it in a new attempt).
+`interrupt` plays a managed-spot interruption of the next job: once an instance's checkpoint folder holds a
+segment, the instances are frozen, their folders synced, and they are killed (`Interrupted`; clouds/reclaim.py);
+with "restart", after a pause the job starts again from the checkpoints restored from S3, as SageMaker does (the
+pause is not billed, so BillableTimeInSeconds < TrainingTimeInSeconds); with "end" the job ends
+`Stopped/Interrupted` (the broker sees it preempted and resumes it in a new attempt).
 `started` records, per job, when its first container started (the benchmark's submit-to-start time).
 """
 
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from process_tree import kill_tree
 
+from clouds import reclaim
 from clouds.aws_server import REGION, MotoAws, set_training_status, training_job, training_jobs
 from clouds.namespace import in_instance
 
@@ -151,19 +153,25 @@ class SageMakerRunner:
         self.started.setdefault(name, time.time())
         procs = [self._start(job, home, hosts) for home in homes]
         mirrors = [Mirror(self.s3, home / "checkpoints", sync_uri) for home in homes]
-        why = "exited"
+        why, tick = "exited", 0.0
         while any(p.poll() is None for p in procs):
-            for mirror in mirrors:
-                mirror.sync()
-            if training_job(name).training_job_status == "Stopping" and why == "exited":
-                why = "stopped"
-                for proc in procs:
-                    _signal(proc, signal.SIGTERM)
-            if interrupt and why == "exited" and mirrors[0].holds_segment():
+            if interrupt and why == "exited" and mirrors[0].holds_segment():  # on the instance's disk (reclaim.py)
+                reclaim.freeze(procs)
+                for mirror in mirrors:
+                    mirror.sync()  # what the instance held when reclaimed is synced
                 why = "interrupted"
                 for proc in procs:
                     kill_tree(proc)  # the machine goes: the launcher and the job it started
-            time.sleep(SYNC_S)
+                break
+            if time.monotonic() >= tick:
+                for mirror in mirrors:
+                    mirror.sync()
+                if training_job(name).training_job_status == "Stopping" and why == "exited":
+                    why = "stopped"
+                    for proc in procs:
+                        _signal(proc, signal.SIGTERM)
+                tick = time.monotonic() + SYNC_S
+            time.sleep(reclaim.POLL_S if interrupt and why == "exited" else SYNC_S)
         if why != "interrupted":  # a killed instance gets no last sync
             for mirror in mirrors:
                 mirror.sync()

@@ -10,7 +10,8 @@ ${{outputs.<name>}} replaced by those paths, once per instance, with the image's
 environment variables and, under a PyTorch distribution, MASTER_ADDR, MASTER_PORT, NODE_RANK, WORLD_SIZE and
 RANK (one process per instance). It moves the job's status as the service does (Queued, Running, then
 Completed, Failed or Canceled; systemData.lastModifiedAt moving with each), stops it when cancelled, and can
-preempt a spot job (kill its instances) once its synced folder in the store holds a given checkpoint segment.
+preempt a spot job once a given checkpoint segment is on its synced folder's disk (frozen, synced to the store,
+killed: clouds/reclaim.py).
 Refusing capacity and throttling are the fake's `faults`. `started` records, per job, when its first instance
 started (the benchmark's submit-to-start time).
 """
@@ -24,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from clouds import reclaim
 from clouds.azure_server import AzureServers
 from clouds.container import IMAGE
 from clouds.object_mount import ObjectMount
@@ -116,18 +118,22 @@ class AzureMLRunner:
         self.started.setdefault(name, time.time())
         procs = self._start(props, paths, root)
         preempt_at, spot = self.preempt_at_segment, (props.get("queueSettings") or {}).get("jobTier") == "Spot"
-        outcome = None
+        outcome, frozen, armed = None, [], spot and preempt_at is not None
         while outcome is None:
-            time.sleep(POLL_S)
+            time.sleep(reclaim.POLL_S if armed else POLL_S)
             if props["status"] == "CancelRequested":
                 outcome = "Canceled"
-            elif spot and preempt_at is not None and self._holds_segment(props, preempt_at):
+            elif armed and reclaim.segment_on_disk(paths[("outputs", "sync")] / "checkpoints", preempt_at):
+                frozen = reclaim.freeze(procs)  # the VM is being reclaimed: nothing more is written (reclaim.py)
+                for mount in mounts:
+                    mount.settle()  # the segment reaches the store
                 self.preempt_at_segment, outcome = None, "Preempted"
             elif all(p.poll() is not None for p in procs):
                 outcome = "Ended"
         if outcome != "Ended":
             for p in procs:
                 p.kill()
+            reclaim.thaw(frozen)  # what the killed instances started acts on its pending signals
         codes = [p.wait() for p in procs]
         self.exit_codes[name] = codes
         for mount in mounts:
@@ -139,12 +145,6 @@ class AzureMLRunner:
             fake.set_status(name, "Failed")  # the job resource says no more: no error text
         else:
             fake.set_status(name, "Completed")
-
-    def _holds_segment(self, props: dict, segment: int) -> bool:
-        """The synced output in the store holds the segment's manifest (what a preemption waits for)."""
-        client, path = self._container_of(props["outputs"]["sync"]["uri"])
-        wanted = f"{path.rstrip('/')}/checkpoints/segments/{segment:08d}/manifest.json"
-        return client.get_blob_client(wanted).exists()
 
     def _start(self, props: dict, paths: dict, root: Path) -> list[subprocess.Popen]:
         count, port = props["resources"]["instanceCount"], free_port()

@@ -12,8 +12,8 @@ made on this machine, so the mount's folder is elsewhere: the command's /gcs/ pa
 launcher is told with TRAINMASTER_GCS_MOUNT (the one relocation; the launcher knows /gcs as the default).
 
 It sets the job's state: RUNNING, then SUCCEEDED or FAILED with the exit code in the error (Vertex's words), run
-time as the billable time. It can preempt (SIGTERM to the replicas once a checkpoint segment reached the bucket,
-then FAILED with a preemption error) and it stops the replicas of a job being cancelled (then CANCELLED).
+time as the billable time. It can preempt (once a checkpoint segment is on a replica's disk: frozen, synced to the
+bucket, SIGTERM, then FAILED with a preemption error; clouds/reclaim.py) and it stops the replicas of a job being cancelled (then CANCELLED).
 `started` records, per job, when its first container started (the benchmark's submit-to-start time).
 """
 
@@ -27,6 +27,7 @@ import threading
 import time
 from pathlib import Path
 
+from clouds import reclaim
 from clouds.container import IMAGE
 from clouds.gcp_server import BUCKET
 from clouds.object_mount import ObjectMount
@@ -100,13 +101,16 @@ class VertexRunner:
                     fuse.settle()
                     self.fake.set_state(name, "JOB_STATE_CANCELLED")
                     return
-                if preempt and self._has_segment(attempt):  # Vertex: SIGTERM, then the VM is gone
-                    _signal(procs, signal.SIGTERM)
+                if preempt and reclaim.segment_on_disk(local / "checkpoints" / "checkpoints"):
+                    frozen = reclaim.freeze(procs)  # the VM is being reclaimed: nothing more is written (clouds/reclaim.py)
+                    fuse.settle()  # the segment reaches the bucket
+                    _signal(procs, signal.SIGTERM)  # Vertex: SIGTERM, then the VM is gone
+                    reclaim.thaw(frozen)
                     _wait(procs)
                     fuse.settle()
                     self.fake.set_state(name, "JOB_STATE_FAILED", error=PREEMPTED, code=14)
                     return
-                time.sleep(POLL_S)
+                time.sleep(reclaim.POLL_S if preempt else POLL_S)
             fuse.settle()
         finally:
             fuse.close()
@@ -119,11 +123,6 @@ class VertexRunner:
             pool = "workerpool0-0" if failed[0] == 0 else f"workerpool1-{failed[0] - 1}"
             self.fake.set_state(name, "JOB_STATE_FAILED", code=13,
                                 error=f"The replica {pool} exited with a non-zero status of {failed[1]}.")
-
-    def _has_segment(self, attempt: str) -> bool:
-        """A checkpoint segment's manifest has reached the bucket (what a preemption waits for)."""
-        prefix = attempt + "checkpoints/checkpoints/segments/"
-        return any(b.name.endswith("/manifest.json") for b in self._bucket.client.list_blobs(self._bucket, prefix=prefix))
 
     def _start(self, container, env: dict, base: str, mount: Path, folder: Path, rank: int, replicas: int):
         service = {"AIP_CHECKPOINT_DIR": base + "checkpoints/", "AIP_MODEL_DIR": base + "model/",
