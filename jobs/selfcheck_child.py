@@ -93,8 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         _write(args.result, {"error": f"importing the recipe in a fresh process raised {last}"})
         return 1
-    with contextlib.suppress(Exception):  # torch imports its compiler stack on the first optimizer built
-        importlib.import_module("torch._dynamo")  # (seconds): here, while the run trains, not at its end
+    with contextlib.suppress(Exception):  # an optimizer's first call would import torch's compiler stack (seconds):
+        importlib.import_module("torch._dynamo")  # here, while the run trains; the stand-in where deferred (lazy_dynamo)
     line = sys.stdin.readline()
     if not line:
         return 0  # the run ended before its check (it failed or was stopped)
