@@ -29,8 +29,9 @@ STEPS = textwrap.dedent("""
         optimizer.step()
         for tensor in [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values()]]:
             digest.update(tensor.detach().numpy().tobytes())
+    probed = [hasattr(sys.modules["torch._dynamo"], name) for name in ("__wrapped__", "__getstate__", "__test__")]
     print(json.dumps({"digest": digest.hexdigest(), "loaded": "torch._dynamo.eval_frame" in sys.modules,
-                      "reported": lazy_dynamo.loaded()}))
+                      "reported": lazy_dynamo.loaded(), "probed": probed}))
 """)
 
 COMPILE = textwrap.dedent("""
@@ -94,9 +95,11 @@ def _run(code: str, *, eager: bool = False) -> dict:
 
 def test_optimizers_step_the_same_bytes_without_loading_dynamo():
     """SGD with momentum, Adam and AdamW: steps, a state-dict round trip, a step after it. Deferred, the weights and
-    moments are byte-identical to a process with dynamo loaded (TRAINMASTER_EAGER_DYNAMO=1), and dynamo is not."""
+    moments are byte-identical to a process with dynamo loaded (TRAINMASTER_EAGER_DYNAMO=1), and dynamo is not, even
+    after the module's dunders were probed."""
     deferred, eager = _run(STEPS), _run(STEPS, eager=True)
     assert deferred["digest"] == eager["digest"]
+    assert deferred["probed"] == eager["probed"]  # a module's dunders probed (inspect, pickle): no load, same answer
     assert (deferred["loaded"], deferred["reported"]) == (False, False)
     assert (eager["loaded"], eager["reported"]) == (True, True)
 
