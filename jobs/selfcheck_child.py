@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(args.result, {"error": f"importing the recipe in a fresh process raised {last}"})
         return 1
     with contextlib.suppress(Exception):  # an optimizer's first call would import torch's compiler stack (seconds):
-        importlib.import_module("torch._dynamo")  # here, while the run trains; the stand-in where deferred (lazy_dynamo)
+        importlib.import_module("torch._dynamo")  # here, while the run trains; the stand-in where it is deferred
     line = sys.stdin.readline()
     if not line:
         return 0  # the run ended before its check (it failed or was stopped)

@@ -13,7 +13,8 @@ launcher is told with TRAINMASTER_GCS_MOUNT (the one relocation; the launcher kn
 
 It sets the job's state: RUNNING, then SUCCEEDED or FAILED with the exit code in the error (Vertex's words), run
 time as the billable time. It can preempt (once a checkpoint segment is on a replica's disk: frozen, synced to the
-bucket, SIGTERM, then FAILED with a preemption error; clouds/reclaim.py) and it stops the replicas of a job being cancelled (then CANCELLED).
+bucket, SIGTERM, then FAILED with a preemption error; clouds/reclaim.py) and it stops the replicas of a job being
+cancelled (then CANCELLED).
 `started` records, per job, when its first container started (the benchmark's submit-to-start time).
 """
 
@@ -102,7 +103,7 @@ class VertexRunner:
                     self.fake.set_state(name, "JOB_STATE_CANCELLED")
                     return
                 if preempt and reclaim.segment_on_disk(local / "checkpoints" / "checkpoints"):
-                    frozen = reclaim.freeze(procs)  # the VM is being reclaimed: nothing more is written (clouds/reclaim.py)
+                    frozen = reclaim.freeze(procs)  # the VM is being reclaimed: nothing more is written
                     fuse.settle()  # the segment reaches the bucket
                     _signal(procs, signal.SIGTERM)  # Vertex: SIGTERM, then the VM is gone
                     reclaim.thaw(frozen)
