@@ -155,7 +155,7 @@ class SageMakerRunner:
         mirrors = [Mirror(self.s3, home / "checkpoints", sync_uri) for home in homes]
         why, tick = "exited", 0.0
         while any(p.poll() is None for p in procs):
-            if interrupt and why == "exited" and mirrors[0].holds_segment():  # on the instance's disk (reclaim.py)
+            if interrupt and why == "exited" and reclaim.segment_on_disk(mirrors[0].folder / "checkpoints"):
                 reclaim.freeze(procs)
                 for mirror in mirrors:
                     mirror.sync()  # what the instance held when reclaimed is synced
@@ -241,9 +241,6 @@ class Mirror:
 
     def _key(self, path: Path) -> str:
         return self.prefix.rstrip("/") + "/" + path.relative_to(self.folder).as_posix()
-
-    def holds_segment(self) -> bool:
-        return any(self.folder.glob("checkpoints/segments/*/manifest.json"))
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
