@@ -1,7 +1,7 @@
 """Writes pytest's cache of rewritten test modules once, on every core, before the suite's workers start.
 
 Pytest rewrites the asserts of each test module (and conftest.py) it imports, an AST pass over the whole file:
-about 9 CPU-s for this suite, half of collecting it. It keeps the result in `__pycache__/NAME.cpython-3X-pytest-V.pyc`,
+7–9 CPU-s for this suite here, nearly half of collecting it (15–18 CPU-s). It keeps the result in `__pycache__/NAME.cpython-3X-pytest-V.pyc`,
 checked by the source's hash, but writes it only where bytecode may be written (not under
 PYTHONDONTWRITEBYTECODE, as in many containers and here), and on a fresh clone every worker of `pytest -n N`
 collects every file at the same time: each of the N rewrote all of them. `./dev test` runs this first, in the
@@ -9,8 +9,9 @@ background beside the other set-up steps; the workers then read the cache.
 
 It uses pytest's own rewrite and pyc format (`_pytest.assertion.rewrite`), so the cached code is what pytest would
 have written; the rewrite options the suite leaves at their defaults (`enable_assertion_pass_hook`) are pytest's
-defaults here too. Only a speed-up: where pytest's internals differ, or a file does not parse (pytest reports it
-when it collects it), nothing is written and the workers rewrite as they always did.
+defaults here too. Only a speed-up: a file that does not parse is left for pytest to report when it collects it, and
+where pytest's internals differ this exits with an error that `./dev test` ignores; the workers then rewrite as they
+always did.
 
     python tests/rewrite_cache.py [FOLDER]      (default: this file's folder)
 """
@@ -31,22 +32,32 @@ def rewritten(folder: Path) -> list[Path]:
                   and (p.name.startswith("test_") or p.name.endswith("_test.py") or p.name == "conftest.py"))
 
 
+def _cache_of(source: Path) -> Path:
+    from _pytest.assertion import rewrite
+
+    return rewrite.get_cache_dir(source) / (source.name[:-3] + rewrite.PYC_TAIL)
+
+
+def stale(source: Path) -> bool:
+    """Whether pytest would rewrite `source` again: no cached entry, or one of another version of the file."""
+    from _pytest.assertion import rewrite
+
+    return rewrite._read_pyc(source, _cache_of(source)) is None
+
+
 def prime(path: str) -> bool:
-    """Rewrite one file into pytest's cache unless an up-to-date entry is there; whether it wrote one."""
+    """Rewrite one file into pytest's cache; whether it wrote one."""
     from _pytest.assertion import rewrite
 
     source = Path(path)
-    folder = rewrite.get_cache_dir(source)
-    pyc = folder / (source.name[:-3] + rewrite.PYC_TAIL)
-    if rewrite._read_pyc(source, pyc) is not None:
-        return False
+    pyc = _cache_of(source)
     try:
         source_hash, code = rewrite._rewrite_test(source, None)
     except SyntaxError:
         return False
-    if not rewrite.try_makedirs(folder):
+    if not rewrite.try_makedirs(pyc.parent):
         return False
-    partial = folder / f"{pyc.name}.{os.getpid()}"
+    partial = pyc.parent / f"{pyc.name}.{os.getpid()}"
     with open(partial, "wb") as out:  # pytest's own writer, made atomic as pytest makes it
         rewrite._write_pyc_fp(out, source_hash, code)
     os.replace(partial, pyc)
@@ -55,12 +66,14 @@ def prime(path: str) -> bool:
 
 def main(argv: list[str]) -> int:
     folder = Path(argv[0]) if argv else Path(__file__).parent
-    files = [str(p) for p in rewritten(folder)]
-    with ProcessPoolExecutor() as pool:
-        written = sum(pool.map(prime, files, chunksize=8))
+    files = rewritten(folder)
+    todo = [str(p) for p in files if stale(p)]  # an up-to-date cache costs a hash of each file, no pool
+    written = 0
+    if todo:
+        with ProcessPoolExecutor() as pool:
+            written = sum(pool.map(prime, todo, chunksize=8))
     print(f"pytest's rewrite cache: {written} of {len(files)} files rewritten")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
