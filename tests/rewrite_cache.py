@@ -1,11 +1,11 @@
 """Writes pytest's cache of rewritten test modules once, on every core, before the suite's workers start.
 
-Pytest rewrites the asserts of each test module (and conftest.py) it imports, an AST pass over the whole file:
-7–9 CPU-s for this suite here, nearly half of collecting it (15–18 CPU-s). It keeps the result in
+Pytest rewrites the asserts of each test module (and conftest.py) it imports, an AST pass over the whole file: 7–9
+CPU-s for this suite here, nearly half of collecting it (15–18 CPU-s). It keeps the result in
 `__pycache__/NAME.cpython-3X-pytest-V.pyc`, checked by the source's hash, but writes it only where bytecode may be
 written (not under PYTHONDONTWRITEBYTECODE, as in many containers and here), and on a fresh clone every worker of
-`pytest -n N` collects every file at the same time: each of the N rewrote all of them. `./dev test` runs this first, in the
-background beside the other set-up steps; the workers then read the cache.
+`pytest -n N` collects every file at the same time: each of the N rewrote all of them. `./dev test` runs this first,
+in the background beside the other set-up steps; the workers then read the cache.
 
 It uses pytest's own rewrite and pyc format (`_pytest.assertion.rewrite`), so the cached code is what pytest would
 have written; the rewrite options the suite leaves at their defaults (`enable_assertion_pass_hook`) are pytest's
