@@ -75,5 +75,6 @@ def main(argv: list[str]) -> int:
     print(f"pytest's rewrite cache: {written} of {len(files)} files rewritten")
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
