@@ -1,6 +1,6 @@
 """`./dev test` writes pytest's cache of rewritten test modules before the workers start (tests/rewrite_cache.py):
-the cache it writes is byte for byte the one pytest writes itself, and pytest runs from it with bytecode writing
-off, its assert messages intact."""
+the cache it writes holds the header and code pytest writes itself, pytest runs from it with bytecode writing off,
+its assert messages intact, and it primes the files pytest's settings here name as tests."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import rewrite_cache
+from repo_paths import ROOT
 
 SOURCE = '''
 def double(x):
@@ -70,3 +71,15 @@ def test_only_files_pytest_rewrites_are_primed_and_a_second_run_writes_nothing(t
     rewrite_cache.main([str(tmp_path)])
     assert "0 of 5 files rewritten" in capsys.readouterr().out
 
+
+def test_the_patterns_primed_are_the_suites_own_and_dev_test_primes_first():
+    """rewrite_cache.py primes pytest's default test files; a `python_files` set in pyproject.toml would leave the
+    files it names to each worker again."""
+    import tomllib
+
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "python_files" not in options
+    dev = (ROOT / "dev").read_text()
+    test_command = dev[dev.index("\n    test)"):dev.index(";;", dev.index("\n    test)"))]
+    assert test_command.index("tests/rewrite_cache.py") < test_command.index('wait "$priming"') \
+        < test_command.index("-m pytest")
