@@ -1,9 +1,10 @@
 """A real Ray cluster on this machine for the Ray backend's tests: a head node (2 CPUs, the dashboard and its Jobs
-API on 127.0.0.1) and a second node (1 CPU), each a `ray start --block` process in a session of its own, every
-port chosen free, everything under one temp dir. (Ray registers both nodes under this host's own interface
-address, whatever `--node-ip-address 127.0.0.1` says: its traffic still never leaves the machine.) Stopped by what it started: the two `ray start` processes, every process
-below them and every process naming the temp dir (never `ray stop`, which stops every Ray on the machine); then
-the temp dir is removed (by a process of its own, never waited for: `remove_in_background`).
+API on 127.0.0.1) and a second node (1 CPU, without a log monitor of its own: one per host), each a `ray start
+--block` process in a session of its own, every port chosen free, everything under one temp dir. (Ray registers
+both nodes under this host's own interface address, whatever `--node-ip-address 127.0.0.1` says: its traffic still
+never leaves the machine.) Stopped by what it started: the two `ray start` processes, every process below them and
+every process naming the temp dir (never `ray stop`, which stops every Ray on the machine); then the temp dir is
+removed (by a process of its own, never waited for: `remove_in_background`).
 A missing `ray` fails the test: it is in the dev extra. The tests share one cluster per test process (`shared`,
 the `ray_cluster` fixture of tests/conftest.py, which stops it after the last test of its group).
 """
@@ -55,7 +56,11 @@ class RayCluster:
         head = ["--head", "--num-cpus", "2", "--port", str(self.gcs_port), "--dashboard-host", "127.0.0.1",
                 "--dashboard-port", str(self.dashboard_port), "--include-dashboard", "true",
                 "--ray-client-server-port", str(free_port()), "--temp-dir", str(self.root / "t")]
-        worker = ["--address", f"127.0.0.1:{self.gcs_port}", "--num-cpus", str(CPUS - 2)]
+        # one log monitor per host, as Ray's `--include-log-monitor` asks ("to avoid log duplication on the driver
+        # process"): both nodes keep their logs in the same session folder on this machine, and each node's monitor
+        # polled all of them, every line sent twice (~17 CPU-s apiece over the Ray tests, by process accounting)
+        worker = ["--address", f"127.0.0.1:{self.gcs_port}", "--num-cpus", str(CPUS - 2),
+                  "--include-log-monitor", "false"]
         for args in (head, worker):
             node = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats", "--block",
                     "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
