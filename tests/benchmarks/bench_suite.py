@@ -10,7 +10,10 @@ And where the CPU goes (a fresh clone's run): the seconds this machine's cores w
 `cpu_floor_wall_s`, with `cores_busy_share`, how full the cores were over the command), and the ten
 test files that used the most CPU in their own worker and in the processes they waited for (tests/suite_cpu.py;
 a local job's detached supervisor and training process, and servers kept for several tests, are in the machine's
-figure only).
+figure only). With `--accounting` (root, and Debian's `acct`), every process's CPU as well, from Linux's process
+accounting (tests/process_cpu.py): the kinds of process that used the most (runs, and CPU per run), and the test
+files whose processes did, detached ones and shared servers included; the fresh clone's Python records each start
+(a line in a file: 2-3 ms of CPU a process).
 
 And how fast the machine was meanwhile, since a shared VM's speed drifts by the hour (the yardstick below took
 2.94 s of CPU at one hour and 3.14 s at another, the machine quiet both times, here): a yardstick, the CPU seconds
@@ -22,6 +25,8 @@ Run:
                                                           # there (its own .venv: pinned CPU torch, trainmaster[dev])
     python tests/benchmarks/bench_suite.py --save F.xml   # the same, keeping the fresh clone's JUnit XML report in F.xml
     python tests/benchmarks/bench_suite.py --junit F.xml  # only the summary, of a run already made with --junitxml
+    python tests/benchmarks/bench_suite.py --accounting   # as root with Debian's `acct`: also every process's CPU,
+                                                          # by kind and by test file (tests/process_cpu.py)
 
 The smoke run times this checkout's tests/repo/test_layout.py in the current interpreter (no clone, no install) and
 summarises it the same way.
@@ -44,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parents[1]))
+import process_cpu  # noqa: E402
 import suite_cpu  # noqa: E402
 from _common import print_figures  # noqa: E402
 
@@ -144,6 +150,36 @@ def summarise_cpu(folder: Path, busy_s: float | None, wall_s: float, quiet: bool
     return figures
 
 
+ACCOUNTING_SHOWN = 25
+
+
+def accounting_ready() -> str | None:
+    """Why `--accounting` cannot run here (None: it can)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "--accounting needs root (Linux's process accounting: `accton`)"
+    if shutil.which("accton") is None:
+        return "--accounting needs `accton` (Debian: apt-get install acct)"
+    return None
+
+
+def summarise_processes(pacct: Path, starts: Path, quiet: bool) -> dict[str, float]:
+    """Every process's CPU during the run (tests/process_cpu.py): by kind of process and by test file, detached
+    processes and servers included."""
+    found = process_cpu.attribute(process_cpu.read_accounting(pacct), process_cpu.read_starts(starts))
+    figures = {"processes": sum(found.runs_by_kind.values()), "processes_cpu_s": round(found.total_s, 1),
+               "outside_tests_cpu_s": round(found.unattributed_s, 1)}
+    if not quiet:
+        print_figures("every process's CPU (process accounting)", figures, {})
+        print(f"\nthe {ACCOUNTING_SHOWN} kinds of process that used the most CPU (CPU-s, runs, per run)")
+        for kind, cpu in found.by_kind.most_common(ACCOUNTING_SHOWN):
+            runs = found.runs_by_kind[kind]
+            print(f"  {cpu:8.1f} s {runs:6d} {cpu / runs:6.2f}  {kind}")
+        print(f"\nthe {SHOWN} files whose processes used the most CPU (whoever waited for them)")
+        for path, cpu in found.by_file.most_common(SHOWN):
+            print(f"  {cpu:8.1f} s  {path}")
+    return figures
+
+
 def summarise(junit: Path, wall_s: float | None, quiet: bool) -> dict[str, float]:
     seconds, counts, tests_s = per_file(junit)
     slowest = sorted(seconds.items(), key=lambda item: -item[1])[:SHOWN]
@@ -171,9 +207,12 @@ def summarise(junit: Path, wall_s: float | None, quiet: bool) -> dict[str, float
     return figures
 
 
-def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None) -> dict[str, float]:
+def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None,
+        accounting: bool = False) -> dict[str, float]:
     if junit is not None:
         return summarise(junit, None, quiet=False)
+    if accounting and (why := accounting_ready()):
+        raise SystemExit(why)
     with tempfile.TemporaryDirectory(prefix="bench-suite-") as tmp:
         report = Path(tmp) / "junit.xml"
         if smoke:
@@ -190,13 +229,27 @@ def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None
         cpu_folder = Path(tmp) / "cpu"
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "TRAINMASTER_VENV", "PYTHONPATH")}
         env[suite_cpu.ENV] = str(cpu_folder)
+        pacct, starts = Path(tmp) / "pacct", Path(tmp) / "starts.jsonl"
+        if accounting:  # the venv `./dev` would make, made first, so that its Python records every start
+            subprocess.run([env.get("PYTHON", "python3"), "-m", "venv", str(clone / ".venv")], check=True)
+            process_cpu.hook_venv(clone / ".venv" / "bin" / "python", starts)
         before = yardstick_s()
-        code, wall, busy = _timed(["./dev", "test", "-p", "no:cacheprovider", f"--junitxml={report}"], clone, env)
+        if accounting:
+            pacct.touch()
+            subprocess.run(["accton", str(pacct)], check=True, stdout=subprocess.DEVNULL)
+        try:
+            code, wall, busy = _timed(["./dev", "test", "-p", "no:cacheprovider", f"--junitxml={report}"], clone,
+                                      env)
+        finally:
+            if accounting:
+                subprocess.run(["accton", "off"], check=False, stdout=subprocess.DEVNULL)
         print(f"\n`./dev test` in a fresh clone exited {code} after {wall:.0f} s")
         if save is not None and report.is_file():
             shutil.copyfile(report, save)
         figures = summarise(report, wall, quiet=False)
         figures.update(summarise_cpu(cpu_folder, busy, wall, quiet=False))
+        if accounting:
+            figures.update(summarise_processes(pacct, starts, quiet=False))
         figures.update(speed_figures(before, yardstick_s(), wall, quiet=False))
         return figures
 
@@ -205,8 +258,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--junit", type=Path, help="summarise this JUnit XML report instead of running the suite")
     parser.add_argument("--save", type=Path, help="keep the fresh clone's JUnit XML report here")
+    parser.add_argument("--accounting", action="store_true",
+                        help="also every process's CPU, by kind and by test file (root, Debian's acct)")
     args = parser.parse_args()
-    run(junit=args.junit, save=args.save)
+    run(junit=args.junit, save=args.save, accounting=args.accounting)
 
 
 if __name__ == "__main__":
