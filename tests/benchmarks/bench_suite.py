@@ -26,7 +26,8 @@ Run:
     python tests/benchmarks/bench_suite.py --save F.xml   # the same, keeping the fresh clone's JUnit XML report in F.xml
     python tests/benchmarks/bench_suite.py --junit F.xml  # only the summary, of a run already made with --junitxml
     python tests/benchmarks/bench_suite.py --accounting   # as root with Debian's `acct`: also every process's CPU,
-                                                          # by kind and by test file (tests/process_cpu.py)
+                                                          # by kind and by test file (tests/process_cpu.py); with
+                                                          # --save F.xml, its records kept as F.pacct, F.starts.tsv
 
 The smoke run times this checkout's tests/repo/test_layout.py in the current interpreter (no clone, no install) and
 summarises it the same way.
@@ -229,7 +230,7 @@ def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None
         cpu_folder = Path(tmp) / "cpu"
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "TRAINMASTER_VENV", "PYTHONPATH")}
         env[suite_cpu.ENV] = str(cpu_folder)
-        pacct, starts = Path(tmp) / "pacct", Path(tmp) / "starts.jsonl"
+        pacct, starts = Path(tmp) / "pacct", Path(tmp) / "starts.tsv"
         if accounting:  # the venv `./dev` would make, made first, so that its Python records every start
             subprocess.run([env.get("PYTHON", "python3"), "-m", "venv", str(clone / ".venv")], check=True)
             process_cpu.hook_venv(clone / ".venv" / "bin" / "python", starts)
@@ -246,6 +247,10 @@ def run(smoke: bool = False, junit: Path | None = None, save: Path | None = None
         print(f"\n`./dev test` in a fresh clone exited {code} after {wall:.0f} s")
         if save is not None and report.is_file():
             shutil.copyfile(report, save)
+        if save is not None and accounting:  # beside it, to look into a kind of process or a file further
+            for kept in (pacct, starts):
+                if kept.is_file():
+                    shutil.copyfile(kept, save.with_name(f"{save.stem}.{kept.name}"))
         figures = summarise(report, wall, quiet=False)
         figures.update(summarise_cpu(cpu_folder, busy, wall, quiet=False))
         if accounting:

@@ -68,7 +68,7 @@ def test_detached_and_exec_processes_count_for_the_test_above_them(tmp_path):
         record(raylet, daemon, AT + 12, 50.0, 9.0, "raylet"),         # a non-Python child of that server
         record(reused, worker, AT + 80, 3.0, 2.0, "python"),          # pid 200 again, for another test
     ]))
-    starts = tmp_path / "starts.jsonl"
+    starts = tmp_path / "starts.tsv"
     starts.write_text("".join([
         start(worker, 1, AT + 0.1, "python -u -c import sys;exec(eval(sys.stdin.readline()))"),
         start(cli, worker, AT + 10.1, "python -m trainmaster.broker.cli submit /tmp/a/b --wait",
@@ -88,7 +88,7 @@ def test_detached_and_exec_processes_count_for_the_test_above_them(tmp_path):
 
 
 def test_a_hooked_venv_records_every_python_start_even_with_an_environment_of_its_own(tmp_path):
-    venv, starts = tmp_path / "venv", tmp_path / "starts.jsonl"
+    venv, starts = tmp_path / "venv", tmp_path / "starts.tsv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     process_cpu.hook_venv(python, starts)
