@@ -10,8 +10,10 @@ Two records are joined:
   its worker's environment for every test and its children inherit).
 
 A process is attributed to the nearest start record up its parents (itself first): its kind is that record's
-command line, its test the first test named on the way up. A process whose command replaced Python's (`exec`), or
-a Python process started without its site-packages (`-S`, `-I`), counts under its nearest recorded ancestor.
+command line, its test the first test named on the way up. A process that is not Python, or a Python process
+started without its site-packages (`-S`), has no record of its own: its kind is its nearest recorded ancestor's,
+its own name in brackets (`ray start … [raylet]`). One that replaced a Python process (`exec`) keeps that process's
+pid and so its command line.
 """
 
 from __future__ import annotations
