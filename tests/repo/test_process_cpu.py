@@ -15,7 +15,7 @@ import pytest
 from repo_paths import TESTS
 
 AT = 1_800_000_000
-FLAG_V3 = 3
+ACCT_VERSION = 3
 
 
 def comp_t(ticks: int) -> int:
@@ -28,7 +28,7 @@ def comp_t(ticks: int) -> int:
 
 def record(pid: int, ppid: int, start: int, elapsed_s: float, cpu_s: float, comm: str) -> bytes:
     ticks = round(cpu_s * process_cpu.AHZ)
-    return process_cpu.ACCT_V3.pack(0, FLAG_V3, 0, 0, 0, 0, pid, ppid, start, elapsed_s * process_cpu.AHZ,
+    return process_cpu.ACCT_V3.pack(0, ACCT_VERSION, 0, 0, 0, 0, pid, ppid, start, elapsed_s * process_cpu.AHZ,
                                     comp_t(ticks - ticks // 4), comp_t(ticks // 4), 0, 0, 0, 0, 0, 0,
                                     comm.encode())
 
@@ -57,9 +57,12 @@ def test_a_record_of_another_version_is_refused_with_its_place():
         process_cpu.read_accounting_bytes(bytes(data))
 
 
-def test_detached_and_non_python_processes_count_for_the_test_above_them(tmp_path):
+def a_run(tmp_path: Path) -> tuple[Path, Path]:
+    """The accounting and start records of a worker, a test's CLI, the server it detached and that server's
+    non-Python child, and a later test that got the CLI's pid again."""
     worker, cli, daemon, raylet, reused = 100, 200, 300, 301, 200
-    exited = process_cpu.read_accounting_bytes(b"".join([
+    pacct = tmp_path / "pacct"
+    pacct.write_bytes(b"".join([
         record(worker, 1, AT, 100.0, 40.0, "python"),                 # the pytest worker: no test above it
         record(cli, worker, AT + 10, 5.0, 1.5, "python"),             # a CLI a test ran
         record(daemon, 1, AT + 11, 60.0, 20.0, "python"),             # a server it detached (init's at its exit)
@@ -75,7 +78,12 @@ def test_detached_and_non_python_processes_count_for_the_test_above_them(tmp_pat
         "a line of another kind\n",
         start(reused, worker, AT + 80.1, "python train.py --steps 12", "tests/y/test_b.py::test_two (setup)"),
     ]))
-    found = process_cpu.attribute(exited, process_cpu.read_starts(starts))
+    return pacct, starts
+
+
+def test_detached_and_non_python_processes_count_for_the_test_above_them(tmp_path):
+    pacct, starts = a_run(tmp_path)
+    found = process_cpu.attribute(process_cpu.read_accounting(pacct), process_cpu.read_starts(starts))
     assert abs(found.by_file["tests/x/test_a.py"] - 30.5) < 0.1  # the CLI, its detached daemon and the raylet
     assert abs(found.by_file["tests/y/test_b.py"] - 2.0) < 0.1  # the reused pid is the later test's
     assert abs(found.unattributed_s - 40.0) < 0.1
@@ -100,14 +108,39 @@ def test_a_hooked_venv_records_every_python_start_even_with_an_environment_of_it
     assert Path(second["argv"].split()[0]).name == "python"
 
 
-def test_the_benchmark_says_why_it_cannot_count_every_process(monkeypatch):
+def bench_suite():
     spec = importlib.util.spec_from_file_location("bench_suite", TESTS / "benchmarks" / "bench_suite.py")
-    bench_suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_suite)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_prints_the_kinds_and_files_with_their_cpu(tmp_path, capsys):
+    pacct, starts = a_run(tmp_path)
+    figures = bench_suite().summarise_processes(pacct, starts, quiet=False)
+    assert figures == {"processes": 5, "processes_cpu_s": 72.5, "outside_tests_cpu_s": 40.0}
+    printed = capsys.readouterr().out
+    assert "      20.0 s      1  20.00  python -m trainmaster.broker.daemon --port N\n" in printed
+    assert "       9.0 s      1   9.00  python -m trainmaster.broker.daemon --port N [raylet]\n" in printed
+    assert "      30.5 s  tests/x/test_a.py\n" in printed and "       2.0 s  tests/y/test_b.py\n" in printed
+
+
+def test_the_benchmark_refuses_accounting_it_cannot_do_before_it_clones_anything():
+    """Run as a user runs it, with no `accton` on PATH (and, on a machine that is not root's, not root)."""
+    done = subprocess.run([sys.executable, str(TESTS / "benchmarks" / "bench_suite.py"), "--accounting"],
+                          env={**os.environ, "PATH": str(Path(sys.executable).parent)}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.startswith("--accounting needs "), done.stderr
+    assert "fresh clone" not in done.stdout + done.stderr
+
+
+def test_the_benchmark_says_why_it_cannot_count_every_process(monkeypatch):
+    bench_suite_module = bench_suite()
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert "needs root" in bench_suite.accounting_ready()
+    assert "needs root" in bench_suite_module.accounting_ready()
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(bench_suite.shutil, "which", lambda name: None)
-    assert "apt-get install acct" in bench_suite.accounting_ready()
-    monkeypatch.setattr(bench_suite.shutil, "which", lambda name: f"/usr/sbin/{name}")
-    assert bench_suite.accounting_ready() is None
+    monkeypatch.setattr(bench_suite_module.shutil, "which", lambda name: None)
+    assert "apt-get install acct" in bench_suite_module.accounting_ready()
+    monkeypatch.setattr(bench_suite_module.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    assert bench_suite_module.accounting_ready() is None
