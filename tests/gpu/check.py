@@ -22,6 +22,9 @@ too little time is left, every result written to ``$OUT/gpu-check.json`` as it c
 8. ``gpt_cpu_audit`` — one segment of the 86M run re-executed on the CPU: its r, and the audit's cost
    as a fraction of the run's GPU time.
 
+``--lanes 2`` runs stages 5–7 in a second process beside the others (on a GPU machine's many cores the two
+halves fit one device lease); their results are merged into the one summary.
+
 ``--rehearse`` runs the same stages on the CPU with small sizes (tests/repo/test_gpu_check.py), so the
 orchestration is tested where there is no GPU.
 """
@@ -38,7 +41,7 @@ import sys
 import tarfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,8 +65,8 @@ GPU = Sizes(
     device="cuda",
     gpt={"d-model": 768, "layers": 12, "heads": 12, "seq-len": 256, "batch-size": 32, "vocab": 512, "threads": 16},
     gpt_steps=100,
-    shipped_steps={"tiny_lm": 800, "dqn": 2000, "ppo": 4096},
-    calibration_steps={"tiny_lm": 400, "dqn": 2000, "ppo": 4096},
+    shipped_steps={"tiny_lm": 800, "dqn": 2000, "ppo": 4000},
+    calibration_steps={"tiny_lm": 400, "dqn": 2000, "ppo": 4000},
     calibration_bases=2,
     audit_segments=320,
 )
@@ -71,7 +74,7 @@ REHEARSAL = Sizes(
     device="cpu",
     gpt={"d-model": 32, "layers": 2, "heads": 4, "seq-len": 16, "batch-size": 4, "vocab": 16},
     gpt_steps=50,
-    shipped_steps={"tiny_lm": 50, "dqn": 550, "ppo": 512},
+    shipped_steps={"tiny_lm": 50, "dqn": 550, "ppo": 500},
     calibration_steps={"tiny_lm": 50, "dqn": 600, "ppo": 600},
     calibration_bases=1,
     audit_segments=3,
@@ -124,7 +127,13 @@ class Check:
     # helpers
 
     def home(self) -> Path:
-        return self.work / "home"
+        """The check's own ``TRAINMASTER_HOME``; it keeps every segment of an accepted run (``retention.yaml``),
+        since stage ``cpu_audits`` opens all of them after the broker's own audit is done."""
+        home = self.work / "home"
+        if not (home / "config" / "retention.yaml").is_file():
+            (home / "config").mkdir(parents=True, exist_ok=True)
+            (home / "config" / "retention.yaml").write_text("drop_accepted_segments: false\n")
+        return home
 
     def cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
         env = {**os.environ, "TRAINMASTER_HOME": str(self.home()), "COLUMNS": "200"}
@@ -405,6 +414,10 @@ def gpt_cpu_audit(check: Check) -> dict:
     return found
 
 
+LANE_B = ("shipped_submits", "cpu_audits", "calibrations")
+"""With ``--lanes 2`` these run in a second process beside the others (the small shipped recipes use the
+CPU cores and little of the GPU, the 86M model the reverse), so both halves fit one device lease."""
+
 STAGES = {  # in order; each with the seconds it needs at least
     "environment": (0, environment),
     "gpt_submit": (60, gpt_submit),
@@ -425,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rehearse", action="store_true", help="the same stages on the CPU, small (no GPU needed)")
     parser.add_argument("--stages", nargs="*", choices=STAGES, help="run only these (default: all, in order)")
     parser.add_argument("--recipes", nargs="*", choices=sorted(RECIPES.values()), help="shipped recipes (default: all)")
+    parser.add_argument("--lanes", type=int, choices=(1, 2), default=1,
+                        help="2: the shipped recipes' stages in a second process at the same time (see LANE_B)")
     args = parser.parse_args(argv)
     import torch
 
@@ -439,9 +454,15 @@ def main(argv: list[str] | None = None) -> int:
     check.summary["mode"] = "rehearsal (cpu)" if args.rehearse else "gpu"
     if args.recipes:
         check.recipes = {module: name for module, name in RECIPES.items() if name in args.recipes}
-    for name in args.stages or STAGES:
+    names = list(args.stages or STAGES)
+    lane = start_lane_b(args) if args.lanes == 2 and set(LANE_B) & set(names) else None
+    for name in names:
+        if lane is not None and name in LANE_B:
+            continue
         need, stage = STAGES[name]
         check.stage(name, need, lambda stage=stage: stage(check))
+    if lane is not None:
+        join_lane_b(check, lane, args)
     failed = [name for name, s in check.summary["stages"].items() if s["status"] == "failed"]
     check.summary["failed"] = failed
     check.save()
@@ -449,6 +470,51 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.out / 'gpu-check.json'}")
     print(json.dumps(check.summary["figures"], indent=2, default=str))
     return 1 if failed else 0
+
+
+def start_lane_b(args: argparse.Namespace) -> subprocess.Popen:
+    """``check.py`` again, for LANE_B's stages only, into ``OUT/lane-b`` and ``WORK/lane-b``, with a quarter of
+    the CPU cores for torch's threads (the first lane's CPU audit of the 86M model wants the rest)."""
+    out, work = args.out / "lane-b", args.work / "lane-b"
+    out.mkdir(parents=True, exist_ok=True)
+    words = ["--out", str(out), "--work", str(work), "--budget", str(args.budget - 5), "--stages", *LANE_B]
+    if args.rehearse:
+        words.append("--rehearse")
+    if args.recipes:
+        words += ["--recipes", *args.recipes]
+    threads = str(max(2, (os.cpu_count() or 8) // 4))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    log = open(out / "lane.log", "ab")
+    print(f"[gpu-check] lane b: {', '.join(LANE_B)} in a second process ({threads} threads; {out / 'lane.log'})",
+          flush=True)
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *words], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def join_lane_b(check: Check, lane: subprocess.Popen, args: argparse.Namespace) -> None:
+    """Wait for the second lane (past the budget it is stopped), then take its stages and figures into this
+    check's summary and its ``calibrations.tar`` up into ``OUT``."""
+    out = args.out / "lane-b"
+    try:
+        lane.wait(timeout=max(10.0, check.left() + 30))
+    except subprocess.TimeoutExpired:
+        lane.kill()
+        lane.wait()
+    try:
+        found = json.loads((out / "gpu-check.json").read_text())
+    except (OSError, ValueError) as exc:
+        found = {"stages": {name: {"status": "failed", "error": f"lane b left no summary: {exc}"} for name in LANE_B}}
+    for name, result in found.get("stages", {}).items():
+        check.summary["stages"][name] = {**result, "lane": "b"}
+    check.summary["figures"].update(found.get("figures", {}))
+    if (out / "calibrations.tar").is_file():
+        os.replace(out / "calibrations.tar", args.out / "calibrations.tar")
+    lines = (out / "lane.log").read_text(errors="replace").splitlines() if (out / "lane.log").is_file() else []
+    for line in lines:
+        if line.startswith("[gpu-check") and "] " in line:
+            print(f"[lane b] {line}", flush=True)
+    check.say(f"lane b ended (exit {lane.returncode})")
+    check.save()
 
 
 if __name__ == "__main__":

@@ -49,3 +49,24 @@ def test_the_check_runs_every_stage_as_a_cpu_rehearsal(tmp_path):
     assert "r" in stages["gpt_cpu_audit"] or "segment" in stages["gpt_cpu_audit"]
     assert summary["figures"]["gpt_benchmark"]["blocked fraction of step time (%)"] >= 0
     assert sorted(p.name for p in out.iterdir()) == ["calibrations.tar", "gpu-check.json"]  # at most 8 files come back
+
+
+@pytest.mark.parametrize("sizes", ["GPU", "REHEARSAL"])
+def test_every_run_the_check_makes_is_one_its_recipe_accepts(sizes):
+    """A size the runtime refuses (PPO at 4,096 steps is not a multiple of k = 25) would fail the stage on the one
+    device lease a session gets: every run's steps and the GPT options are checked here, where it costs nothing."""
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    sys.path.insert(0, str(ROOT / "tests" / "gpu" / "gpt_job"))
+    import check
+    from gpt import RECIPE as GPT
+
+    from trainmaster.jobs.recipes import get_recipe
+    from trainmaster.jobs.recipes.options import parse_options
+
+    chosen = getattr(check, sizes)
+    for module, name in check.RECIPES.items():
+        for steps in (chosen.shipped_steps[module], chosen.calibration_steps[module]):
+            assert steps % check.K == 0, (name, steps)
+            assert get_recipe(name).config({"steps": steps}).steps == steps
+    config = parse_options(GPT, check.gpt_options(chosen, chosen.gpt_steps))
+    assert config.steps % check.K == 0 and config.steps // check.K >= 2  # gpt_resume waits for the state S_2
