@@ -167,7 +167,10 @@ class PPOTrainer:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
         ratio = torch.exp(logprob - old_logprob)
         policy = -torch.min(ratio * advantage, ratio.clamp(1 - c.clip, 1 + c.clip) * advantage).mean()
-        value = F.mse_loss(self.model.critic(obs).squeeze(1), returns)
+        predicted = self.model.critic(obs).squeeze(1)
+        # in the critic's dtype: a float64 critic (the float64 honest variant) against the rollout's float32 returns
+        # fails in CUDA's mse_loss backward ("Found dtype Float but expected Double"); a no-op in the spec's fp32
+        value = F.mse_loss(predicted, returns.to(predicted.dtype))
         entropy = -(log_probs.exp() * log_probs).sum(dim=1).mean()
         return policy + c.value_coef * value - c.entropy_coef * entropy
 

@@ -69,6 +69,7 @@ def measure(sizes: dict, steps: int, work: Path, seed: int = 5, found: dict | No
     bare = time.perf_counter() - began
     del trainer
     blocked = {"capture": 0.0, "write": 0.0, "close": 0.0}
+    each: dict[str, list[float]] = {name: [] for name in blocked}
     originals = {name: getattr(writer_module.SegmentWriter, name) for name in blocked}
 
     def timed(name):
@@ -77,7 +78,8 @@ def measure(sizes: dict, steps: int, work: Path, seed: int = 5, found: dict | No
             try:
                 return originals[name](self, *args, **kwargs)
             finally:
-                blocked[name] += time.perf_counter() - started
+                each[name].append(time.perf_counter() - started)
+                blocked[name] += each[name][-1]
         return call
 
     out = Path(work) / "bench-gpt"
@@ -109,8 +111,21 @@ def measure(sizes: dict, steps: int, work: Path, seed: int = 5, found: dict | No
         "blocked in hand-over (s)": blocked["write"],
         "blocked at close (s)": blocked["close"],
         "blocked fraction of step time (%)": 100 * sum(blocked.values()) / runtime,
+        "captures": float(len(each["capture"])),
+        "first capture (s)": each["capture"][0] if each["capture"] else 0.0,
+        "later captures, median (s)": _median(each["capture"][1:]),
+        "later captures, max (s)": max(each["capture"][1:], default=0.0),
+        "hand-overs, median (s)": _median(each["write"]),
+        # a segment of a long run: one capture and one hand-over against k bare steps (the first capture, which
+        # allocates the pinned buffers, and the final flush are once per run)
+        "steady-state blocked per segment (%)": 100 * (_median(each["capture"][1:]) + _median(each["write"]))
+        / (K * bare / steps),
         "final weights sha256 prefix": float(int(result.commitment.final_sha256[:8], 16)),
     }
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
 
 
 def run(smoke: bool = False) -> dict[str, float]:

@@ -54,6 +54,9 @@ class Sizes:
     device: str
     gpt: dict[str, object]
     gpt_steps: int
+    gpt_bench_steps: int
+    """The benchmark's T: long enough that its first captures (pinned memory allocated) and the final flush do not
+    stand for every segment."""
     shipped_steps: dict[str, int]
     calibration_steps: dict[str, int]
     calibration_bases: int
@@ -65,6 +68,7 @@ GPU = Sizes(
     device="cuda",
     gpt={"d-model": 768, "layers": 12, "heads": 12, "seq-len": 256, "batch-size": 32, "vocab": 512, "threads": 16},
     gpt_steps=100,
+    gpt_bench_steps=200,
     shipped_steps={"tiny_lm": 800, "dqn": 2000, "ppo": 4000},
     calibration_steps={"tiny_lm": 400, "dqn": 2000, "ppo": 4000},
     calibration_bases=2,
@@ -74,6 +78,7 @@ REHEARSAL = Sizes(
     device="cpu",
     gpt={"d-model": 32, "layers": 2, "heads": 4, "seq-len": 16, "batch-size": 4, "vocab": 16},
     gpt_steps=50,
+    gpt_bench_steps=50,
     shipped_steps={"tiny_lm": 50, "dqn": 550, "ppo": 500},
     calibration_steps={"tiny_lm": 50, "dqn": 600, "ppo": 600},
     calibration_bases=1,
@@ -93,6 +98,9 @@ class Check:
     found: dict = field(default_factory=dict)
     """What one stage leaves for another (a run's checkpoints, its final weights' sha256)."""
     recipes: dict = field(default_factory=lambda: dict(RECIPES))
+    """The shipped recipes calibrated (module → name)."""
+    run_recipes: dict = field(default_factory=lambda: dict(RECIPES))
+    """The shipped recipes submitted and audited on the CPU."""
 
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
@@ -163,7 +171,27 @@ class Check:
             "commitment": json.loads(commitments[0].read_text()) if commitments else None,
             "checkpoints": str(checkpoints[0]) if checkpoints else None,
             "log_tail": (done.stdout + done.stderr)[-1500:] if done.returncode else None,
+            "job_log_tail": _job_log_tail(job_dir) if finished.get("state") != "accepted" else None,
         }
+
+
+def _job_log_tail(job_dir: Path) -> str | None:
+    """The end of what a failed job printed (its traceback): the attempts' log files, newest last."""
+    logs = sorted((p for p in job_dir.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
+    return "\n".join(f"== {p.relative_to(job_dir)}\n{p.read_text(errors='replace')[-2500:]}" for p in logs[-3:]) or None
+
+
+def direct_run(check: Check, module: str, steps: int) -> tuple[Path, dict]:
+    """A shipped recipe run by the runtime itself on this machine's device, as an executor runs it (no broker):
+    its checkpoints and commitment, for the CPU audits when ``submit`` left none."""
+    out = check.work / f"direct-{module}"
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, "TRAINMASTER_OUTPUT_DIR": str(out), "TRAINMASTER_SEED": "7", "TRAINMASTER_SEGMENT_STEPS": str(K)}
+    done = subprocess.run([sys.executable, "-m", f"trainmaster.jobs.recipes.{module}", "--steps", str(steps)], env=env,
+                          capture_output=True, text=True, timeout=max(30.0, check.left() - 30), cwd=check.work)
+    if done.returncode:
+        raise RuntimeError(f"{module} exited {done.returncode}: {(done.stdout + done.stderr)[-2500:]}")
+    return out / "checkpoints", json.loads((out / "commitment.json").read_text())
 
 
 def gpt_options(sizes: Sizes, steps: int) -> list[str]:
@@ -221,10 +249,11 @@ def gpt_benchmark(check: Check) -> dict:
     from bench_gpt_blocked import measure
 
     found: dict = {}
-    figures = measure(check.sizes.gpt, check.sizes.gpt_steps, check.work, seed=5, found=found)
-    check.found["gpt_final_sha256"] = found["final_sha256"]
+    figures = measure(check.sizes.gpt, check.sizes.gpt_bench_steps, check.work, seed=5, found=found)
+    if check.sizes.gpt_bench_steps == check.sizes.gpt_steps:  # gpt_resume compares its final weights with these
+        check.found["gpt_final_sha256"] = found["final_sha256"]
     check.summary["figures"]["gpt_benchmark"] = figures
-    check.summary["figures"]["gpt_step_s"] = figures["bare loop (s)"] / check.sizes.gpt_steps
+    check.summary["figures"]["gpt_step_s"] = figures["bare loop (s)"] / check.sizes.gpt_bench_steps
     return {**figures, "commitment_device": found["device"]}
 
 
@@ -252,7 +281,7 @@ def gpt_resume(check: Check) -> dict:
     expected = check.found.get("gpt_final_sha256")
     found = {"killed_after_segment": 2, "resume_exit": second.returncode, "resume_s": round(time.monotonic() - began, 1),
              "final_sha256": result.get("final_sha256"), "uninterrupted_sha256": expected,
-             "bit_exact": bool(expected) and result.get("final_sha256") == expected,
+             "bit_exact": None if not expected else result.get("final_sha256") == expected,
              "self_checked": second.returncode == 0}
     check.summary["figures"]["gpt_resume_bit_exact"] = found["bit_exact"]
     if second.returncode:
@@ -262,7 +291,7 @@ def gpt_resume(check: Check) -> dict:
 
 def shipped_submits(check: Check) -> dict:
     found = {}
-    for module, name in check.recipes.items():
+    for module, name in check.run_recipes.items():
         if check.left() < 60:
             found[name] = {"status": "skipped (time)"}
             continue
@@ -287,11 +316,24 @@ def cpu_audits(check: Check) -> dict:
     from trainmaster.verify.recipe_run import recipe_run
 
     found = {}
-    for name in check.recipes.values():
+    for name in check.run_recipes.values():
         ran = check.found.get(f"run:{name}")
+        module = next(m for m, n in check.run_recipes.items() if n == name)
+        source = "submit"
         if not ran or not ran[1].get("checkpoints") or not ran[1].get("commitment"):
-            found[name] = {"status": "no run to audit"}
-            continue
+            if check.left() < 80:
+                found[name] = {"status": "no run to audit (and no time for a direct one)"}
+                continue
+            try:  # the submit failed or was not run: a direct run of the runtime, as an executor makes one
+                folder = check.work / f"shipped-{module}"
+                folder.mkdir(parents=True, exist_ok=True)
+                job = job_yaml(folder / "job.yaml", name=name, entrypoint=f"python -m trainmaster.jobs.recipes.{module} "
+                               f"--steps {check.sizes.shipped_steps[module]}", recipe=None, gpus=0, seed=7)
+                checkpoints, commitment_json = direct_run(check, module, check.sizes.shipped_steps[module])
+            except Exception as exc:  # noqa: BLE001 — the next recipe still runs
+                found[name] = {"status": f"no run to audit: the direct run failed: {exc}"[:3000]}
+                continue
+            ran, source = (job, {"checkpoints": str(checkpoints), "commitment": commitment_json}), "direct run"
         job, result = ran
         run = recipe_run(load_spec(job))
         checkpoints = Path(result["checkpoints"])
@@ -320,7 +362,7 @@ def cpu_audits(check: Check) -> dict:
                 for pattern, evidence in s.fields.items():
                     fields[pattern] = max(fields.get(pattern, 0.0), evidence.r / evidence.tolerance if evidence.tolerance else 0.0)
         tau = calibration.tau(run.k)
-        found[name] = {"executor": executor, "calibration_pair": calibration.pair, "audited": audited,
+        found[name] = {"run": source, "executor": executor, "calibration_pair": calibration.pair, "audited": audited,
                        "false_rejects": len({r.split(":")[0] for r in reasons}), "reasons": reasons[:5],
                        "max_r": max(rs, default=None), "median_r": sorted(rs)[len(rs) // 2] if rs else None, "tau": tau,
                        "max_field_r_over_tolerance": max(fields.values(), default=None),
@@ -348,8 +390,13 @@ def calibrations(check: Check) -> dict:
                 found[f"{name} {executor}→{verifier}"] = {"status": "skipped (time)"}
                 continue
             began = time.monotonic()
-            measured = calibrate(recipe, config, ks=[K], seeds=[7], bases=check.sizes.calibration_bases,
-                                 executor=executor, verifier=verifier)
+            try:
+                measured = calibrate(recipe, config, ks=[K], seeds=[7], bases=check.sizes.calibration_bases,
+                                     executor=executor, verifier=verifier)
+            except Exception as exc:  # noqa: BLE001 — one recipe's failure keeps the others' measurements
+                found[f"{name} {executor}→{verifier}"] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                                                          "traceback": traceback.format_exc()[-2500:]}
+                continue
             path = store_calibration(measured, target)
             point = measured.point(K)
             shipped = calibration_for_pair(None, measured.job_class, "cpu", "cpu").point(K)
@@ -359,12 +406,16 @@ def calibrations(check: Check) -> dict:
                 "shipped_cpu_tau": shipped.tau, "honest_p99_over_shipped_tau": point.honest_p99 / shipped.tau,
                 "cheat_min_over_shipped_tau": point.cheat_min / shipped.tau, "seconds": round(time.monotonic() - began, 1),
             }
-    with tarfile.open(check.out / "calibrations.tar", "w") as tar:
-        for path in sorted(target.glob("*.json")):
-            tar.add(path, arcname=path.name)
+            with tarfile.open(check.out / "calibrations.tar", "w") as tar:  # after each: a later stop keeps these
+                for kept in sorted(target.glob("*.json")):
+                    tar.add(kept, arcname=kept.name)
+            check.save()
     check.summary["figures"]["calibrations"] = {
         k: {key: v.get(key) for key in ("honest_p99", "cheat_min", "separation", "tau", "shipped_cpu_tau")}
         for k, v in found.items() if "file" in v}
+    failed = [k for k, v in found.items() if v.get("status") == "failed"]
+    if failed:
+        raise RuntimeError(f"calibration failed for {', '.join(failed)}: {found[failed[0]]['error']}")
     return found
 
 
@@ -438,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rehearse", action="store_true", help="the same stages on the CPU, small (no GPU needed)")
     parser.add_argument("--stages", nargs="*", choices=STAGES, help="run only these (default: all, in order)")
     parser.add_argument("--recipes", nargs="*", choices=sorted(RECIPES.values()), help="shipped recipes (default: all)")
+    parser.add_argument("--run-recipes", nargs="*", choices=sorted(RECIPES.values()),
+                        help="of those, the ones submitted and audited on the CPU (default: the same)")
     parser.add_argument("--lanes", type=int, choices=(1, 2), default=1,
                         help="2: the shipped recipes' stages in a second process at the same time (see LANE_B)")
     args = parser.parse_args(argv)
@@ -454,8 +507,11 @@ def main(argv: list[str] | None = None) -> int:
     check.summary["mode"] = "rehearsal (cpu)" if args.rehearse else "gpu"
     if args.recipes:
         check.recipes = {module: name for module, name in RECIPES.items() if name in args.recipes}
+    check.run_recipes = dict(check.recipes)
+    if args.run_recipes:
+        check.run_recipes = {module: name for module, name in RECIPES.items() if name in args.run_recipes}
     names = list(args.stages or STAGES)
-    lane = start_lane_b(args) if args.lanes == 2 and set(LANE_B) & set(names) else None
+    lane = start_lane_b(args, [n for n in names if n in LANE_B]) if args.lanes == 2 and set(LANE_B) & set(names) else None
     for name in names:
         if lane is not None and name in LANE_B:
             continue
@@ -472,20 +528,22 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def start_lane_b(args: argparse.Namespace) -> subprocess.Popen:
+def start_lane_b(args: argparse.Namespace, stages: list[str]) -> subprocess.Popen:
     """``check.py`` again, for LANE_B's stages only, into ``OUT/lane-b`` and ``WORK/lane-b``, with a quarter of
     the CPU cores for torch's threads (the first lane's CPU audit of the 86M model wants the rest)."""
     out, work = args.out / "lane-b", args.work / "lane-b"
     out.mkdir(parents=True, exist_ok=True)
-    words = ["--out", str(out), "--work", str(work), "--budget", str(args.budget - 5), "--stages", *LANE_B]
+    words = ["--out", str(out), "--work", str(work), "--budget", str(args.budget - 5), "--stages", *stages]
     if args.rehearse:
         words.append("--rehearse")
     if args.recipes:
         words += ["--recipes", *args.recipes]
+    if args.run_recipes:
+        words += ["--run-recipes", *args.run_recipes]
     threads = str(max(2, (os.cpu_count() or 8) // 4))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     log = open(out / "lane.log", "ab")
-    print(f"[gpu-check] lane b: {', '.join(LANE_B)} in a second process ({threads} threads; {out / 'lane.log'})",
+    print(f"[gpu-check] lane b: {', '.join(stages)} in a second process ({threads} threads; {out / 'lane.log'})",
           flush=True)
     return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *words], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
@@ -503,7 +561,7 @@ def join_lane_b(check: Check, lane: subprocess.Popen, args: argparse.Namespace) 
     try:
         found = json.loads((out / "gpu-check.json").read_text())
     except (OSError, ValueError) as exc:
-        found = {"stages": {name: {"status": "failed", "error": f"lane b left no summary: {exc}"} for name in LANE_B}}
+        found = {"stages": {"lane b": {"status": "failed", "error": f"lane b left no summary: {exc}"}}}
     for name, result in found.get("stages", {}).items():
         check.summary["stages"][name] = {**result, "lane": "b"}
     check.summary["figures"].update(found.get("figures", {}))
