@@ -63,13 +63,14 @@ class PinnedBuffers:
 
     def take(self, size: int) -> tuple[torch.Tensor, memoryview]:
         """A pinned uint8 tensor of at least ``size`` bytes and a byte view of its first ``size``."""
-        with self._lock:
+        with self._lock:  # (by identity: ``list.remove`` compares tensors with ``==``, elementwise, and fails)
             fitting = [b for b in self._idle if b.numel() >= size]
             chosen = min(fitting, key=torch.Tensor.numel) if fitting else None
             if chosen is not None:
-                self._idle.remove(chosen)
+                self._idle = [b for b in self._idle if b is not chosen]
             elif self._idle:
-                self._idle.remove(max(self._idle, key=torch.Tensor.numel))
+                largest = max(self._idle, key=torch.Tensor.numel)
+                self._idle = [b for b in self._idle if b is not largest]
         if chosen is None:  # pinned where a GPU can copy into it asynchronously; plain memory without one
             chosen = torch.empty(max(size + size // 4, 1), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
         array = chosen.numpy()

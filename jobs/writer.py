@@ -59,14 +59,15 @@ class StateBuffers:
                     self._idle.append(buffer)
 
     def _take(self, size: int) -> bytearray:
-        with self._lock:
+        with self._lock:  # by identity: ``list.remove`` would compare the buffers' bytes
             fitting = [b for b in self._idle if len(b) >= size]
             if fitting:
                 chosen = min(fitting, key=len)
-                self._idle.remove(chosen)
+                self._idle = [b for b in self._idle if b is not chosen]
                 return chosen
             if self._idle:  # all too small (a growing replay buffer): let the largest go
-                self._idle.remove(max(self._idle, key=len))
+                largest = max(self._idle, key=len)
+                self._idle = [b for b in self._idle if b is not largest]
         return bytearray(size + size // 4)  # headroom, so a slowly growing state reuses it
 
 
