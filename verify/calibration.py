@@ -4,8 +4,9 @@ Produced by :mod:`trainmaster.verify.calibrate`, stored as ``<directory>/<job cl
 (executor, verifier) device pair cpu→cpu and ``<directory>/<job class>.<executor>-<verifier>.json``
 for the others (cuda→cpu, cuda→cuda; the broker passes ``$TRAINMASTER_HOME/calibration``), read by
 every audit of that class and pair. The shipped recipes at their shipped configs come with
-calibrations of their own (package data, ``verify/calibrations/``), used when the directory has none.
-A cuda→cpu audit without a cuda→cpu calibration uses the class's cpu→cpu one, which stands in for it
+calibrations of their own (package data, ``verify/calibrations/``: cpu→cpu, and cuda→cpu and cuda→cuda
+measured on an NVIDIA H200 by ``./dev gpu-check``), used when the directory has none. A cuda→cpu audit
+of a class without a cuda→cpu calibration uses the class's cpu→cpu one, which stands in for it
 (:func:`calibration_for_pair`; the evidence and the choice: docs/audit.md, "Devices"). Per segment
 length k (docs/protocol.md §5)::
 

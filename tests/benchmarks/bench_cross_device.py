@@ -1,8 +1,9 @@
 """Cross-device audits: a GPU executor's honest runs audited on this CPU with the shipped calibrations.
 
 A miner trains on a GPU and commits ``"device": "cuda"``; a broker without a GPU re-executes the
-challenged segments on its CPU (verify/verifier_device.py: the cuda→cpu calibration, or — as shipped —
-the class's cpu→cpu one standing in). Without a GPU here, the "other device" is each honest
+challenged segments on its CPU (verify/verifier_device.py: the cuda→cpu calibration, shipped for the shipped
+recipes as measured on an H200; for a class without one, its cpu→cpu one stands in). Without a GPU here, the
+"other device" is each honest
 variant of verify/variants.py (another thread count, a one-ulp nudge, a float64 executor): the
 perturbations a GPU's fp32 kernels are (docs/audit.md, Devices). Per shipped recipe **at its shipped
 config** (configs/examples/<recipe>/job.yaml, seed and k; T shortened, which keeps the job class),
@@ -63,7 +64,7 @@ def cross_device(name: str, steps: int, target: int, budget_s: float) -> dict[st
                 report = run_audit(commitment=commitment, openings=LocalOpenings(Path(tmp)), segments=list(range(run.n)),
                                    recipe=shipped.recipe, config=config, seed=seed, calibration=choice.calibration,
                                    device=choice.device, calibration_note=choice.note)
-            assert report.executor_device == "cuda" and report.device == "cpu" and report.calibration_note
+            assert report.executor_device == "cuda" and report.device == "cpu"
             for segment in report.segments:
                 if segment.update_norm == 0:
                     without_update += 1  # nothing to measure (DQN before learning starts, PPO between rollouts)
@@ -85,7 +86,7 @@ def cross_device(name: str, steps: int, target: int, budget_s: float) -> dict[st
         f"{name}: audited segments that update the weights": float(audited),
         f"{name}: segments without an update (r = 0 required)": float(without_update),
         f"{name}: k": float(shipped.k),
-        f"{name}: tau (cpu->cpu standing in for cuda->cpu)": tau,
+        f"{name}: tau ({choice.calibration.pair.replace('→', '->')} calibration)": tau,
         f"{name}: median r": statistics.median(rs) if rs else 0.0,
         f"{name}: p99 r": rs[min(len(rs) - 1, int(0.99 * len(rs)))] if rs else 0.0,
         f"{name}: largest r / tau": (rs[-1] / tau) if rs else 0.0,

@@ -245,12 +245,18 @@ def test_the_shipped_recipes_come_calibrated_at_their_shipped_configs(tmp_path):
         for executor in ("cpu", "cuda"):  # a miner's GPU run is audited on this CPU
             calibration = calibration_for_pair(tmp_path / "none", run.job_class, executor, "cpu")
             assert calibration.job_class == run.job_class and calibration.point(run.k).separation >= 10
+            assert calibration.pair == f"{executor}→cpu"  # the GPU pairs were measured, none stands in
+        for verifier in ("cpu", "cuda"):  # measured on an H200 (tests/gpu/check.py): the GPU and versions recorded
+            measured = calibration_for_pair(tmp_path / "none", run.job_class, "cuda", verifier)
+            assert measured.pair == f"cuda→{verifier}" and measured.environment["executor_gpu"] == "NVIDIA H200"
+            assert measured.environment["executor_cuda"] and measured.environment["torch"].startswith("2.")
 
 
 def test_a_gpu_committed_run_audited_on_this_cpu_passes_when_honest_and_every_cheat_is_rejected(tmp_path, monkeypatch):
     """The held-out red team's cheats (verify/variants.py: the mildest lr×0.9, skipped steps, other data, reordered
     batches, bf16 autocast, a frozen optimizer) on a run that commits ``device: cuda``, audited as a CPU broker
-    audits a miner's GPU run: at the recipe's shipped config, with its shipped calibration standing in for cuda→cpu."""
+    audits a miner's GPU run: at the recipe's shipped config, with its shipped cuda→cpu calibration (measured on an
+    H200)."""
     from audit_support import commit, train, with_segment
     from trainmaster.jobs.spec import load_spec
     from trainmaster.verify.audit import run_audit
@@ -262,7 +268,7 @@ def test_a_gpu_committed_run_audited_on_this_cpu_passes_when_honest_and_every_ch
     shipped = recipe_run(load_spec(ROOT / "configs" / "examples" / "tiny-lm" / "job.yaml"))
     config, k, drawn = {**shipped.config, "steps": 4 * shipped.k}, shipped.k, 2
     choice = choose("cuda", shipped.job_class, calibration_dir=tmp_path / "none")
-    assert (choice.device, choice.pair, choice.calibration.pair) == ("cpu", "cuda→cpu", "cpu→cpu")
+    assert (choice.device, choice.pair, choice.calibration.pair) == ("cpu", "cuda→cpu", "cuda→cpu")
     honest = train(shipped.recipe, config, shipped.seed, k)
 
     def audited(run, where: Path):

@@ -70,3 +70,26 @@ def test_every_run_the_check_makes_is_one_its_recipe_accepts(sizes):
             assert get_recipe(name).config({"steps": steps}).steps == steps
     config = parse_options(GPT, check.gpt_options(chosen, chosen.gpt_steps))
     assert config.steps % check.K == 0 and config.steps // check.K >= 2  # gpt_resume waits for the state S_2
+
+
+def test_two_lanes_merge_into_one_summary_and_a_failed_submit_still_leaves_a_run_to_audit(tmp_path):
+    """``--lanes 2`` (how a 15-minute device lease fits the check): the shipped recipes' stages run in a second
+    process and come back into the one summary, with the calibrations beside it; ``cpu_audits`` without a submitted
+    run audits a direct run of the runtime (the H200's DQN and PPO submits failed, and nothing was audited)."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "gpu" / "check.py"), "--rehearse", "--lanes", "2", "--recipes", "tiny-lm",
+         "--stages", "environment", "cpu_audits", "calibrations", "--out", str(out), "--work", str(tmp_path / "work"),
+         "--budget", "600"],
+        capture_output=True, text=True, timeout=900,
+    )
+    summary = json.loads((out / "gpu-check.json").read_text())
+    assert done.returncode == 0, done.stdout + done.stderr
+    stages = summary["stages"]
+    assert stages["environment"]["status"] == "ok" and "lane" not in stages["environment"]
+    assert stages["cpu_audits"]["lane"] == stages["calibrations"]["lane"] == "b"
+    audited = stages["cpu_audits"]["tiny-lm"]
+    assert audited["run"] == "direct run" and audited["audited"] >= 1 and audited["false_rejects"] == 0
+    assert "tiny-lm cpu→cpu" in summary["figures"]["calibrations"]
+    assert (out / "calibrations.tar").is_file() and not (out / "lane-b" / "calibrations.tar").exists()
+    assert "[lane b]" in done.stdout and "lane b ended (exit 0)" in done.stdout
