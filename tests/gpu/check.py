@@ -172,6 +172,7 @@ class Check:
             "checkpoints": str(checkpoints[0]) if checkpoints else None,
             "log_tail": (done.stdout + done.stderr)[-1500:] if done.returncode else None,
             "job_log_tail": _job_log_tail(job_dir) if finished.get("state") != "accepted" else None,
+            "timeline": _timeline(finished.get("events") or []),
         }
 
 
@@ -179,6 +180,14 @@ def _job_log_tail(job_dir: Path) -> str | None:
     """The end of what a failed job printed (its traceback): the attempts' log files, newest last."""
     logs = sorted((p for p in job_dir.rglob("*.log") if p.is_file()), key=lambda p: p.stat().st_mtime)
     return "\n".join(f"== {p.relative_to(job_dir)}\n{p.read_text(errors='replace')[-2500:]}" for p in logs[-3:]) or None
+
+
+def _timeline(events: list[dict]) -> list[str]:
+    """Where a submit's wall time went: each event's seconds since the first, its kind and the state it reached."""
+    if not events:
+        return []
+    first = events[0].get("at") or 0.0
+    return [f"{(e.get('at') or first) - first:8.1f} s  {e.get('kind')} {e.get('to') or ''}".rstrip() for e in events]
 
 
 def direct_run(check: Check, module: str, steps: int) -> tuple[Path, dict]:
