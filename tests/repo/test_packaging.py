@@ -61,7 +61,9 @@ def test_the_shipped_calibrations_are_package_data():
     from trainmaster.verify.calibration import shipped_calibration_dir
 
     shipped = sorted(p.name for p in shipped_calibration_dir().glob("*.json"))
-    assert [name.split("-")[0] for name in shipped] == ["dqn", "ppo", "tiny"], shipped
+    pairs = {(name.split("-")[0], name.split(".")[1] if name.count(".") == 2 else "cpu-cpu") for name in shipped}
+    assert len(shipped) == 9 and pairs == {(recipe, pair) for recipe in ("dqn", "ppo", "tiny")
+                                           for pair in ("cpu-cpu", "cuda-cpu", "cuda-cuda")}, shipped
 
 
 def test_jobs_imports_nothing_else_of_ours():
