@@ -148,6 +148,14 @@ class Check:
         return subprocess.run([sys.executable, "-m", "trainmaster.broker.cli", *args], capture_output=True, text=True,
                               env=env, timeout=timeout)
 
+    def timeline(self, job_id: str) -> list[str]:
+        """The job's events (``trainmaster status JOB --json``) as :func:`_timeline` lines; [] when it cannot be read."""
+        try:
+            shown = self.cli("status", job_id, "--json", timeout=60)
+            return _timeline(json.loads(shown.stdout).get("events") or [])
+        except (subprocess.TimeoutExpired, ValueError, AttributeError):
+            return []
+
     def submit(self, job: Path, timeout: float) -> dict:
         """``trainmaster submit JOB --wait --json``: the job, its verdict's replay evidence, where its checkpoints are."""
         began = time.monotonic()
@@ -172,7 +180,7 @@ class Check:
             "checkpoints": str(checkpoints[0]) if checkpoints else None,
             "log_tail": (done.stdout + done.stderr)[-1500:] if done.returncode else None,
             "job_log_tail": _job_log_tail(job_dir) if finished.get("state") != "accepted" else None,
-            "timeline": _timeline(finished.get("events") or []),
+            "timeline": self.timeline(finished["id"]),
         }
 
 
