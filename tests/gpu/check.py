@@ -14,15 +14,17 @@ too little time is left, every result written to ``$OUT/gpu-check.json`` as it c
 4. ``gpt_resume`` — the recipe killed with SIGKILL after segment 2 and resumed: the same final weights
    as the uninterrupted run of stage 3;
 5. ``shipped_submits`` — tiny-lm, DQN and PPO on CUDA through ``submit --wait``, audited on the GPU;
-6. ``cpu_audits`` — every segment of those runs audited on the CPU (cuda→cpu, the shipped calibration
-   standing in): honest cross-device r against τ, false rejects;
-7. ``calibrations`` — the real cuda→cpu and cuda→cuda pairs measured for the shipped recipes (GPU
+6. ``cpu_audits`` — every segment of those runs audited on the CPU (cuda→cpu, the shipped calibration;
+   a direct run of the runtime when a submit left none): honest cross-device r against τ, false rejects;
+7. ``cross_device_audits`` — per shipped recipe, one direct GPU run of 300 segments, every segment audited
+   on the CPU in parallel (the ≥ 300 honest cross-device audits per recipe of issue #30);
+8. ``calibrations`` — the real cuda→cpu and cuda→cuda pairs measured for the shipped recipes (GPU
    executors, honest and the mildest cheat), written to ``$OUT/calibrations.tar``
    (``<job class>.cuda-cpu.json`` …: copy them into verify/calibrations/ or ``$TRAINMASTER_HOME/calibration``);
-8. ``gpt_cpu_audit`` — one segment of the 86M run re-executed on the CPU: its r, and the audit's cost
+9. ``gpt_cpu_audit`` — one segment of the 86M run re-executed on the CPU: its r, and the audit's cost
    as a fraction of the run's GPU time.
 
-``--lanes 2`` runs stages 5–7 in a second process beside the others (on a GPU machine's many cores the two
+``--lanes 2`` runs stages 5–8 in a second process beside the others (on a GPU machine's many cores the two
 halves fit one device lease); their results are merged into the one summary.
 
 ``--rehearse`` runs the same stages on the CPU with small sizes (tests/repo/test_gpu_check.py), so the
@@ -62,6 +64,8 @@ class Sizes:
     calibration_bases: int
     audit_segments: int
     """At most this many segments of each shipped run are audited on the CPU."""
+    cross_device_target: int
+    """Stage ``cross_device_audits``: segments of one direct GPU run per shipped recipe audited on the CPU."""
 
 
 GPU = Sizes(
@@ -73,6 +77,7 @@ GPU = Sizes(
     calibration_steps={"tiny_lm": 400, "dqn": 2000, "ppo": 4000},
     calibration_bases=2,
     audit_segments=320,
+    cross_device_target=300,
 )
 REHEARSAL = Sizes(
     device="cpu",
@@ -83,6 +88,7 @@ REHEARSAL = Sizes(
     calibration_steps={"tiny_lm": 50, "dqn": 600, "ppo": 600},
     calibration_bases=1,
     audit_segments=3,
+    cross_device_target=4,
 )
 RECIPES = {"tiny_lm": "tiny-lm", "dqn": "dqn", "ppo": "ppo"}
 
@@ -198,10 +204,10 @@ def _timeline(events: list[dict]) -> list[str]:
     return [f"{(e.get('at') or first) - first:8.1f} s  {e.get('kind')} {e.get('to') or ''}".rstrip() for e in events]
 
 
-def direct_run(check: Check, module: str, steps: int) -> tuple[Path, dict]:
+def direct_run(check: Check, module: str, steps: int, out: Path | None = None) -> tuple[Path, dict]:
     """A shipped recipe run by the runtime itself on this machine's device, as an executor runs it (no broker):
     its checkpoints and commitment, for the CPU audits when ``submit`` left none."""
-    out = check.work / f"direct-{module}"
+    out = out or check.work / f"direct-{module}"
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "TRAINMASTER_OUTPUT_DIR": str(out), "TRAINMASTER_SEED": "7", "TRAINMASTER_SEGMENT_STEPS": str(K)}
     done = subprocess.run([sys.executable, "-m", f"trainmaster.jobs.recipes.{module}", "--steps", str(steps)], env=env,
@@ -389,6 +395,80 @@ def cpu_audits(check: Check) -> dict:
     return found
 
 
+def cross_device_audits(check: Check) -> dict:
+    """Issue #30's false-reject count on the real pair: per shipped recipe, one direct run of ``cross_device_target``
+    segments on this machine's device (as a miner's executor makes it), every segment re-executed on the CPU as a
+    CPU broker audits it (the shipped cuda→cpu calibration), in parallel over half the cores."""
+    from concurrent.futures import ProcessPoolExecutor, wait
+    import multiprocessing
+
+    found = {}
+    workers = max(1, (os.cpu_count() or 2) // 2)
+    for module, name in check.run_recipes.items():
+        if check.left() < 60:
+            found[name] = {"status": "skipped (time)"}
+            continue
+        steps = check.sizes.cross_device_target * K
+        folder = check.work / f"cross-{module}"
+        folder.mkdir(parents=True, exist_ok=True)
+        job = job_yaml(folder / "job.yaml", name=name, entrypoint=f"python -m trainmaster.jobs.recipes.{module} --steps "
+                       f"{steps}", recipe=None, gpus=0, seed=7)
+        began = time.monotonic()
+        checkpoints, commitment = direct_run(check, module, steps, out=folder / "run")
+        trained = time.monotonic() - began
+        chunks = [list(range(i, min(i + 10, commitment["n"]))) for i in range(0, commitment["n"], 10)]
+        rows, reasons, began = [], [], time.monotonic()
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_audit_chunk, str(job), str(checkpoints), commitment, chunk) for chunk in chunks]
+            done, pending = wait(futures, timeout=max(10.0, check.left() - 30))
+            for future in pending:
+                future.cancel()
+            for future in done:
+                if future.exception() is None:
+                    got_rows, got_reasons = future.result()
+                    rows += got_rows
+                    reasons += got_reasons
+                else:
+                    reasons.append(f"a chunk could not be audited: {future.exception()}")
+        updating = [r for r in rows if r["update_norm"]]
+        rs = sorted(r["r"] for r in updating if r["r"] is not None)
+        calibration_tau = rows[0]["tau"] if rows else None
+        found[name] = {
+            "executor": commitment.get("device") or "cpu", "segments": commitment["n"], "audited": len(rows),
+            "audited_with_an_update": len(updating), "false_rejects": sum(not r["passed"] for r in rows),
+            "reasons": reasons[:5], "pair": rows[0]["pair"] if rows else None, "tau": calibration_tau,
+            "median_r": rs[len(rs) // 2] if rs else None, "max_r": rs[-1] if rs else None,
+            "max_r_over_tau": rs[-1] / calibration_tau if rs and calibration_tau else None,
+            "max_field_r_over_tolerance": max((r["field"] for r in rows), default=None),
+            "train_s": round(trained, 1), "audit_s": round(time.monotonic() - began, 1), "workers": workers,
+        }
+    check.summary["figures"]["cross_device_audits"] = {
+        n: {k: f.get(k) for k in ("audited", "audited_with_an_update", "false_rejects", "max_r_over_tau", "pair")}
+        for n, f in found.items()}
+    return found
+
+
+def _audit_chunk(job: str, checkpoints: str, commitment_json: dict, segments: list[int]) -> tuple[list[dict], list[str]]:
+    """One process of :func:`cross_device_audits`: ``segments`` audited on the CPU as a CPU broker audits them."""
+    from trainmaster.jobs.commitment import Commitment
+    from trainmaster.jobs.spec import load_spec
+    from trainmaster.verify.audit import run_audit
+    from trainmaster.verify.calibration import calibration_for_pair
+    from trainmaster.verify.openings import LocalOpenings
+    from trainmaster.verify.recipe_run import recipe_run
+
+    commitment = Commitment.model_validate(commitment_json)
+    run = recipe_run(load_spec(Path(job)))
+    calibration = calibration_for_pair(None, run.job_class, commitment.device_kind, "cpu")
+    report = run_audit(commitment=commitment, openings=LocalOpenings(Path(checkpoints)), segments=segments,
+                       recipe=run.recipe, config=run.config, seed=run.seed, calibration=calibration, device="cpu")
+    rows = [{"index": s.index, "passed": s.passed, "r": s.r, "update_norm": s.update_norm, "pair": calibration.pair,
+             "tau": calibration.tau(run.k),
+             "field": max((e.r / e.tolerance for e in s.fields.values() if e.tolerance), default=0.0)}
+            for s in report.segments]
+    return rows, report.reasons
+
+
 def calibrations(check: Check) -> dict:
     """The real pairs measured: cuda→cpu and cuda→cuda (on a GPU; cpu→cpu in a rehearsal)."""
     from trainmaster.jobs.recipes import get_recipe
@@ -482,7 +562,7 @@ def gpt_cpu_audit(check: Check) -> dict:
     return found
 
 
-LANE_B = ("shipped_submits", "cpu_audits", "calibrations")
+LANE_B = ("shipped_submits", "cpu_audits", "cross_device_audits", "calibrations")
 """With ``--lanes 2`` these run in a second process beside the others (the small shipped recipes use the
 CPU cores and little of the GPU, the 86M model the reverse), so both halves fit one device lease."""
 
@@ -493,6 +573,7 @@ STAGES = {  # in order; each with the seconds it needs at least
     "gpt_resume": (50, gpt_resume),
     "shipped_submits": (60, shipped_submits),
     "cpu_audits": (40, cpu_audits),
+    "cross_device_audits": (60, cross_device_audits),
     "calibrations": (45, calibrations),
     "gpt_cpu_audit": (30, gpt_cpu_audit),
 }

@@ -51,7 +51,10 @@ def test_the_check_runs_every_stage_as_a_cpu_rehearsal(tmp_path):
     # ``--lanes 2`` (how a 15-minute device lease fits the check): the shipped recipe's stages ran in a second
     # process and came back into the one summary, the calibrations beside it
     assert {name for name, stage in stages.items() if stage.get("lane") == "b"} == {"shipped_submits", "cpu_audits",
-                                                                                     "calibrations"}
+                                                                                     "cross_device_audits", "calibrations"}
+    crossed = stages["cross_device_audits"]["tiny-lm"]  # one direct run, every segment audited in a process pool
+    assert crossed["audited"] == crossed["segments"] == 4 and crossed["false_rejects"] == 0, crossed
+    assert crossed["pair"] == "cpu→cpu" and crossed["audited_with_an_update"] == 4  # the rehearsal's executor: a CPU
     assert "[lane b]" in done.stdout and "lane b ended (exit 0)" in done.stdout
     assert stages["shipped_submits"]["tiny-lm"]["timeline"][-1].endswith("accepted")
     # at most 8 files come back from a device run
