@@ -204,10 +204,9 @@ def _timeline(events: list[dict]) -> list[str]:
     return [f"{(e.get('at') or first) - first:8.1f} s  {e.get('kind')} {e.get('to') or ''}".rstrip() for e in events]
 
 
-def direct_run(check: Check, module: str, steps: int, out: Path | None = None) -> tuple[Path, dict]:
-    """A shipped recipe run by the runtime itself on this machine's device, as an executor runs it (no broker):
-    its checkpoints and commitment, for the CPU audits when ``submit`` left none."""
-    out = out or check.work / f"direct-{module}"
+def direct_run(check: Check, module: str, steps: int, out: Path) -> tuple[Path, dict]:
+    """A shipped recipe run by the runtime itself on this machine's device, as an executor runs it (no broker),
+    into ``out``: its checkpoints and commitment, for the CPU audits."""
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "TRAINMASTER_OUTPUT_DIR": str(out), "TRAINMASTER_SEED": "7", "TRAINMASTER_SEGMENT_STEPS": str(K)}
     done = subprocess.run([sys.executable, "-m", f"trainmaster.jobs.recipes.{module}", "--steps", str(steps)], env=env,
@@ -243,8 +242,6 @@ def job_yaml(path: Path, *, name: str, entrypoint: str, recipe: str | None, gpus
 
 
 def environment(check: Check) -> dict:
-    import torch
-
     import trainmaster.jobs
 
     from trainmaster.jobs.devices import describe_device
@@ -330,126 +327,100 @@ def shipped_submits(check: Check) -> dict:
 
 def cpu_audits(check: Check) -> dict:
     """Every segment (up to the sizes' bound) of each shipped GPU run re-executed on the CPU, as a CPU broker
-    audits a miner: the shipped calibration's τ (cpu→cpu standing in for cuda→cpu unless measured)."""
-    from trainmaster.jobs.commitment import read_commitment
-    from trainmaster.jobs.spec import load_spec
-    from trainmaster.verify.audit import run_audit
-    from trainmaster.verify.calibration import calibration_for_pair
-    from trainmaster.verify.openings import LocalOpenings
-    from trainmaster.verify.recipe_run import recipe_run
-
+    audits a miner (:func:`audit_on_cpu`); a direct run of the runtime where the submit left none."""
     found = {}
-    for name in check.run_recipes.values():
-        ran = check.found.get(f"run:{name}")
-        module = next(m for m, n in check.run_recipes.items() if n == name)
-        source = "submit"
+    for module, name in check.run_recipes.items():
+        ran, source = check.found.get(f"run:{name}"), "submit"
         if not ran or not ran[1].get("checkpoints") or not ran[1].get("commitment"):
             if check.left() < 80:
                 found[name] = {"status": "no run to audit (and no time for a direct one)"}
                 continue
             try:  # the submit failed or was not run: a direct run of the runtime, as an executor makes one
-                folder = check.work / f"shipped-{module}"
-                folder.mkdir(parents=True, exist_ok=True)
-                job = job_yaml(folder / "job.yaml", name=name, entrypoint=f"python -m trainmaster.jobs.recipes.{module} "
-                               f"--steps {check.sizes.shipped_steps[module]}", recipe=None, gpus=0, seed=7)
-                checkpoints, commitment_json = direct_run(check, module, check.sizes.shipped_steps[module])
+                ran, source = direct_job(check, module, name, check.sizes.shipped_steps[module], "shipped"), "direct run"
             except Exception as exc:  # noqa: BLE001 — the next recipe still runs
                 found[name] = {"status": f"no run to audit: the direct run failed: {exc}"[:3000]}
                 continue
-            ran, source = (job, {"checkpoints": str(checkpoints), "commitment": commitment_json}), "direct run"
         job, result = ran
-        run = recipe_run(load_spec(job))
-        checkpoints = Path(result["checkpoints"])
-        commitment = read_commitment(checkpoints.parent / "outputs" / "commitment.json") \
-            if (checkpoints.parent / "outputs" / "commitment.json").is_file() else None
-        if commitment is None:
-            from trainmaster.jobs.commitment import Commitment
-
-            commitment = Commitment.model_validate(result["commitment"])
-        executor = commitment.device_kind
-        calibration = calibration_for_pair(None, run.job_class, executor, "cpu")
-        segments = list(range(min(commitment.n, check.sizes.audit_segments)))
-        report, audited, began = None, 0, time.monotonic()
-        rs, fields, reasons = [], {}, []
-        for start in range(0, len(segments), 20):  # in chunks, so the budget can stop it between them
-            if check.left() < 40:
-                break
-            chunk = segments[start : start + 20]
-            report = run_audit(commitment=commitment, openings=LocalOpenings(checkpoints), segments=chunk,
-                               recipe=run.recipe, config=run.config, seed=run.seed, calibration=calibration,
-                               device="cpu", calibration_note=None)
-            audited += len(chunk)
-            rs += [s.r for s in report.segments if s.r is not None]
-            reasons += report.reasons
-            for s in report.segments:
-                for pattern, evidence in s.fields.items():
-                    fields[pattern] = max(fields.get(pattern, 0.0), evidence.r / evidence.tolerance if evidence.tolerance else 0.0)
-        tau = calibration.tau(run.k)
-        found[name] = {"run": source, "executor": executor, "calibration_pair": calibration.pair, "audited": audited,
-                       "false_rejects": len({r.split(":")[0] for r in reasons}), "reasons": reasons[:5],
-                       "max_r": max(rs, default=None), "median_r": sorted(rs)[len(rs) // 2] if rs else None, "tau": tau,
-                       "max_field_r_over_tolerance": max(fields.values(), default=None),
-                       "cpu_seconds": round(time.monotonic() - began, 1)}
-    check.summary["figures"]["cpu_audits"] = {n: {k: v for k, v in f.items() if k in ("audited", "false_rejects", "max_r", "tau")}
-                                              for n, f in found.items()}
+        segments = list(range(min(result["commitment"]["n"], check.sizes.audit_segments)))
+        found[name] = {"run": source, **audit_on_cpu(check, job, Path(result["checkpoints"]), result["commitment"], segments)}
+    check.summary["figures"]["cpu_audits"] = {
+        n: {k: v for k, v in f.items() if k in ("audited", "false_rejects", "max_r", "tau")} for n, f in found.items()}
     return found
 
 
 def cross_device_audits(check: Check) -> dict:
     """Issue #30's false-reject count on the real pair: per shipped recipe, one direct run of ``cross_device_target``
     segments on this machine's device (as a miner's executor makes it), every segment re-executed on the CPU as a
-    CPU broker audits it (the shipped cuda→cpu calibration), in parallel over half the cores."""
-    from concurrent.futures import ProcessPoolExecutor, wait
-    import multiprocessing
-
+    CPU broker audits it (:func:`audit_on_cpu`: the shipped cuda→cpu calibration)."""
     found = {}
-    workers = max(1, (os.cpu_count() or 2) // 2)
     for module, name in check.run_recipes.items():
         if check.left() < 60:
             found[name] = {"status": "skipped (time)"}
             continue
-        steps = check.sizes.cross_device_target * K
-        folder = check.work / f"cross-{module}"
-        folder.mkdir(parents=True, exist_ok=True)
-        job = job_yaml(folder / "job.yaml", name=name, entrypoint=f"python -m trainmaster.jobs.recipes.{module} --steps "
-                       f"{steps}", recipe=None, gpus=0, seed=7)
         began = time.monotonic()
-        checkpoints, commitment = direct_run(check, module, steps, out=folder / "run")
-        trained = time.monotonic() - began
-        chunks = [list(range(i, min(i + 10, commitment["n"]))) for i in range(0, commitment["n"], 10)]
-        rows, reasons, began = [], [], time.monotonic()
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_audit_chunk, str(job), str(checkpoints), commitment, chunk) for chunk in chunks]
-            done, pending = wait(futures, timeout=max(10.0, check.left() - 30))
-            for future in pending:
-                future.cancel()
-            for future in done:
-                if future.exception() is None:
-                    got_rows, got_reasons = future.result()
-                    rows += got_rows
-                    reasons += got_reasons
-                else:
-                    reasons.append(f"a chunk could not be audited: {future.exception()}")
-        updating = [r for r in rows if r["update_norm"]]
-        rs = sorted(r["r"] for r in updating if r["r"] is not None)
-        calibration_tau = rows[0]["tau"] if rows else None
-        found[name] = {
-            "executor": commitment.get("device") or "cpu", "segments": commitment["n"], "audited": len(rows),
-            "audited_with_an_update": len(updating), "false_rejects": sum(not r["passed"] for r in rows),
-            "reasons": reasons[:5], "pair": rows[0]["pair"] if rows else None, "tau": calibration_tau,
-            "median_r": rs[len(rs) // 2] if rs else None, "max_r": rs[-1] if rs else None,
-            "max_r_over_tau": rs[-1] / calibration_tau if rs and calibration_tau else None,
-            "max_field_r_over_tolerance": max((r["field"] for r in rows), default=None),
-            "train_s": round(trained, 1), "audit_s": round(time.monotonic() - began, 1), "workers": workers,
-        }
+        try:
+            job, result = direct_job(check, module, name, check.sizes.cross_device_target * K, "cross")
+        except Exception as exc:  # noqa: BLE001 — the next recipe still runs
+            found[name] = {"status": f"no run to audit: the direct run failed: {exc}"[:3000]}
+            continue
+        trained = round(time.monotonic() - began, 1)
+        segments = list(range(result["commitment"]["n"]))
+        found[name] = {"segments": len(segments), "train_s": trained,
+                       **audit_on_cpu(check, job, Path(result["checkpoints"]), result["commitment"], segments)}
     check.summary["figures"]["cross_device_audits"] = {
         n: {k: f.get(k) for k in ("audited", "audited_with_an_update", "false_rejects", "max_r_over_tau", "pair")}
         for n, f in found.items()}
     return found
 
 
+def direct_job(check: Check, module: str, name: str, steps: int, kind: str) -> tuple[Path, dict]:
+    """:func:`direct_run` of a shipped recipe, with the job file that names its config and seed for the audit."""
+    folder = check.work / f"{kind}-{module}"
+    folder.mkdir(parents=True, exist_ok=True)
+    job = job_yaml(folder / "job.yaml", name=name, entrypoint=f"python -m trainmaster.jobs.recipes.{module} --steps {steps}",
+                   recipe=None, gpus=0, seed=7)
+    checkpoints, commitment = direct_run(check, module, steps, out=folder / "run")
+    return job, {"checkpoints": str(checkpoints), "commitment": commitment}
+
+
+def audit_on_cpu(check: Check, job: Path, checkpoints: Path, commitment: dict, segments: list[int]) -> dict:
+    """``segments`` of a committed run re-executed on the CPU as a CPU broker audits them (the shipped calibration of
+    the (executor, cpu) pair), ten to a task in a pool of spawned processes over half the cores; tasks the budget
+    leaves no time for are cancelled. False rejects are segments that failed (every run here is honest)."""
+    from concurrent.futures import ProcessPoolExecutor, wait
+    import multiprocessing
+
+    workers = max(1, (os.cpu_count() or 2) // 2)
+    chunks = [segments[i : i + 10] for i in range(0, len(segments), 10)]
+    rows, reasons, raised, began = [], [], 0, time.monotonic()
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_audit_chunk, str(job), str(checkpoints), commitment, chunk): chunk for chunk in chunks}
+        done, pending = wait(futures, timeout=max(10.0, check.left() - 30))
+        for future in pending:
+            future.cancel()
+        for future in done:
+            if future.exception() is None:
+                rows += future.result()[0]
+                reasons += future.result()[1]
+            else:  # an honest run's segments that could not be audited count as rejected
+                raised += len(futures[future])
+                reasons.append(f"segments {futures[future]} could not be audited: {future.exception()}")
+    updating = [r for r in rows if r["update_norm"]]
+    rs = sorted(r["r"] for r in updating if r["r"] is not None)
+    tau = rows[0]["tau"] if rows else None
+    return {
+        "executor": commitment.get("device") or "cpu", "pair": rows[0]["pair"] if rows else None, "tau": tau,
+        "audited": len(rows), "audited_with_an_update": len(updating),
+        "false_rejects": sum(not r["passed"] for r in rows) + raised, "reasons": reasons[:5],
+        "median_r": rs[len(rs) // 2] if rs else None, "max_r": rs[-1] if rs else None,
+        "max_r_over_tau": rs[-1] / tau if rs and tau else None,
+        "max_field_r_over_tolerance": max((r["field"] for r in rows), default=None),
+        "cpu_seconds": round(time.monotonic() - began, 1), "workers": workers,
+    }
+
+
 def _audit_chunk(job: str, checkpoints: str, commitment_json: dict, segments: list[int]) -> tuple[list[dict], list[str]]:
-    """One process of :func:`cross_device_audits`: ``segments`` audited on the CPU as a CPU broker audits them."""
+    """One task of :func:`audit_on_cpu`: ``segments`` audited on the CPU as a CPU broker audits them."""
     from trainmaster.jobs.commitment import Commitment
     from trainmaster.jobs.spec import load_spec
     from trainmaster.verify.audit import run_audit
