@@ -37,7 +37,8 @@ _POOL: ThreadPoolExecutor | None = None
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
-        workers = max(1, min(32, os.cpu_count() or 1))
+        usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        workers = max(1, min(32, len(usable)))  # a container's cores, not the host's
         _POOL = ThreadPoolExecutor(workers, thread_name_prefix="trainmaster-chunk", initializer=lower_thread_priority)
     return _POOL
 

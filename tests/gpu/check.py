@@ -46,6 +46,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+CORES = len(os.sched_getaffinity(0))
+"""The cores this process may run on (a container's share, where ``os.cpu_count()`` gives the host's)."""
+
 HERE = Path(__file__).resolve().parent
 GPT_DIR = HERE / "gpt_job"
 K = 25
@@ -247,7 +250,7 @@ def environment(check: Check) -> dict:
     from trainmaster.jobs.devices import describe_device
 
     found = {"python": sys.version.split()[0], "trainmaster": str(Path(trainmaster.jobs.__file__).parent),
-             "cpus": os.cpu_count(), **describe_device(check.sizes.device)}
+             "cpus": CORES, **describe_device(check.sizes.device)}
     check.summary["environment"] = found
     return found
 
@@ -390,7 +393,7 @@ def audit_on_cpu(check: Check, job: Path, checkpoints: Path, commitment: dict, s
     from concurrent.futures import ProcessPoolExecutor, wait
     import multiprocessing
 
-    workers = max(1, (os.cpu_count() or 2) // 2)
+    workers = max(1, CORES // 2)
     chunks = [segments[i : i + 10] for i in range(0, len(segments), 10)]
     rows, reasons, raised, began = [], [], 0, time.monotonic()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -599,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_lane_b(args: argparse.Namespace, stages: list[str]) -> subprocess.Popen:
     """``check.py`` again, for LANE_B's stages only, into ``OUT/lane-b`` and ``WORK/lane-b``, with a quarter of
-    the CPU cores for torch's threads (the first lane's CPU audit of the 86M model wants the rest)."""
+    the CPU cores for torch's threads (the first lane's CPU audit of the 86M model wants the rest; one in a
+    rehearsal, which shares a test runner's cores with other tests)."""
     out, work = args.out / "lane-b", args.work / "lane-b"
     out.mkdir(parents=True, exist_ok=True)
     words = ["--out", str(out), "--work", str(work), "--budget", str(args.budget - 5), "--stages", *stages]
@@ -609,7 +613,7 @@ def start_lane_b(args: argparse.Namespace, stages: list[str]) -> subprocess.Pope
         words += ["--recipes", *args.recipes]
     if args.run_recipes:
         words += ["--run-recipes", *args.run_recipes]
-    threads = str(max(2, (os.cpu_count() or 8) // 4))
+    threads = "1" if args.rehearse else str(max(2, CORES // 4))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     log = open(out / "lane.log", "ab")
     print(f"[gpu-check] lane b: {', '.join(stages)} in a second process ({threads} threads; {out / 'lane.log'})",
