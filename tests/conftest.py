@@ -97,6 +97,20 @@ def pytest_runtest_teardown(item, nextitem):
             cluster.stop_shared()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report ends with what the machine was doing then (tests/machine_load.py)."""
+    report = yield
+    if report.failed:
+        import machine_load
+
+        try:
+            report.sections.append(("the machine when it failed", machine_load.describe()))
+        except Exception as exc:  # a diagnosis only: it never hides the failure itself
+            report.sections.append(("the machine when it failed", f"not read: {type(exc).__name__}: {exc}"))
+    return report
+
+
 @pytest.fixture
 def ray_cluster():
     """The Ray cluster this worker's "ray" group shares (tests/ray_cluster.py): started by the first test that asks,
