@@ -22,7 +22,9 @@ too little time is left, every result written to ``$OUT/gpu-check.json`` as it c
    executors, honest and the mildest cheat), written to ``$OUT/calibrations.tar``
    (``<job class>.cuda-cpu.json`` …: copy them into verify/calibrations/ or ``$TRAINMASTER_HOME/calibration``);
 9. ``gpt_cpu_audit`` — one segment of the 86M run re-executed on the CPU: its r, and the audit's cost
-   as a fraction of the run's GPU time.
+   as a fraction of the run's GPU time;
+10. ``gpt_calibration`` — the 86M model's own recipe calibrated cuda→cuda (one base state, k = 25): honest
+    p99 r, the mildest cheat's r, their separation and τ, the calibration itself in the summary.
 
 ``--lanes 2`` runs stages 5–8 in a second process beside the others (on a GPU machine's many cores the two
 halves fit one device lease); their results are merged into the one summary.
@@ -536,6 +538,32 @@ def gpt_cpu_audit(check: Check) -> dict:
     return found
 
 
+def gpt_calibration(check: Check) -> dict:
+    """The 86M model's own recipe calibrated on this device against itself (cuda→cuda; cpu→cpu in a rehearsal): one
+    base state after its first segment, k = 25, the device's honest variants and the mildest cheat. No shipped
+    calibration covers a job's own recipe; this says whether the tolerance separates the two at this size. The
+    calibration itself goes into the summary (its JSON is small), so it needs no file of its own in ``OUT``."""
+    from trainmaster.jobs.recipes.options import parse_options
+    from trainmaster.verify.calibrate import calibrate
+    from trainmaster.verify.calibration import store_calibration
+
+    sys.path.insert(0, str(gpt_code(check)))
+    from gpt import RECIPE
+
+    device = check.sizes.device
+    config = parse_options(RECIPE, gpt_options(check.sizes, 2 * K))
+    began = time.monotonic()
+    measured = calibrate(RECIPE, config, ks=[K], seeds=[7], bases=1, executor=device, verifier=device)
+    path = store_calibration(measured, check.work / "gpt-calibration")
+    point = measured.point(K)
+    found = {"pair": f"{device}→{device}", "honest_r": point.honest_r, "honest_p99": point.honest_p99,
+             "cheat_min": point.cheat_min, "separation": point.separation, "tau": point.tau,
+             "seconds": round(time.monotonic() - began, 1), "calibration": json.loads(path.read_text())}
+    check.summary["figures"]["gpt_calibration"] = {k: found[k] for k in ("pair", "honest_p99", "cheat_min",
+                                                                          "separation", "tau", "seconds")}
+    return found
+
+
 LANE_B = ("shipped_submits", "cpu_audits", "cross_device_audits", "calibrations")
 """With ``--lanes 2`` these run in a second process beside the others (the small shipped recipes use the
 CPU cores and little of the GPU, the 86M model the reverse), so both halves fit one device lease."""
@@ -550,6 +578,7 @@ STAGES = {  # in order; each with the seconds it needs at least
     "cross_device_audits": (60, cross_device_audits),
     "calibrations": (45, calibrations),
     "gpt_cpu_audit": (30, gpt_cpu_audit),
+    "gpt_calibration": (90, gpt_calibration),
 }
 
 

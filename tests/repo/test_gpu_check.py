@@ -48,6 +48,9 @@ def test_the_check_runs_every_stage_as_a_cpu_rehearsal(tmp_path):
     assert "tiny-lm cpu→cpu" in stages["calibrations"] and (out / "calibrations.tar").is_file()
     assert "r" in stages["gpt_cpu_audit"] or "segment" in stages["gpt_cpu_audit"]
     assert summary["figures"]["gpt_benchmark"]["blocked fraction of step time (%)"] >= 0
+    calibrated = stages["gpt_calibration"]  # the job's own recipe: cpu→cpu here, cuda→cuda on a GPU
+    assert calibrated["pair"] == "cpu→cpu" and calibrated["cheat_min"] > calibrated["tau"] > calibrated["honest_p99"]
+    assert calibrated["calibration"]["recipe"] == "gpt" and calibrated["calibration"]["executor"] == "cpu"
     # ``--lanes 2`` (how a 15-minute device lease fits the check): the shipped recipe's stages ran in a second
     # process and came back into the one summary, the calibrations beside it
     assert {name for name, stage in stages.items() if stage.get("lane") == "b"} == {"shipped_submits", "cpu_audits",
