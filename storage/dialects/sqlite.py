@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 NAME = "sqlite"
@@ -38,11 +39,32 @@ def connect(path: Path | str) -> Connection:
         _create_private(path)
     db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False, factory=Connection)
     db.row_factory = sqlite3.Row
-    db.execute("PRAGMA journal_mode=WAL")
+    _wal(db)
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA busy_timeout=30000")
     db.execute("PRAGMA foreign_keys=ON")
     return db
+
+
+WAL_WAIT_S = 30.0
+"""How long turning a file to WAL is retried while other connections hold it (the busy wait's 30 s)."""
+
+
+def _wal(db: Connection) -> None:
+    """WAL mode. Turning a new file to WAL takes its exclusive lock, and SQLite answers "database is locked" at once,
+    without its busy wait, when another connection opening the same file holds its shared lock (waiting there could
+    deadlock): several processes opening a new home at one moment (concurrent `submit`s) retry here, briefly, until
+    one has turned it; for the others it then already is WAL."""
+    deadline, pause = time.monotonic() + WAL_WAIT_S, 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 def _create_private(path: Path) -> None:
