@@ -6,9 +6,10 @@ reports GPUs, to respect CUDA_VISIBLE_DEVICES and confirm that CUDA works from t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from trainmaster.jobs.cpus import usable_cpus
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,7 @@ def this_host() -> Machine:
     """CPUs and memory only: what is known without asking NVML or torch."""
     import psutil
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return Machine(cpus=cpus, memory_mb=psutil.virtual_memory().total // 2**20)
+    return Machine(cpus=usable_cpus(), memory_mb=psutil.virtual_memory().total // 2**20)
 
 
 def _gpus() -> list[Gpu]:

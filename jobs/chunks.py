@@ -18,12 +18,12 @@ an odd last node carried up unchanged, which is RFC 6962's tree for any size).
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .merkle import leaf_hash, node_hash, verify_inclusion
+from .cpus import usable_cpus
 from .priority import lower_thread_priority
 
 CHUNK_BYTES = 64 * 1024
@@ -37,8 +37,7 @@ _POOL: ThreadPoolExecutor | None = None
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
-        usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-        workers = max(1, min(32, len(usable)))  # a container's cores, not the host's
+        workers = min(32, usable_cpus())
         _POOL = ThreadPoolExecutor(workers, thread_name_prefix="trainmaster-chunk", initializer=lower_thread_priority)
     return _POOL
 

@@ -17,9 +17,11 @@ def describe() -> str:
     """Load averages, runnable processes, memory and the busiest processes over SAMPLE_S, a line each."""
     import psutil
 
+    from trainmaster.jobs.cpus import usable_cpus
+
     one, five, fifteen = os.getloadavg()
     memory = psutil.virtual_memory()
-    lines = [f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {len(os.sched_getaffinity(0))} cores; "
+    lines = [f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {usable_cpus()} cores; "
              f"memory {memory.used / 2**30:.1f} GiB used, {memory.available / 2**30:.1f} GiB available "
              f"of {memory.total / 2**30:.1f}"]
     procs = list(psutil.process_iter(["pid", "name"]))

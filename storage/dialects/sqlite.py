@@ -19,6 +19,10 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 """The database's clock in Unix seconds (SQLite < 3.42 has no `unixepoch('subsec')`)."""
 
 
+BUSY_WAIT_S = 30.0
+"""How long a connection waits for another's lock: SQLite's busy wait, and turning a new file to WAL (`_wal`)."""
+
+
 class Connection(sqlite3.Connection):
     """sqlite3's own connection, with the dialect and the file it opened attached."""
 
@@ -37,17 +41,13 @@ def connect(path: Path | str) -> Connection:
     if str(path) != ":memory:":
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _create_private(path)
-    db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False, factory=Connection)
+    db = sqlite3.connect(path, timeout=BUSY_WAIT_S, isolation_level=None, check_same_thread=False, factory=Connection)
     db.row_factory = sqlite3.Row
     _wal(db)
     db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA busy_timeout=30000")
+    db.execute(f"PRAGMA busy_timeout={int(BUSY_WAIT_S * 1000)}")
     db.execute("PRAGMA foreign_keys=ON")
     return db
-
-
-WAL_WAIT_S = 30.0
-"""How long turning a file to WAL is retried while other connections hold it (the busy wait's 30 s)."""
 
 
 def _wal(db: Connection) -> None:
@@ -55,7 +55,7 @@ def _wal(db: Connection) -> None:
     without its busy wait, when another connection opening the same file holds its shared lock (waiting there could
     deadlock): several processes opening a new home at one moment (concurrent `submit`s) retry here, briefly, until
     one has turned it; for the others it then already is WAL."""
-    deadline, pause = time.monotonic() + WAL_WAIT_S, 0.005
+    deadline, pause = time.monotonic() + BUSY_WAIT_S, 0.005
     while True:
         try:
             db.execute("PRAGMA journal_mode=WAL")

@@ -48,7 +48,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CORES = len(os.sched_getaffinity(0))
+from trainmaster.jobs.cpus import usable_cpus  # noqa: E402
+
+CORES = usable_cpus()
 """The cores this process may run on (a container's share, where ``os.cpu_count()`` gives the host's)."""
 
 HERE = Path(__file__).resolve().parent
