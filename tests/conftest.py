@@ -19,9 +19,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 its OpenMP runtime, so set before any test imports torch). By default an idle thread of torch's intra-op pool spins
 for milliseconds between parallel regions: harmless alone, but the suite keeps more runnable processes than cores,
 and there the spin takes the core another process needed. On 2 cores, two processes each training a small MLP on 2
-threads used 10.6 CPU-s each spinning and 2.2-2.5 sleeping, and five of the heaviest in-process torch files took 17 %
-less time with 9 % less CPU. It changes no result: the wait policy is not in any computation. A value of the
-caller's own wins."""
+threads used 10.6 CPU-s each spinning and 2.2-2.5 sleeping, and five of the heaviest in-process torch files took
+128-138 s instead of 146-163 s, with 220-241 user CPU-s instead of 266. It changes no result: the wait policy is not
+in any computation. A value of the caller's own wins."""
 
 SPLIT_FILES = ("test_benchmarks_smoke.py",)
 """Files whose tests are spread one by one: each benchmark's smoke run is independent and the file as one unit
