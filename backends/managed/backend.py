@@ -236,12 +236,14 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
 
     async def status(self, handle: Handle) -> AttemptStatus:
         state, ended = await self._state(handle)
-        if state.phase is Phase.failed and state.cause is None and ended is None:
-            # the service says failed, and the launcher wrote no exit record: the container was stopped from outside
+        finished = ended is not None and ended.get("exit_code") == 0 and not isinstance(ended.get("exit_code"), bool)
+        if state.phase is Phase.failed and state.cause is None and (ended is None or finished):
+            # the service says failed, and the launcher wrote no exit record, or one of an entrypoint that exited 0
+            # (a spot VM reclaimed while the service was still finalizing): stopped from outside, not the job's doing
             cause, why = ((Cause.preempted, "preempted: its spot capacity was reclaimed") if handle.data.get("spot")
                           else (Cause.lost, "lost: the container was stopped"))
-            state = state.model_copy(update={"cause": cause, "reason": f"{state.reason or 'failed'}: no exit record "
-                                                                      f"in the synced folder ({why})"})
+            found = "its entrypoint exited 0 (the exit record)" if finished else "no exit record in the synced folder"
+            state = state.model_copy(update={"cause": cause, "reason": f"{state.reason or 'failed'}: {found} ({why})"})
         status = AttemptStatus(phase=state.phase, cause=state.cause, reason=state.reason, exit_code=state.exit_code,
                                started_at=state.started_at, ended_at=state.ended_at)
         if ended and state.phase in (Phase.failed, Phase.succeeded):

@@ -109,7 +109,7 @@ def test_a_preempted_spot_run_resumes_to_an_uninterrupted_runs_bytes_and_is_veri
 
     cli.preempt_at_segment = 2
     done = submit(job(tmp_path, "", text=short_job()), tmp_path)
-    assert done["state"] == "accepted", done
+    assert done["state"] == "accepted", json.dumps(done, indent=1)  # whole: each attempt's state and reason
     first, second = done["attempts"]
     assert first["backend"] == second["backend"] == "azure"
     assert first["state"] != "accepted" and "preempted" in first["reason"], first

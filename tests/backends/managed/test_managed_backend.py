@@ -256,3 +256,19 @@ def test_a_failed_job_with_no_exit_record_was_stopped_from_outside(backend, bund
     plain = asyncio.run(backend.submit(bundle, spec(), offer(), ctx("att2")))
     backend.service.states[job_name("att2")] = ServiceState(phase=Phase.failed)
     assert asyncio.run(backend.status(plain)).cause is Cause.lost
+
+
+def test_a_failed_job_whose_entrypoint_exited_0_was_stopped_from_outside(backend, bundle):
+    """A spot VM reclaimed after the entrypoint exited 0 (its exit record synced) but before the service called the
+    job completed: the failure is not the job's, so it is a preemption (resumed), never the job's own failure; an
+    exit record of a non-zero exit stays the job's failure, with its reason."""
+    spot = asyncio.run(backend.submit(bundle, spec(), offer(spot=True), ctx("att1")))
+    put(backend, "attempts/att1/sync/" + plan.SYNC_EXIT, json.dumps({"exit_code": 0, "reason": "exited 0"}).encode())
+    backend.service.states[job_name("att1")] = ServiceState(phase=Phase.failed, reason="Azure ML job failed")
+    status = asyncio.run(backend.status(spot))
+    assert status.cause is Cause.preempted and "exited 0" in status.reason and status.exit_code == 0, status
+    failing = asyncio.run(backend.submit(bundle, spec(), offer(spot=True), ctx("att2")))
+    put(backend, "attempts/att2/sync/" + plan.SYNC_EXIT, json.dumps({"exit_code": 3, "reason": "boom"}).encode())
+    backend.service.states[job_name("att2")] = ServiceState(phase=Phase.failed, reason="Azure ML job failed")
+    status = asyncio.run(backend.status(failing))
+    assert status.cause is None and status.reason == "boom" and status.exit_code == 3, status
