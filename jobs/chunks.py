@@ -22,8 +22,8 @@ import struct
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from .merkle import leaf_hash, node_hash, verify_inclusion
 from .cpus import usable_cpus
+from .merkle import leaf_hash, node_hash, verify_inclusion
 from .priority import lower_thread_priority
 
 CHUNK_BYTES = 64 * 1024
