@@ -247,8 +247,6 @@ def _zip_kind(path: Path, budget: Budget) -> FileKind:
 
 
 def _members_kind(archive: zipfile.ZipFile, budget: Budget) -> FileKind:
-    from .safeload import pickle_protocol
-
     pickles, unreadable, arrays, serialized = [], [], 0, False
     members = [info for info in archive.infolist() if not info.is_dir()]
     for at, info in enumerate(members):

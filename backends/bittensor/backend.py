@@ -27,7 +27,7 @@ from trainmaster.backends.base import (
     LocalEnvironmentError, LogChunk, Offer, OfferRequest, OfferSet, OutputFile, Progress,
 )
 from trainmaster.backends.bittensor import auth, fetch_bounds, protocol, quotes
-from trainmaster.backends.bittensor.client import CHUNK, STREAM_TIMEOUT, MinerClient, QuoteUsed, target
+from trainmaster.backends.bittensor.client import CHUNK, MinerClient, QuoteUsed, target
 from trainmaster.backends.bittensor.config import BittensorConfig
 from trainmaster.backends.bittensor.directory import Miner, MinerDirectory, StaticDirectory
 from trainmaster.backends.features import (

@@ -136,7 +136,6 @@ def _ls(all_: bool, limit: int, as_json: bool, wide: bool):
 
 def _status(job_ref: str, as_json: bool):
     from trainmaster.broker import job_view
-    from trainmaster.broker.cli import render
     from trainmaster.broker.cli.local_jobs import read_status
 
     view, job = read_status(job_ref)

@@ -11,7 +11,8 @@ environment variables and, under a PyTorch distribution, MASTER_ADDR, MASTER_POR
 RANK (one process per instance). It moves the job's status as the service does (Queued, Running, then
 Completed, Failed or Canceled; systemData.lastModifiedAt moving with each), stops it when cancelled, and can
 preempt a spot job once a given checkpoint segment is on its synced folder's disk (frozen, synced to the store,
-killed: clouds/reclaim.py).
+killed: clouds/reclaim.py), or reclaim one after its processes exited 0, while the service still finalizes it (its
+outputs synced, the job then Failed, with no error text, as a spot VM taken back at that moment leaves it).
 Refusing capacity and throttling are the fake's `faults`. `started` records, per job, when its first instance
 started (the benchmark's submit-to-start time).
 """
@@ -50,6 +51,8 @@ class AzureMLRunner:
         self.played: dict[str, threading.Thread] = {}
         self.preempt_at_segment: int | None = None
         """Preempt the next spot job once its synced folder holds this checkpoint segment (then cleared)."""
+        self.reclaim_after_exit = False
+        """Reclaim the next spot job after its processes exited, before the service completes it (then cleared)."""
         self.exit_codes: dict[str, list[int]] = {}
         self.started: dict[str, float] = {}
         self._stop = threading.Event()
@@ -119,6 +122,7 @@ class AzureMLRunner:
         procs = self._start(props, paths, root)
         preempt_at, spot = self.preempt_at_segment, (props.get("queueSettings") or {}).get("jobTier") == "Spot"
         outcome, frozen, armed = None, [], spot and preempt_at is not None
+        reclaimed = spot and self.reclaim_after_exit
         while outcome is None:
             time.sleep(reclaim.POLL_S if armed else POLL_S)
             if props["status"] == "CancelRequested":
@@ -130,6 +134,8 @@ class AzureMLRunner:
                 self.preempt_at_segment, outcome = None, "Preempted"
             elif all(p.poll() is not None for p in procs):
                 outcome = "Ended"
+                if reclaimed:  # finalizing when the VM is taken back: the outputs are synced below, then Failed
+                    self.reclaim_after_exit, outcome = False, "Reclaimed"
         if outcome != "Ended":
             for p in procs:
                 p.kill()
@@ -141,7 +147,7 @@ class AzureMLRunner:
             mount.close()
         if outcome == "Canceled":
             fake.set_status(name, "Canceled")
-        elif outcome == "Preempted" or any(codes):
+        elif outcome in ("Preempted", "Reclaimed") or any(codes):
             fake.set_status(name, "Failed")  # the job resource says no more: no error text
         else:
             fake.set_status(name, "Completed")

@@ -15,7 +15,7 @@ import torch
 from pydantic import Field
 
 from trainmaster.jobs import environment
-from trainmaster.jobs.canonical import CanonicalError, state_sha256, views
+from trainmaster.jobs.canonical import CanonicalError, views
 from trainmaster.jobs.chunks import file_digest
 from trainmaster.jobs.checkpoint import CheckpointError, read_segment, segment_dir, segment_indices
 from trainmaster.jobs.commitment import Commitment, CommitmentError, read_commitment, segment_leaves, segment_proof

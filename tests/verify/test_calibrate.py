@@ -213,7 +213,6 @@ def test_cli_calibrates_a_jobs_own_recipe_in_a_child_process(tmp_path, tm_home, 
     and extracted afresh, as its audit does; the calibration is stored under the job class its config makes."""
     import shutil
     import sys
-    from pathlib import Path
 
     code = tmp_path / "job"
     shutil.copytree(TESTS / "gpu" / "gpt_job", code, ignore=shutil.ignore_patterns("__pycache__"))

@@ -12,7 +12,6 @@ import base64
 import io
 import json
 import pickle
-import textwrap
 import zipfile
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from trainmaster.jobs.spec import JobSpec, load_spec
 from trainmaster.jobs.yamlfile import FileError
 from trainmaster.verify import output_kinds
 from trainmaster.verify.output_kinds import DATA, PICKLE, SAFETENSORS, UNCHECKED, classify
-from untrusted_backend import UntrustedExecutor
 
 
 class Payload:

@@ -1,16 +1,16 @@
 """Azure end to end through the real CLI: `trainmaster submit --wait` under a policy whose primary is azure,
 backends.yaml pointing at the strict Azure ML fake and Azurite, and a test-side runner playing Azure ML
-(tests/clouds/azure_runner.py: the launcher in a subprocess per instance). A spot job preempted mid-run resumes
-from its synced checkpoints to the bytes of an uninterrupted run, is fetched, verified and charged what the
-service billed; a 2-node gloo job; throttling retried; capacity refused at submit falls back to local; a job
-failing inside the service ends with its reason and exit code; `cancel` stops the Azure ML job."""
+(tests/clouds/azure_runner.py: the launcher in a subprocess per instance). A spot job preempted mid-run, or reclaimed
+after its entrypoint exited 0 while the service was finalizing it, resumes from its synced checkpoints to the bytes
+of an uninterrupted run, is fetched, verified and charged what the service billed; a 2-node gloo job; throttling
+retried; capacity refused at submit falls back to local; a job failing inside the service ends with its reason and
+exit code; `cancel` stops the Azure ML job."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -73,7 +73,8 @@ def billed(azure, name: str) -> float:
     from datetime import datetime
 
     system = azure.fake.jobs[name]["systemData"]
-    return (datetime.fromisoformat(system["lastModifiedAt"]) - datetime.fromisoformat(system["createdAt"])).total_seconds()
+    ended, created = (datetime.fromisoformat(system[key]) for key in ("lastModifiedAt", "createdAt"))
+    return (ended - created).total_seconds()
 
 
 def synced_log(tmp_path, name: str) -> str:
@@ -103,12 +104,28 @@ def expected_cost(azure, azure_config, attempt: dict, price: int) -> int:
 
 def test_a_preempted_spot_run_resumes_to_an_uninterrupted_runs_bytes_and_is_verified_and_charged(
         cli, azure, azure_config, tm_home, tmp_path):
+    """Preempted mid-run (segment 2 on disk), and reclaimed after its entrypoint exited 0 while Azure ML was still
+    finalizing the job (the service says Failed; the exit record says 0): both times the job resumes from its synced
+    segments to the bytes of an uninterrupted run, is verified and charged each attempt as billed."""
     plain = submit(job(tmp_path, "", name="plain", text=short_job()), tmp_path)  # 4 segments of 10 steps
     assert plain["state"] == "accepted", plain
     uninterrupted = {f["path"]: f["sha256"] for f in plain["attempts"][0]["outputs"]}["model.safetensors"]
 
     cli.preempt_at_segment = 2
-    done = submit(job(tmp_path, "", text=short_job()), tmp_path)
+    resumed_to(uninterrupted, submit(job(tmp_path, "", text=short_job()), tmp_path), azure, azure_config, tm_home,
+               tmp_path)
+    cli.reclaim_after_exit = True
+    finished = submit(job(tmp_path, "", name="finished", text=short_job()), tmp_path)
+    resumed_to(uninterrupted, finished, azure, azure_config, tm_home, tmp_path)
+    assert [cli.exit_codes[job_name(a["id"])] for a in finished["attempts"]] == [[0], [0]]
+    sent = [json.loads(body)["properties"] for method, path, body in azure.fake.log
+            if method == "PUT" and "/jobs/" in path]
+    assert [p["queueSettings"]["jobTier"] for p in sent] == ["Spot"] * 5
+
+
+def resumed_to(uninterrupted: str, done: dict, azure, azure_config, tm_home, tmp_path) -> None:
+    """The job was preempted once, resumed from its synced segments on azure, accepted with the uninterrupted run's
+    model, and charged each attempt what the service billed; `status` and `logs` show it."""
     assert done["state"] == "accepted", json.dumps(done, indent=1)  # whole: each attempt's state and reason
     first, second = done["attempts"]
     assert first["backend"] == second["backend"] == "azure"
@@ -117,9 +134,6 @@ def test_a_preempted_spot_run_resumes_to_an_uninterrupted_runs_bytes_and_is_veri
     assert {f["path"]: f["sha256"] for f in second["outputs"]}["model.safetensors"] == uninterrupted
     resumed = synced_log(tmp_path, job_name(second["id"]))
     assert "resum" in resumed.lower(), resumed  # from the segments carried into its synced folder
-    sent = [json.loads(body)["properties"] for method, path, body in azure.fake.log
-            if method == "PUT" and "/jobs/" in path]
-    assert [p["queueSettings"]["jobTier"] for p in sent] == ["Spot"] * 3
 
     status = shown(tm("status", done["id"], "--json"))
     assert status["state"] == "accepted"
@@ -132,7 +146,8 @@ def test_a_preempted_spot_run_resumes_to_an_uninterrupted_runs_bytes_and_is_veri
         assert attempt["cost_micro_usd"] == expected_cost(azure, azure_config, attempt, price), attempt
     charges = state_rows(tm_home,
                          "SELECT micro_usd FROM ledger_entries WHERE job_id = ? AND kind = 'charge'", done["id"])
-    assert sum(c["micro_usd"] for c in charges) == first["cost_micro_usd"] + second["cost_micro_usd"] == status["cost_micro_usd"]
+    charged = first["cost_micro_usd"] + second["cost_micro_usd"]
+    assert sum(c["micro_usd"] for c in charges) == charged == status["cost_micro_usd"]
 
 
 def test_a_two_node_gloo_job_runs_on_two_instances(cli, azure, tmp_path):

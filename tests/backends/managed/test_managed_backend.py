@@ -7,7 +7,6 @@ import asyncio
 import hashlib
 import json
 import re
-from pathlib import Path
 
 import pytest
 

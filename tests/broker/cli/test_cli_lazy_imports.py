@@ -5,7 +5,6 @@ Checked in a fresh interpreter per command (sys.modules after the command ran)."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 

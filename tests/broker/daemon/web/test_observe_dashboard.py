@@ -7,7 +7,6 @@ import json
 import urllib.error
 import urllib.request
 
-import pytest
 
 from observe_support import HOSTILE
 from trainmaster.broker.daemon.web import charts, curves
