@@ -11,7 +11,7 @@ environment variables and, under a PyTorch distribution, MASTER_ADDR, MASTER_POR
 RANK (one process per instance). It moves the job's status as the service does (Queued, Running, then
 Completed, Failed or Canceled; systemData.lastModifiedAt moving with each), stops it when cancelled, and can
 preempt a spot job once a given checkpoint segment is on its synced folder's disk (frozen, synced to the store,
-killed: clouds/reclaim.py), or reclaim one after its processes exited 0, while the service still finalizes it (its
+killed: clouds/reclaim.py), or reclaim one after its processes exited, while the service still finalizes it (its
 outputs synced, the job then Failed, with no error text, as a spot VM taken back at that moment leaves it).
 Refusing capacity and throttling are the fake's `faults`. `started` records, per job, when its first instance
 started (the benchmark's submit-to-start time).
