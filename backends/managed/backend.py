@@ -236,7 +236,8 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
 
     async def status(self, handle: Handle) -> AttemptStatus:
         state, ended = await self._state(handle)
-        finished = ended is not None and ended.get("exit_code") == 0 and not isinstance(ended.get("exit_code"), bool)
+        recorded = None if ended is None else ended.get("exit_code")  # the container's bytes: 0.0 or false is no exit 0
+        finished = type(recorded) is int and recorded == 0
         if state.phase is Phase.failed and state.cause is None and (ended is None or finished):
             # the service says failed, and the launcher wrote no exit record, or one of an entrypoint that exited 0
             # (a spot VM reclaimed while the service was still finalizing): stopped from outside, not the job's doing

@@ -271,3 +271,10 @@ def test_a_failed_job_whose_entrypoint_exited_0_was_stopped_from_outside(backend
     backend.service.states[job_name("att2")] = ServiceState(phase=Phase.failed, reason="Azure ML job failed")
     status = asyncio.run(backend.status(failing))
     assert status.cause is None and status.reason == "boom" and status.exit_code == 3, status
+    for n, claimed in enumerate((False, 0.0, "0", None)):  # the container's bytes: only an int 0 is an exit 0
+        attempt = f"att{3 + n}"
+        handle = asyncio.run(backend.submit(bundle, spec(), offer(spot=True), ctx(attempt)))
+        put(backend, f"attempts/{attempt}/sync/" + plan.SYNC_EXIT, json.dumps({"exit_code": claimed}).encode())
+        backend.service.states[job_name(attempt)] = ServiceState(phase=Phase.failed, reason="Azure ML job failed")
+        status = asyncio.run(backend.status(handle))
+        assert status.cause is None and status.reason == "Azure ML job failed", (claimed, status)
