@@ -53,3 +53,28 @@ def test_dev_refuses_a_python_without_the_filters_before_making_anything(tmp_pat
     assert f"has no tarfile extraction filters (PEP 706): trainmaster needs Python {launcher_boot.FILTERS_PYTHONS}" \
         in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not venv.exists()
+
+
+def test_dev_test_in_a_fresh_checkout_refuses_such_a_python_before_starting_npm(tmp_path):
+    """`./dev test` starts Azurite's `npm ci` beside the Python install: with such a Python it still refuses first,
+    with the same line, and starts nothing (no .venv, no npm)."""
+    checkout = tmp_path / "checkout"  # what ./dev reads before it installs: no node_modules, no .venv yet
+    for name in ("dev", "pyproject.toml", "constraints-dev.txt", "tests/azurite/package-lock.json"):
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_bytes((ROOT / name).read_bytes())
+    (checkout / "dev").chmod(0o755)
+    site, tools = tmp_path / "site", tmp_path / "bin"
+    site.mkdir()
+    tools.mkdir()
+    (site / "sitecustomize.py").write_text("import tarfile\ndel tarfile.data_filter, tarfile.FilterError\n")
+    old = tools / "python3"
+    old.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    npm = tools / "npm"  # records being run
+    npm.write_text(f"#!/bin/sh\ntouch {tmp_path / 'npm-ran'}\n")
+    for tool in (old, npm):
+        tool.chmod(0o755)
+    done = subprocess.run([str(checkout / "dev"), "test"], cwd=checkout, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": str(old), "PATH": f"{tools}:{os.environ['PATH']}"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "has no tarfile extraction filters (PEP 706)" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (checkout / ".venv").exists() and not (tmp_path / "npm-ran").exists()
