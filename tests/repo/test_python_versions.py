@@ -74,7 +74,8 @@ def test_dev_test_in_a_fresh_checkout_refuses_such_a_python_before_starting_npm(
     for tool in (old, npm):
         tool.chmod(0o755)
     done = subprocess.run([str(checkout / "dev"), "test"], cwd=checkout, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHON": str(old), "PATH": f"{tools}:{os.environ['PATH']}"})
+                          env={**os.environ, "PYTHON": str(old), "PATH": f"{tools}:{os.environ['PATH']}",
+                               "TRAINMASTER_VENV": str(checkout / ".venv")})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "has no tarfile extraction filters (PEP 706)" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (checkout / ".venv").exists() and not (tmp_path / "npm-ran").exists()
