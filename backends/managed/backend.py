@@ -237,7 +237,8 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
     async def status(self, handle: Handle) -> AttemptStatus:
         state, ended = await self._state(handle)
         recorded = None if ended is None else ended.get("exit_code")  # the container's bytes: 0.0 or false is no exit 0
-        finished = type(recorded) is int and recorded == 0
+        code = recorded if type(recorded) is int else None  # an exit code only as a JSON integer
+        finished = code == 0
         if state.phase is Phase.failed and state.cause is None and (ended is None or finished):
             # the service says failed, and the launcher wrote no exit record, or one of an entrypoint that exited 0
             # (a spot VM reclaimed while the service was still finalizing): stopped from outside, not the job's doing
@@ -248,8 +249,7 @@ class ManagedBackend(SupportsMultiGpu, SupportsMultiNode, SupportsSpot, Supports
         status = AttemptStatus(phase=state.phase, cause=state.cause, reason=state.reason, exit_code=state.exit_code,
                                started_at=state.started_at, ended_at=state.ended_at)
         if ended and state.phase in (Phase.failed, Phase.succeeded):
-            code = ended.get("exit_code")
-            if isinstance(code, int) and not isinstance(code, bool):
+            if code is not None:
                 status = status.model_copy(update={"exit_code": code})
                 if (state.phase is Phase.failed and state.cause in (None, Cause.script_failed) and code != 0
                         and isinstance(ended.get("reason"), str)):  # a preemption keeps the service's word
