@@ -262,10 +262,10 @@ class LocalBackend(SupportsMultiGpu, KeepsSegments, ReleasesSegments, ResumesFro
         started = _read_json(workdir / sup.SUPERVISOR)
         if started is None:
             return 0
-        if _alive(started["pid"], started["create_time"]):
+        if processes.is_running(started):
             _signal_group(started["pid"], signal.SIGTERM)  # the supervisor leads its own session and process group
             deadline = time.time() + CANCEL_GRACE_S
-            while time.time() < deadline and _alive(started["pid"], started["create_time"]):
+            while time.time() < deadline and processes.is_running(started):
                 await asyncio.sleep(0.1)
         return await asyncio.to_thread(_reap, workdir, started, cancelled=True)
 
@@ -338,7 +338,7 @@ def _carry_metrics(resume_from: Path, outputs: Path) -> None:
 def _status(workdir: Path) -> AttemptStatus:
     ended = _read_json(workdir / sup.EXIT)
     started = _read_json(workdir / sup.SUPERVISOR)
-    if ended is not None and started is not None and _alive(started["pid"], started["create_time"]):
+    if ended is not None and started is not None and processes.is_running(started):
         # the job has ended, its supervisor not yet: it is stopping what the job left running and taking a confined
         # job's folders back (supervisor.py), so its outputs are not final and nobody may fetch them yet
         return AttemptStatus(phase=Phase.running, started_at=started["started_at"])
@@ -353,7 +353,7 @@ def _status(workdir: Path) -> AttemptStatus:
                              started_at=ended["started_at"], ended_at=ended["ended_at"])
     if started is None:
         return AttemptStatus(phase=Phase.pending)
-    if _alive(started["pid"], started["create_time"]):
+    if processes.is_running(started):
         return AttemptStatus(phase=Phase.running, started_at=started["started_at"])
     if not (workdir / sup.EXIT).exists():  # else it finished between the two reads
         _reap(workdir, started, cancelled=False)
@@ -364,10 +364,10 @@ def _reap(workdir: Path, started: dict, *, cancelled: bool) -> int:
     """Kill what is left of an attempt (its supervisor dead, or not stopping when cancelled) and, when
     the supervisor recorded no end, record one: when the last process was stopped, or the last
     heartbeat when nothing was left. Returns how many processes were killed."""
-    alive = _alive(started["pid"], started["create_time"])
+    alive = processes.is_running(started)
     beat = max(started["started_at"], _mtime(workdir / sup.HEARTBEAT, default=0.0))
     marker = (_read_json(workdir / sup.LAUNCH) or {}).get("env", {}).get(OUTPUT_DIR, str(workdir / "outputs"))
-    left = processes.attempt_processes(started["pid"], started["create_time"], marker=marker,
+    left = processes.attempt_processes(started, marker=marker,
                                        until=None if alive else beat + 2 * sup.HEARTBEAT_S)
     ended = processes.stop(left, grace=0) if left else beat
     if not (workdir / sup.EXIT).exists():
@@ -393,17 +393,6 @@ def _write_json_once(path: Path, obj: dict) -> None:
         pass
     finally:
         os.unlink(tmp)
-
-
-def _alive(pid: int, create_time: float) -> bool:
-    """True when `pid` is still the process that wrote the record (not a reused pid)."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        return abs(proc.create_time() - create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _signal_group(pgid: int, sig: int) -> None:

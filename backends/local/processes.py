@@ -11,6 +11,11 @@ A process belongs to the attempt when it started no earlier than the attempt's s
   virtualenv. Once the supervisor is dead its pid, and with it the group's number, can be given to
   another process, so a process started since is never taken for ours by its group alone.
 
+"Started no earlier" and "is still the supervisor" compare start times that no change of the wall clock moves
+(`started_since_boot`): psutil's create_time on Linux is the start since boot plus the boot time, and the boot
+time moves by whole seconds when the clock is stepped (NTP, a laptop or a VM resumed), so a live supervisor
+would look like another process, and its job would be killed as dead.
+
 Linux and macOS (psutil); a process of another user is never matched (its environment is unreadable).
 """
 
@@ -20,6 +25,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import psutil
 
@@ -29,18 +35,59 @@ KILL_WAIT_S = 5.0
 POLL_S = 0.05
 
 
-def attempt_processes(pid: int, create_time: float, *, marker: str, until: float | None,
+def started_since_boot(pid: int) -> float | None:
+    """Seconds from the machine's boot to the process's start (Linux: /proc/PID/stat's starttime), which no change of
+    the wall clock moves; None where /proc has no such process (gone, or not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat[stat.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def identity(pid: int) -> dict:
+    """What the supervisor records of itself to be told from a later process given its pid: its start as the wall
+    clock read it (`create_time`) and, on Linux, since boot (`since_boot`)."""
+    record = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+    since_boot = started_since_boot(pid)
+    return record if since_boot is None else {**record, "since_boot": since_boot}
+
+
+def is_running(record: dict) -> bool:
+    """Whether the process `identity` recorded still runs (not a zombie, not a later process given its pid). By its
+    start since boot when recorded (exact whatever the clock did since); else (macOS, a record of an older version)
+    by its wall-clock start, to 0.01 s."""
+    try:
+        proc = psutil.Process(record["pid"])
+        if record.get("since_boot") is not None and (now := started_since_boot(record["pid"])) is not None:
+            same = abs(now - record["since_boot"]) < 0.001
+        else:
+            same = abs(proc.create_time() - record["create_time"]) < 0.01
+        return same and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _started_before(proc: psutil.Process, record: dict) -> bool:
+    """Whether `proc` started before the recorded supervisor (by their starts since boot where both are known)."""
+    if record.get("since_boot") is not None and (since_boot := started_since_boot(proc.pid)) is not None:
+        return since_boot < record["since_boot"]
+    return proc.info["create_time"] < record["create_time"] - 0.01
+
+
+def attempt_processes(record: dict, *, marker: str, until: float | None,
                       exclude: Iterable[int] = ()) -> list[psutil.Process]:
-    """The live processes of the attempt whose supervisor is (or was) `pid` started at `create_time`.
+    """The live processes of the attempt whose supervisor `record` (`identity`) describes.
 
     `marker`: the attempt's output directory. `until`: the latest start time a process found by its
     group or session alone may have (None while the supervisor is alive).
     """
-    skip = set(exclude)
+    pid, skip = record["pid"], set(exclude)
     found = []
     for proc in psutil.process_iter(["create_time", "status"]):
         started = proc.info["create_time"]
-        if proc.pid in skip or started is None or started < create_time - 0.01 or proc.info["status"] == psutil.STATUS_ZOMBIE:
+        if (proc.pid in skip or started is None or proc.info["status"] == psutil.STATUS_ZOMBIE
+                or _started_before(proc, record)):
             continue
         try:
             if (until is None or started <= until) and pid in (os.getpgid(proc.pid), os.getsid(proc.pid)):

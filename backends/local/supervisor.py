@@ -51,18 +51,11 @@ LEFTOVERS = "[trainmaster] the job left"
 """How the log line on processes a job left starts: never taken for the job's own last line."""
 
 
-def process_start_time(pid: int) -> float:
-    import psutil
-
-    return psutil.Process(pid).create_time()
-
-
 def main(workdir: Path) -> int:
     os.umask(0o077)  # what the attempt and its job write under the home is the user's alone (docs/runtime.md)
     launch = json.loads((workdir / LAUNCH).read_text())
     started = time.time()
-    record = {"pid": os.getpid(), "create_time": process_start_time(os.getpid()), "started_at": started,
-              "oom_kills": oom.kills()}
+    record = {**processes.identity(os.getpid()), "started_at": started, "oom_kills": oom.kills()}
     beat = Heartbeat(workdir / HEARTBEAT)
     write_json_atomic(workdir / SUPERVISOR, record)
     stopping: dict[str, str] = {}
@@ -291,7 +284,7 @@ def finish(workdir: Path, started: float, code: int, reason: str | None, stoppin
 def stop_leftovers(record: dict, launch: dict, log, stopping: dict) -> None:
     """Stop what the job left running once it ended (a daemon it forked, workers its launcher lost):
     SIGTERM, up to LEFTOVER_GRACE_S to exit (cut short by a cancel), then SIGKILL."""
-    left = processes.attempt_processes(record["pid"], record["create_time"], marker=launch["env"][OUTPUT_DIR],
+    left = processes.attempt_processes(record, marker=launch["env"][OUTPUT_DIR],
                                        until=None, exclude={os.getpid()})
     if left:
         log.write(f"{LEFTOVERS} {len(left)} process(es) running "
