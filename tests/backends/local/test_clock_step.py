@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from daemon_support import wait_for
 
 from trainmaster.broker import paths
 
@@ -26,15 +27,6 @@ SCRIPT = """
 """
 
 
-def wait_for(predicate, timeout: float = 60.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("step_s", [1.0, -1.0], ids=["forward", "back"])
 def test_a_clock_step_while_the_job_runs_neither_kills_it_nor_fails_it(tm_home, job_factory, step_s):
     spec = job_factory(SCRIPT)
@@ -43,7 +35,7 @@ def test_a_clock_step_while_the_job_runs_neither_kills_it_nor_fails_it(tm_home, 
                                env=os.environ.copy())
     try:
         jobs = tm_home / "jobs"
-        assert wait_for(lambda: any(jobs.glob("*/attempts/1/outputs/started")) if jobs.exists() else False)
+        wait_for(lambda: jobs.exists() and any(jobs.glob("*/attempts/1/outputs/started")), what="the job's start")
         [out] = jobs.glob("*/attempts/1/outputs")
         workdir = out.parent
         record_file = workdir / "supervisor.json"
