@@ -12,9 +12,8 @@ A process belongs to the attempt when it started no earlier than the attempt's s
   another process, so a process started since is never taken for ours by its group alone.
 
 "Started no earlier" and "is still the supervisor" compare start times that no change of the wall clock moves
-(`started_since_boot`): psutil's create_time on Linux is the start since boot plus the boot time, and the boot
-time moves by whole seconds when the clock is stepped (NTP, a laptop or a VM resumed), so a live supervisor
-would look like another process, and its job would be killed as dead.
+(jobs/process_start.py): compared by psutil's create_time, a live supervisor would look like another process
+after a step of the clock, and its job would be killed as dead.
 
 Linux and macOS (psutil); a process of another user is never matched (its environment is unreadable).
 """
@@ -25,24 +24,14 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import psutil
 
 from trainmaster.jobs.environment import OUTPUT_DIR
+from trainmaster.jobs.process_start import same_start, started_since_boot
 
 KILL_WAIT_S = 5.0
 POLL_S = 0.05
-
-
-def started_since_boot(pid: int) -> float | None:
-    """Seconds from the machine's boot to the process's start (Linux: /proc/PID/stat's starttime), which no change of
-    the wall clock moves; None where /proc has no such process (gone, or not Linux)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(stat[stat.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def identity(pid: int) -> dict:
@@ -60,7 +49,7 @@ def is_running(record: dict) -> bool:
     try:
         proc = psutil.Process(record["pid"])
         if record.get("since_boot") is not None and (now := started_since_boot(record["pid"])) is not None:
-            same = abs(now - record["since_boot"]) < 0.001
+            same = same_start(record["since_boot"], now)
         else:
             same = abs(proc.create_time() - record["create_time"]) < 0.01
         return same and proc.status() != psutil.STATUS_ZOMBIE

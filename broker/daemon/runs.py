@@ -6,7 +6,8 @@ database, saying why), `running` (with its address), `held` (another daemon hold
 when it exits. `daemon start` follows the file of the daemon it started to say what it waits for or why it did
 not start; `daemon status` and `daemon stop` find every daemon of the home through these files, not only the
 one in `state.json`. A file whose process is gone (a `kill -9`), or whose pid now belongs to another process,
-is ignored and removed by the next reader.
+is ignored and removed by the next reader. A run is told from a later process given its pid by its start since
+boot (jobs/process_start.py), which a step of the wall clock (NTP, a laptop or a VM resumed) does not move.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainmaster.broker.daemon.token import daemon_dir
+from trainmaster.jobs.process_start import same_start, started_since_boot
 
 STARTING, WAITING, RUNNING, HELD, FAILED, STOPPING = "starting", "waiting", "running", "held", "failed", "stopping"
 
@@ -30,6 +32,8 @@ class Run:
     phase: str
     message: str = ""
     address: str = ""
+    since_boot: float | None = None
+    """The process's start since boot (Linux); None on macOS and in a file of an older version."""
 
 
 def run_dir() -> Path:
@@ -44,7 +48,7 @@ def record(phase: str, message: str = "", address: str = "", *, started_at: floa
     """This process's phase (atomically replaced)."""
     folder = run_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    run = Run(os.getpid(), started_at, phase, message, address)
+    run = Run(os.getpid(), started_at, phase, message, address, started_since_boot(os.getpid()))
     tmp = folder / f".{os.getpid()}.tmp"
     tmp.write_text(json.dumps(asdict(run)))
     os.replace(tmp, run_file(os.getpid()))
@@ -83,14 +87,20 @@ def live() -> list[Run]:
 
 
 def alive(run: Run) -> bool:
-    """Whether the run's process lives and is the one that wrote it (not a later process given its pid)."""
+    """Whether the run's process lives and is the one that wrote it (not a later process given its pid): by its start
+    since boot where recorded, exact whatever the clock did since; else by its wall-clock start, which must come
+    before the time it recorded."""
     try:
         import psutil
 
-        created = psutil.Process(run.pid).create_time()
+        proc = psutil.Process(run.pid)
+        if run.since_boot is not None and (now := started_since_boot(run.pid)) is not None:
+            same = same_start(run.since_boot, now)
+        else:
+            same = proc.create_time() <= run.started_at + 1.0
+        return same and proc.status() != psutil.STATUS_ZOMBIE
     except Exception:  # noqa: BLE001 — gone, or not ours to look at
         return False
-    return created <= run.started_at + 1.0 and psutil.Process(run.pid).status() != psutil.STATUS_ZOMBIE
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:
