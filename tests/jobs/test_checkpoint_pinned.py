@@ -2,6 +2,12 @@
 
 The values were produced by the writer before it hashed and wrote in one pass (commitment format 2);
 any change to the writer, the chunk hashing or the pool that runs it must leave every one of them as it is.
+
+The state is made of integer arithmetic and single, correctly rounded float operations only, so it is the same bytes
+on every CPU. It was made of `sin` and `cos` until a host with AVX-512 (Sapphire Rapids) gave another state: torch
+takes them from MKL's vector math, whose results depend on the instruction set it dispatches to (MKL_CBWR=AVX and
+MKL_CBWR=AVX2 differ in the last bit); the pins were made again from today's writer once it was shown to give every
+old pin from the old state under MKL_CBWR=COMPATIBLE.
 """
 
 from __future__ import annotations
@@ -16,15 +22,22 @@ from trainmaster.jobs.chunks import ChunkTree, file_digest
 from trainmaster.jobs.state import TrainState
 
 
+def _spread(count: int, salt: int) -> torch.Tensor:
+    """`count` float32 values in [-1, 1) that look random, the same bits on any CPU: integer hashing (exact), then a
+    conversion of integers below 2**24 (exact) and one division and one subtraction (each correctly rounded)."""
+    codes = (torch.arange(count, dtype=torch.int64) * 2_654_435_761 + salt * 40_503).remainder(65_521)
+    return codes.to(torch.float32) / 32_760.5 - 1.0
+
+
 def _state(scale: int) -> tuple[TrainState, dict[str, torch.Tensor]]:
-    """Tensors of odd sizes (chunk runs and tensor seams fall anywhere), their values fixed without an RNG."""
-    weights = {f"layers.{i}.weight": (torch.arange(scale * (i + 1) + 7, dtype=torch.float32) * 0.37 + i).sin()
-               for i in range(5)}
+    """Tensors of odd sizes (chunk runs and tensor seams fall anywhere), their values fixed without an RNG and
+    without a function whose last bit depends on the machine (module docstring)."""
+    weights = {f"layers.{i}.weight": _spread(scale * (i + 1) + 7, i) for i in range(5)}
     weights["embed"] = torch.arange(3 * scale + 1, dtype=torch.int64).remainder(251).to(torch.uint8)
     rest = {}
     for name, tensor in weights.items():
         if tensor.dtype == torch.float32:
-            rest[f"optimizer/state/{name}/exp_avg"] = tensor.cos() * 1e-3
+            rest[f"optimizer/state/{name}/exp_avg"] = tensor * 1e-3
             rest[f"optimizer/state/{name}/exp_avg_sq"] = (tensor * tensor) * 1e-6
             rest[f"optimizer/state/{name}/step"] = torch.tensor(100.0)
     trace = {"loss": torch.arange(25, dtype=torch.float64) / 3, "batch": torch.arange(50, dtype=torch.int64)}
@@ -34,22 +47,22 @@ def _state(scale: int) -> tuple[TrainState, dict[str, torch.Tensor]]:
 # scale -> (plain sha256 of weights, rest, decisions files; weights digest; rest digest; trace digest; leaf)
 PINNED = {
     1_000: (
-        "d934b9d745e95ecdc84d0619187c55462a4b7825e58d917880e6d8d1f49fb2ab",
-        "87389bbe44bca18b8d71726310817557c55b2e67d8e0bb271b4d249d3acc2464",
+        "1001b1ffe5ad9ac9f9af08a3f9544fd5fbfeb2f8cf746d7429f3ffccaed78ee1",
+        "cf07d54f3669a264f6e8c97a89743c50e5eb59207f78d6772900673eba3de979",
         "6bb162155e14b76135108fd3c9743dbc96ba216b659dddfc68018cffbb4b93d2",
-        "3529a1923c7483d4858ac76bfafd69cd604d2d8bd18410e9a1db1af15a49e354",
-        "9e6b0499d6794742182329d8e17d727f53986280b3d4f5ee1f598eeab681f074",
+        "5a0113fc5c2053b62e7c1f869e741597f3ba20f873b8791d8b01bf12e90f5a2d",
+        "8a64202a52d2fa5892719d996a78f0bdc5449963a023a716601edf4a36cac625",
         "c94a6c25f4459b1fda948397cbd237c5960e7fc0c4205bf972bb1e60c5ea9153",
-        "d4ddb64d2c6c5e643ab8eb2fc7a0dd5f72f58b4a9fd75d4ce2e8b050e58d0c93",
+        "f92e969b7b1d719523a49c3956fbac07037a87bc8863737999762f39d0438d8b",
     ),
     150_001: (
-        "8b9ac8e344c3233805f4ecf585a4a86ec1a550c26f5603c9718cad93bcb27200",
-        "0ba53e1dce2fe9d488aa864e991925a677e4c31055b733c645f67dd690f54cc5",
+        "561a4d3c63e9bf7a50308ed598787d59e76b861a20f56debcd9de8768270da26",
+        "7541834b1f8a92fbf2d1cbebee18bffac0aee225982363ea0e00d5a4af0a50cf",
         "6bb162155e14b76135108fd3c9743dbc96ba216b659dddfc68018cffbb4b93d2",
-        "45ab1e1370630b1c9ae7fa90f3e535f6f9359ec281da5607f27e4033c75e6b9d",
-        "ad9570a1d93cd929b92b36f68e5794e2e71915be15ad10a2cde7b3cce1c98a58",
+        "7526ceb843f666f69cccef55afb7fa768130c7e1203aef6a3ae63f596f531350",
+        "b3de20c7bf1f5463a0b589f111a7084caba02236eddbb7e2a497e5297a9ccdcf",
         "c94a6c25f4459b1fda948397cbd237c5960e7fc0c4205bf972bb1e60c5ea9153",
-        "b00e5aff5978bc748dad8ce089688a825961e738f6e21caa84d23fcf3fcfa7b4",
+        "23d93a0527eb2953e229aea62570830db241106b40d79a208720839ae3adb97d",
     ),
 }
 
