@@ -190,7 +190,9 @@ def test_a_job_failing_in_the_service_ends_with_its_reason_and_exit_code(tmp_pat
 
 def test_logs_and_metrics_show_while_it_runs_and_cancel_stops_the_vertex_job_and_charges_what_ran(
         tmp_path, tm_home, gcp, runner):
-    spec, policy = setup(tmp_path, tm_home, gcp, steps=2000)
+    # far more steps than run before the cancel (it stops the job): at 2,000 the run once ended on its own on a
+    # loaded machine between the last look at its state and the cancel, and nothing was left to cancel
+    spec, policy = setup(tmp_path, tm_home, gcp, steps=20000)
     waiting = subprocess.Popen([sys.executable, "-m", "trainmaster.broker.cli", "submit", str(spec), "--policy",
                                 str(policy), "--wait", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=dict(os.environ))
