@@ -140,7 +140,7 @@ async def serve(args: argparse.Namespace, started_at: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hup.set)
-    state_file.write(state_file.DaemonState(os.getpid(), ctx.address, ctx.started_at))
+    state_file.write(state_file.mine(ctx.address, ctx.started_at))
     await asyncio.to_thread(lock.announce, ctx.address)
     runs.record(runs.RUNNING, address=ctx.address, started_at=started_at)
     log.info("listening on %s (at most %d connections; roots: %s)", ctx.address, limit, ctx.roots)

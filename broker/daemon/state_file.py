@@ -1,7 +1,9 @@
 """The daemon's state file, `<home>/daemon/state.json`: its pid, API address and start time.
 
 Written once the API listens and removed at a graceful stop; a daemon killed with -9 leaves it
-behind, so a reader checks that the pid still lives (and the CLI also asks the API's health).
+behind, so a reader checks that the pid still lives and is the process that wrote it, by its start since boot
+(jobs/process_start.py): a later process given the same pid is not the daemon, and `daemon stop` must never signal
+it. The CLI also asks the API's health.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainmaster.broker.daemon.token import daemon_dir
+from trainmaster.jobs.process_start import same_start, started_since_boot
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,8 @@ class DaemonState:
     address: str
     """`http://127.0.0.1:PORT`, or `unix:/path/to/socket`."""
     started_at: float
+    since_boot: float | None = None
+    """The process's start since boot (`started_since_boot`); None in a file an older version wrote."""
 
 
 def state_file() -> Path:
@@ -39,7 +44,12 @@ def read() -> DaemonState | None:
         state = DaemonState(**json.loads(state_file().read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    return state if _alive(state.pid) else None
+    return state if _alive(state) else None
+
+
+def mine(address: str, started_at: float) -> DaemonState:
+    """The state this process writes: its pid and start since boot."""
+    return DaemonState(os.getpid(), address, started_at, started_since_boot(os.getpid()))
 
 
 def remove(pid: int) -> None:
@@ -51,11 +61,16 @@ def remove(pid: int) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
+def _alive(state: DaemonState) -> bool:
+    """Whether the process that wrote `state` still runs: its pid lives and, where the file records it, started
+    when the writer did (a pid is reused once its process is gone)."""
     try:
-        os.kill(pid, 0)
+        os.kill(state.pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    if state.since_boot is None:
         return True
-    return True
+    now = started_since_boot(state.pid)
+    return now is None or same_start(state.since_boot, now)  # None: no /proc to tell by (not Linux)
