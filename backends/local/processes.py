@@ -13,7 +13,9 @@ A process belongs to the attempt when it started no earlier than the attempt's s
 
 "Started no earlier" and "is still the supervisor" compare start times that no change of the wall clock moves
 (jobs/process_start.py): compared by psutil's create_time, a live supervisor would look like another process
-after a step of the clock, and its job would be killed as dead.
+after a step of the clock, and its job would be killed as dead. A supervisor's record names its boot too
+(`boot_id`): after a reboot nothing of the attempt lives, whatever pid and start a process of the new boot has (a
+supervisor taken for alive there would leave its job running forever).
 
 Linux and macOS (psutil); a process of another user is never matched (its environment is unreadable).
 """
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterable
 import psutil
 
 from trainmaster.jobs.environment import OUTPUT_DIR
-from trainmaster.jobs.process_start import same_start, started_since_boot
+from trainmaster.jobs.process_start import boot_id, same_start, started_since_boot, this_boot
 
 KILL_WAIT_S = 5.0
 POLL_S = 0.05
@@ -36,16 +38,19 @@ POLL_S = 0.05
 
 def identity(pid: int) -> dict:
     """What the supervisor records of itself to be told from a later process given its pid: its start as the wall
-    clock read it (`create_time`) and, on Linux, since boot (`since_boot`)."""
+    clock read it (`create_time`) and, on Linux, since boot (`since_boot`) and the boot (`boot_id`)."""
     record = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
-    since_boot = started_since_boot(pid)
-    return record if since_boot is None else {**record, "since_boot": since_boot}
+    since_boot, boot = started_since_boot(pid), boot_id()
+    return {**record, **({} if since_boot is None else {"since_boot": since_boot}),
+            **({} if boot is None else {"boot_id": boot})}
 
 
 def is_running(record: dict) -> bool:
     """Whether the process `identity` recorded still runs (not a zombie, not a later process given its pid). By its
     start since boot when recorded (exact whatever the clock did since); else (macOS, a record of an older version)
-    by its wall-clock start, to 0.01 s."""
+    by its wall-clock start, to 0.01 s. Never a process of an earlier boot than the record's."""
+    if not this_boot(record.get("boot_id")):
+        return False
     try:
         proc = psutil.Process(record["pid"])
         if record.get("since_boot") is not None and (now := started_since_boot(record["pid"])) is not None:
@@ -69,8 +74,10 @@ def attempt_processes(record: dict, *, marker: str, until: float | None,
     """The live processes of the attempt whose supervisor `record` (`identity`) describes.
 
     `marker`: the attempt's output directory. `until`: the latest start time a process found by its
-    group or session alone may have (None while the supervisor is alive).
+    group or session alone may have (None while the supervisor is alive). None of a record of an earlier boot.
     """
+    if not this_boot(record.get("boot_id")):
+        return []
     pid, skip = record["pid"], set(exclude)
     found = []
     for proc in psutil.process_iter(["create_time", "status"]):

@@ -7,7 +7,8 @@ when it exits. `daemon start` follows the file of the daemon it started to say w
 not start; `daemon status` and `daemon stop` find every daemon of the home through these files, not only the
 one in `state.json`. A file whose process is gone (a `kill -9`), or whose pid now belongs to another process,
 is ignored and removed by the next reader. A run is told from a later process given its pid by its start since
-boot (jobs/process_start.py), which a step of the wall clock (NTP, a laptop or a VM resumed) does not move.
+boot (jobs/process_start.py), which a step of the wall clock (NTP, a laptop or a VM resumed) does not move, and by
+the boot's id: a file a daemon left before a reboot names no live process.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainmaster.broker.daemon.token import daemon_dir
-from trainmaster.jobs.process_start import same_start, started_since_boot
+from trainmaster.jobs.process_start import boot_id, same_start, started_since_boot, this_boot
 
 STARTING, WAITING, RUNNING, HELD, FAILED, STOPPING = "starting", "waiting", "running", "held", "failed", "stopping"
 
@@ -34,6 +35,8 @@ class Run:
     address: str = ""
     since_boot: float | None = None
     """The process's start since boot (Linux); None on macOS and in a file of an older version."""
+    boot_id: str | None = None
+    """The boot it started in (Linux); None on macOS and in a file of an older version."""
 
 
 def run_dir() -> Path:
@@ -48,7 +51,7 @@ def record(phase: str, message: str = "", address: str = "", *, started_at: floa
     """This process's phase (atomically replaced)."""
     folder = run_dir()
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    run = Run(os.getpid(), started_at, phase, message, address, started_since_boot(os.getpid()))
+    run = Run(os.getpid(), started_at, phase, message, address, started_since_boot(os.getpid()), boot_id())
     tmp = folder / f".{os.getpid()}.tmp"
     tmp.write_text(json.dumps(asdict(run)))
     os.replace(tmp, run_file(os.getpid()))
@@ -89,7 +92,9 @@ def live() -> list[Run]:
 def alive(run: Run) -> bool:
     """Whether the run's process lives and is the one that wrote it (not a later process given its pid): by its start
     since boot where recorded, exact whatever the clock did since; else by its wall-clock start, which must come
-    before the time it recorded."""
+    before the time it recorded; never a run of an earlier boot."""
+    if not this_boot(run.boot_id):
+        return False
     try:
         import psutil
 

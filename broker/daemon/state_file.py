@@ -2,8 +2,8 @@
 
 Written once the API listens and removed at a graceful stop; a daemon killed with -9 leaves it
 behind, so a reader checks that the pid still lives and is the process that wrote it, by its start since boot
-(jobs/process_start.py): a later process given the same pid is not the daemon, and `daemon stop` must never signal
-it. The CLI also asks the API's health.
+and the boot's id (jobs/process_start.py): a later process given the same pid, in this boot or after a reboot, is not
+the daemon, and `daemon stop` must never signal it. The CLI also asks the API's health.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainmaster.broker.daemon.token import daemon_dir
-from trainmaster.jobs.process_start import same_start, started_since_boot
+from trainmaster.jobs.process_start import boot_id, same_start, started_since_boot, this_boot
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class DaemonState:
     started_at: float
     since_boot: float | None = None
     """The process's start since boot (`started_since_boot`); None in a file an older version wrote."""
+    boot_id: str | None = None
+    """The boot it started in (`boot_id`); None in a file an older version wrote."""
 
 
 def state_file() -> Path:
@@ -48,8 +50,8 @@ def read() -> DaemonState | None:
 
 
 def mine(address: str, started_at: float) -> DaemonState:
-    """The state this process writes: its pid and start since boot."""
-    return DaemonState(os.getpid(), address, started_at, started_since_boot(os.getpid()))
+    """The state this process writes: its pid, start since boot and boot."""
+    return DaemonState(os.getpid(), address, started_at, started_since_boot(os.getpid()), boot_id())
 
 
 def remove(pid: int) -> None:
@@ -63,7 +65,9 @@ def remove(pid: int) -> None:
 
 def _alive(state: DaemonState) -> bool:
     """Whether the process that wrote `state` still runs: its pid lives and, where the file records it, started
-    when the writer did (a pid is reused once its process is gone)."""
+    when the writer did, in the same boot (a pid is reused once its process is gone, and after a reboot)."""
+    if not this_boot(state.boot_id):
+        return False
     try:
         os.kill(state.pid, 0)
     except ProcessLookupError:

@@ -3,7 +3,8 @@
 A daemon killed with -9 leaves `<home>/daemon/state.json` behind. Once its pid is given to another process, a pid
 check alone took that process for the daemon: `trainmaster daemon stop` sent it SIGTERM, and SIGKILL after
 `--timeout`. The test's stand-in for that later process is a `sleep` whose pid the file names, with the start since
-boot a daemon that had the pid earlier would have recorded (5 s before the sleep's own).
+boot a daemon that had the pid earlier would have recorded (5 s before the sleep's own), or its exact start since boot
+with another boot's id (a daemon of the boot before a reboot).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import uuid
 
 from cli_run import tm
 
-from trainmaster.broker.daemon import state_file
-from trainmaster.jobs.process_start import started_since_boot
+from trainmaster.broker.daemon import runs, state_file
+from trainmaster.jobs.process_start import boot_id, started_since_boot
 
 
 def _sleeper() -> subprocess.Popen:
@@ -64,3 +66,44 @@ def test_the_state_of_the_process_that_wrote_it_is_read_and_an_older_files_by_it
 def test_a_daemon_writes_its_start_since_boot(tm_home):
     state = state_file.mine("http://127.0.0.1:1", time.time())
     assert state.since_boot == started_since_boot(state.pid)
+
+
+def test_a_state_file_of_an_earlier_boot_names_no_daemon_whatever_pid_and_start_it_gives(tm_home):
+    """After a reboot a process may have the pid and the start since boot a daemon of the earlier boot recorded (a
+    service started early in every boot): the file's boot id tells them apart, and `daemon stop` leaves it alone."""
+    later = _sleeper()
+    try:
+        _write(tm_home, later.pid, since_boot=started_since_boot(later.pid), boot_id=str(uuid.uuid4()))
+        assert state_file.read() is None
+        done = tm("daemon", "stop", "--timeout", "2", home=tm_home)
+        assert done.returncode == 0 and "not running" in done.stdout, done.stdout + done.stderr
+        time.sleep(0.5)
+        assert later.poll() is None, f"daemon stop signalled pid {later.pid}, not a daemon (exit {later.returncode})"
+        _write(tm_home, later.pid, since_boot=started_since_boot(later.pid), boot_id=boot_id())
+        assert state_file.read().pid == later.pid  # the same file in this boot names it
+    finally:
+        later.kill()
+        later.wait()
+
+
+def test_a_run_file_of_an_earlier_boot_is_no_live_daemon(tm_home):
+    later = _sleeper()
+    try:
+        folder = tm_home / "daemon" / "run"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        run = {"pid": later.pid, "started_at": time.time(), "phase": "running", "address": "http://127.0.0.1:1",
+               "since_boot": started_since_boot(later.pid)}
+        (folder / f"{later.pid}.json").write_text(json.dumps({**run, "boot_id": str(uuid.uuid4())}))
+        assert runs.live() == []
+        shown = tm("daemon", "status", home=tm_home)
+        assert str(later.pid) not in shown.stdout, shown.stdout
+        (folder / f"{later.pid}.json").write_text(json.dumps({**run, "boot_id": boot_id()}))
+        assert [r.pid for r in runs.live()] == [later.pid]
+        assert later.poll() is None
+    finally:
+        later.kill()
+        later.wait()
+
+
+def test_a_daemon_records_its_boot(tm_home):
+    assert state_file.mine("http://127.0.0.1:1", time.time()).boot_id == boot_id() is not None
