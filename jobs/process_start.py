@@ -14,6 +14,7 @@ and a record of another boot names no live process (`this_boot`).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -25,6 +26,13 @@ def started_since_boot(pid: int) -> float | None:
         return int(stat[stat.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def now_since_boot() -> float | None:
+    """Seconds since the machine's boot now, on the clock `started_since_boot` reads (Linux's CLOCK_BOOTTIME, which
+    counts a suspend too); None where there is none (macOS)."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return None if clock is None else time.clock_gettime(clock)
 
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

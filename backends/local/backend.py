@@ -367,8 +367,10 @@ def _reap(workdir: Path, started: dict, *, cancelled: bool) -> int:
     alive = processes.is_running(started)
     beat = max(started["started_at"], _mtime(workdir / sup.HEARTBEAT, default=0.0))
     marker = (_read_json(workdir / sup.LAUNCH) or {}).get("env", {}).get(OUTPUT_DIR, str(workdir / "outputs"))
-    left = processes.attempt_processes(started, marker=marker,
-                                       until=None if alive else beat + 2 * sup.HEARTBEAT_S)
+    beat_since_boot = processes.heartbeat_since_boot(workdir / sup.HEARTBEAT)  # None: an older supervisor's beat
+    left = processes.attempt_processes(
+        started, marker=marker, until=None if alive else beat + 2 * sup.HEARTBEAT_S,
+        until_since_boot=None if alive or beat_since_boot is None else beat_since_boot + 2 * sup.HEARTBEAT_S)
     ended = processes.stop(left, grace=0) if left else beat
     if not (workdir / sup.EXIT).exists():
         reason = "the process died without finishing (killed or crashed)"

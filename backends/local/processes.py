@@ -11,7 +11,8 @@ A process belongs to the attempt when it started no earlier than the attempt's s
   virtualenv. Once the supervisor is dead its pid, and with it the group's number, can be given to
   another process, so a process started since is never taken for ours by its group alone.
 
-"Started no earlier" and "is still the supervisor" compare start times that no change of the wall clock moves
+"Started no earlier", "started while the supervisor lived" (against the last heartbeat, which the supervisor writes
+in seconds since boot) and "is still the supervisor" compare start times that no change of the wall clock moves
 (jobs/process_start.py): compared by psutil's create_time, a live supervisor would look like another process
 after a step of the clock, and its job would be killed as dead. A supervisor's record names its boot too
 (`boot_id`): after a reboot nothing of the attempt lives, whatever pid and start a process of the new boot has (a
@@ -26,6 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import psutil
 
@@ -69,12 +71,24 @@ def _started_before(proc: psutil.Process, record: dict) -> bool:
     return proc.info["create_time"] < record["create_time"] - 0.01
 
 
-def attempt_processes(record: dict, *, marker: str, until: float | None,
+def heartbeat_since_boot(path: Path) -> float | None:
+    """The moment the supervisor's heartbeat file says it was last alive, in seconds since boot; None where it holds
+    none (not Linux, a supervisor of an older version, or read while being written)."""
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def attempt_processes(record: dict, *, marker: str, until: float | None, until_since_boot: float | None = None,
                       exclude: Iterable[int] = ()) -> list[psutil.Process]:
     """The live processes of the attempt whose supervisor `record` (`identity`) describes.
 
     `marker`: the attempt's output directory. `until`: the latest start time a process found by its
-    group or session alone may have (None while the supervisor is alive). None of a record of an earlier boot.
+    group or session alone may have (None while the supervisor is alive); `until_since_boot` the same in seconds
+    since boot, which is what is compared where it and the process's start since boot are known (a step of the
+    wall clock since the supervisor died moves every `create_time` psutil reads, never the start since boot).
+    None of a record of an earlier boot.
     """
     if not this_boot(record.get("boot_id")):
         return []
@@ -86,13 +100,21 @@ def attempt_processes(record: dict, *, marker: str, until: float | None,
                 or _started_before(proc, record)):
             continue
         try:
-            if (until is None or started <= until) and pid in (os.getpgid(proc.pid), os.getsid(proc.pid)):
+            if _started_by(proc, until, until_since_boot) and pid in (os.getpgid(proc.pid), os.getsid(proc.pid)):
                 found.append(proc)
             elif proc.environ().get(OUTPUT_DIR) == marker:
                 found.append(proc)
         except (OSError, psutil.Error):  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+def _started_by(proc: psutil.Process, until: float | None, until_since_boot: float | None) -> bool:
+    if until is None:
+        return True
+    if until_since_boot is not None and (since_boot := started_since_boot(proc.pid)) is not None:
+        return since_boot <= until_since_boot
+    return proc.info["create_time"] <= until
 
 
 def stop(procs: list[psutil.Process], *, grace: float, interrupted: Callable[[], bool] = lambda: False) -> float:

@@ -37,6 +37,7 @@ from trainmaster.backends.local import ddp_reason, keeper, oom, processes, sandb
 from trainmaster.jobs import launch_command
 from trainmaster.jobs.environment import OUTPUT_DIR, interpreter_environment
 from trainmaster.jobs.inherited import inherited
+from trainmaster.jobs.process_start import now_since_boot
 from trainmaster.jobs.files import write_json_atomic
 
 LAUNCH = "launch.json"
@@ -110,16 +111,24 @@ def _limit_reached(launch: dict) -> str:
 
 
 class Heartbeat:
-    """Touches a file at most once a second: its mtime is when the supervisor was last seen alive."""
+    """Writes a file at most once a second: its mtime is when the supervisor was last seen alive, and it holds the
+    same moment in seconds since boot (`processes.heartbeat_since_boot`), which no step of the wall clock moves."""
 
     def __init__(self, path: Path):
         self.path, self.last = path, time.time()
-        path.touch()
+        self._write()
 
     def __call__(self) -> None:
         if time.time() - self.last >= HEARTBEAT_S:
             self.last = time.time()
-            os.utime(self.path)
+            self._write()
+
+    def _write(self) -> None:
+        since_boot = now_since_boot()
+        if since_boot is None:  # not Linux: the mtime alone
+            self.path.touch()
+        else:
+            self.path.write_text(f"{since_boot:.3f}")
 
 
 def command(launch: dict, python: str, env: dict[str, str]) -> tuple[list[str], str]:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from daemon_support import wait_for
+from test_orphans import NO_PASS, alive, pids, status_once_ended, submitted, supervisor_pid
 
 from trainmaster.broker import paths
 
@@ -54,3 +57,53 @@ def test_a_clock_step_while_the_job_runs_neither_kills_it_nor_fails_it(tm_home, 
     [attempt] = job["attempts"]
     assert attempt["state"] == "accepted" and not attempt["reason"], attempt
     assert "the job's last line" in (paths.attempt_dir(job["id"], 1) / "job.log").read_text()
+
+
+# a daemon the job double-forks with an empty environment (no TRAINMASTER_OUTPUT_DIR to find it by): it stays in the
+# supervisor's process group and session, ignores SIGTERM and writes its pid
+CLEARED_DAEMON = """
+    import os, pathlib, sys, time
+    out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_DIR"])
+    stubborn = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
+                "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(300)")
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.execve(sys.executable, [sys.executable, "-c", stubborn, str(out / "pid.daemon")], {})
+        os._exit(0)
+    os.wait()
+    (out / "pid.main").write_text(str(os.getpid()))
+    time.sleep(300)
+"""
+
+
+def test_a_clock_step_after_the_supervisor_died_still_finds_what_its_job_left_in_its_group(tm_home, job_factory):
+    """The supervisor and its keeper are killed with -9; the job's daemon, found by the supervisor's process group
+    alone, runs on. The wall clock then steps 100 s forward before anyone looks: the supervisor's record and its
+    heartbeat's time are moved back by as much, as they read after such a step. The read that finds the supervisor
+    dead must still take the daemon for the job's (it started while the supervisor lived, which the heartbeat's
+    start since boot says whatever the wall clock did) and stop it. Before, the daemon's start read 100 s after the
+    last heartbeat, was taken for a later process's, and ran on after its attempt had ended."""
+    job_id = submitted(job_factory(CLEARED_DAEMON), env=NO_PASS)
+    main, daemon = pids(job_id, "main", "daemon")
+    supervisor = supervisor_pid(job_id)
+    keeper = psutil.Process(supervisor).ppid()
+    assert "trainmaster.backends.local.keeper" in " ".join(psutil.Process(keeper).cmdline())
+    os.kill(keeper, signal.SIGKILL)
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not alive(main) and not alive(supervisor), what="the job's main process and its supervisor gone")
+    assert alive(daemon)
+    workdir = paths.attempt_dir(job_id, 1)
+    record = json.loads((workdir / "supervisor.json").read_text())
+    (workdir / "supervisor.json").write_text(json.dumps(
+        {**record, "started_at": record["started_at"] - 100, "create_time": record["create_time"] - 100}))
+    beat = (workdir / "heartbeat").stat().st_mtime
+    os.utime(workdir / "heartbeat", (beat - 100, beat - 100))
+    try:
+        status = status_once_ended(job_id)
+        [attempt] = status["attempts"]
+        assert attempt["state"] == "failed" and "1 process(es) it left were stopped" in attempt["reason"], attempt
+        wait_for(lambda: not alive(daemon), what="the daemon stopped")
+    finally:
+        if alive(daemon):
+            os.kill(daemon, signal.SIGKILL)
