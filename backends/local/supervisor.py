@@ -125,10 +125,13 @@ class Heartbeat:
 
     def _write(self) -> None:
         since_boot = now_since_boot()
-        if since_boot is None:  # not Linux: the mtime alone
-            self.path.touch()
-        else:
-            self.path.write_text(f"{since_boot:.3f}")
+        try:
+            if since_boot is not None:
+                self.path.write_text(f"{since_boot:.3f}")
+                return
+        except OSError:  # a full disk: the beat must go on, as an mtime (an empty file reads as the wall clock's)
+            pass
+        self.path.touch()
 
 
 def command(launch: dict, python: str, env: dict[str, str]) -> tuple[list[str], str]:
