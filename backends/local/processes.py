@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from trainmaster.jobs.environment import OUTPUT_DIR
-from trainmaster.jobs.process_start import boot_id, same_start, started_since_boot, this_boot
+from trainmaster.jobs.process_start import boot_id, now_since_boot, same_start, started_since_boot, this_boot
 
 KILL_WAIT_S = 5.0
 POLL_S = 0.05
@@ -71,13 +71,22 @@ def _started_before(proc: psutil.Process, record: dict) -> bool:
     return proc.info["create_time"] < record["create_time"] - 0.01
 
 
+HEARTBEAT_BYTES = 32
+
+
 def heartbeat_since_boot(path: Path) -> float | None:
     """The moment the supervisor's heartbeat file says it was last alive, in seconds since boot; None where it holds
-    none (not Linux, a supervisor of an older version, or read while being written)."""
+    none (not Linux, a supervisor of an older version, read while being written) or none to believe: the file sits
+    in the attempt's work dir, where the job itself could write, so only its first bytes are read and only a moment
+    between the supervisor's start and now is taken (never a NaN or a future that would make every later process
+    of its group the job's)."""
     try:
-        return float(path.read_text())
+        with open(path, "rb") as f:
+            moment = float(f.read(HEARTBEAT_BYTES))
     except (OSError, ValueError):
         return None
+    now = now_since_boot()
+    return moment if now is not None and 0.0 <= moment <= now else None
 
 
 def attempt_processes(record: dict, *, marker: str, until: float | None, until_since_boot: float | None = None,

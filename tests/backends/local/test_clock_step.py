@@ -107,3 +107,17 @@ def test_a_clock_step_after_the_supervisor_died_still_finds_what_its_job_left_in
     finally:
         if alive(daemon):
             os.kill(daemon, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("written", [b"nan", b"inf", b"1e300", b"-5", b"9" * 10_000_000, b"\xff\xfe", b""])
+def test_a_heartbeat_the_job_overwrote_is_not_believed(tmp_path, written):
+    """The heartbeat sits in the attempt's work dir, where the job could write: a moment that is no moment between
+    boot and now (or 10 MB of digits, of which only the first bytes are read) is taken for none, and the wall
+    clock's reading is used instead."""
+    from trainmaster.backends.local import processes
+
+    beat = tmp_path / "heartbeat"
+    beat.write_bytes(written)
+    assert processes.heartbeat_since_boot(beat) is None
+    beat.write_text("12.500")
+    assert processes.heartbeat_since_boot(beat) == 12.5

@@ -67,6 +67,11 @@ def test_the_openapi_description_matches_the_routes(daemon, tm_home):
 
 
 def test_stop_is_graceful_and_start_twice_is_one_daemon(daemon, tm_home):
+    from trainmaster.jobs.process_start import boot_id, started_since_boot
+
+    written = json.loads((tm_home / "daemon" / "state.json").read_text())  # names its process by start and boot
+    assert written["pid"] == daemon["pid"] and written["since_boot"] == started_since_boot(daemon["pid"])
+    assert written["boot_id"] == boot_id() is not None
     again = tm("daemon", "start", home=tm_home)
     assert again.returncode == 0 and "already running" in again.stdout
     out = tm("daemon", "stop", home=tm_home)

@@ -14,6 +14,7 @@ import subprocess
 import time
 import uuid
 
+import pytest
 from cli_run import tm
 
 from trainmaster.broker.daemon import runs, state_file
@@ -35,10 +36,15 @@ def _write(home, pid: int, **since) -> None:
         {"pid": pid, "address": "http://127.0.0.1:1", "started_at": time.time() - 60, **since}))
 
 
-def test_daemon_stop_never_signals_a_later_process_given_a_dead_daemons_pid(tm_home):
+@pytest.mark.parametrize("earlier", ["start", "boot"])
+def test_daemon_stop_never_signals_a_later_process_given_a_dead_daemons_pid(tm_home, earlier):
+    """`start`: a daemon of this boot that had the pid 5 s before. `boot`: one of the boot before a reboot, with
+    the very pid and start since boot (a service started early in every boot): the file's boot id tells them apart."""
     later = _sleeper()
     try:
-        _write(tm_home, later.pid, since_boot=started_since_boot(later.pid) - 5.0)
+        since = started_since_boot(later.pid)
+        _write(tm_home, later.pid, **({"since_boot": since - 5.0} if earlier == "start" else
+                                      {"since_boot": since, "boot_id": str(uuid.uuid4())}))
         done = tm("daemon", "stop", "--timeout", "2", home=tm_home)
         assert done.returncode == 0 and "not running" in done.stdout, done.stdout + done.stderr
         time.sleep(0.5)
@@ -54,6 +60,8 @@ def test_the_state_of_the_process_that_wrote_it_is_read_and_an_older_files_by_it
     try:
         _write(tm_home, writer.pid, since_boot=started_since_boot(writer.pid))
         assert state_file.read().pid == writer.pid
+        _write(tm_home, writer.pid, since_boot=started_since_boot(writer.pid), boot_id=boot_id())  # this boot's
+        assert state_file.read().pid == writer.pid
         _write(tm_home, writer.pid)  # an older version's file: no start since boot, the pid alone
         found = state_file.read()
         assert found.pid == writer.pid and found.since_boot is None
@@ -66,24 +74,6 @@ def test_the_state_of_the_process_that_wrote_it_is_read_and_an_older_files_by_it
 def test_a_daemon_writes_its_start_since_boot(tm_home):
     state = state_file.mine("http://127.0.0.1:1", time.time())
     assert state.since_boot == started_since_boot(state.pid)
-
-
-def test_a_state_file_of_an_earlier_boot_names_no_daemon_whatever_pid_and_start_it_gives(tm_home):
-    """After a reboot a process may have the pid and the start since boot a daemon of the earlier boot recorded (a
-    service started early in every boot): the file's boot id tells them apart, and `daemon stop` leaves it alone."""
-    later = _sleeper()
-    try:
-        _write(tm_home, later.pid, since_boot=started_since_boot(later.pid), boot_id=str(uuid.uuid4()))
-        assert state_file.read() is None
-        done = tm("daemon", "stop", "--timeout", "2", home=tm_home)
-        assert done.returncode == 0 and "not running" in done.stdout, done.stdout + done.stderr
-        time.sleep(0.5)
-        assert later.poll() is None, f"daemon stop signalled pid {later.pid}, not a daemon (exit {later.returncode})"
-        _write(tm_home, later.pid, since_boot=started_since_boot(later.pid), boot_id=boot_id())
-        assert state_file.read().pid == later.pid  # the same file in this boot names it
-    finally:
-        later.kill()
-        later.wait()
 
 
 def test_a_run_file_of_an_earlier_boot_is_no_live_daemon(tm_home):
@@ -103,7 +93,3 @@ def test_a_run_file_of_an_earlier_boot_is_no_live_daemon(tm_home):
     finally:
         later.kill()
         later.wait()
-
-
-def test_a_daemon_records_its_boot(tm_home):
-    assert state_file.mine("http://127.0.0.1:1", time.time()).boot_id == boot_id() is not None
